@@ -1,0 +1,56 @@
+// Elementwise kernels and reductions: add, mul, scale, add-bias, fill, strided copy with cast,
+// sum, column sums, sum of squares. T is float, double (CPU only) or bf16; results are computed
+// in Acc<T> and rounded once to T.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.h"
+
+namespace loom {
+
+// Up to this many dimensions for strided copies.
+inline constexpr int kMaxDims = 8;
+struct StridedLayout {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};  // in elements
+};
+
+}  // namespace loom
+
+namespace loom::cpu {
+// out[i] = alpha * a[i] + beta * b[i]   (add: 1,1; sub: 1,-1)
+template <class T> void axpby(const T* a, const T* b, T* out, int64_t n, float alpha, float beta);
+// out[i] = a[i] * b[i]
+template <class T> void mul(const T* a, const T* b, T* out, int64_t n);
+// out[i] = s * a[i]
+template <class T> void scale(const T* a, T* out, int64_t n, float s);
+// out[r, c] = a[r, c] + bias[c] for a [rows, cols]
+template <class T> void add_bias(const T* a, const T* bias, T* out, int64_t rows, int64_t cols);
+// out[c] = (accumulate ? out[c] : 0) + sum_r a[r, c]   (out in f32 or T)
+template <class T, class O> void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate);
+template <class T> void fill(T* out, int64_t n, float value);
+// dst (contiguous, numel = prod(shape)) = cast(src viewed through layout)
+template <class S, class D> void copy_strided(const S* src, const StridedLayout& layout, D* dst);
+// Same-dtype strided copy for any element size (1, 2, 4 or 8 bytes): integer tensors use this.
+void copy_strided_bytes(const void* src, const StridedLayout& layout, void* dst, int elem_size);
+// *out = sum(a) and *out = sum(a^2), accumulated in f64 on the CPU.
+template <class T> void sum(const T* a, int64_t n, float* out);
+template <class T> void sum_squares(const T* a, int64_t n, float* out);
+}  // namespace loom::cpu
+
+namespace loom::cuda {
+// Scratch the reductions need: kReduceWorkspaceFloats floats, given by the caller.
+inline constexpr int kReduceWorkspaceFloats = 1024;
+template <class T> void axpby(const T* a, const T* b, T* out, int64_t n, float alpha, float beta, Stream s);
+template <class T> void mul(const T* a, const T* b, T* out, int64_t n, Stream s);
+template <class T> void scale(const T* a, T* out, int64_t n, float sc, Stream s);
+template <class T> void add_bias(const T* a, const T* bias, T* out, int64_t rows, int64_t cols, Stream s);
+template <class T, class O> void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate, Stream s);
+template <class T> void fill(T* out, int64_t n, float value, Stream s);
+template <class S, class D> void copy_strided(const S* src, const StridedLayout& layout, D* dst, Stream s);
+void copy_strided_bytes(const void* src, const StridedLayout& layout, void* dst, int elem_size, Stream s);
+// *out (device f32) = sum(a) / sum(a^2); deterministic two-pass reduction using workspace.
+template <class T> void sum(const T* a, int64_t n, float* out, float* workspace, Stream s);
+template <class T> void sum_squares(const T* a, int64_t n, float* out, float* workspace, Stream s);
+}  // namespace loom::cuda
