@@ -1,0 +1,94 @@
+// Elementwise and shape functions: forward and backward side by side.
+#include "autograd/functions.h"
+#include "autograd/lambda_node.h"
+
+namespace loom::ag {
+using detail::node_of;
+
+Variable add(const Variable& a, const Variable& b) {
+  return record1(node_of("add", [](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], g[0]}; }),
+                 {&a, &b}, ops::add(a.value(), b.value()));
+}
+
+Variable sub(const Variable& a, const Variable& b) {
+  return record1(node_of("sub", [](Node& n, const std::vector<Tensor>& g) {
+                   return std::vector<Tensor>{g[0], n.needs_grad(1) ? ops::scale(g[0], -1.f) : Tensor()};
+                 }),
+                 {&a, &b}, ops::sub(a.value(), b.value()));
+}
+
+Variable mul(const Variable& a, const Variable& b) {
+  // Each side's gradient needs only the other side's value.
+  Tensor keep_a = b.requires_grad() ? a.value() : Tensor();
+  Tensor keep_b = a.requires_grad() ? b.value() : Tensor();
+  return record1(node_of("mul",
+                         [keep_a, keep_b](Node& n, const std::vector<Tensor>& g) {
+                           return std::vector<Tensor>{n.needs_grad(0) ? ops::mul(g[0], keep_b) : Tensor(),
+                                                      n.needs_grad(1) ? ops::mul(g[0], keep_a) : Tensor()};
+                         }),
+                 {&a, &b}, ops::mul(a.value(), b.value()));
+}
+
+Variable scale(const Variable& a, float s) {
+  return record1(node_of("scale", [s](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{ops::scale(g[0], s)}; }),
+                 {&a}, ops::scale(a.value(), s));
+}
+
+Variable add_bias(const Variable& a, const Variable& bias) {
+  const DType bias_dtype = bias.dtype();
+  return record1(node_of("add_bias",
+                         [bias_dtype](Node& n, const std::vector<Tensor>& g) {
+                           return std::vector<Tensor>{g[0], n.needs_grad(1) ? ops::sum_rows(g[0], bias_dtype) : Tensor()};
+                         }),
+                 {&a, &bias}, ops::add_bias(a.value(), bias.value()));
+}
+
+Variable cast(const Variable& a, DType dtype) {
+  if (a.dtype() == dtype) return a;
+  const DType from = a.dtype();
+  return record1(node_of("cast", [from](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; }),
+                 {&a}, a.value().to(dtype));
+}
+
+Variable reshape(const Variable& a, const Shape& shape) {
+  const Shape from = a.shape();
+  return record1(node_of("reshape", [from](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].reshape(from)}; }),
+                 {&a}, a.value().reshape(shape));
+}
+
+Variable transpose(const Variable& a, int64_t d0, int64_t d1) {
+  return record1(node_of("transpose",
+                         [d0, d1](Node&, const std::vector<Tensor>& g) {
+                           return std::vector<Tensor>{g[0].transpose(d0, d1).contiguous()};
+                         }),
+                 {&a}, a.value().transpose(d0, d1).contiguous());
+}
+
+Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length) {
+  const Shape from = a.shape();
+  const DType dtype = a.dtype();
+  const Device device = a.device();
+  return record1(node_of("narrow",
+                         [=](Node&, const std::vector<Tensor>& g) {
+                           // Scatter into zeros with `dim` moved to the front, where the slice is contiguous.
+                           Shape moved = from;
+                           std::swap(moved[0], moved[dim < 0 ? dim + moved.size() : dim]);
+                           Tensor t = Tensor::zeros(moved, dtype, device);
+                           t.narrow(0, start, length).copy_(g[0].transpose(0, dim).contiguous());
+                           return std::vector<Tensor>{t.transpose(0, dim).contiguous()};
+                         }),
+                 {&a}, a.value().narrow(dim, start, length).contiguous());
+}
+
+Variable sum(const Variable& a) {
+  const Shape shape = a.shape();
+  const DType dtype = a.dtype();
+  const Device device = a.device();
+  return record1(node_of("sum",
+                         [=](Node&, const std::vector<Tensor>& g) {
+                           return std::vector<Tensor>{Tensor::full(shape, g[0].item(), dtype, device)};
+                         }),
+                 {&a}, ops::sum(a.value()));
+}
+
+}  // namespace loom::ag

@@ -1,0 +1,59 @@
+// RMSNorm, rotary embedding, gated activations and embedding lookup: forward and backward side
+// by side. Weight gradients are computed in the accumulation dtype and cast to the weight's.
+#include "autograd/functions.h"
+#include "autograd/lambda_node.h"
+
+namespace loom::ag {
+using detail::Grads;
+using detail::node_of;
+
+Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one) {
+  ops::RmsNormOut r = ops::rms_norm(x.value(), w.value(), eps, add_one);
+  Tensor xv = x.value(), wv = w.value(), rstd = r.rstd;
+  auto backward = [xv, wv, rstd, add_one](Node& n, const Grads& g) {
+    Tensor dw;
+    if (n.needs_grad(1)) dw = Tensor::zeros({wv.numel()}, ops::acc_dtype(wv.dtype()), wv.device());
+    Tensor dx = ops::rms_norm_backward(xv, wv, rstd, g[0], dw.defined() ? &dw : nullptr, add_one);
+    if (dw.defined() && dw.dtype() != wv.dtype()) dw = dw.to(wv.dtype());
+    return Grads{n.needs_grad(0) ? dx : Tensor(), dw};
+  };
+  return record1(node_of("rms_norm", backward), {&x, &w}, r.y);
+}
+
+Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq) {
+  auto backward = [positions, inv_freq](Node&, const Grads& g) {
+    return Grads{ops::rope_backward(g[0], positions, inv_freq)};
+  };
+  return record1(node_of("rope", backward), {&x}, ops::rope(x.value(), positions, inv_freq));
+}
+
+Variable swiglu(const Variable& gate, const Variable& up) {
+  Tensor gv = gate.value(), uv = up.value();
+  auto backward = [gv, uv](Node&, const Grads& g) {
+    auto [dg, du] = ops::swiglu_backward(gv, uv, g[0]);
+    return Grads{dg, du};
+  };
+  return record1(node_of("swiglu", backward), {&gate, &up}, ops::swiglu(gv, uv));
+}
+
+Variable geglu(const Variable& gate, const Variable& up) {
+  Tensor gv = gate.value(), uv = up.value();
+  auto backward = [gv, uv](Node&, const Grads& g) {
+    auto [dg, du] = ops::geglu_backward(gv, uv, g[0]);
+    return Grads{dg, du};
+  };
+  return record1(node_of("geglu", backward), {&gate, &up}, ops::geglu(gv, uv));
+}
+
+Variable embedding(const Tensor& ids, const Variable& table) {
+  const Shape table_shape = table.shape();
+  const DType table_dtype = table.dtype();
+  auto backward = [ids, table_shape, table_dtype](Node&, const Grads& g) {
+    Tensor dtable = Tensor::zeros(table_shape, ops::acc_dtype(table_dtype), g[0].device());
+    ops::embedding_backward(ids, g[0], dtable);
+    return Grads{dtable.dtype() == table_dtype ? dtable : dtable.to(table_dtype)};
+  };
+  return record1(node_of("embedding", backward), {&table}, ops::embedding(ids, table.value()));
+}
+
+}  // namespace loom::ag

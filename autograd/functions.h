@@ -1,0 +1,57 @@
+// Differentiable functions on Variables. Each records a Node only when an input requires grad;
+// forward and backward of each live side by side in autograd/fn_<family>.cpp.
+#pragma once
+#include <functional>
+#include <optional>
+
+#include "autograd/tape.h"
+#include "engine/ops.h"
+
+namespace loom::ag {
+
+// ---- elementwise and shape (fn_elementwise.cpp) ----
+Variable add(const Variable& a, const Variable& b);
+Variable sub(const Variable& a, const Variable& b);
+Variable mul(const Variable& a, const Variable& b);
+Variable scale(const Variable& a, float s);
+Variable add_bias(const Variable& a, const Variable& bias);  // a [..., C] + bias [C]
+Variable cast(const Variable& a, DType dtype);               // gradient cast back
+Variable reshape(const Variable& a, const Shape& shape);
+Variable transpose(const Variable& a, int64_t d0, int64_t d1);
+Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length);
+Variable sum(const Variable& a);  // f32 scalar
+
+// ---- matrix products (fn_linalg.cpp) ----
+// a [..., m, k] x b [k, n] (2-D, shared) or batched like a; transposes as in ops::matmul.
+Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool trans_b = false);
+// x [..., in] x w [out, in]^T (+ bias [out]).
+Variable linear(const Variable& x, const Variable& w, const Variable* bias = nullptr);
+
+// ---- normalization, position, activation, lookup (fn_nn.cpp) ----
+Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one = false);
+// x [batch, seq, heads, head_dim]; positions i32 [batch*seq]; inv_freq f32 [head_dim/2].
+Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq);
+Variable swiglu(const Variable& gate, const Variable& up);
+Variable geglu(const Variable& gate, const Variable& up);
+Variable embedding(const Tensor& ids, const Variable& table);
+
+// ---- attention and loss (fn_attention.cpp) ----
+Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt);
+// Mean softmax cross-entropy over targets != ignore_index (as torch's reduction='mean'); an
+// all-ignored batch gives 0. logits [n, vocab]; result is an acc-dtype scalar.
+Variable cross_entropy(const Variable& logits, const Tensor& targets, float softcap = 0.f,
+                       int32_t ignore_index = ops::kIgnoreIndex);
+
+// ---- recompute checkpointing (checkpoint.cpp) ----
+using CheckpointFn = std::function<std::vector<Variable>(const std::vector<Variable>&)>;
+struct CheckpointOptions {
+  // Move the saved inputs to pinned host memory after forward and back before recompute.
+  bool offload = false;
+};
+// Runs fn without recording; saves only its inputs; in backward re-runs fn with recording and
+// back-propagates through it. fn must be deterministic (seeded RNG) and may use Variables it
+// captures (weights): their gradients accumulate as usual.
+std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs,
+                                 const CheckpointOptions& options = {});
+
+}  // namespace loom::ag

@@ -1,0 +1,131 @@
+// The tape and backward() (see tape.h).
+#include "autograd/tape.h"
+
+#include <unordered_map>
+
+#include "engine/ops.h"
+
+namespace loom::ag {
+namespace {
+
+struct Tape {
+  std::vector<std::shared_ptr<Node>> nodes;
+};
+thread_local bool t_grad_enabled = true;
+thread_local std::vector<Tape> t_tapes(1);
+
+Tape& current() { return t_tapes.back(); }
+
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+
+GradModeGuard::GradModeGuard(bool enabled) : previous_(t_grad_enabled) { t_grad_enabled = enabled; }
+GradModeGuard::~GradModeGuard() { t_grad_enabled = previous_; }
+
+TapeScope::TapeScope() { t_tapes.emplace_back(); }
+TapeScope::~TapeScope() { t_tapes.pop_back(); }
+
+size_t tape_size() { return current().nodes.size(); }
+void clear_tape() { current().nodes.clear(); }
+
+bool should_record(const std::vector<const Variable*>& inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Variable* v : inputs)
+    if (v && v->requires_grad()) return true;
+  return false;
+}
+
+std::vector<Variable> record(std::shared_ptr<Node> node, const std::vector<const Variable*>& inputs,
+                             std::vector<Tensor> outputs) {
+  std::vector<Variable> out;
+  out.reserve(outputs.size());
+  if (!should_record(inputs)) {
+    for (Tensor& t : outputs) out.emplace_back(std::move(t), false);
+    return out;
+  }
+  for (const Variable* v : inputs) node->inputs.push_back(v && v->requires_grad() ? v->cell() : nullptr);
+  for (Tensor& t : outputs) {
+    Variable v = Variable::make_output(std::move(t));
+    node->outputs.push_back(v.cell());
+    out.push_back(std::move(v));
+  }
+  current().nodes.push_back(std::move(node));
+  return out;
+}
+
+Variable record1(std::shared_ptr<Node> node, const std::vector<const Variable*>& inputs, Tensor output) {
+  std::vector<Tensor> outs;
+  outs.push_back(std::move(output));
+  return std::move(record(std::move(node), inputs, std::move(outs))[0]);
+}
+
+void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
+  LOOM_CHECK(g.shape() == cell.shape, "backward of ", from, ": gradient ", g.str(), " does not match the shape ",
+             shape_str(cell.shape), " of its input");
+  LOOM_CHECK(g.dtype() == cell.dtype, "backward of ", from, ": gradient ", g.str(), " does not match the dtype ",
+             name(cell.dtype), " of its input");
+  if (!cell.grad.defined()) {
+    // Own the storage: the node may hand out a view of a tensor it still uses.
+    cell.grad = g.is_contiguous() ? g : g.contiguous();
+  } else {
+    ops::add_(cell.grad, g);
+  }
+}
+
+void backward(const Variable& root, Tensor grad) {
+  LOOM_CHECK(root.requires_grad(), "backward() on a ", root.value().str(), " that does not require grad");
+  if (!grad.defined()) {
+    LOOM_CHECK(root.value().numel() == 1, "backward() without a gradient needs a scalar root, got ", root.value().str());
+    grad = Tensor::full(root.shape(), 1.f, root.dtype(), root.device());
+  }
+  backward(std::vector<Variable>{root}, std::vector<Tensor>{grad});
+}
+
+void backward(const std::vector<Variable>& roots, const std::vector<Tensor>& grads) {
+  LOOM_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(), " gradients");
+  std::vector<std::shared_ptr<Node>> nodes = std::move(current().nodes);
+  current().nodes.clear();
+
+  // How many recorded uses each leaf has left: its hooks fire when that reaches zero.
+  // Intermediate cells are owned only by the nodes that consume them; nodes die as soon as they
+  // have run, so the cells are held here until the pass ends (they are small: grads get freed).
+  std::unordered_map<GradCell*, int> pending;
+  std::vector<std::shared_ptr<GradCell>> cells;
+  for (const auto& n : nodes)
+    for (const auto& c : n->inputs) {
+      if (c && c->is_leaf) ++pending[c.get()];
+      if (c && !c->is_leaf) cells.push_back(c);
+    }
+
+  for (size_t i = 0; i < roots.size(); ++i)
+    if (roots[i].requires_grad() && grads[i].defined()) accumulate_grad(*roots[i].cell(), grads[i], "the root");
+
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    std::shared_ptr<Node> node = std::move(*it);
+    std::vector<Tensor> grad_out;
+    bool any = false;
+    for (const auto& w : node->outputs) {
+      auto cell = w.lock();
+      grad_out.push_back(cell ? cell->grad : Tensor());
+      any = any || grad_out.back().defined();
+    }
+    if (any) {
+      std::vector<Tensor> grad_in = node->backward(grad_out);
+      LOOM_CHECK(grad_in.size() == node->inputs.size(), "backward of ", node->name(), " returned ", grad_in.size(),
+                 " gradients for ", node->inputs.size(), " inputs");
+      for (size_t i = 0; i < grad_in.size(); ++i)
+        if (node->inputs[i] && grad_in[i].defined()) accumulate_grad(*node->inputs[i], grad_in[i], node->name());
+    }
+    for (const auto& w : node->outputs)  // intermediate gradients are not needed any more
+      if (auto cell = w.lock(); cell && !cell->is_leaf) cell->grad = Tensor();
+    for (const auto& c : node->inputs) {
+      if (!c || !c->is_leaf) continue;
+      if (--pending[c.get()] == 0 && c->grad.defined())
+        for (auto& hook : c->hooks) hook(c->grad);
+    }
+    node.reset();  // saved tensors go now, not at the end of backward
+  }
+}
+
+}  // namespace loom::ag

@@ -1,0 +1,77 @@
+// Lazily created per-device CUDA state (see cuda_context.h).
+#include "engine/cuda_context.h"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/device.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#if LOOM_WITH_CUDA
+#include "engine/cuda_check.h"
+#endif
+
+namespace loom {
+
+#if LOOM_WITH_CUDA
+namespace {
+
+std::unique_ptr<CudaContext> make_context(int index) {
+  CudaDeviceGuard guard(index);
+  auto ctx = std::make_unique<CudaContext>();
+  ctx->device = index;
+  cudaStream_t stream;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ctx->stream = stream;
+  // Keep freed blocks in the pool instead of returning them to the driver at each sync.
+  cudaMemPool_t pool;
+  LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
+  uint64_t threshold = UINT64_MAX;
+  LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  cublasLtHandle_t handle;
+  LOOM_CUBLAS_CHECK(cublasLtCreate(&handle));
+  ctx->cublaslt = handle;
+  LOOM_CUDA_CHECK(cudaMalloc(&ctx->gemm_workspace, kGemmWorkspaceBytes));
+  ctx->gemm_workspace_bytes = kGemmWorkspaceBytes;
+  LOOM_CUDA_CHECK(cudaMalloc(&ctx->reduce_workspace, cuda::kReduceWorkspaceFloats * sizeof(float)));
+  return ctx;
+}
+}  // namespace
+
+CudaContext& CudaContext::get(int index) {
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<CudaContext>> contexts(cuda_device_count());
+  LOOM_CHECK(index >= 0 && index < static_cast<int>(contexts.size()), "CUDA device ", index,
+             " does not exist (", contexts.size(), " visible)");
+  std::lock_guard<std::mutex> lock(mu);
+  if (!contexts[index]) contexts[index] = make_context(index);
+  return *contexts[index];
+}
+
+CudaDeviceGuard::CudaDeviceGuard(int index) {
+  LOOM_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != index) LOOM_CUDA_CHECK(cudaSetDevice(index));
+}
+CudaDeviceGuard::~CudaDeviceGuard() {
+  int now = -1;
+  if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+}
+
+void synchronize(int device) {
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(CudaContext::get(device).stream));
+}
+
+#else  // CPU-only build
+
+CudaContext& CudaContext::get(int index) {
+  LOOM_CHECK(false, "Loom was built without CUDA (LOOM_CUDA=OFF); device cuda:", index, " is unavailable");
+  __builtin_unreachable();
+}
+CudaDeviceGuard::CudaDeviceGuard(int) {}
+CudaDeviceGuard::~CudaDeviceGuard() {}
+void synchronize(int) {}
+
+#endif
+
+}  // namespace loom

@@ -1,0 +1,39 @@
+// Per-device CUDA state: the main compute stream, the memory pool, one cuBLASLt handle with its
+// workspace, and a reduction scratch buffer. Created lazily on first use, one per device.
+#pragma once
+#include <cstddef>
+
+#include "kernels/common.h"
+
+struct cublasLtContext;
+
+namespace loom {
+
+struct CudaContext {
+  int device = 0;
+  Stream stream = nullptr;               // all of Loom's compute on this device is ordered here
+  cublasLtContext* cublaslt = nullptr;   // == cublasLtHandle_t
+  void* gemm_workspace = nullptr;
+  size_t gemm_workspace_bytes = 0;
+  float* reduce_workspace = nullptr;     // kReduceWorkspaceFloats floats
+
+  // The context of device `index` (throws loom::Error in a CPU-only build or for a bad index).
+  static CudaContext& get(int index);
+};
+
+// Makes `index` the current CUDA device for the scope (no-op in CPU-only builds).
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int index);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// Waits for all work queued on the device's compute stream.
+void synchronize(int device);
+
+}  // namespace loom

@@ -1,0 +1,53 @@
+// Storage (an owned or borrowed block of bytes on one device) and the allocators behind it:
+// 64-byte-aligned host memory, pinned host memory, and the stream-ordered CUDA pool. Per-device
+// current and peak byte counters are kept for everything allocated here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "engine/device.h"
+
+namespace loom {
+
+class Storage {
+ public:
+  // Takes ownership: release(ptr) runs when the last reference goes.
+  Storage(void* ptr, size_t nbytes, Device device, std::function<void(void*)> release, bool pinned = false)
+      : ptr_(ptr), nbytes_(nbytes), device_(device), release_(std::move(release)), pinned_(pinned) {}
+  ~Storage() {
+    if (release_) release_(ptr_);
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  void* ptr_;
+  size_t nbytes_;
+  Device device_;
+  std::function<void(void*)> release_;
+  bool pinned_;
+};
+
+// Allocates nbytes on device: CPU memory 64-byte aligned; CUDA memory from the device's
+// stream-ordered pool, ordered on its compute stream (freed there too).
+std::shared_ptr<Storage> allocate(Device device, size_t nbytes);
+// Page-locked host memory (falls back to ordinary memory in a CPU-only build).
+std::shared_ptr<Storage> allocate_pinned(size_t nbytes);
+// Wraps memory Loom does not own (e.g. a mapped file); keepalive is held until the storage dies.
+std::shared_ptr<Storage> borrow(void* ptr, size_t nbytes, Device device, std::shared_ptr<const void> keepalive);
+
+struct MemoryStats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+MemoryStats memory_stats(Device device);
+void reset_peak_memory(Device device);
+
+}  // namespace loom

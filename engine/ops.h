@@ -1,0 +1,116 @@
+// ops::: shape- and dtype-checked tensor functions. Each allocates its outputs on its inputs'
+// device and dispatches to the CPU reference kernel or the CUDA kernel. Misuse (mismatched
+// shapes, dtypes or devices) throws loom::Error naming the op and the tensors.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "engine/tensor.h"
+
+namespace loom {
+struct AdamWParams;  // kernels/adamw.h
+struct RopeScaling;  // kernels/rope.h
+}  // namespace loom
+
+namespace loom::ops {
+
+// The accumulation dtype for a float dtype: f64 for f64, f32 otherwise (statistics, LSE, grads
+// of frozen-dtype weights).
+DType acc_dtype(DType t);
+
+// ---- elementwise and reductions (same shape, dtype and device) ----
+Tensor axpby(const Tensor& a, const Tensor& b, float alpha, float beta);  // alpha*a + beta*b
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& a, float s);
+void add_(Tensor& dst, const Tensor& src);  // dst += src, in place (gradient accumulation)
+void fill_(Tensor& t, float value);
+Tensor add_bias(const Tensor& a, const Tensor& bias);  // a [..., C] + bias [C]
+// Column sums of a viewed as [rows, C] (C = last dim): into a new tensor of dtype `out`, or
+// accumulated into `into` ([C], f32 or a's dtype).
+Tensor sum_rows(const Tensor& a, DType out);
+void sum_rows_into(const Tensor& a, Tensor& into);
+// Scalars (f32, shape []) on a's device.
+Tensor sum(const Tensor& a);
+Tensor sum_squares(const Tensor& a);
+
+// ---- matrix products (f32 accumulation) ----
+// a [..., m, k] (or [..., k, m] with trans_a) times b [k, n] (or [n, k] with trans_b), b either
+// 2-D (shared) or batched like a. Output dtype defaults to a's.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+              std::optional<DType> out_dtype = std::nullopt);
+// c = alpha * op(a) op(b) + beta * c, c preallocated (accumulate with beta = 1).
+void matmul_into(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, float alpha = 1.f,
+                 float beta = 0.f);
+// x [..., in] times w [out, in]^T -> [..., out]   (torch.nn.functional.linear without bias)
+Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype = std::nullopt);
+
+// ---- normalization, position, activation, lookup ----
+struct RmsNormOut {
+  Tensor y;     // like x
+  Tensor rstd;  // acc dtype, [rows]
+};
+// x [..., C], w [C]; add_one: Gemma's (1 + w).
+RmsNormOut rms_norm(const Tensor& x, const Tensor& w, float eps, bool add_one);
+// Returns dx; accumulates into *dw (acc dtype, [C]) when dw is non-null.
+Tensor rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor* dw,
+                         bool add_one);
+
+// x [batch, seq, heads, head_dim] (or [tokens, heads, head_dim]); positions i32 [batch*seq];
+// inv_freq f32 [head_dim/2]. Hugging Face rotate-half layout.
+Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& inv_freq);
+// The inverse frequencies as an f32 tensor on device.
+Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, Device device);
+
+Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);
+Tensor geglu(const Tensor& gate, const Tensor& up);  // gelu_tanh(gate) * up
+std::pair<Tensor, Tensor> geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);
+
+// ids i32 [...], table [vocab, dim] -> [..., dim]. CPU checks ids against vocab.
+Tensor embedding(const Tensor& ids, const Tensor& table);
+// dtable (acc dtype, [vocab, dim]) += scatter of dout.
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+// ---- attention and loss ----
+struct AttentionOptions {
+  float scale = 0.f;    // 0: 1/sqrt(head_dim)
+  float softcap = 0.f;  // 0: off
+  int64_t window = 0;   // 0: off; else key j visible to query i iff i - j < window
+  Tensor segment_ids;   // optional i32 [batch, seq]: attention stays inside a packed document
+};
+struct AttentionOut {
+  Tensor out;  // [batch, seq, heads, head_dim]
+  Tensor lse;  // acc dtype [batch, heads, seq]
+};
+// q [batch, seq, heads, head_dim], k/v [batch, seq, kv_heads, head_dim]; causal.
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt);
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& dout, const Tensor& lse, const AttentionOptions& opt);
+
+struct CrossEntropyOut {
+  Tensor loss;  // acc dtype [n]: per-row loss, 0 where ignored
+  Tensor lse;   // acc dtype [n]
+};
+inline constexpr int32_t kIgnoreIndex = -100;
+// logits [n, vocab], targets i32 [n]. CPU checks targets against vocab.
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, float softcap = 0.f,
+                              int32_t ignore_index = kIgnoreIndex);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
+                              float softcap = 0.f, int32_t ignore_index = kIgnoreIndex);
+
+// ---- optimizer and random ----
+// param/exp_avg/exp_avg_sq f32, grad f32 or bf16, all the same numel; writes bf16 copy if given.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWParams& p,
+                Tensor* param_bf16 = nullptr);
+// Philox counter-based fills: the same numbers on CPU and CUDA for the same (seed, offset).
+void uniform_(Tensor& t, uint64_t seed, uint64_t offset, float lo, float hi);
+void normal_(Tensor& t, uint64_t seed, uint64_t offset, float mean, float std);
+
+}  // namespace loom::ops

@@ -1,0 +1,166 @@
+// ops:: elementwise functions and reductions.
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+#include "kernels/elementwise.h"
+
+namespace loom::ops {
+using namespace detail;
+
+DType acc_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+namespace {
+void check_binary(const char* op, const Tensor& a, const Tensor& b) {
+  same_device(op, a, b);
+  same_dtype(op, a, b);
+  same_shape(op, a, b);
+}
+}  // namespace
+
+Tensor axpby(const Tensor& a_in, const Tensor& b_in, float alpha, float beta) {
+  check_binary("axpby", a_in, b_in);
+  Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch_float("axpby", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (a.is_cuda())
+      LOOM_ON_CUDA("axpby", T, cuda::axpby(a.data<T>(), b.data<T>(), out.data<T>(), a.numel(), alpha, beta, stream_of(a)));
+    else
+      cpu::axpby(a.data<T>(), b.data<T>(), out.data<T>(), a.numel(), alpha, beta);
+  });
+  return out;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return axpby(a, b, 1.f, 1.f); }
+Tensor sub(const Tensor& a, const Tensor& b) { return axpby(a, b, 1.f, -1.f); }
+
+Tensor mul(const Tensor& a_in, const Tensor& b_in) {
+  check_binary("mul", a_in, b_in);
+  Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch_float("mul", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (a.is_cuda())
+      LOOM_ON_CUDA("mul", T, cuda::mul(a.data<T>(), b.data<T>(), out.data<T>(), a.numel(), stream_of(a)));
+    else
+      cpu::mul(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
+  });
+  return out;
+}
+
+Tensor scale(const Tensor& a_in, float s) {
+  Tensor a = a_in.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch_float("scale", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (a.is_cuda())
+      LOOM_ON_CUDA("scale", T, cuda::scale(a.data<T>(), out.data<T>(), a.numel(), s, stream_of(a)));
+    else
+      cpu::scale(a.data<T>(), out.data<T>(), a.numel(), s);
+  });
+  return out;
+}
+
+void add_(Tensor& dst, const Tensor& src_in) {
+  check_binary("add_", dst, src_in);
+  expect_contiguous("add_", dst, "destination");
+  Tensor src = src_in.contiguous();
+  dispatch_float("add_", dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (dst.is_cuda())
+      LOOM_ON_CUDA("add_", T, cuda::axpby(dst.data<T>(), src.data<T>(), dst.data<T>(), dst.numel(), 1.f, 1.f, stream_of(dst)));
+    else
+      cpu::axpby(dst.data<T>(), src.data<T>(), dst.data<T>(), dst.numel(), 1.f, 1.f);
+  });
+}
+
+void fill_(Tensor& t, float value) {
+  expect_contiguous("fill_", t, "tensor");
+  dispatch_float("fill_", t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (t.is_cuda())
+      LOOM_ON_CUDA("fill_", T, cuda::fill(t.data<T>(), t.numel(), value, stream_of(t)));
+    else
+      cpu::fill(t.data<T>(), t.numel(), value);
+  });
+}
+
+Tensor add_bias(const Tensor& a_in, const Tensor& bias) {
+  same_device("add_bias", a_in, bias);
+  same_dtype("add_bias", a_in, bias);
+  LOOM_CHECK(bias.dim() == 1 && a_in.dim() >= 1 && a_in.size(-1) == bias.size(0), "add_bias: bias ", bias.str(),
+             " does not match the last dim of ", a_in.str());
+  Tensor a = a_in.contiguous(), b = bias.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  const int64_t cols = b.numel(), rows = cols ? a.numel() / cols : 0;
+  dispatch_float("add_bias", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (a.is_cuda())
+      LOOM_ON_CUDA("add_bias", T, cuda::add_bias(a.data<T>(), b.data<T>(), out.data<T>(), rows, cols, stream_of(a)));
+    else
+      cpu::add_bias(a.data<T>(), b.data<T>(), out.data<T>(), rows, cols);
+  });
+  return out;
+}
+
+void sum_rows_into(const Tensor& a_in, Tensor& into) {
+  same_device("sum_rows", a_in, into);
+  LOOM_CHECK(a_in.dim() >= 1 && into.dim() == 1 && into.size(0) == a_in.size(-1), "sum_rows: ", into.str(),
+             " cannot hold the column sums of ", a_in.str());
+  LOOM_CHECK(into.dtype() == a_in.dtype() || into.dtype() == DType::f32, "sum_rows: output ", into.str(),
+             " must be f32 or ", name(a_in.dtype()));
+  expect_contiguous("sum_rows", into, "output");
+  Tensor a = a_in.contiguous();
+  const int64_t cols = into.numel(), rows = cols ? a.numel() / cols : 0;
+  dispatch_float("sum_rows", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (into.dtype() == a.dtype()) {
+      if (a.is_cuda())
+        LOOM_ON_CUDA("sum_rows", T, cuda::sum_rows(a.data<T>(), into.data<T>(), rows, cols, true, stream_of(a)));
+      else
+        cpu::sum_rows(a.data<T>(), into.data<T>(), rows, cols, true);
+    } else if constexpr (std::is_same_v<T, bf16>) {
+      if (a.is_cuda())
+        LOOM_ON_CUDA("sum_rows", T, cuda::sum_rows(a.data<T>(), into.data<float>(), rows, cols, true, stream_of(a)));
+      else
+        cpu::sum_rows(a.data<T>(), into.data<float>(), rows, cols, true);
+    } else {
+      LOOM_CHECK(false, "sum_rows: ", a.str(), " into ", into.str());
+    }
+  });
+}
+
+Tensor sum_rows(const Tensor& a, DType out) {
+  Tensor r = Tensor::zeros({a.size(-1)}, out, a.device());
+  sum_rows_into(a, r);
+  return r;
+}
+
+namespace {
+template <bool kSquares>
+Tensor reduce(const char* op, const Tensor& a_in) {
+  Tensor a = a_in.contiguous();
+  Tensor out = Tensor::empty({}, DType::f32, a.device());
+  dispatch_float(op, a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (a.is_cuda()) {
+      LOOM_ON_CUDA(op, T, {
+        float* ws = CudaContext::get(a.device().index).reduce_workspace;
+        if (kSquares)
+          cuda::sum_squares(a.data<T>(), a.numel(), out.data<float>(), ws, stream_of(a));
+        else
+          cuda::sum(a.data<T>(), a.numel(), out.data<float>(), ws, stream_of(a));
+      });
+    } else if (kSquares) {
+      cpu::sum_squares(a.data<T>(), a.numel(), out.data<float>());
+    } else {
+      cpu::sum(a.data<T>(), a.numel(), out.data<float>());
+    }
+  });
+  return out;
+}
+}  // namespace
+
+Tensor sum(const Tensor& a) { return reduce<false>("sum", a); }
+Tensor sum_squares(const Tensor& a) { return reduce<true>("sum_squares", a); }
+
+}  // namespace loom::ops

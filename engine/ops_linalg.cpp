@@ -1,0 +1,111 @@
+// ops:: matrix products through the one GEMM wrapper (Eigen on CPU, cuBLASLt on CUDA).
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+#include "kernels/gemm.h"
+
+namespace loom::ops {
+using namespace detail;
+
+namespace {
+
+GemmType gemm_type(const char* op, DType d) {
+  switch (d) {
+    case DType::f32: return GemmType::kF32;
+    case DType::bf16: return GemmType::kBF16;
+    case DType::f64: return GemmType::kF64;
+    default: LOOM_CHECK(false, op, ": unsupported dtype ", name(d));
+  }
+  return GemmType::kF32;
+}
+
+void run_gemm(const GemmArgs& g, Device device) {
+  if (device.is_cpu()) {
+    cpu::gemm(g);
+    return;
+  }
+#if LOOM_WITH_CUDA
+  LOOM_CHECK(g.ab_type != GemmType::kF64, "matmul: f64 is CPU-only");
+  CudaContext& ctx = CudaContext::get(device.index);
+  cuda::gemm(g, ctx.cublaslt, GemmWorkspace{ctx.gemm_workspace, ctx.gemm_workspace_bytes}, ctx.stream);
+#else
+  LOOM_CHECK(false, "matmul: Loom was built without CUDA (LOOM_CUDA=OFF)");
+#endif
+}
+
+// Leading dims of a contiguous row-major [rows, cols] matrix is cols.
+}  // namespace
+
+void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a, bool trans_b, float alpha,
+                 float beta) {
+  const char* op = "matmul";
+  same_device(op, a_in, b_in);
+  same_device(op, a_in, c);
+  same_dtype(op, a_in, b_in);
+  LOOM_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, op, ": needs matrices, got ", a_in.str(), " and ", b_in.str());
+  expect_contiguous(op, c, "output");
+  Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  const int64_t a_rows = a.size(-2), a_cols = a.size(-1), b_rows = b.size(-2), b_cols = b.size(-1);
+  const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
+  const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
+  LOOM_CHECK(k == kb, op, ": inner dimensions differ: ", a.str(), (trans_a ? "^T" : ""), " x ", b.str(),
+             (trans_b ? "^T" : ""));
+  const int64_t batch = a.numel() / std::max<int64_t>(a_rows * a_cols, 1);
+  const int64_t b_batch = b.numel() / std::max<int64_t>(b_rows * b_cols, 1);
+  LOOM_CHECK(b.dim() == 2 || b_batch == batch, op, ": batch sizes differ: ", a.str(), " and ", b.str());
+  LOOM_CHECK(c.numel() == batch * m * n && c.size(-1) == n, op, ": output ", c.str(), " cannot hold [", batch,
+             " x ", m, " x ", n, "]");
+  GemmArgs g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = batch;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.a = a.data_ptr();
+  g.lda = a_cols;
+  g.stride_a = a_rows * a_cols;
+  g.b = b.data_ptr();
+  g.ldb = b_cols;
+  g.stride_b = b.dim() == 2 ? 0 : b_rows * b_cols;
+  g.c = c.data_ptr();
+  g.ldc = n;
+  g.stride_c = m * n;
+  g.ab_type = gemm_type(op, a.dtype());
+  g.c_type = gemm_type(op, c.dtype());
+  g.alpha = alpha;
+  g.beta = beta;
+  if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0) {  // an empty sum: C = beta * C
+    if (beta == 0.f) fill_(c, 0.f);
+    else if (beta != 1.f) c.copy_(scale(c, beta));
+    return;
+  }
+  // A shared 2-D b with trans_a = false is one big [batch*m, k] x [k, n] product.
+  if (b.dim() == 2 && !trans_a && batch > 1) {
+    g.m = batch * m;
+    g.batch = 1;
+  }
+  run_gemm(g, a.device());
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, std::optional<DType> out_dtype) {
+  LOOM_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs matrices, got ", a.str(), " and ", b.str());
+  Shape out_shape = a.shape();
+  out_shape[out_shape.size() - 2] = trans_a ? a.size(-1) : a.size(-2);
+  out_shape.back() = trans_b ? b.size(-2) : b.size(-1);
+  Tensor c = Tensor::empty(out_shape, out_dtype.value_or(a.dtype()), a.device());
+  matmul_into(a, b, c, trans_a, trans_b);
+  return c;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype) {
+  LOOM_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input ", x.str(),
+             " does not match weight ", w.str(), " ([out, in])");
+  Shape out_shape = x.shape();
+  out_shape.back() = w.size(0);
+  Tensor x2 = x.reshape({-1, x.size(-1)});
+  Tensor y = matmul(x2, w, false, true, out_dtype);
+  return y.view(out_shape);
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,222 @@
+// ops:: RMSNorm, rotary embedding, gated activations and embedding lookup.
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+#include "kernels/activation.h"
+#include "kernels/embedding.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+
+namespace loom::ops {
+using namespace detail;
+
+RmsNormOut rms_norm(const Tensor& x_in, const Tensor& w_in, float eps, bool add_one) {
+  const char* op = "rms_norm";
+  same_device(op, x_in, w_in);
+  same_dtype(op, x_in, w_in);
+  LOOM_CHECK(w_in.dim() == 1 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": weight ", w_in.str(),
+             " does not match the last dim of ", x_in.str());
+  Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const int64_t cols = w.numel(), rows = cols ? x.numel() / cols : 0;
+  RmsNormOut r{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, acc_dtype(x.dtype()), x.device())};
+  dispatch_float(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    if (x.is_cuda())
+      LOOM_ON_CUDA(op, T, cuda::rms_norm_forward(x.data<T>(), w.data<T>(), r.y.data<T>(), r.rstd.data<A>(), rows, cols,
+                                                 eps, add_one, stream_of(x)));
+    else
+      cpu::rms_norm_forward(x.data<T>(), w.data<T>(), r.y.data<T>(), r.rstd.data<A>(), rows, cols, eps, add_one);
+  });
+  return r;
+}
+
+Tensor rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd, const Tensor& dy_in, Tensor* dw,
+                         bool add_one) {
+  const char* op = "rms_norm_backward";
+  same_shape(op, x_in, dy_in);
+  same_dtype(op, x_in, dy_in);
+  same_dtype(op, x_in, w_in);
+  same_device(op, x_in, dy_in);
+  Tensor x = x_in.contiguous(), w = w_in.contiguous(), dy = dy_in.contiguous();
+  const int64_t cols = w.numel(), rows = cols ? x.numel() / cols : 0;
+  LOOM_CHECK(rstd.numel() == rows && rstd.dtype() == acc_dtype(x.dtype()), op, ": rstd ", rstd.str(), " for ", x.str());
+  if (dw) {
+    LOOM_CHECK(dw->numel() == cols && dw->dtype() == acc_dtype(x.dtype()) && dw->is_contiguous(), op, ": dw ",
+               dw->str(), " must be a contiguous ", name(acc_dtype(x.dtype())), " [", cols, "]");
+    same_device(op, x, *dw);
+  }
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    A* dwp = dw ? dw->data<A>() : nullptr;
+    if (x.is_cuda()) {
+      LOOM_ON_CUDA(op, T, {
+        Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::rms_norm_backward_workspace_bytes(rows, cols))}, DType::u8,
+                                  x.device());
+        cuda::rms_norm_backward(x.data<T>(), w.data<T>(), rstd.data<A>(), dy.data<T>(), dx.data<T>(), dwp, rows, cols,
+                                add_one, ws.data_ptr(), stream_of(x));
+      });
+    } else {
+      cpu::rms_norm_backward(x.data<T>(), w.data<T>(), rstd.data<A>(), dy.data<T>(), dx.data<T>(), dwp, rows, cols,
+                             add_one);
+    }
+  });
+  return dx;
+}
+
+namespace {
+// x [..., heads, head_dim] with tokens = numel / (heads*head_dim) matching positions.
+Tensor rope_apply(const char* op, const Tensor& x_in, const Tensor& positions, const Tensor& inv_freq, bool backward) {
+  same_device(op, x_in, positions);
+  same_device(op, x_in, inv_freq);
+  expect_dtype(op, positions, DType::i32, "positions");
+  expect_dtype(op, inv_freq, DType::f32, "inv_freq");
+  LOOM_CHECK(x_in.dim() >= 3, op, ": x must be [..., heads, head_dim], got ", x_in.str());
+  const int64_t head_dim = x_in.size(-1), heads = x_in.size(-2);
+  const int64_t tokens = x_in.numel() / std::max<int64_t>(heads * head_dim, 1);
+  LOOM_CHECK(head_dim % 2 == 0 && inv_freq.numel() == head_dim / 2, op, ": inv_freq ", inv_freq.str(),
+             " does not fit head_dim ", head_dim);
+  LOOM_CHECK(positions.numel() == tokens, op, ": ", positions.numel(), " positions for ", tokens, " tokens of ",
+             x_in.str());
+  Tensor x = x_in.contiguous(), pos = positions.contiguous(), f = inv_freq.contiguous();
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int32_t* p = pos.data<int32_t>();
+    const float* fr = f.data<float>();
+    if (x.is_cuda()) {
+      LOOM_ON_CUDA(op, T, {
+        if (backward)
+          cuda::rope_backward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, stream_of(x));
+        else
+          cuda::rope_forward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, stream_of(x));
+      });
+    } else if (backward) {
+      cpu::rope_backward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim);
+    } else {
+      cpu::rope_forward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim);
+    }
+  });
+  return y;
+}
+}  // namespace
+
+Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  return rope_apply("rope", x, positions, inv_freq, false);
+}
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& inv_freq) {
+  return rope_apply("rope_backward", dy, positions, inv_freq, true);
+}
+
+Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, Device device) {
+  std::vector<float> f = cpu::rope_inv_freq(head_dim, theta, scaling);
+  Tensor t = Tensor::from_floats(f, {static_cast<int64_t>(f.size())});
+  return t.to(device);
+}
+
+namespace {
+template <bool kGelu>
+Tensor glu_forward(const char* op, const Tensor& gate_in, const Tensor& up_in) {
+  same_device(op, gate_in, up_in);
+  same_dtype(op, gate_in, up_in);
+  same_shape(op, gate_in, up_in);
+  Tensor g = gate_in.contiguous(), u = up_in.contiguous();
+  Tensor out = Tensor::empty(g.shape(), g.dtype(), g.device());
+  dispatch_float(op, g.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (g.is_cuda()) {
+      LOOM_ON_CUDA(op, T, {
+        if (kGelu) cuda::geglu_forward(g.data<T>(), u.data<T>(), out.data<T>(), g.numel(), stream_of(g));
+        else cuda::swiglu_forward(g.data<T>(), u.data<T>(), out.data<T>(), g.numel(), stream_of(g));
+      });
+    } else if (kGelu) {
+      cpu::geglu_forward(g.data<T>(), u.data<T>(), out.data<T>(), g.numel());
+    } else {
+      cpu::swiglu_forward(g.data<T>(), u.data<T>(), out.data<T>(), g.numel());
+    }
+  });
+  return out;
+}
+
+template <bool kGelu>
+std::pair<Tensor, Tensor> glu_backward(const char* op, const Tensor& gate_in, const Tensor& up_in, const Tensor& dout_in) {
+  same_device(op, gate_in, up_in);
+  same_dtype(op, gate_in, up_in);
+  same_shape(op, gate_in, up_in);
+  same_shape(op, gate_in, dout_in);
+  same_dtype(op, gate_in, dout_in);
+  Tensor g = gate_in.contiguous(), u = up_in.contiguous(), d = dout_in.contiguous();
+  Tensor dg = Tensor::empty(g.shape(), g.dtype(), g.device()), du = Tensor::empty(g.shape(), g.dtype(), g.device());
+  dispatch_float(op, g.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (g.is_cuda()) {
+      LOOM_ON_CUDA(op, T, {
+        if (kGelu)
+          cuda::geglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), stream_of(g));
+        else
+          cuda::swiglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), stream_of(g));
+      });
+    } else if (kGelu) {
+      cpu::geglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel());
+    } else {
+      cpu::swiglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel());
+    }
+  });
+  return {dg, du};
+}
+}  // namespace
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) { return glu_forward<false>("swiglu", gate, up); }
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout) {
+  return glu_backward<false>("swiglu_backward", gate, up, dout);
+}
+Tensor geglu(const Tensor& gate, const Tensor& up) { return glu_forward<true>("geglu", gate, up); }
+std::pair<Tensor, Tensor> geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout) {
+  return glu_backward<true>("geglu_backward", gate, up, dout);
+}
+
+Tensor embedding(const Tensor& ids_in, const Tensor& table_in) {
+  const char* op = "embedding";
+  same_device(op, ids_in, table_in);
+  expect_dtype(op, ids_in, DType::i32, "ids");
+  LOOM_CHECK(table_in.dim() == 2, op, ": table must be [vocab, dim], got ", table_in.str());
+  Tensor ids = ids_in.contiguous(), table = table_in.contiguous();
+  const int64_t vocab = table.size(0), dim = table.size(1);
+  Shape out_shape = ids.shape();
+  out_shape.push_back(dim);
+  Tensor out = Tensor::empty(out_shape, table.dtype(), table.device());
+  dispatch_float(op, table.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (table.is_cuda())
+      LOOM_ON_CUDA(op, T, cuda::embedding_forward(ids.data<int32_t>(), table.data<T>(), out.data<T>(), ids.numel(),
+                                                  vocab, dim, stream_of(table)));
+    else
+      cpu::embedding_forward(ids.data<int32_t>(), table.data<T>(), out.data<T>(), ids.numel(), vocab, dim);
+  });
+  return out;
+}
+
+void embedding_backward(const Tensor& ids_in, const Tensor& dout_in, Tensor& dtable) {
+  const char* op = "embedding_backward";
+  same_device(op, ids_in, dout_in);
+  same_device(op, ids_in, dtable);
+  expect_dtype(op, ids_in, DType::i32, "ids");
+  expect_contiguous(op, dtable, "dtable");
+  LOOM_CHECK(dtable.dim() == 2 && dtable.dtype() == acc_dtype(dout_in.dtype()) &&
+                 dout_in.numel() == ids_in.numel() * dtable.size(1),
+             op, ": dtable ", dtable.str(), " does not fit dout ", dout_in.str(), " for ids ", ids_in.str());
+  Tensor ids = ids_in.contiguous(), dout = dout_in.contiguous();
+  dispatch_float(op, dout.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    if (dout.is_cuda())
+      LOOM_ON_CUDA(op, T, cuda::embedding_backward(ids.data<int32_t>(), dout.data<T>(), dtable.data<A>(), ids.numel(),
+                                                   dtable.size(0), dtable.size(1), stream_of(dout)));
+    else
+      cpu::embedding_backward(ids.data<int32_t>(), dout.data<T>(), dtable.data<A>(), ids.numel(), dtable.size(0),
+                              dtable.size(1));
+  });
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,78 @@
+// ops:: the AdamW step and Philox random fills.
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+#include "kernels/adamw.h"
+#include "kernels/philox.h"
+
+namespace loom::ops {
+using namespace detail;
+
+void adamw_step(Tensor& param, const Tensor& grad_in, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWParams& p,
+                Tensor* param_bf16) {
+  const char* op = "adamw_step";
+  for (const Tensor* t : {&exp_avg, &exp_avg_sq}) {
+    same_device(op, param, *t);
+    expect_dtype(op, *t, DType::f32, "optimizer state");
+    expect_contiguous(op, *t, "optimizer state");
+    LOOM_CHECK(t->numel() == param.numel(), op, ": state ", t->str(), " does not match param ", param.str());
+  }
+  expect_dtype(op, param, DType::f32, "param");
+  expect_contiguous(op, param, "param");
+  same_device(op, param, grad_in);
+  LOOM_CHECK(grad_in.numel() == param.numel(), op, ": grad ", grad_in.str(), " does not match param ", param.str());
+  bf16* copy = nullptr;
+  if (param_bf16) {
+    same_device(op, param, *param_bf16);
+    expect_dtype(op, *param_bf16, DType::bf16, "param copy");
+    expect_contiguous(op, *param_bf16, "param copy");
+    LOOM_CHECK(param_bf16->numel() == param.numel(), op, ": bf16 copy ", param_bf16->str(), " vs ", param.str());
+    copy = param_bf16->data<bf16>();
+  }
+  Tensor grad = grad_in.contiguous();
+  auto run = [&](auto tag) {
+    using G = decltype(tag);
+    if (param.is_cuda()) {
+#if LOOM_WITH_CUDA
+      cuda::adamw_step(param.data<float>(), grad.data<G>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                       param.numel(), p, copy, stream_of(param));
+#else
+      LOOM_CHECK(false, op, ": Loom was built without CUDA (LOOM_CUDA=OFF)");
+#endif
+    } else {
+      cpu::adamw_step(param.data<float>(), grad.data<G>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+                      param.numel(), p, copy);
+    }
+  };
+  if (grad.dtype() == DType::f32) run(float{});
+  else if (grad.dtype() == DType::bf16) run(bf16{});
+  else LOOM_CHECK(false, op, ": grad must be f32 or bf16, got ", grad.str());
+}
+
+namespace {
+template <bool kNormal>
+void random_fill(const char* op, Tensor& t, uint64_t seed, uint64_t offset, float a, float b) {
+  expect_contiguous(op, t, "tensor");
+  dispatch_float(op, t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (t.is_cuda()) {
+      LOOM_ON_CUDA(op, T, {
+        if (kNormal) cuda::normal_fill(t.data<T>(), t.numel(), seed, offset, a, b, stream_of(t));
+        else cuda::uniform_fill(t.data<T>(), t.numel(), seed, offset, a, b, stream_of(t));
+      });
+    } else if (kNormal) {
+      cpu::normal_fill(t.data<T>(), t.numel(), seed, offset, a, b);
+    } else {
+      cpu::uniform_fill(t.data<T>(), t.numel(), seed, offset, a, b);
+    }
+  });
+}
+}  // namespace
+
+void uniform_(Tensor& t, uint64_t seed, uint64_t offset, float lo, float hi) {
+  random_fill<false>("uniform_", t, seed, offset, lo, hi);
+}
+void normal_(Tensor& t, uint64_t seed, uint64_t offset, float mean, float std) {
+  random_fill<true>("normal_", t, seed, offset, mean, std);
+}
+
+}  // namespace loom::ops

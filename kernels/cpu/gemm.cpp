@@ -1,0 +1,109 @@
+// CPU reference GEMM (kernels/gemm.h) through Eigen, plus the argument checks both backends share.
+#include "kernels/gemm.h"
+
+#include <Eigen/Core>
+#include <vector>
+
+namespace loom {
+
+const char* gemm_type_name(GemmType t) {
+  switch (t) {
+    case GemmType::kF32: return "f32";
+    case GemmType::kBF16: return "bf16";
+    case GemmType::kF64: return "f64";
+  }
+  return "?";
+}
+
+void check_gemm_args(const GemmArgs& g, const char* backend) {
+  const auto shape = [&] {
+    return detail::cat(" [", backend, " gemm m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
+                       " trans_a=", g.trans_a, " trans_b=", g.trans_b, " lda=", g.lda, " ldb=", g.ldb,
+                       " ldc=", g.ldc, " ", gemm_type_name(g.ab_type), "->", gemm_type_name(g.c_type), "]");
+  };
+  LOOM_CHECK(g.m >= 0 && g.n >= 0 && g.batch >= 0, "gemm: m, n and batch must be >= 0", shape());
+  LOOM_CHECK(g.k >= 1, "gemm: k must be >= 1 (an empty product is a scale of C, not a GEMM)", shape());
+  const bool ok_types = (g.ab_type == GemmType::kF32 && g.c_type == GemmType::kF32) ||
+                        (g.ab_type == GemmType::kBF16 && g.c_type == GemmType::kBF16) ||
+                        (g.ab_type == GemmType::kBF16 && g.c_type == GemmType::kF32) ||
+                        (g.ab_type == GemmType::kF64 && g.c_type == GemmType::kF64);
+  LOOM_CHECK(ok_types, "gemm: unsupported type pair (f32->f32, bf16->bf16, bf16->f32, f64->f64)", shape());
+  // Row-major storage: ld is at least the stored row length.
+  const int64_t a_cols = g.trans_a ? g.m : g.k, b_cols = g.trans_b ? g.k : g.n;
+  LOOM_CHECK(g.lda >= a_cols && g.lda >= 1, "gemm: lda must be >= ", a_cols, " (stored A is ",
+             g.trans_a ? g.k : g.m, "x", a_cols, ")", shape());
+  LOOM_CHECK(g.ldb >= b_cols && g.ldb >= 1, "gemm: ldb must be >= ", b_cols, " (stored B is ",
+             g.trans_b ? g.n : g.k, "x", b_cols, ")", shape());
+  LOOM_CHECK(g.ldc >= g.n && g.ldc >= 1, "gemm: ldc must be >= n", shape());
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  LOOM_CHECK(g.a != nullptr && g.b != nullptr && g.c != nullptr, "gemm: null pointer", shape());
+  if (g.batch > 1) {
+    LOOM_CHECK(g.stride_a >= 0 && g.stride_b >= 0, "gemm: negative batch stride", shape());
+    LOOM_CHECK(g.stride_c > 0, "gemm: stride_c must be > 0 when batch > 1 (items would overwrite each other)",
+               shape());
+  }
+}
+
+}  // namespace loom
+
+namespace loom::cpu {
+namespace {
+
+template <class S>
+using RowMat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using ConstMap = Eigen::Map<const RowMat<S>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+// One stored operand of batch item b as an Eigen map in compute type S. bf16 is widened into
+// `scratch` (packed, ld = cols); f32/f64 are mapped in place.
+template <class S>
+ConstMap<S> operand(const void* base, GemmType type, int64_t offset, int64_t rows, int64_t cols, int64_t ld,
+                    std::vector<S>& scratch) {
+  if (type == GemmType::kBF16) {
+    const bf16* p = static_cast<const bf16*>(base) + offset;
+    scratch.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) scratch[r * cols + c] = static_cast<S>(bf16_to_float(p[r * ld + c]));
+    return ConstMap<S>(scratch.data(), rows, cols, Eigen::OuterStride<>(cols));
+  }
+  const S* p = static_cast<const S*>(base) + offset;
+  return ConstMap<S>(p, rows, cols, Eigen::OuterStride<>(ld));
+}
+
+template <class S, class CT>
+void gemm_typed(const GemmArgs& g) {
+  std::vector<S> sa, sb;
+  RowMat<S> prod(g.m, g.n);
+  const S alpha = static_cast<S>(g.alpha), beta = static_cast<S>(g.beta);
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    // A stored [m, k] or [k, m]; B stored [k, n] or [n, k].
+    auto a = operand<S>(g.a, g.ab_type, bi * g.stride_a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, sa);
+    auto b = operand<S>(g.b, g.ab_type, bi * g.stride_b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, sb);
+    // prod [m, n] = op(A) [m, k] * op(B) [k, n], accumulated in S.
+    if (!g.trans_a && !g.trans_b) prod.noalias() = a * b;
+    else if (g.trans_a && !g.trans_b) prod.noalias() = a.transpose() * b;
+    else if (!g.trans_a && g.trans_b) prod.noalias() = a * b.transpose();
+    else prod.noalias() = a.transpose() * b.transpose();
+    CT* c = static_cast<CT*>(g.c) + bi * g.stride_c;
+#pragma omp parallel for if (g.m * g.n > 65536)
+    for (int64_t r = 0; r < g.m; ++r)
+      for (int64_t j = 0; j < g.n; ++j) {
+        CT& out = c[r * g.ldc + j];
+        S v = alpha * prod(r, j);
+        if (g.beta != 0.f) v += beta * static_cast<S>(to_acc(out));  // beta == 0 never reads C
+        out = from_acc<CT>(v);
+      }
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g) {
+  check_gemm_args(g, "cpu");
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  if (g.ab_type == GemmType::kF64) return gemm_typed<double, double>(g);
+  if (g.c_type == GemmType::kBF16) return gemm_typed<float, bf16>(g);
+  return gemm_typed<float, float>(g);
+}
+
+}  // namespace loom::cpu

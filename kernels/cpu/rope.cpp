@@ -1,0 +1,114 @@
+// CPU reference for kernels/rope.h: the rotate-half rotation and its transpose, and the host-side
+// inv_freq table reproducing transformers' float32 arithmetic (default, linear, llama3).
+#include "kernels/rope.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace loom::cpu {
+
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
+  LOOM_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_inv_freq: head_dim must be even and positive, got ",
+             head_dim);
+  LOOM_CHECK(theta > 0, "rope_inv_freq: theta must be positive, got ", theta);
+  const int64_t half = head_dim / 2;
+  // transformers: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), all float32 tensor ops
+  // with the python scalars rounded to float32. torch's pow is Sleef's (1 ulp), ours is libm's, so
+  // an entry may rarely differ in the last bit; every later step is exactly torch's.
+  std::vector<float> inv(half);
+  const float base = static_cast<float>(theta);
+  for (int64_t i = 0; i < half; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv[i] = 1.0f / std::pow(base, expo);
+  }
+  switch (s.kind) {
+    case RopeScaling::Kind::kDefault:
+      break;
+    case RopeScaling::Kind::kLinear: {
+      LOOM_CHECK(s.factor > 0, "rope_inv_freq: linear factor must be positive, got ", s.factor);
+      const float f = static_cast<float>(s.factor);
+      for (auto& v : inv) v = v / f;
+      break;
+    }
+    case RopeScaling::Kind::kLlama3: {
+      LOOM_CHECK(s.factor > 0 && s.high_freq_factor != s.low_freq_factor && s.low_freq_factor > 0 &&
+                     s.high_freq_factor > 0 && s.original_max_position_embeddings > 0,
+                 "rope_inv_freq: bad llama3 scaling (factor ", s.factor, ", low_freq_factor ", s.low_freq_factor,
+                 ", high_freq_factor ", s.high_freq_factor, ", original_max_position_embeddings ",
+                 s.original_max_position_embeddings, ")");
+      // Python-side scalars are computed in double, then meet float32 tensors as float32. A python
+      // scalar divided by a tensor is Tensor.__rtruediv__ = reciprocal() * scalar: two roundings.
+      const double old_ctx = s.original_max_position_embeddings;
+      const float low_wavelen = static_cast<float>(old_ctx / s.low_freq_factor);
+      const float high_wavelen = static_cast<float>(old_ctx / s.high_freq_factor);
+      const float two_pi = static_cast<float>(2 * std::numbers::pi);
+      const float factor = static_cast<float>(s.factor);
+      const float old_ctx_f = static_cast<float>(old_ctx);
+      const float low = static_cast<float>(s.low_freq_factor);
+      const float span = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
+      for (auto& v : inv) {
+        const float wavelen = (1.0f / v) * two_pi;                      // 2 * math.pi / inv_freq
+        const float llama = wavelen > low_wavelen ? v / factor : v;
+        const float ratio = (1.0f / wavelen) * old_ctx_f;               // old_context_len / wavelen
+        const float smooth = (ratio - low) / span;
+        const float a = (1.0f - smooth) * llama;
+        const float b = smooth * llama;
+        const float smoothed = a / factor + b;
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        v = medium ? smoothed : llama;
+      }
+      break;
+    }
+  }
+  return inv;
+}
+
+namespace {
+
+// kSign = +1: forward rotation; -1: its transpose (the backward).
+template <class T, int kSign>
+void rope_apply(const T* in, T* out, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads,
+                int64_t head_dim) {
+  using A = Acc<T>;
+  LOOM_CHECK(tokens >= 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0, "rope: bad shape [", tokens, ", ",
+             heads, ", ", head_dim, "] (head_dim must be even)");
+  const int64_t half = head_dim / 2;
+#pragma omp parallel for if (tokens * heads * head_dim > 65536)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float pos = static_cast<float>(positions[t]);
+    for (int64_t i = 0; i < half; ++i) {
+      const A angle = A(pos * inv_freq[i]);  // the product is rounded to f32, as in Hugging Face
+      const A c = std::cos(angle), sn = A(kSign) * std::sin(angle);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t base = (t * heads + h) * head_dim;
+        const A x1 = to_acc(in[base + i]), x2 = to_acc(in[base + i + half]);
+        out[base + i] = from_acc<T>(x1 * c - x2 * sn);
+        out[base + i + half] = from_acc<T>(x2 * c + x1 * sn);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void rope_forward(const T* x, T* y, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads,
+                  int64_t head_dim) {
+  rope_apply<T, 1>(x, y, positions, inv_freq, tokens, heads, head_dim);
+}
+
+template <class T>
+void rope_backward(const T* dy, T* dx, const int32_t* positions, const float* inv_freq, int64_t tokens,
+                   int64_t heads, int64_t head_dim) {
+  rope_apply<T, -1>(dy, dx, positions, inv_freq, tokens, heads, head_dim);
+}
+
+#define LOOM_INST(T)                                                                                     \
+  template void rope_forward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t); \
+  template void rope_backward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t);
+LOOM_INST(float)
+LOOM_INST(double)
+LOOM_INST(bf16)
+#undef LOOM_INST
+
+}  // namespace loom::cpu

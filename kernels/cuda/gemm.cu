@@ -1,0 +1,183 @@
+// The one cuBLASLt wrapper (kernels/gemm.h): row-major batched GEMM mapped onto column-major
+// cuBLASLt by swapping operands, with descriptors and heuristic algorithms cached per shape.
+#include <cublasLt.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/gemm.h"
+
+// The forward declaration in kernels/gemm.h must name the very type cublasLt.h declares.
+static_assert(std::is_same_v<cublasLtHandle_t, cublasLtContext*>);
+
+#define LOOM_CUBLAS_CHECK(expr)                                                                   \
+  do {                                                                                            \
+    cublasStatus_t loom_st_ = (expr);                                                             \
+    if (loom_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      ::loom::detail::fail(__FILE__, __LINE__,                                                    \
+                           ::loom::detail::cat("cuBLASLt error ", cublasLtGetStatusString(loom_st_), \
+                                               " (", static_cast<int>(loom_st_), ") in ", #expr)); \
+  } while (0)
+
+namespace loom::cuda {
+namespace {
+
+cudaDataType_t cuda_type(GemmType t) { return t == GemmType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// Largest power of two (at most 256) dividing the address of every batch item: cuBLASLt's
+// heuristic otherwise assumes 256-byte aligned buffers and may pick an algorithm that faults on
+// offset views. The batch stride is folded in (conservatively) so odd strides count too.
+uint32_t alignment_of(const void* p, int64_t batch, int64_t stride, GemmType t) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (batch > 1) a |= static_cast<uintptr_t>(stride) * gemm_type_size(t);
+  uint32_t align = 256;
+  while (align > 1 && (a % align) != 0) align >>= 1;
+  return align;
+}
+struct Alignments {
+  uint32_t a, b, c;  // of our A, B, C
+};
+Alignments alignments(const GemmArgs& g) {
+  return {alignment_of(g.a, g.batch, g.stride_a, g.ab_type), alignment_of(g.b, g.batch, g.stride_b, g.ab_type),
+          alignment_of(g.c, g.batch, g.stride_c, g.c_type)};
+}
+
+// Descriptors for one cached problem; destroyed with the cache entry.
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // in cuBLASLt's (swapped) roles
+  cublasLtMatmulAlgo_t algo{};
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+using PlanKey = std::array<int64_t, 20>;
+
+PlanKey plan_key(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, int device) {
+  const Alignments al = alignments(g);
+  return {g.m, g.n, g.k, g.batch, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
+          g.batch > 1 ? g.stride_a : 0, g.batch > 1 ? g.stride_b : 0, g.batch > 1 ? g.stride_c : 0,
+          static_cast<int64_t>(g.ab_type), static_cast<int64_t>(g.c_type),
+          al.a, al.b, al.c,
+          static_cast<int64_t>(ws_bytes), static_cast<int64_t>(reinterpret_cast<uintptr_t>(handle)), device};
+}
+
+void set_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                                     sizeof batch));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                     &stride, sizeof stride));
+}
+
+// Row-major C [m, n] = op(A) op(B) is column-major C^T [n, m] = op(B)^T op(A)^T. A row-major
+// stored [r, c] matrix with ld is the column-major [c, r] matrix with the same ld, so:
+//   cuBLASLt "A" = our B memory: stored row-major [k, n] -> col-major [n, k] = op(B)^T, no transpose;
+//                  stored [n, k] (trans_b) -> col-major [k, n], transposed by cuBLASLt.
+//   cuBLASLt "B" = our A memory: stored [m, k] -> col-major [k, m] = op(A)^T, no transpose;
+//                  stored [k, m] (trans_a) -> col-major [m, k], transposed by cuBLASLt.
+//   cuBLASLt "C"/"D" = our C memory: col-major [n, m] with ldc.
+std::unique_ptr<Plan> make_plan(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes) {
+  auto p = std::make_unique<Plan>();
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_lt_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_lt_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_lt_a, sizeof op_lt_a));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_lt_b, sizeof op_lt_b));
+
+  const cudaDataType_t ab = cuda_type(g.ab_type), ct = cuda_type(g.c_type);
+  // Layout rows/cols describe the column-major matrix as stored (before the transpose).
+  const uint64_t la_rows = g.trans_b ? g.k : g.n, la_cols = g.trans_b ? g.n : g.k;
+  const uint64_t lb_rows = g.trans_a ? g.m : g.k, lb_cols = g.trans_a ? g.k : g.m;
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ab, la_rows, la_cols, g.ldb));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ab, lb_rows, lb_cols, g.lda));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, ct, g.n, g.m, g.ldc));
+  if (g.batch > 1) {
+    const int32_t batch = static_cast<int32_t>(g.batch);
+    set_batch(p->a, batch, g.stride_b);
+    set_batch(p->b, batch, g.stride_a);
+    set_batch(p->c, batch, g.stride_c);
+  }
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  {
+    const uint64_t ws = ws_bytes;
+    const Alignments al = alignments(g);
+    const uint32_t al_a = al.b, al_b = al.a, al_c = al.c;  // cuBLASLt's A is our B and vice versa
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  LOOM_CUBLAS_CHECK(st);
+  LOOM_CHECK(found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+             "cuda gemm: cuBLASLt found no algorithm for m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
+             " trans_a=", g.trans_a, " trans_b=", g.trans_b, " lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc, " ",
+             gemm_type_name(g.ab_type), "->", gemm_type_name(g.c_type), " workspace=", ws_bytes, " bytes");
+  p->algo = result.algo;
+  return p;
+}
+
+// Cached plans; bounded so a stream of ever-new shapes cannot grow it without limit.
+constexpr size_t kMaxPlans = 4096;
+std::mutex g_plans_mutex;
+std::map<PlanKey, std::shared_ptr<const Plan>>& plans() {
+  static auto* m = new std::map<PlanKey, std::shared_ptr<const Plan>>();  // never destroyed: outlives callers at exit
+  return *m;
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s) {
+  check_gemm_args(g, "cuda");
+  LOOM_CHECK(g.ab_type != GemmType::kF64, "cuda gemm: f64 is CPU only");
+  LOOM_CHECK(handle != nullptr, "cuda gemm: null cublasLt handle");
+  LOOM_CHECK(ws.bytes == 0 || (ws.ptr != nullptr && reinterpret_cast<uintptr_t>(ws.ptr) % 256 == 0),
+             "cuda gemm: workspace of ", ws.bytes, " bytes must be non-null and 256-byte aligned");
+  LOOM_CHECK(g.batch <= INT32_MAX, "cuda gemm: batch ", g.batch, " exceeds cuBLASLt's int32 batch count");
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+
+  const PlanKey key = plan_key(g, handle, ws.bytes, device);
+  std::shared_ptr<const Plan> plan;  // shared: a concurrent clear() cannot free it under us
+  {
+    std::lock_guard<std::mutex> lock(g_plans_mutex);
+    auto& cache = plans();
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      if (cache.size() >= kMaxPlans) cache.clear();
+      it = cache.emplace(key, make_plan(g, handle, ws.bytes)).first;
+    }
+    plan = it->second;
+  }
+  // The swap: cuBLASLt's A is our B, its B is our A; C is read (beta != 0) and written in place.
+  const float alpha = g.alpha, beta = g.beta;
+  LOOM_CUBLAS_CHECK(cublasLtMatmul(handle, plan->op, &alpha, /*A=*/g.b, plan->a, /*B=*/g.a, plan->b, &beta,
+                                   g.c, plan->c, g.c, plan->c, &plan->algo, ws.ptr, ws.bytes, s));
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda

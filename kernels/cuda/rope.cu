@@ -1,0 +1,70 @@
+// CUDA kernels for kernels/rope.h: one thread per (token, frequency) computes cos/sin once and
+// rotates that pair in every head; threads along x walk the frequencies, so accesses coalesce.
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/rope.h"
+
+namespace loom::cuda {
+namespace {
+
+// kSign = +1 forward, -1 the transpose (backward). in == out is allowed: each thread reads both
+// elements of a pair before writing them, and no other thread touches that pair.
+template <class T, int kSign>
+__global__ void rope_kernel(const T* in, T* out, const int32_t* positions, const float* inv_freq, int64_t tokens,
+                            int64_t heads, int64_t half) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (t >= tokens) return;
+  const float pos = static_cast<float>(positions[t]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    // One f32 product as in Hugging Face; sincosf (not __sinf) keeps full range reduction for
+    // angles up to ~1e6 rad.
+    float sn, c;
+    sincosf(pos * inv_freq[i], &sn, &c);
+    sn *= static_cast<float>(kSign);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = (t * heads + h) * 2 * half;
+      const float x1 = load(in + base + i), x2 = load(in + base + i + half);
+      store(out + base + i, x1 * c - x2 * sn);
+      store(out + base + i + half, x2 * c + x1 * sn);
+    }
+  }
+}
+
+template <class T, int kSign>
+void launch(const T* in, T* out, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads,
+            int64_t head_dim, Stream s) {
+  LOOM_CHECK(tokens >= 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0, "rope: bad shape [", tokens, ", ",
+             heads, ", ", head_dim, "] (head_dim must be even)");
+  if (tokens == 0) return;
+  const int64_t half = head_dim / 2;
+  // x: frequencies (a multiple of 32, at most 128); y: tokens, 256 threads in all.
+  const int bx = static_cast<int>(half >= 128 ? 128 : (half + 31) / 32 * 32);
+  const int by = 256 / bx;
+  const int64_t blocks = (tokens + by - 1) / by;
+  LOOM_CHECK(blocks <= INT32_MAX, "rope: too many tokens (", tokens, ")");
+  rope_kernel<T, kSign><<<static_cast<unsigned>(blocks), dim3(bx, by), 0, s>>>(in, out, positions, inv_freq, tokens,
+                                                                               heads, half);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+template <class T>
+void rope_forward(const T* x, T* y, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads,
+                  int64_t head_dim, Stream s) {
+  launch<T, 1>(x, y, positions, inv_freq, tokens, heads, head_dim, s);
+}
+
+template <class T>
+void rope_backward(const T* dy, T* dx, const int32_t* positions, const float* inv_freq, int64_t tokens,
+                   int64_t heads, int64_t head_dim, Stream s) {
+  launch<T, -1>(dy, dx, positions, inv_freq, tokens, heads, head_dim, s);
+}
+
+#define LOOM_INST(T)                                                                                            \
+  template void rope_forward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t, Stream); \
+  template void rope_backward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t, Stream);
+LOOM_INST(float)
+LOOM_INST(bf16)
+#undef LOOM_INST
+
+}  // namespace loom::cuda

@@ -1,0 +1,102 @@
+// Tape mechanics: recording only when needed, no-grad, hooks, saved-tensor release, captured
+// weights inside checkpoint().
+#include <gtest/gtest.h>
+
+#include "autograd/functions.h"
+
+namespace loom::test {
+namespace {
+
+using ag::Variable;
+
+Tensor ones(const Shape& s) { return Tensor::full(s, 1.f, DType::f64); }
+
+TEST(Tape, RecordsOnlyWhenAnInputRequiresGrad) {
+  ag::clear_tape();
+  Variable a(ones({2})), b(ones({2}));
+  Variable c = ag::mul(a, b);
+  EXPECT_FALSE(c.requires_grad());
+  EXPECT_EQ(ag::tape_size(), 0u);
+  Variable w(ones({2}), true);
+  Variable d = ag::mul(a, w);
+  EXPECT_TRUE(d.requires_grad());
+  EXPECT_EQ(ag::tape_size(), 1u);
+  {
+    ag::NoGradGuard ng;
+    Variable e = ag::mul(d, w);
+    EXPECT_FALSE(e.requires_grad());
+  }
+  EXPECT_EQ(ag::tape_size(), 1u);
+  ag::clear_tape();
+}
+
+TEST(Tape, GradientsAccumulateAcrossBackwardsUntilZeroed) {
+  Variable w(Tensor::from_doubles({2.0, 3.0}, {2}), true);
+  Variable x(Tensor::from_doubles({5.0, 7.0}, {2}));
+  for (int i = 0; i < 2; ++i) ag::backward(ag::mul(w, x), ones({2}));
+  EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{10.0, 14.0}));
+  w.zero_grad();
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(Tape, HookFiresOnceWithTheFinalGradient) {
+  Variable w(Tensor::from_doubles({1.0, 2.0}, {2}), true);
+  int calls = 0;
+  std::vector<double> seen;
+  w.add_grad_hook([&](Tensor& g) {
+    ++calls;
+    seen = g.to_doubles();
+  });
+  // w used twice: the hook must wait for both contributions.
+  Variable y = ag::add(ag::scale(w, 2.f), ag::scale(w, 3.f));
+  ag::backward(y, ones({2}));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, (std::vector<double>{5.0, 5.0}));
+}
+
+TEST(Tape, SavedTensorsAreReleasedByBackward) {
+  Variable w(Tensor::from_doubles({1.0, 2.0}, {2}), true);
+  std::weak_ptr<Storage> saved;
+  {
+    Variable x(Tensor::from_doubles({3.0, 4.0}, {2}));
+    saved = x.value().storage();
+    Variable y = ag::mul(w, x);  // the node keeps x alive for w's gradient
+    x = Variable();
+    EXPECT_FALSE(saved.expired());
+    ag::backward(y, ones({2}));
+    EXPECT_TRUE(saved.expired()) << "mul's saved input outlived its node";
+  }
+}
+
+TEST(Tape, UnneededInputsAreNotKeptAlive) {
+  Variable w(Tensor::from_doubles({1.0, 2.0}, {2}), true);
+  std::weak_ptr<Storage> w_value = w.value().storage();
+  Variable x(Tensor::from_doubles({3.0, 4.0}, {2}));
+  Variable y = ag::mul(w, x);  // x needs no gradient, so w's value is not saved
+  w.set_value(Tensor::from_doubles({0.0, 0.0}, {2}));
+  EXPECT_TRUE(w_value.expired());
+  ag::backward(y, ones({2}));
+  EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{3.0, 4.0}));
+}
+
+TEST(Tape, CheckpointGivesCapturedWeightsTheirGradients) {
+  Variable w(Tensor::from_doubles({2.0, -1.0}, {2}), true);
+  Variable x(Tensor::from_doubles({3.0, 4.0}, {2}), true);
+  auto fn = [&](const std::vector<Variable>& in) { return std::vector<Variable>{ag::mul(ag::mul(in[0], w), in[0])}; };
+  Variable y = ag::checkpoint(fn, {x})[0];
+  EXPECT_EQ(ag::tape_size(), 1u);  // only the checkpoint node: the inside was not recorded
+  ag::backward(y, ones({2}));
+  EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{9.0, 16.0}));  // x^2
+  EXPECT_EQ(x.grad().to_doubles(), (std::vector<double>{12.0, -8.0}));  // 2 w x
+}
+
+TEST(Tape, GradientShapeMismatchIsReported) {
+  ag::GradCell cell;
+  cell.shape = {2, 3};
+  cell.dtype = DType::f64;
+  EXPECT_THROW(ag::accumulate_grad(cell, Tensor::zeros({3, 2}, DType::f64), "test"), Error);
+  EXPECT_THROW(ag::accumulate_grad(cell, Tensor::zeros({2, 3}, DType::f32), "test"), Error);
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,204 @@
+// CPU attention against a naive f64 attention written here (full score matrix, explicit mask,
+// softmax): forward outputs and lse, and backward against central finite differences of it.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/attention.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace loom::test {
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t batch, seq, heads, kv_heads, d;
+  float scale;  // 0 = 1/sqrt(d)
+  float softcap;
+  int64_t window;
+  bool segments;
+};
+
+const Case kCases[] = {
+    {"mha", 2, 7, 2, 2, 8, 0.f, 0.f, 0, false},
+    {"gqa_odd_dim", 1, 9, 6, 2, 5, 0.f, 0.f, 0, false},
+    {"window", 2, 10, 2, 1, 4, 0.f, 0.f, 3, false},
+    {"softcap", 1, 8, 2, 2, 8, 1.f, 2.f, 0, false},
+    {"segments", 2, 11, 4, 2, 6, 0.f, 0.f, 0, true},
+    {"everything", 2, 12, 4, 2, 6, 1.f, 1.5f, 4, true},
+    {"seq1", 2, 1, 2, 1, 3, 0.f, 0.f, 0, false},
+};
+
+// Batch 0: contiguous packed documents; batch 1: an interleaved pattern (the kernels must not
+// assume segments are contiguous).
+std::vector<int32_t> make_segments(const Case& c) {
+  std::vector<int32_t> s(c.batch * c.seq);
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t i = 0; i < c.seq; ++i) s[b * c.seq + i] = b == 0 ? int32_t(i * 3 / c.seq) : int32_t((i * i) % 3 + 5);
+  return s;
+}
+
+AttentionParams params_of(const Case& c, const std::vector<int32_t>& seg) {
+  AttentionParams p;
+  p.batch = c.batch; p.seq = c.seq; p.heads = c.heads; p.kv_heads = c.kv_heads; p.head_dim = c.d;
+  p.scale = c.scale > 0.f ? c.scale : 1.f / std::sqrt(float(c.d));
+  p.softcap = c.softcap;
+  p.window = c.window;
+  p.segment_ids = c.segments ? seg.data() : nullptr;
+  return p;
+}
+
+// Naive f64 attention: S = cap(scale * Q K^T) with -inf where masked, P = softmax(S), out = P V.
+std::vector<double> naive_attention(const AttentionParams& p, const std::vector<double>& q,
+                                    const std::vector<double>& k, const std::vector<double>& v,
+                                    std::vector<double>* lse = nullptr) {
+  const int64_t S = p.seq, H = p.heads, G = p.kv_heads, D = p.head_dim, group = H / G;
+  std::vector<double> out(q.size(), 0.0);
+  if (lse) lse->assign(p.batch * H * S, 0.0);
+  std::vector<double> score(S * S);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) {
+          bool visible = j <= i && (p.window == 0 || i - j < p.window);
+          if (p.segment_ids) visible = visible && p.segment_ids[b * S + i] == p.segment_ids[b * S + j];
+          double s = 0;
+          for (int64_t x = 0; x < D; ++x) s += q[((b * S + i) * H + h) * D + x] * k[((b * S + j) * G + g) * D + x];
+          s *= double(p.scale);
+          if (p.softcap > 0.f) s = double(p.softcap) * std::tanh(s / double(p.softcap));
+          score[i * S + j] = visible ? s : -std::numeric_limits<double>::infinity();
+        }
+      for (int64_t i = 0; i < S; ++i) {
+        double m = -std::numeric_limits<double>::infinity(), z = 0;
+        for (int64_t j = 0; j < S; ++j) m = std::max(m, score[i * S + j]);
+        for (int64_t j = 0; j < S; ++j) z += std::exp(score[i * S + j] - m);
+        if (lse) (*lse)[(b * H + h) * S + i] = m + std::log(z);
+        for (int64_t j = 0; j < S; ++j) {
+          const double w = std::exp(score[i * S + j] - m) / z;
+          for (int64_t x = 0; x < D; ++x)
+            out[((b * S + i) * H + h) * D + x] += w * v[((b * S + j) * G + g) * D + x];
+        }
+      }
+    }
+  return out;
+}
+
+template <class T>
+std::vector<double> as_double(const std::vector<T>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = double(to_acc(v[i]));
+  return out;
+}
+
+// Central differences of L = sum(naive_attention(q, k, v) * dout) in each element of x.
+std::vector<double> finite_diff(const AttentionParams& p, std::vector<double> q, std::vector<double> k,
+                                std::vector<double> v, const std::vector<double>& dout, int which) {
+  std::vector<double>& x = which == 0 ? q : which == 1 ? k : v;
+  std::vector<double> grad(x.size());
+  const double eps = 1e-5;
+  auto loss = [&] {
+    auto o = naive_attention(p, q, k, v);
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += o[i] * dout[i];
+    return l;
+  };
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + eps;
+    const double up = loss();
+    x[i] = keep - eps;
+    const double down = loss();
+    x[i] = keep;
+    grad[i] = (up - down) / (2 * eps);
+  }
+  return grad;
+}
+
+template <class T>
+class AttentionCpu : public ::testing::Test {};
+using Types = ::testing::Types<double, float, bf16>;
+TYPED_TEST_SUITE(AttentionCpu, Types);
+
+// Forward tolerances (relative L2; observed values in brackets): f64 only reorders sums (1e-16);
+// f32 accumulates ~d + seq terms at 2^-24 each (6e-8); bf16 inputs are exact in f32, so the final
+// rounding of out to bf16 (<= 2^-8 relative per element, ~2^-9 on average) dominates (1.4e-3).
+// lse is never rounded to T.
+template <class T> double fwd_tol() { return 1e-6; }
+template <> double fwd_tol<double>() { return 1e-12; }
+template <> double fwd_tol<bf16>() { return 5e-3; }
+// Backward against central differences with eps = 1e-5: f64 sees the O(eps^2) truncation and
+// O(1e-16 / eps) cancellation (5e-10); f32 adds its rounding, amplified by the cancellation in
+// dS = P * (dout.v - D) (1.6e-7); bf16 also rounds out before D = dout.out is formed, as any bf16
+// trainer does, and rounds dq, dk, dv once (2.5e-3).
+template <class T> double bwd_tol() { return 2e-6; }
+template <> double bwd_tol<double>() { return 1e-8; }
+template <> double bwd_tol<bf16>() { return 1e-2; }
+
+TYPED_TEST(AttentionCpu, ForwardMatchesNaive) {
+  using T = TypeParam;
+  for (const Case& c : kCases) {
+    const auto seg = make_segments(c);
+    const AttentionParams p = params_of(c, seg);
+    const size_t nq = c.batch * c.seq * c.heads * c.d, nkv = c.batch * c.seq * c.kv_heads * c.d;
+    auto q = random_vec<T>(nq, 11), k = random_vec<T>(nkv, 12), v = random_vec<T>(nkv, 13);
+    std::vector<T> out(nq, from_acc<T>(Acc<T>(NAN)));
+    std::vector<Acc<T>> lse(c.batch * c.heads * c.seq, Acc<T>(NAN));
+    cpu::attention_forward(p, q.data(), k.data(), v.data(), out.data(), lse.data());
+    std::vector<double> ref_lse;
+    const auto ref = naive_attention(p, as_double(q), as_double(k), as_double(v), &ref_lse);
+    EXPECT_LT(rel_error(out, ref), fwd_tol<T>()) << c.name;
+    EXPECT_LT(rel_error(lse, ref_lse), (std::is_same_v<T, double> ? 1e-12 : 1e-5)) << c.name;
+  }
+}
+
+TYPED_TEST(AttentionCpu, BackwardMatchesFiniteDifferences) {
+  using T = TypeParam;
+  for (const Case& c : kCases) {
+    const auto seg = make_segments(c);
+    const AttentionParams p = params_of(c, seg);
+    const size_t nq = c.batch * c.seq * c.heads * c.d, nkv = c.batch * c.seq * c.kv_heads * c.d;
+    auto q = random_vec<T>(nq, 21), k = random_vec<T>(nkv, 22), v = random_vec<T>(nkv, 23);
+    auto dout = random_vec<T>(nq, 24);
+    std::vector<T> out(nq);
+    std::vector<Acc<T>> lse(c.batch * c.heads * c.seq);
+    cpu::attention_forward(p, q.data(), k.data(), v.data(), out.data(), lse.data());
+    const T poison = from_acc<T>(Acc<T>(NAN));
+    std::vector<T> dq(nq, poison), dk(nkv, poison), dv(nkv, poison);
+    cpu::attention_backward(p, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), dq.data(),
+                            dk.data(), dv.data());
+    const auto qd = as_double(q), kd = as_double(k), vd = as_double(v), dod = as_double(dout);
+    EXPECT_LT(rel_error(dq, finite_diff(p, qd, kd, vd, dod, 0)), bwd_tol<T>()) << c.name << " dq";
+    EXPECT_LT(rel_error(dk, finite_diff(p, qd, kd, vd, dod, 1)), bwd_tol<T>()) << c.name << " dk";
+    EXPECT_LT(rel_error(dv, finite_diff(p, qd, kd, vd, dod, 2)), bwd_tol<T>()) << c.name << " dv";
+  }
+}
+
+// Masked keys must not leak: changing k, v of a key outside query i's window and segment leaves
+// out_i unchanged bit for bit.
+TEST(AttentionCpuMask, MaskedKeysDoNotLeak) {
+  const Case c{"leak", 1, 9, 2, 1, 4, 0.f, 0.f, 3, true};
+  auto seg = make_segments(c);  // segments 0,0,0,1,1,1,2,2,2
+  const AttentionParams p = params_of(c, seg);
+  auto q = random_vec<float>(9 * 2 * 4, 31), k = random_vec<float>(9 * 4, 32), v = random_vec<float>(9 * 4, 33);
+  std::vector<float> out1(q.size()), out2(q.size()), lse(2 * 9);
+  cpu::attention_forward(p, q.data(), k.data(), v.data(), out1.data(), lse.data());
+  for (int x = 0; x < 4; ++x) { k[3 * 4 + x] += 5.f; v[3 * 4 + x] -= 7.f; }  // key 3 (segment 1)
+  cpu::attention_forward(p, q.data(), k.data(), v.data(), out2.data(), lse.data());
+  for (int64_t i = 0; i < 9; ++i)
+    for (int64_t x = 0; x < 2 * 4; ++x) {
+      const bool sees_key3 = i >= 3 && i < 6;  // same segment, i - 3 < window, 3 <= i
+      if (!sees_key3) EXPECT_EQ(out1[i * 8 + x], out2[i * 8 + x]) << "query " << i;
+      else EXPECT_NE(out1[i * 8 + x], out2[i * 8 + x]) << "query " << i;
+    }
+}
+
+TEST(AttentionCpuMask, RejectsBadParams) {
+  AttentionParams p;
+  p.batch = 1; p.seq = 4; p.heads = 3; p.kv_heads = 2; p.head_dim = 8;
+  std::vector<float> buf(64), lse(16);
+  EXPECT_THROW(cpu::attention_forward(p, buf.data(), buf.data(), buf.data(), buf.data(), lse.data()), Error);
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,157 @@
+// cuBLASLt GEMM against the CPU (Eigen) reference: every transpose pair, batched strides, beta,
+// odd sizes and leading dimensions, misaligned pointers, broadcast and the descriptor cache.
+#include <cublasLt.h>
+
+#include <limits>
+
+#include "kernels/gemm.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace loom::test {
+namespace {
+
+struct Case {
+  int64_t m, n, k, batch;
+  bool ta, tb;
+  int64_t pad;     // extra elements per row (ld = row + pad) and between batch items
+  int64_t offset;  // elements the A/B/C pointers are moved past their allocation (misalignment)
+  float alpha, beta;
+};
+
+template <class T>
+GemmType type_of() { return std::is_same_v<T, bf16> ? GemmType::kBF16 : GemmType::kF32; }
+
+class GemmCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cublasLtCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+    ws_ = std::make_unique<DeviceBuffer<unsigned char>>(kGemmWorkspaceBytes);
+  }
+  void TearDown() override {
+    if (handle_) cublasLtDestroy(handle_);
+  }
+
+  // Runs one case on both backends; returns the relative L2 error of the [m, n] blocks of C.
+  template <class AB, class C>
+  double run(const Case& cs, uint32_t seed, bool with_workspace = true) {
+    GemmArgs g;
+    g.m = cs.m; g.n = cs.n; g.k = cs.k; g.batch = cs.batch;
+    g.trans_a = cs.ta; g.trans_b = cs.tb;
+    const int64_t a_rows = cs.ta ? cs.k : cs.m, a_cols = cs.ta ? cs.m : cs.k;
+    const int64_t b_rows = cs.tb ? cs.n : cs.k, b_cols = cs.tb ? cs.k : cs.n;
+    g.lda = a_cols + cs.pad; g.ldb = b_cols + cs.pad; g.ldc = cs.n + cs.pad;
+    g.stride_a = a_rows * g.lda + cs.pad; g.stride_b = b_rows * g.ldb + cs.pad; g.stride_c = cs.m * g.ldc + cs.pad;
+    g.ab_type = type_of<AB>(); g.c_type = type_of<C>();
+    g.alpha = cs.alpha; g.beta = cs.beta;
+    const auto a = random_vec<AB>(cs.offset + g.stride_a * cs.batch, seed);
+    const auto b = random_vec<AB>(cs.offset + g.stride_b * cs.batch, seed + 1);
+    auto c = random_vec<C>(cs.offset + g.stride_c * cs.batch, seed + 2);
+    DeviceBuffer<AB> da(a), db(b);
+    // beta == 0: C starts as NaN on the device (DeviceBuffer's poison), which must never be read.
+    DeviceBuffer<C> dc(c.size());
+    if (cs.beta != 0.f)
+      EXPECT_EQ(cudaMemcpy(dc.get(), c.data(), c.size() * sizeof(C), cudaMemcpyHostToDevice), cudaSuccess);
+    else
+      std::fill(c.begin(), c.end(), from_acc<C>(std::numeric_limits<float>::quiet_NaN()));
+
+    GemmArgs hg = g;
+    hg.a = a.data() + cs.offset; hg.b = b.data() + cs.offset; hg.c = c.data() + cs.offset;
+    cpu::gemm(hg);
+    GemmArgs dg = g;
+    dg.a = da.get() + cs.offset; dg.b = db.get() + cs.offset; dg.c = dc.get() + cs.offset;
+    GemmWorkspace ws{with_workspace ? static_cast<void*>(ws_->get()) : nullptr,
+                     with_workspace ? kGemmWorkspaceBytes : 0};
+    cuda::gemm(dg, handle_, ws, nullptr);
+    const auto out = dc.to_host();
+    std::vector<float> got, ref;
+    for (int64_t bi = 0; bi < g.batch; ++bi)
+      for (int64_t i = 0; i < g.m; ++i)
+        for (int64_t j = 0; j < g.n; ++j) {
+          const int64_t at = cs.offset + bi * g.stride_c + i * g.ldc + j;
+          got.push_back(to_acc(out[at]));
+          ref.push_back(to_acc(c[at]));
+        }
+    return rel_error(got, ref);
+  }
+
+  template <class AB, class C>
+  void sweep(double tol, int64_t pad, int64_t offset) {
+    const int64_t sizes[][3] = {{1, 1, 1}, {7, 33, 129}, {129, 7, 33}, {33, 129, 7}, {64, 48, 80}, {200, 136, 264}};
+    uint32_t seed = 300;
+    int idx = 0;
+    for (const auto& s : sizes)
+      for (int t = 0; t < 4; ++t, ++idx) {
+        const bool ta = t & 1, tb = t & 2;
+        const Case single{s[0], s[1], s[2], 1, ta, tb, pad, offset, 1.f, 0.f};
+        const Case batched{s[0], s[1], s[2], 3, ta, tb, pad, offset, idx % 2 ? -0.75f : 1.5f, idx % 3 ? 0.5f : 0.f};
+        for (const Case& cs : {single, batched})
+          EXPECT_LT((run<AB, C>(cs, seed += 10)), tol)
+              << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " batch=" << cs.batch << " ta=" << cs.ta
+              << " tb=" << cs.tb << " pad=" << pad << " offset=" << offset << " beta=" << cs.beta;
+      }
+  }
+
+  cublasLtHandle_t handle_ = nullptr;
+  std::unique_ptr<DeviceBuffer<unsigned char>> ws_;
+};
+
+// Tolerances (relative L2 vs the CPU): f32 differs only in summation order (CUBLAS_COMPUTE_32F
+// without TF32 — TF32 would show up as ~1e-3 and fail); bf16 x bf16 products are exact in f32, so
+// bf16->f32 is order-only too; bf16 outputs add one rounding of 2^-9 (see kernel_test_util.h).
+TEST_F(GemmCudaTest, F32MatchesCpu) { sweep<float, float>(1e-5, 0, 0); }
+TEST_F(GemmCudaTest, Bf16ToBf16MatchesCpu) { sweep<bf16, bf16>(tol<bf16>(), 0, 0); }
+TEST_F(GemmCudaTest, Bf16ToF32MatchesCpu) { sweep<bf16, float>(1e-5, 0, 0); }
+
+// Odd leading dimensions (rows not 16-byte aligned) and pointers one element past an aligned
+// allocation: the heuristic must pick algorithms that cope (alignment is part of the cache key).
+TEST_F(GemmCudaTest, F32OddLeadingDimensionsAndMisalignedPointers) { sweep<float, float>(1e-5, 3, 1); }
+TEST_F(GemmCudaTest, Bf16OddLeadingDimensionsAndMisalignedPointers) { sweep<bf16, bf16>(tol<bf16>(), 3, 1); }
+TEST_F(GemmCudaTest, Bf16ToF32OddLeadingDimensions) { sweep<bf16, float>(1e-5, 1, 3); }
+
+TEST_F(GemmCudaTest, WorksWithoutWorkspace) {
+  EXPECT_LT((run<bf16, bf16>({257, 129, 1031, 2, false, true, 0, 0, 1.f, 0.f}, 11, false)), tol<bf16>());
+  EXPECT_LT((run<float, float>({64, 4096, 4096, 1, false, false, 0, 0, 1.f, 0.f}, 12, false)), 1e-5);
+}
+
+// A transformer-sized product through the cache twice, the second call hitting the cached plan
+// with different data: both must match the CPU.
+TEST_F(GemmCudaTest, CachedPlanIsReused) {
+  const Case cs{512, 1024, 768, 1, false, true, 0, 0, 1.f, 0.f};
+  EXPECT_LT((run<bf16, bf16>(cs, 21)), tol<bf16>());
+  EXPECT_LT((run<bf16, bf16>(cs, 22)), tol<bf16>());
+}
+
+// Stride 0 broadcasts B over the batch (a shared weight applied to every item).
+TEST_F(GemmCudaTest, BroadcastsBWithZeroStride) {
+  const int64_t m = 17, n = 40, k = 24, batch = 5;
+  const auto a = random_vec<float>(batch * m * k, 31), b = random_vec<float>(k * n, 32);
+  std::vector<float> c(batch * m * n);
+  GemmArgs g;
+  g.m = m; g.n = n; g.k = k; g.batch = batch;
+  g.lda = k; g.stride_a = m * k; g.ldb = n; g.stride_b = 0; g.ldc = n; g.stride_c = m * n;
+  g.a = a.data(); g.b = b.data(); g.c = c.data();
+  cpu::gemm(g);
+  DeviceBuffer<float> da(a), db(b), dc(c.size());
+  g.a = da.get(); g.b = db.get(); g.c = dc.get();
+  cuda::gemm(g, handle_, {ws_->get(), kGemmWorkspaceBytes}, nullptr);
+  EXPECT_LT(rel_error(dc.to_host(), c), 1e-5);
+}
+
+TEST_F(GemmCudaTest, RejectsF64AndMalformedArguments) {
+  DeviceBuffer<float> d(64);
+  GemmArgs g;
+  g.m = g.n = g.k = 4;
+  g.lda = g.ldb = g.ldc = 4;
+  g.a = g.b = g.c = d.get();
+  g.ab_type = g.c_type = GemmType::kF64;
+  EXPECT_THROW(cuda::gemm(g, handle_, {ws_->get(), kGemmWorkspaceBytes}, nullptr), Error);
+  g.ab_type = g.c_type = GemmType::kF32;
+  g.ldc = 3;
+  EXPECT_THROW(cuda::gemm(g, handle_, {ws_->get(), kGemmWorkspaceBytes}, nullptr), Error);
+  g.ldc = 4;
+  EXPECT_THROW(cuda::gemm(g, handle_, {ws_->get() + 4, 1024}, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,74 @@
+// Flag parsing for `loom` subcommands (see cli_args.h).
+#include "tools/cli_args.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace loom::cli {
+
+absl::StatusOr<Args> Args::parse(const std::vector<std::string>& argv, const std::vector<FlagSpec>& specs) {
+  Args a;
+  std::map<std::string, const FlagSpec*> by_name;
+  for (const auto& s : specs) {
+    by_name[s.name] = &s;
+    if (!s.default_value.empty()) a.defaults_[s.name] = s.default_value;
+  }
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    if (arg.rfind("--", 0) != 0)
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "' (flags start with --)"));
+    std::string name = arg.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    if (it->second->is_bool) {
+      if (inline_value && value != "true" && value != "false")
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value or true/false, got '", value, "'"));
+      if (!inline_value || value == "true") a.values_[name] = "true";
+      continue;
+    }
+    if (!inline_value) {
+      if (i + 1 >= argv.size()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      value = argv[++i];
+    }
+    a.values_[name] = value;
+  }
+  return a;
+}
+
+std::string Args::str(const std::string& name) const {
+  if (auto it = values_.find(name); it != values_.end()) return it->second;
+  if (auto it = defaults_.find(name); it != defaults_.end()) return it->second;
+  return "";
+}
+
+absl::StatusOr<int64_t> Args::integer(const std::string& name) const {
+  int64_t v = 0;
+  const std::string s = str(name);
+  if (!absl::SimpleAtoi(s, &v)) return absl::InvalidArgumentError(absl::StrCat("--", name, " expects an integer, got '", s, "'"));
+  return v;
+}
+
+absl::StatusOr<double> Args::number(const std::string& name) const {
+  double v = 0;
+  const std::string s = str(name);
+  if (!absl::SimpleAtod(s, &v)) return absl::InvalidArgumentError(absl::StrCat("--", name, " expects a number, got '", s, "'"));
+  return v;
+}
+
+std::string usage(const std::string& command, const std::vector<FlagSpec>& specs) {
+  std::string out = absl::StrCat("usage: loom ", command, " [flags]\n");
+  for (const auto& s : specs) {
+    absl::StrAppend(&out, "  --", s.name, s.is_bool ? "" : " VALUE", "\n      ", s.help);
+    if (!s.default_value.empty()) absl::StrAppend(&out, " (default ", s.default_value, ")");
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+}  // namespace loom::cli

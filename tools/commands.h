@@ -1,0 +1,8 @@
+// The subcommands of `loom`, each `int run_<name>(argv after the subcommand)` returning an exit code.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace loom::cli {
+int run_demo(const std::vector<std::string>& args);
+}  // namespace loom::cli

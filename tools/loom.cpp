@@ -1,0 +1,48 @@
+// `loom`: the command-line entry point; dispatches to the subcommands in tools/cmd_*.cpp.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "tools/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(const std::vector<std::string>&);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"demo", loom::cli::run_demo, "train a small Llama-style model on a built-in pattern and print the loss"},
+};
+
+void print_help() {
+  std::fprintf(stderr, "usage: loom <command> [flags]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
+  std::fprintf(stderr, "\n`loom <command> --help` lists a command's flags.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : kCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const std::exception& e) {  // misuse inside the engine: report, never abort
+      std::fprintf(stderr, "loom %s: internal error: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "loom: unknown command '%s'\n\n", name.c_str());
+  print_help();
+  return 2;
+}
