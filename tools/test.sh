@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what Loom needs, builds it, and runs the whole CPU test suite through CTest (every
+# label but `cuda`; with a GPU present, run `ctest -L cuda` in the build folder as well).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+tools/configure.sh
+build=${LOOM_BUILD_DIR:-build}
+ctest --test-dir "$build" -LE cuda --output-on-failure -j"$(nproc)" --timeout 600
