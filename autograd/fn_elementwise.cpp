@@ -80,6 +80,15 @@ Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length) {
                  {&a}, a.value().narrow(dim, start, length).contiguous());
 }
 
+Variable softcap(const Variable& a, float cap) {
+  Tensor av = a.value();
+  return record1(node_of("softcap",
+                         [av, cap](Node&, const std::vector<Tensor>& g) {
+                           return std::vector<Tensor>{ops::softcap_backward(av, g[0], cap)};
+                         }),
+                 {&a}, ops::softcap(av, cap));
+}
+
 Variable sum(const Variable& a) {
   const Shape shape = a.shape();
   const DType dtype = a.dtype();

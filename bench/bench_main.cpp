@@ -24,7 +24,9 @@ void create_context(int device) {
   LOOM_BENCH_CUDA(cudaSetDevice(device));
   BenchContext& c = ctx();
   cudaStream_t s = nullptr;
-  LOOM_BENCH_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // A blocking stream: the synchronous cudaMemcpy uploads on the legacy default stream are ordered
+  // before the kernels that read them.
+  LOOM_BENCH_CUDA(cudaStreamCreate(&s));
   c.stream = s;
   LOOM_CHECK(cublasLtCreate(&c.cublaslt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed");
   LOOM_BENCH_CUDA(cudaMalloc(&c.gemm_ws.ptr, kGemmWorkspaceBytes));
@@ -96,13 +98,8 @@ void add_device_context(int device) {
   benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
 }
 
-}  // namespace
-}  // namespace loom::bench
-
-int main(int argc, char** argv) {
-  using namespace loom::bench;
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+// Creates the context and measures the roofline; false (after printing why) when there is no GPU.
+bool setup() {
   try {
     create_context(0);
     add_device_context(0);
@@ -113,10 +110,27 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("roofline_gemm_bf16_TFLOPs", fmt("%.1f", roof.gemm_flop_per_s * 1e-12));
     std::fprintf(stderr, "loom_bench roofline: copy %.1f GB/s (read + write), bf16 8192^3 GEMM %.1f TFLOP/s\n",
                  roof.copy_bytes_per_s * 1e-9, roof.gemm_flop_per_s * 1e-12);
+    return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom_bench: setup failed: %s\n", e.what());
-    return 1;
+    return false;
   }
+}
+
+}  // namespace
+}  // namespace loom::bench
+
+int main(int argc, char** argv) {
+  using namespace loom::bench;
+  // Listing the names needs no GPU (and works on a machine without one).
+  bool list_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    list_only |= a == "--benchmark_list_tests" || a == "--benchmark_list_tests=true";
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!list_only && !setup()) return 1;
   register_elementwise();
   register_gemm();
   register_nn();

@@ -32,6 +32,9 @@ Tensor add_bias(const Tensor& a, const Tensor& bias);  // a [..., C] + bias [C]
 // accumulated into `into` ([C], f32 or a's dtype).
 Tensor sum_rows(const Tensor& a, DType out);
 void sum_rows_into(const Tensor& a, Tensor& into);
+// cap * tanh(a / cap) and its backward (Gemma 2 final-logit soft-capping).
+Tensor softcap(const Tensor& a, float cap);
+Tensor softcap_backward(const Tensor& a, const Tensor& dout, float cap);
 // Scalars (f32, shape []) on a's device.
 Tensor sum(const Tensor& a);
 Tensor sum_squares(const Tensor& a);

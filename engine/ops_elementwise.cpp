@@ -102,6 +102,36 @@ Tensor add_bias(const Tensor& a_in, const Tensor& bias) {
   return out;
 }
 
+Tensor softcap(const Tensor& a_in, float cap) {
+  LOOM_CHECK(cap > 0.f, "softcap: cap must be positive, got ", cap);
+  Tensor a = a_in.contiguous();
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch_float("softcap", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (a.is_cuda())
+      LOOM_ON_CUDA("softcap", T, cuda::softcap_forward(a.data<T>(), out.data<T>(), a.numel(), cap, stream_of(a)));
+    else
+      cpu::softcap_forward(a.data<T>(), out.data<T>(), a.numel(), cap);
+  });
+  return out;
+}
+
+Tensor softcap_backward(const Tensor& a_in, const Tensor& dout_in, float cap) {
+  check_binary("softcap_backward", a_in, dout_in);
+  LOOM_CHECK(cap > 0.f, "softcap_backward: cap must be positive, got ", cap);
+  Tensor a = a_in.contiguous(), d = dout_in.contiguous();
+  Tensor da = Tensor::empty(a.shape(), a.dtype(), a.device());
+  dispatch_float("softcap_backward", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (a.is_cuda())
+      LOOM_ON_CUDA("softcap_backward", T,
+                   cuda::softcap_backward(a.data<T>(), d.data<T>(), da.data<T>(), a.numel(), cap, stream_of(a)));
+    else
+      cpu::softcap_backward(a.data<T>(), d.data<T>(), da.data<T>(), a.numel(), cap);
+  });
+  return da;
+}
+
 void sum_rows_into(const Tensor& a_in, Tensor& into) {
   same_device("sum_rows", a_in, into);
   LOOM_CHECK(a_in.dim() >= 1 && into.dim() == 1 && into.size(0) == a_in.size(-1), "sum_rows: ", into.str(),

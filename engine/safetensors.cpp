@@ -61,9 +61,38 @@ bool as_u64(const json& v, uint64_t* out) {
   return false;
 }
 
+// Deepest JSON nesting a header may have (a real one has 3). A pre-scan enforces it so that a
+// hostile "[[[[..." header cannot make the parser build millions of nested values.
+constexpr int kMaxHeaderDepth = 64;
+
+bool nesting_within(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 // The header as JSON, or an error; duplicate keys (which nlohmann would silently collapse) are an
 // error at any depth.
 absl::StatusOr<json> parse_header(std::string_view text, const std::string& label) {
+  if (!nesting_within(text, kMaxHeaderDepth))
+    return absl::InvalidArgumentError(absl::StrCat(label, ": safetensors header nests JSON deeper than ",
+                                                   kMaxHeaderDepth, " levels (expected 3)"));
   std::vector<std::set<std::string>> keys;  // one set per open object
   std::string duplicate;
   auto cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
@@ -86,20 +115,20 @@ absl::StatusOr<json> parse_header(std::string_view text, const std::string& labe
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": safetensors header has the key '", duplicate, "' twice"));
   if (!header.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": safetensors header is a JSON ", header.type_name(), ", expected an object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": safetensors header is a JSON ", header.type_name(), ", expected an object"));
   return header;
 }
 
 absl::Status parse_metadata(const json& m, const std::string& label,
                             std::map<std::string, std::string>* out) {
   if (!m.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": __metadata__ is a JSON ", m.type_name(), ", expected an object of strings"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": __metadata__ is a JSON ", m.type_name(), ", expected an object of strings"));
   for (const auto& [k, v] : m.items()) {
     if (!v.is_string())
-      return absl::InvalidArgumentError(absl::StrCat(label, ": __metadata__ entry '", k, "' is ",
-                                                     show(v), ", expected a string"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ": __metadata__ entry '", k, "' is ", show(v), ", expected a string"));
     (*out)[k] = v.get<std::string>();
   }
   return absl::OkStatus();
@@ -111,8 +140,8 @@ absl::StatusOr<TensorInfo> parse_entry(const std::string& name, const json& e, u
                                        const std::string& label) {
   const std::string at = absl::StrCat(label, ": tensor '", name, "': ");
   if (!e.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(
-        at, "header entry is a JSON ", e.type_name(), ", expected an object with dtype, shape, data_offsets"));
+    return absl::InvalidArgumentError(absl::StrCat(at, "header entry is a JSON ", e.type_name(),
+                                                   ", expected an object with dtype, shape, data_offsets"));
   for (const char* field : {"dtype", "shape", "data_offsets"})
     if (!e.contains(field))
       return absl::InvalidArgumentError(absl::StrCat(at, "header entry has no '", field, "'"));
@@ -157,12 +186,13 @@ absl::StatusOr<TensorInfo> parse_entry(const std::string& name, const json& e, u
   const json& jo = e["data_offsets"];
   uint64_t begin = 0, end = 0;
   if (!jo.is_array() || jo.size() != 2 || !as_u64(jo[0], &begin) || !as_u64(jo[1], &end) || end < begin)
-    return absl::InvalidArgumentError(absl::StrCat(
-        at, "data_offsets is ", show(jo), ", expected two non-negative integers [begin, end] with begin <= end"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, "data_offsets is ", show(jo),
+                     ", expected two non-negative integers [begin, end] with begin <= end"));
   if (end - begin != expected)
-    return absl::InvalidArgumentError(absl::StrCat(
-        at, "data_offsets [", begin, ", ", end, "] hold ", end - begin, " bytes, expected ", expected,
-        " for ", ds, " ", dims_str(info.shape)));
+    return absl::InvalidArgumentError(absl::StrCat(at, "data_offsets [", begin, ", ", end, "] hold ",
+                                                   end - begin, " bytes, expected ", expected, " for ", ds,
+                                                   " ", dims_str(info.shape)));
   if (end > data_size)
     return absl::DataLossError(absl::StrCat(at, "data_offsets [", begin, ", ", end,
                                             "] run past the end of the data region (", data_size,
@@ -183,8 +213,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   return parse(std::move(owner), data, size, path);
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::from_bytes(
-    std::shared_ptr<const std::vector<uint8_t>> bytes, std::string label) {
+absl::StatusOr<SafetensorsFile> SafetensorsFile::from_bytes(std::shared_ptr<const std::vector<uint8_t>> bytes,
+                                                            std::string label) {
   if (bytes == nullptr) return absl::InvalidArgumentError(absl::StrCat(label, ": no bytes given"));
   const uint8_t* data = bytes->data();
   const size_t size = bytes->size();
@@ -192,11 +222,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::from_bytes(
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::parse(std::shared_ptr<const void> keepalive,
-                                                       const uint8_t* data, size_t size,
-                                                       std::string label) {
+                                                       const uint8_t* data, size_t size, std::string label) {
   if (size < 8)
-    return absl::DataLossError(absl::StrCat(
-        label, ": file is ", size, " bytes, too short for a safetensors file (expected an 8-byte header length)"));
+    return absl::DataLossError(
+        absl::StrCat(label, ": file is ", size,
+                     " bytes, too short for a safetensors file (expected an 8-byte header length)"));
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];  // little-endian u64
   if (n > kSafetensorsMaxHeaderBytes)
@@ -204,8 +234,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::parse(std::shared_ptr<const voi
                                                    kSafetensorsMaxHeaderBytes,
                                                    "-byte limit (not a safetensors file, or corrupt)"));
   if (n > size - 8)
-    return absl::DataLossError(absl::StrCat(label, ": header length ", n, " runs past the end of the ",
-                                            size, "-byte file (truncated?)"));
+    return absl::DataLossError(absl::StrCat(label, ": header length ", n, " runs past the end of the ", size,
+                                            "-byte file (truncated?)"));
   auto header = parse_header(std::string_view(reinterpret_cast<const char*>(data) + 8, n), label);
   if (!header.ok()) return header.status();
 
@@ -230,9 +260,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::parse(std::shared_ptr<const voi
   const TensorInfo* prev = nullptr;
   for (const TensorInfo& t : f.tensors_) {
     if (t.offset < covered)
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, ": tensor '", t.name, "' (data_offsets [", t.offset, ", ", t.offset + t.nbytes,
-          "]) overlaps tensor '", prev->name, "' (which ends at ", covered, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ": tensor '", t.name, "' (data_offsets [", t.offset, ", ", t.offset + t.nbytes,
+                       "]) overlaps tensor '", prev->name, "' (which ends at ", covered, ")"));
     if (t.offset > covered)
       return absl::InvalidArgumentError(absl::StrCat(
           label, ": tensor '", t.name, "' starts at data offset ", t.offset, " but the previous tensor ",
@@ -242,10 +272,10 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::parse(std::shared_ptr<const voi
     prev = &t;
   }
   if (covered != data_size)
-    return absl::InvalidArgumentError(absl::StrCat(
-        label, ": the tensors cover ", covered, " bytes of data but the file holds ", data_size,
-        " after the header (", data_size - covered, " trailing bytes belong to no tensor",
-        prev ? absl::StrCat("; the last tensor is '", prev->name, "'") : std::string(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": the tensors cover ", covered, " bytes of data but the file holds ", data_size,
+                     " after the header (", data_size - covered, " trailing bytes belong to no tensor",
+                     prev ? absl::StrCat("; the last tensor is '", prev->name, "'") : std::string(), ")"));
 
   for (size_t i = 0; i < f.tensors_.size(); ++i) {
     f.tensors_[i].offset += data_start;
@@ -319,12 +349,14 @@ absl::Status write_safetensors(const std::string& path, const std::vector<Tensor
       return absl::InvalidArgumentError(absl::StrCat(at, "duplicate tensor name"));
     const auto& tr = traits(t.dtype);
     if (tr.safetensors.empty())
-      return absl::InvalidArgumentError(absl::StrCat(
-          at, "dtype ", std::string(tr.name), " has no safetensors name (store packed data as U8 with its own shape)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, "dtype ", std::string(tr.name),
+                       " has no safetensors name (store packed data as U8 with its own shape)"));
     uint64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0)
-        return absl::InvalidArgumentError(absl::StrCat(at, "shape ", dims_str(t.shape), " has a negative dimension"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(at, "shape ", dims_str(t.shape), " has a negative dimension"));
       if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel))
         return absl::InvalidArgumentError(absl::StrCat(at, "shape ", dims_str(t.shape), " overflows"));
     }
@@ -332,8 +364,8 @@ absl::Status write_safetensors(const std::string& path, const std::vector<Tensor
     if (__builtin_mul_overflow(numel, static_cast<uint64_t>(tr.block_bytes), &nbytes) ||
         nbytes != t.data.size())
       return absl::InvalidArgumentError(absl::StrCat(at, "has ", t.data.size(), " bytes of data, expected ",
-                                                     numel, " x ", tr.block_bytes, " for ", std::string(tr.safetensors),
-                                                     " ", dims_str(t.shape)));
+                                                     numel, " x ", tr.block_bytes, " for ",
+                                                     std::string(tr.safetensors), " ", dims_str(t.shape)));
     auto& e = header[t.name] = nlohmann::ordered_json::object();
     e["dtype"] = std::string(tr.safetensors);
     e["shape"] = t.shape;
@@ -361,7 +393,8 @@ absl::Status write_safetensors(const std::string& path, const std::vector<Tensor
     return absl::ErrnoToStatus(errno, absl::StrCat(tmp.path, ": cannot create"));
   }
   if (auto st = write_all(tmp.fd, len, 8, tmp.path); !st.ok()) return st;
-  if (auto st = write_all(tmp.fd, reinterpret_cast<const uint8_t*>(text.data()), text.size(), tmp.path); !st.ok())
+  if (auto st = write_all(tmp.fd, reinterpret_cast<const uint8_t*>(text.data()), text.size(), tmp.path);
+      !st.ok())
     return st;
   for (const TensorToWrite& t : tensors)
     if (auto st = write_all(tmp.fd, t.data.data(), t.data.size(), tmp.path); !st.ok()) return st;

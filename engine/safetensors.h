@@ -37,7 +37,7 @@ class SafetensorsFile {
                                                     std::string label);
 
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // sorted by offset
-  const TensorInfo* find(std::string_view name) const;                // nullptr when absent
+  const TensorInfo* find(std::string_view name) const;                 // nullptr when absent
   // A view of the tensor's bytes inside the mapping; `info` must come from this file.
   std::span<const uint8_t> bytes(const TensorInfo& info) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -46,8 +46,8 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
 
  private:
-  static absl::StatusOr<SafetensorsFile> parse(std::shared_ptr<const void> keepalive,
-                                               const uint8_t* data, size_t size, std::string label);
+  static absl::StatusOr<SafetensorsFile> parse(std::shared_ptr<const void> keepalive, const uint8_t* data,
+                                               size_t size, std::string label);
 
   std::shared_ptr<const void> keepalive_;
   const uint8_t* data_ = nullptr;

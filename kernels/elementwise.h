@@ -34,6 +34,9 @@ template <class T> void fill(T* out, int64_t n, float value);
 template <class S, class D> void copy_strided(const S* src, const StridedLayout& layout, D* dst);
 // Same-dtype strided copy for any element size (1, 2, 4 or 8 bytes): integer tensors use this.
 void copy_strided_bytes(const void* src, const StridedLayout& layout, void* dst, int elem_size);
+// Soft-capping (Gemma 2 logits): out = cap * tanh(a / cap); backward da = dout * (1 - tanh^2(a / cap)).
+template <class T> void softcap_forward(const T* a, T* out, int64_t n, float cap);
+template <class T> void softcap_backward(const T* a, const T* dout, T* da, int64_t n, float cap);
 // *out = sum(a) and *out = sum(a^2), accumulated in f64 on the CPU.
 template <class T> void sum(const T* a, int64_t n, float* out);
 template <class T> void sum_squares(const T* a, int64_t n, float* out);
@@ -48,6 +51,8 @@ template <class T> void scale(const T* a, T* out, int64_t n, float sc, Stream s)
 template <class T> void add_bias(const T* a, const T* bias, T* out, int64_t rows, int64_t cols, Stream s);
 template <class T, class O> void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate, Stream s);
 template <class T> void fill(T* out, int64_t n, float value, Stream s);
+template <class T> void softcap_forward(const T* a, T* out, int64_t n, float cap, Stream s);
+template <class T> void softcap_backward(const T* a, const T* dout, T* da, int64_t n, float cap, Stream s);
 template <class S, class D> void copy_strided(const S* src, const StridedLayout& layout, D* dst, Stream s);
 void copy_strided_bytes(const void* src, const StridedLayout& layout, void* dst, int elem_size, Stream s);
 // *out (device f32) = sum(a) / sum(a^2); deterministic two-pass reduction using workspace.

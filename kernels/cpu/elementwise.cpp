@@ -1,6 +1,7 @@
 // CPU reference for kernels/elementwise.h.
 #include "kernels/elementwise.h"
 
+#include <cmath>
 #include <vector>
 
 namespace loom::cpu {
@@ -41,6 +42,23 @@ void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate) {
     double acc = accumulate ? double(to_acc(out[c])) : 0.0;
     for (int64_t r = 0; r < rows; ++r) acc += double(to_acc(a[r * cols + c]));
     out[c] = from_acc<O>(static_cast<Acc<O>>(acc));
+  }
+}
+
+template <class T>
+void softcap_forward(const T* a, T* out, int64_t n, float cap) {
+  using A = Acc<T>;
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) out[i] = from_acc<T>(A(cap) * std::tanh(to_acc(a[i]) / A(cap)));
+}
+
+template <class T>
+void softcap_backward(const T* a, const T* dout, T* da, int64_t n, float cap) {
+  using A = Acc<T>;
+#pragma omp parallel for if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const A t = std::tanh(to_acc(a[i]) / A(cap));
+    da[i] = from_acc<T>(to_acc(dout[i]) * (A(1) - t * t));
   }
 }
 
@@ -105,6 +123,8 @@ void sum_squares(const T* a, int64_t n, float* out) {
   template void add_bias<T>(const T*, const T*, T*, int64_t, int64_t);            \
   template void sum_rows<T, T>(const T*, T*, int64_t, int64_t, bool);             \
   template void fill<T>(T*, int64_t, float);                                      \
+  template void softcap_forward<T>(const T*, T*, int64_t, float);                 \
+  template void softcap_backward<T>(const T*, const T*, T*, int64_t, float);      \
   template void sum<T>(const T*, int64_t, float*);                                \
   template void sum_squares<T>(const T*, int64_t, float*);
 LOOM_INST(float)

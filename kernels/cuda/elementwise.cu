@@ -49,6 +49,20 @@ __global__ void fill_kernel(T* out, int64_t n, float v) {
     store(out + i, v);
 }
 
+template <class T>
+__global__ void softcap_forward_kernel(const T* a, T* out, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    store(out + i, cap * tanhf(load(a + i) / cap));
+}
+
+template <class T>
+__global__ void softcap_backward_kernel(const T* a, const T* dout, T* da, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float t = tanhf(load(a + i) / cap);
+    store(da + i, load(dout + i) * (1.f - t * t));
+  }
+}
+
 __device__ __forceinline__ int64_t strided_offset(int64_t i, const StridedLayout& l) {
   int64_t off = 0;
   for (int d = l.ndim - 1; d >= 0; --d) {
@@ -139,6 +153,20 @@ void fill(T* out, int64_t n, float value, Stream s) {
   fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(out, n, value);
   LOOM_CUDA_LAUNCH_CHECK();
 }
+template <class T>
+void softcap_forward(const T* a, T* out, int64_t n, float cap, Stream s) {
+  LOOM_CHECK(cap > 0.f, "softcap_forward: cap must be positive, got ", cap);
+  if (n == 0) return;
+  softcap_forward_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(a, out, n, cap);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+template <class T>
+void softcap_backward(const T* a, const T* dout, T* da, int64_t n, float cap, Stream s) {
+  LOOM_CHECK(cap > 0.f, "softcap_backward: cap must be positive, got ", cap);
+  if (n == 0) return;
+  softcap_backward_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(a, dout, da, n, cap);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
 template <class S, class D>
 void copy_strided(const S* src, const StridedLayout& l, D* dst, Stream s) {
   int64_t numel = 1;
@@ -173,6 +201,8 @@ void sum_squares(const T* a, int64_t n, float* out, float* workspace, Stream s) 
   template void add_bias<T>(const T*, const T*, T*, int64_t, int64_t, Stream);        \
   template void sum_rows<T, T>(const T*, T*, int64_t, int64_t, bool, Stream);         \
   template void fill<T>(T*, int64_t, float, Stream);                                  \
+  template void softcap_forward<T>(const T*, T*, int64_t, float, Stream);             \
+  template void softcap_backward<T>(const T*, const T*, T*, int64_t, float, Stream);  \
   template void sum<T>(const T*, int64_t, float*, float*, Stream);                    \
   template void sum_squares<T>(const T*, int64_t, float*, float*, Stream);
 LOOM_INST(float)

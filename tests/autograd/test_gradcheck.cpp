@@ -27,6 +27,11 @@ TEST(GradCheck, BiasCastShape) {
   gradcheck([](const V& x) { return ag::narrow(x[0], 2, 0, 3); }, {a});
 }
 
+TEST(GradCheck, Softcap) {
+  auto a = random_f64({4, 6}, 27, -8, 8);
+  gradcheck([](const V& x) { return ag::softcap(x[0], 3.f); }, {a});
+}
+
 TEST(GradCheck, MatmulAllTransposes) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {

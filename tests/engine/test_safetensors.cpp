@@ -168,12 +168,11 @@ TEST(Safetensors, WriteReplacesExistingFileAndLeavesNoTemporary) {
 TEST(Safetensors, ReadsHandAssembledFile) {
   // Keys deliberately not in offset order; metadata in the middle; trailing spaces; header length
   // chosen so the data is NOT 8-byte aligned (the spec does not require it of readers).
-  std::string header =
-      R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
-      R"("__metadata__":{"format":"pt"},)"
-      R"("a":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
-      R"("c":{"dtype":"BF16","shape":[1,0],"data_offsets":[16,16]},)"
-      R"("d":{"dtype":"BOOL","shape":[3],"data_offsets":[16,19]}}   )";
+  std::string header = R"({"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)"
+                       R"("__metadata__":{"format":"pt"},)"
+                       R"("a":{"dtype":"I64","shape":[],"data_offsets":[0,8]},)"
+                       R"("c":{"dtype":"BF16","shape":[1,0],"data_offsets":[16,16]},)"
+                       R"("d":{"dtype":"BOOL","shape":[3],"data_offsets":[16,19]}}   )";
   if ((8 + header.size()) % 8 == 0) header += ' ';
   Bytes file;
   const uint64_t n = header.size();
@@ -283,13 +282,27 @@ struct BadCase {
 
 std::string entry(const std::string& name, const std::string& dtype, const std::string& shape,
                   const std::string& offsets) {
-  return "\"" + name + "\":{\"dtype\":" + dtype + ",\"shape\":" + shape + ",\"data_offsets\":" + offsets + "}";
+  std::string s = "\"";
+  return s.append(name)
+      .append("\":{\"dtype\":")
+      .append(dtype)
+      .append(",\"shape\":")
+      .append(shape)
+      .append(",\"data_offsets\":")
+      .append(offsets)
+      .append("}");
+}
+
+std::string object(std::initializer_list<std::string> entries) {
+  std::string s = "{";
+  for (const std::string& e : entries) s.append(s.size() > 1 ? "," : "").append(e);
+  return s.append("}");
 }
 
 std::vector<BadCase> bad_cases() {
   using C = absl::StatusCode;
   const C inv = C::kInvalidArgument, loss = C::kDataLoss;
-  auto one = [](const std::string& e, size_t data) { return assemble("{" + e + "}", data); };
+  auto one = [](const std::string& e, size_t data) { return assemble(object({e}), data); };
   std::vector<BadCase> v;
   v.push_back({"empty file", {}, loss, {"too short"}});
   v.push_back({"7 bytes", Bytes(7, 1), loss, {"too short"}});
@@ -298,49 +311,104 @@ std::vector<BadCase> bad_cases() {
   v.push_back({"not JSON", assemble("{\"w\":", 0), inv, {"not valid JSON"}});
   v.push_back({"empty header", assemble("", 0), inv, {"not valid JSON"}});
   v.push_back({"invalid UTF-8", assemble("{\"w\xff\":1}", 0), inv, {"not valid JSON"}});
+  v.push_back({"deep nesting",
+               assemble(std::string(100'000, '[') + std::string(100'000, ']'), 0),
+               inv,
+               {"deeper than 64"}});
   v.push_back({"header is an array", assemble("[1,2]", 0), inv, {"array", "expected an object"}});
   v.push_back({"entry not object", assemble("{\"w\":5}", 0), inv, {"'w'", "expected an object"}});
-  v.push_back({"no dtype", assemble(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4), inv, {"'w'", "'dtype'"}});
-  v.push_back({"no shape", assemble(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4), inv, {"'w'", "'shape'"}});
-  v.push_back({"no offsets", assemble(R"({"w":{"dtype":"F32","shape":[1]}})", 4), inv, {"'w'", "'data_offsets'"}});
-  v.push_back({"unknown dtype", one(entry("w", "\"F17\"", "[1]", "[0,4]"), 4), inv, {"'w'", "unknown dtype 'F17'", "BF16"}});
-  v.push_back({"unsupported I8", one(entry("w", "\"I8\"", "[1]", "[0,1]"), 1), inv, {"'w'", "I8 is not supported"}});
-  v.push_back({"unsupported F8", one(entry("w", "\"F8_E4M3\"", "[1]", "[0,1]"), 1), inv, {"'w'", "F8_E4M3 is not supported"}});
+  v.push_back(
+      {"no dtype", assemble(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4), inv, {"'w'", "'dtype'"}});
+  v.push_back(
+      {"no shape", assemble(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4), inv, {"'w'", "'shape'"}});
+  v.push_back(
+      {"no offsets", assemble(R"({"w":{"dtype":"F32","shape":[1]}})", 4), inv, {"'w'", "'data_offsets'"}});
+  v.push_back({"unknown dtype",
+               one(entry("w", "\"F17\"", "[1]", "[0,4]"), 4),
+               inv,
+               {"'w'", "unknown dtype 'F17'", "BF16"}});
+  v.push_back(
+      {"unsupported I8", one(entry("w", "\"I8\"", "[1]", "[0,1]"), 1), inv, {"'w'", "I8 is not supported"}});
+  v.push_back({"unsupported F8",
+               one(entry("w", "\"F8_E4M3\"", "[1]", "[0,1]"), 1),
+               inv,
+               {"'w'", "F8_E4M3 is not supported"}});
   v.push_back({"dtype not string", one(entry("w", "4", "[1]", "[0,4]"), 4), inv, {"'w'", "dtype"}});
-  v.push_back({"negative dim", one(entry("w", "\"F32\"", "[2,-1]", "[0,4]"), 4), inv, {"'w'", "-1", "non-negative"}});
+  v.push_back(
+      {"negative dim", one(entry("w", "\"F32\"", "[2,-1]", "[0,4]"), 4), inv, {"'w'", "-1", "non-negative"}});
   v.push_back({"fractional dim", one(entry("w", "\"F32\"", "[1.5]", "[0,4]"), 4), inv, {"'w'", "1.5"}});
   v.push_back({"string dim", one(entry("w", "\"F32\"", "[\"1\"]", "[0,4]"), 4), inv, {"'w'", "shape"}});
   v.push_back({"shape not array", one(entry("w", "\"F32\"", "4", "[0,4]"), 4), inv, {"'w'", "shape"}});
-  v.push_back({"numel overflow", one(entry("w", "\"F32\"", "[4294967296,4294967296,2]", "[0,4]"), 4), inv, {"'w'", "overflows"}});
-  v.push_back({"bytes overflow", one(entry("w", "\"F64\"", "[2305843009213693952]", "[0,4]"), 4), inv, {"'w'", "overflows"}});
-  v.push_back({"dim too large", one(entry("w", "\"U8\"", "[18446744073709551615]", "[0,4]"), 4), inv, {"'w'", "non-negative"}});
-  v.push_back({"offsets decreasing", one(entry("w", "\"F32\"", "[1]", "[4,0]"), 4), inv, {"'w'", "data_offsets", "begin <= end"}});
+  v.push_back({"numel overflow",
+               one(entry("w", "\"F32\"", "[4294967296,4294967296,2]", "[0,4]"), 4),
+               inv,
+               {"'w'", "overflows"}});
+  v.push_back({"bytes overflow",
+               one(entry("w", "\"F64\"", "[2305843009213693952]", "[0,4]"), 4),
+               inv,
+               {"'w'", "overflows"}});
+  v.push_back({"dim too large",
+               one(entry("w", "\"U8\"", "[18446744073709551615]", "[0,4]"), 4),
+               inv,
+               {"'w'", "non-negative"}});
+  v.push_back({"offsets decreasing",
+               one(entry("w", "\"F32\"", "[1]", "[4,0]"), 4),
+               inv,
+               {"'w'", "data_offsets", "begin <= end"}});
   v.push_back({"one offset", one(entry("w", "\"F32\"", "[1]", "[4]"), 4), inv, {"'w'", "data_offsets"}});
-  v.push_back({"three offsets", one(entry("w", "\"F32\"", "[1]", "[0,4,4]"), 4), inv, {"'w'", "data_offsets"}});
-  v.push_back({"negative offset", one(entry("w", "\"F32\"", "[1]", "[-4,0]"), 4), inv, {"'w'", "data_offsets"}});
-  v.push_back({"float offsets", one(entry("w", "\"F32\"", "[1]", "[0.0,4.0]"), 4), inv, {"'w'", "data_offsets"}});
-  v.push_back({"string offsets", one(entry("w", "\"F32\"", "[1]", "[\"0\",\"4\"]"), 4), inv, {"'w'", "data_offsets"}});
-  v.push_back({"size mismatch", one(entry("w", "\"F32\"", "[2,3]", "[0,20]"), 20), inv, {"'w'", "20 bytes", "expected 24"}});
-  v.push_back({"past end of data", one(entry("w", "\"F32\"", "[2]", "[0,8]"), 6), loss, {"'w'", "past the end", "truncated"}});
-  v.push_back({"overlap", assemble("{" + entry("a", "\"F32\"", "[2]", "[0,8]") + "," +
-                                   entry("b", "\"F32\"", "[2]", "[4,12]") + "}", 12),
-               inv, {"'a'", "'b'", "overlaps"}});
-  v.push_back({"same offsets twice", assemble("{" + entry("a", "\"F32\"", "[1]", "[0,4]") + "," +
-                                              entry("b", "\"I32\"", "[1]", "[0,4]") + "}", 4),
-               inv, {"'a'", "'b'", "overlaps"}});
-  v.push_back({"hole", assemble("{" + entry("a", "\"F32\"", "[1]", "[0,4]") + "," +
-                                entry("b", "\"F32\"", "[1]", "[8,12]") + "}", 12),
-               inv, {"'a'", "'b'", "holes"}});
-  v.push_back({"first tensor not at 0", one(entry("w", "\"F32\"", "[1]", "[4,8]"), 8), inv, {"'w'", "holes"}});
-  v.push_back({"trailing bytes", one(entry("w", "\"F32\"", "[1]", "[0,4]"), 9), inv, {"'w'", "5 trailing bytes"}});
+  v.push_back(
+      {"three offsets", one(entry("w", "\"F32\"", "[1]", "[0,4,4]"), 4), inv, {"'w'", "data_offsets"}});
+  v.push_back(
+      {"negative offset", one(entry("w", "\"F32\"", "[1]", "[-4,0]"), 4), inv, {"'w'", "data_offsets"}});
+  v.push_back(
+      {"float offsets", one(entry("w", "\"F32\"", "[1]", "[0.0,4.0]"), 4), inv, {"'w'", "data_offsets"}});
+  v.push_back({"string offsets",
+               one(entry("w", "\"F32\"", "[1]", "[\"0\",\"4\"]"), 4),
+               inv,
+               {"'w'", "data_offsets"}});
+  v.push_back({"size mismatch",
+               one(entry("w", "\"F32\"", "[2,3]", "[0,20]"), 20),
+               inv,
+               {"'w'", "20 bytes", "expected 24"}});
+  v.push_back({"past end of data",
+               one(entry("w", "\"F32\"", "[2]", "[0,8]"), 6),
+               loss,
+               {"'w'", "past the end", "truncated"}});
+  v.push_back(
+      {"overlap",
+       assemble(object({entry("a", "\"F32\"", "[2]", "[0,8]"), entry("b", "\"F32\"", "[2]", "[4,12]")}), 12),
+       inv,
+       {"'a'", "'b'", "overlaps"}});
+  v.push_back(
+      {"same offsets twice",
+       assemble(object({entry("a", "\"F32\"", "[1]", "[0,4]"), entry("b", "\"I32\"", "[1]", "[0,4]")}), 4),
+       inv,
+       {"'a'", "'b'", "overlaps"}});
+  v.push_back(
+      {"hole",
+       assemble(object({entry("a", "\"F32\"", "[1]", "[0,4]"), entry("b", "\"F32\"", "[1]", "[8,12]")}), 12),
+       inv,
+       {"'a'", "'b'", "holes"}});
+  v.push_back(
+      {"first tensor not at 0", one(entry("w", "\"F32\"", "[1]", "[4,8]"), 8), inv, {"'w'", "holes"}});
+  v.push_back(
+      {"trailing bytes", one(entry("w", "\"F32\"", "[1]", "[0,4]"), 9), inv, {"'w'", "5 trailing bytes"}});
   v.push_back({"data but no tensors", assemble("{}", 3), inv, {"3 trailing bytes"}});
-  v.push_back({"metadata not object", assemble(R"({"__metadata__":[1]})", 0), inv, {"__metadata__", "array"}});
-  v.push_back({"metadata value not string", assemble(R"({"__metadata__":{"k":1}})", 0), inv, {"__metadata__", "'k'", "string"}});
-  v.push_back({"duplicate tensor", assemble("{" + entry("w", "\"F32\"", "[1]", "[0,4]") + "," +
-                                            entry("w", "\"F32\"", "[1]", "[4,8]") + "}", 8),
-               inv, {"'w'", "twice"}});
-  v.push_back({"duplicate field", assemble(R"({"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}})", 4),
-               inv, {"'dtype'", "twice"}});
+  v.push_back(
+      {"metadata not object", assemble(R"({"__metadata__":[1]})", 0), inv, {"__metadata__", "array"}});
+  v.push_back({"metadata value not string",
+               assemble(R"({"__metadata__":{"k":1}})", 0),
+               inv,
+               {"__metadata__", "'k'", "string"}});
+  v.push_back(
+      {"duplicate tensor",
+       assemble(object({entry("w", "\"F32\"", "[1]", "[0,4]"), entry("w", "\"F32\"", "[1]", "[4,8]")}), 8),
+       inv,
+       {"'w'", "twice"}});
+  v.push_back({"duplicate field",
+               assemble(R"({"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}})", 4),
+               inv,
+               {"'dtype'", "twice"}});
   return v;
 }
 
@@ -361,12 +429,13 @@ TEST(Safetensors, OpenNamesTheFileOnDisk) {
   auto missing = SafetensorsFile::open(dir.file("no.safetensors"));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("no.safetensors"), std::string::npos);
-  write_raw(dir.file("bad.safetensors"), assemble("{" + entry("w", "\"F32\"", "[2]", "[0,8]") + "}", 4));
+  write_raw(dir.file("bad.safetensors"), assemble(object({entry("w", "\"F32\"", "[2]", "[0,8]")}), 4));
   auto bad = SafetensorsFile::open(dir.file("bad.safetensors"));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(bad.status().message().find(dir.file("bad.safetensors")), std::string::npos) << bad.status();
   write_raw(dir.file("empty.safetensors"), {});
-  EXPECT_EQ(SafetensorsFile::open(dir.file("empty.safetensors")).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(SafetensorsFile::open(dir.file("empty.safetensors")).status().code(),
+            absl::StatusCode::kDataLoss);
   EXPECT_EQ(SafetensorsFile::from_bytes(nullptr, "x").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -382,7 +451,10 @@ TEST(Safetensors, WriterRejectsBadInput) {
   };
   const std::vector<W> cases = {
       {"duplicate", {{"a", DType::f32, {1}, four}, {"a", DType::f32, {1}, four}}, {}, {"'a'", "duplicate"}},
-      {"size mismatch", {{"a", DType::f32, {1}, four}, {"b", DType::f32, {3}, eight}}, {}, {"'b'", "8 bytes", "F32 [3]"}},
+      {"size mismatch",
+       {{"a", DType::f32, {1}, four}, {"b", DType::f32, {3}, eight}},
+       {},
+       {"'b'", "8 bytes", "F32 [3]"}},
       {"nf4", {{"q", DType::nf4, {8}, four}}, {}, {"'q'", "nf4", "no safetensors name"}},
       {"negative dim", {{"n", DType::u8, {-4}, four}}, {}, {"'n'", "negative"}},
       {"reserved name", {{"__metadata__", DType::u8, {4}, four}}, {}, {"reserved"}},
@@ -495,9 +567,15 @@ TEST(SafetensorsFuzz, MutationsNeverCrash) {
       Bytes b = seed;
       uint64_t len;
       switch (rng() % 3) {
-        case 0: len = rng() >> (rng() % 64); break;
-        case 1: len = n + pick(0, 33) - 16; break;
-        default: len = seed.size() - 8 + pick(0, 9) - 4; break;
+        case 0:
+          len = rng() >> (rng() % 64);
+          break;
+        case 1:
+          len = n + pick(0, 33) - 16;
+          break;
+        default:
+          len = seed.size() - 8 + pick(0, 9) - 4;
+          break;
       }
       for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(len >> (8 * i));
       EXPECT_EQ(parse_and_check(b), len == n) << "header length " << len;
@@ -506,8 +584,12 @@ TEST(SafetensorsFuzz, MutationsNeverCrash) {
     {
       Bytes b = seed;
       const size_t p = pick(8, header_end);
-      if (rng() & 1) b.insert(b.begin() + p, static_cast<uint8_t>(rng())); else b.erase(b.begin() + p);
-      if (rng() & 1) for (int k = 0, m = rng() % 16; k < m; ++k) b.push_back(static_cast<uint8_t>(rng()));
+      if (rng() & 1)
+        b.insert(b.begin() + p, static_cast<uint8_t>(rng()));
+      else
+        b.erase(b.begin() + p);
+      if (rng() & 1)
+        for (int k = 0, m = rng() % 16; k < m; ++k) b.push_back(static_cast<uint8_t>(rng()));
       parse_and_check(b) ? ++parsed : ++rejected;
     }
   }
@@ -546,11 +628,21 @@ TEST(SafetensorsFuzz, StructuredHeaderMutationsNeverCrash) {
           if (has_offsets)
             for (auto& o : e["data_offsets"]) o = o.get<int64_t>() + delta;
           break;
-        case 2: if (has_shape) e["shape"].push_back(rng() % 3); break;
-        case 3: if (has_shape && !e["shape"].empty()) e["shape"][rng() % e["shape"].size()] = rng() % 4; break;
-        case 4: e["dtype"] = kDTypes[rng() % std::size(kDTypes)]; break;
-        case 5: e.erase(std::vector<std::string>{"dtype", "shape", "data_offsets"}[rng() % 3]); break;
-        default: d.resize(static_cast<size_t>(std::max<int64_t>(0, static_cast<int64_t>(d.size()) + delta))); break;
+        case 2:
+          if (has_shape) e["shape"].push_back(rng() % 3);
+          break;
+        case 3:
+          if (has_shape && !e["shape"].empty()) e["shape"][rng() % e["shape"].size()] = rng() % 4;
+          break;
+        case 4:
+          e["dtype"] = kDTypes[rng() % std::size(kDTypes)];
+          break;
+        case 5:
+          e.erase(std::vector<std::string>{"dtype", "shape", "data_offsets"}[rng() % 3]);
+          break;
+        default:
+          d.resize(static_cast<size_t>(std::max<int64_t>(0, static_cast<int64_t>(d.size()) + delta)));
+          break;
       }
     }
     std::string text = h.dump();

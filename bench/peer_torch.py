@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""PyTorch peer of loom_bench: times the same operations, at the same sizes and under the same
+benchmark names, with torch.cuda.Event timing, and writes the medians to a JSON file that
+bench/compare.py reads beside loom_bench's Google Benchmark JSON.
+
+    python3 bench/peer_torch.py --out OUTDIR/torch.json [--filter REGEX] [--min-time 0.5] [--list]
+
+Each case is timed in batches of launches (each batch ~2 ms, so the launch latency of the first
+launch does not count) until --min-time seconds of GPU time and at least 5 batches; the reported
+time is the median over batches of the per-launch time. Backward cases time
+torch.autograd.grad(..., retain_graph=True) on a graph built once, outside the timing.
+A case may have several variants (e.g. AdamW forloop / foreach / fused); each is one entry.
+"""
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+MI = 1 << 20
+BF16, F32 = torch.bfloat16, torch.float32
+DEV = "cuda"
+
+
+def rand(shape, dtype, lo=-1.0, hi=1.0):
+    """Uniform values in [lo, hi), never zeros (as loom_bench fills its inputs)."""
+    return torch.empty(shape, dtype=dtype, device=DEV).uniform_(lo, hi)
+
+
+def time_fn(fn, min_time, target_batch_s=2e-3, max_batch=256):
+    """Median seconds per call of fn over batches timed with CUDA events, and the number of calls."""
+    fn()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    one = max(start.elapsed_time(stop) * 1e-3, 1e-7)
+    batch = min(max(math.ceil(target_batch_s / one), 1), max_batch)
+    samples, total = [], 0.0
+    while (total < min_time or len(samples) < 5) and len(samples) < 2000:
+        start.record()
+        for _ in range(batch):
+            fn()
+        stop.record()
+        stop.synchronize()
+        t = start.elapsed_time(stop) * 1e-3
+        samples.append(t / batch)
+        total += t
+    return statistics.median(samples), min(samples), len(samples) * batch
+
+
+def grad_fn(out, inputs, dout):
+    """The backward of a graph built once: gradients of `out` w.r.t. inputs for upstream dout."""
+    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
+def leaf(t):
+    return t.detach().requires_grad_(True)
+
+
+# ---- cases: each yields (name, variant, fn); sizes mirror bench/bench_*.cpp -----------------------
+
+def elementwise_cases():
+    n = 128 * MI
+    for dt, dn in ((F32, "f32"), (BF16, "bf16")):
+        tail = f"/{dn}/128Mi"
+
+        def axpby(dt=dt):
+            a, b, out = rand(n, dt), rand(n, dt), torch.empty(n, dtype=dt, device=DEV)
+            return lambda: torch.add(a, b, alpha=-0.5, out=out)
+
+        def mul(dt=dt):
+            a, b, out = rand(n, dt), rand(n, dt), torch.empty(n, dtype=dt, device=DEV)
+            return lambda: torch.mul(a, b, out=out)
+
+        def scale(dt=dt):
+            a, out = rand(n, dt), torch.empty(n, dtype=dt, device=DEV)
+            return lambda: torch.mul(a, 0.75, out=out)
+
+        def sum_squares(dt=dt):
+            a = rand(n, dt)
+            return lambda: torch.linalg.vector_norm(a, dtype=F32)
+
+        yield "axpby" + tail, "add_alpha", axpby
+        yield "mul" + tail, "", mul
+        yield "scale" + tail, "", scale
+        yield "sum_squares" + tail, "vector_norm", sum_squares
+
+    rows, cols = 16384, 4096
+
+    def add_bias():
+        a, bias, out = rand((rows, cols), BF16), rand(cols, BF16), torch.empty((rows, cols), dtype=BF16, device=DEV)
+        return lambda: torch.add(a, bias, out=out)
+
+    def sum_rows():
+        a, out = rand((rows, cols), BF16), torch.empty(cols, dtype=F32, device=DEV)
+        return lambda: torch.sum(a, dim=0, dtype=F32, out=out)
+
+    def fill():
+        out = torch.empty(n, dtype=BF16, device=DEV)
+        return lambda: out.fill_(0.5)
+
+    def sum_all():
+        a = rand(n, BF16)
+        return lambda: torch.sum(a, dtype=F32)
+
+    yield f"add_bias/bf16/{rows}x{cols}", "", add_bias
+    yield f"sum_rows/bf16_to_f32/{rows}x{cols}", "", sum_rows
+    yield "fill/bf16/128Mi", "", fill
+    yield "sum/bf16/128Mi", "", sum_all
+
+    sq = 8192
+    for dt, dn in ((F32, "f32"), (BF16, "bf16"), (torch.int32, "i32")):
+        def transpose(dt=dt):
+            if dt == torch.int32:
+                src = torch.randint(-2**31, 2**31 - 1, (sq, sq), dtype=dt, device=DEV)
+            else:
+                src = rand((sq, sq), dt)
+            dst = torch.empty((sq, sq), dtype=dt, device=DEV)
+            return lambda: dst.copy_(src.t())
+        yield ("transpose_bytes" if dt == torch.int32 else "transpose") + f"/{dn}/{sq}x{sq}", "copy_t", transpose
+
+    for s, d, sn, dn in ((F32, BF16, "f32", "bf16"), (BF16, F32, "bf16", "f32")):
+        def cast(s=s, d=d):
+            src, dst = rand(n, s), torch.empty(n, dtype=d, device=DEV)
+            return lambda: dst.copy_(src)
+        yield f"cast/{sn}_to_{dn}/128Mi", "copy", cast
+
+
+def gemm_cases():
+    def mm(m, n, k, ta, tb, dt):
+        def make():
+            torch.backends.cuda.matmul.allow_tf32 = False  # Loom's f32 GEMM is CUBLAS_COMPUTE_32F
+            a = rand((k, m) if ta else (m, k), dt)
+            b = rand((n, k) if tb else (k, n), dt)
+            c = torch.empty((m, n), dtype=dt, device=DEV)
+            a_op, b_op = (a.t() if ta else a), (b.t() if tb else b)
+            return lambda: torch.matmul(a_op, b_op, out=c)
+        return make
+
+    def name(m, n, k):
+        return f"{m}x{n}x{k}"
+
+    yield "gemm/bf16/" + name(4096, 4096, 4096), "matmul", mm(4096, 4096, 4096, False, False, BF16)
+    yield "gemm/bf16/" + name(8192, 8192, 8192), "matmul", mm(8192, 8192, 8192, False, False, BF16)
+    yield "gemm/bf16/llama7b_mlp_fwd/" + name(8192, 11008, 4096), "matmul", mm(8192, 11008, 4096, False, True, BF16)
+    yield "gemm/bf16/llama7b_mlp_dgrad/" + name(8192, 4096, 11008), "matmul", mm(8192, 4096, 11008, False, False, BF16)
+    yield "gemm/bf16/llama7b_mlp_wgrad/" + name(11008, 4096, 8192), "matmul", mm(11008, 4096, 8192, True, False, BF16)
+    yield "gemm/f32/" + name(4096, 4096, 4096), "matmul_no_tf32", mm(4096, 4096, 4096, False, False, F32)
+
+
+def hf_rms_norm(x, w, eps):
+    """transformers' LlamaRMSNorm.forward."""
+    h = x.to(F32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def nn_cases():
+    rows, cols, eps = 16384, 4096, 1e-5
+    shape = f"/bf16/{rows}x{cols}"
+    norms = (("F.rms_norm", lambda x, w: F.rms_norm(x, (cols,), w, eps)), ("hf", lambda x, w: hf_rms_norm(x, w, eps)))
+    for variant, norm in norms:
+        def fwd(norm=norm):
+            x, w = rand((rows, cols), BF16), rand(cols, BF16)
+            return lambda: norm(x, w)
+
+        def bwd(norm=norm):
+            x, w, dy = leaf(rand((rows, cols), BF16)), leaf(rand(cols, BF16)), rand((rows, cols), BF16)
+            return grad_fn(norm(x, w), (x, w), dy)
+        yield "rms_norm_fwd" + shape, variant, fwd
+        yield "rms_norm_bwd" + shape, variant, bwd
+
+    tokens, heads, hd, seq = 16384, 32, 128, 2048
+
+    def rope_tables():
+        inv_freq = 1.0 / (500000.0 ** (torch.arange(0, hd, 2, dtype=torch.int64, device=DEV).float() / hd))
+        pos = (torch.arange(tokens, device=DEV) % seq).float()
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(BF16)[:, None, :], emb.sin().to(BF16)[:, None, :]
+
+    def rotate(x, cos, sin):
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+    rshape = f"/bf16/{tokens}x{heads}x{hd}"
+
+    def rope_fwd():
+        cos, sin = rope_tables()
+        x = rand((tokens, heads, hd), BF16)
+        return lambda: rotate(x, cos, sin)
+
+    def rope_bwd():
+        cos, sin = rope_tables()
+        x, dy = leaf(rand((tokens, heads, hd), BF16)), rand((tokens, heads, hd), BF16)
+        return grad_fn(rotate(x, cos, sin), (x,), dy)
+    yield "rope_fwd" + rshape, "hf_rotate_half", rope_fwd
+    yield "rope_bwd" + rshape, "hf_rotate_half", rope_bwd
+
+    mt, inter = 8192, 11008
+    gshape = f"/bf16/{mt}x{inter}"
+    acts = (("swiglu", "silu*up", F.silu), ("geglu", "gelu_tanh*up", lambda g: F.gelu(g, approximate="tanh")))
+    for base, variant, act in acts:
+        def fwd(act=act):
+            g, u = rand((mt, inter), BF16, -4.0, 4.0), rand((mt, inter), BF16)
+            return lambda: act(g) * u
+
+        def bwd(act=act):
+            g, u = leaf(rand((mt, inter), BF16, -4.0, 4.0)), leaf(rand((mt, inter), BF16))
+            dout = rand((mt, inter), BF16)
+            return grad_fn(act(g) * u, (g, u), dout)
+        yield base + "_fwd" + gshape, variant, fwd
+        yield base + "_bwd" + gshape, variant, bwd
+
+    n, dim, vocab = 16384, 4096, 128256
+    eshape = f"/bf16/{n}x{dim}/vocab{vocab}"
+
+    def emb_fwd():
+        ids, table = torch.randint(0, vocab, (n,), device=DEV), rand((vocab, dim), BF16)
+        return lambda: F.embedding(ids, table)
+
+    def emb_bwd():
+        ids, table, dout = torch.randint(0, vocab, (n,), device=DEV), leaf(rand((vocab, dim), BF16)), rand((n, dim), BF16)
+        return grad_fn(F.embedding(ids, table), (table,), dout)
+    yield "embedding_fwd" + eshape, "", emb_fwd
+    yield "embedding_bwd" + eshape, "dense_grad", emb_bwd
+
+
+def attention_cases():
+    b, s, h, kv, d = 4, 2048, 32, 8, 128
+    shape = f"/bf16/b{b}_s{s}_h{h}_kv{kv}_d{d}"
+
+    # Loom's layout [b, s, heads, d]; SDPA takes [b, heads, s, d]: transposed views, no copies.
+    def qkv(grad, repeat):
+        q = rand((b, s, h, d), BF16).transpose(1, 2)
+        k = rand((b, s, kv, d), BF16).transpose(1, 2)
+        v = rand((b, s, kv, d), BF16).transpose(1, 2)
+        if repeat:
+            k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
+        if grad:
+            q, k, v = leaf(q), leaf(k), leaf(v)
+        return q, k, v
+
+    for variant, repeat in (("enable_gqa", False), ("repeat_kv", True)):
+        def sdpa(q, k, v, repeat=repeat):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not repeat)
+
+        def fwd(repeat=repeat, sdpa=sdpa):
+            q, k, v = qkv(False, repeat)
+            return lambda: sdpa(q, k, v)
+
+        def bwd(repeat=repeat, sdpa=sdpa):
+            q, k, v = qkv(True, repeat)
+            out = sdpa(q, k, v)
+            return grad_fn(out, (q, k, v), torch.randn_like(out))
+        yield "attention_fwd" + shape, variant, fwd
+        yield "attention_bwd" + shape, variant, bwd
+
+    n = 8192
+    for vocab in (32000, 128256):
+        def ce_fwd(vocab=vocab):
+            logits, t = rand((n, vocab), BF16, -8.0, 8.0), torch.randint(0, vocab, (n,), device=DEV)
+            return lambda: F.cross_entropy(logits, t, reduction="none")
+
+        def ce_bwd(vocab=vocab):
+            logits, t = leaf(rand((n, vocab), BF16, -8.0, 8.0)), torch.randint(0, vocab, (n,), device=DEV)
+            loss = F.cross_entropy(logits, t, reduction="none")
+            return grad_fn(loss, (logits,), rand(n, BF16, 0.5, 1.0))
+        yield f"cross_entropy_fwd/bf16/{n}x{vocab}", "", ce_fwd
+        yield f"cross_entropy_bwd/bf16/{n}x{vocab}", "", ce_bwd
+
+
+def optim_cases():
+    n = 64 * MI
+    variants = (("forloop", dict(foreach=False, fused=False)), ("foreach", dict(foreach=True)), ("fused", dict(fused=True)))
+    for variant, kw in variants:
+        def adamw(kw=kw):
+            p = torch.nn.Parameter(rand(n, F32))
+            p.grad = rand(n, F32, -1e-2, 1e-2)
+            opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, **kw)
+            opt.step()  # creates the state outside the timing
+            return opt.step
+        yield "adamw/f32grad/64Mi", variant, adamw
+
+    # Loom's bf16-gradient step also writes a bf16 copy of the weights; torch's AdamW needs the
+    # gradient in the parameter's dtype, so the peer is the fused f32 step plus a copy to bf16.
+    def adamw_copy():
+        p = torch.nn.Parameter(rand(n, F32))
+        p.grad = rand(n, F32, -1e-2, 1e-2)
+        p16 = torch.empty(n, dtype=BF16, device=DEV)
+        opt = torch.optim.AdamW([p], lr=1e-4, weight_decay=0.01, fused=True)
+        opt.step()
+
+        def step():
+            opt.step()
+            with torch.no_grad():
+                p16.copy_(p)
+        return step
+    yield "adamw/bf16grad_bf16copy/64Mi", "fused+copy(f32grad)", adamw_copy
+
+    m = 256 * MI
+    for dt, dn in ((F32, "f32"), (BF16, "bf16")):
+        def uni(dt=dt):
+            x = torch.empty(m, dtype=dt, device=DEV)
+            return lambda: x.uniform_(-1.0, 1.0)
+
+        def nrm(dt=dt):
+            x = torch.empty(m, dtype=dt, device=DEV)
+            return lambda: x.normal_(0.0, 1.0)
+        yield f"uniform_fill/{dn}/256Mi", "", uni
+        yield f"normal_fill/{dn}/256Mi", "", nrm
+
+
+def all_cases():
+    for gen in (elementwise_cases, gemm_cases, nn_cases, attention_cases, optim_cases):
+        yield from gen()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="JSON file to write (required unless --list)")
+    ap.add_argument("--filter", default="", help="regular expression on benchmark names (re.search)")
+    ap.add_argument("--min-time", type=float, default=0.5, help="GPU seconds per case (default 0.5)")
+    ap.add_argument("--list", action="store_true", help="print the case names and variants, run nothing")
+    args = ap.parse_args()
+    if args.list:
+        for name, variant, _ in all_cases():
+            print(f"{name} {variant}".rstrip())
+        return 0
+    if not args.out:
+        ap.error("--out is required")
+    if not torch.cuda.is_available():
+        print("peer_torch.py: no CUDA device", file=sys.stderr)
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    props = torch.cuda.get_device_properties(0)
+    context = {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda,
+               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "min_time_s": args.min_time}
+    pattern = re.compile(args.filter) if args.filter else None
+    results = []
+    for name, variant, make in all_cases():
+        if pattern and not pattern.search(name):
+            continue
+        entry = {"name": name, "variant": variant}
+        try:
+            fn = make()
+            med, best, calls = time_fn(fn, args.min_time)
+            entry.update(median_s=med, min_s=best, calls=calls)
+            print(f"{name:60s} {variant:16s} {med * 1e6:12.1f} us  ({calls} calls)", flush=True)
+        except Exception as e:  # OOM, unsupported backend: record it and go on
+            entry["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            print(f"{name:60s} {variant:16s} ERROR {entry['error']}", flush=True)
+        finally:
+            fn = make = None
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        results.append(entry)
+    with open(args.out, "w") as f:
+        json.dump({"context": context, "benchmarks": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

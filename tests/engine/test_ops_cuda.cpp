@@ -1,0 +1,152 @@
+// Every ops:: function through the engine's dispatch on CUDA against the same call on the CPU,
+// in f32 and bf16 (in the spirit of ggml's test-backend-ops): one table of cases, one loop.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "engine/ops.h"
+#include "kernels/adamw.h"
+#include "kernels/rope.h"
+
+namespace loom::test {
+namespace {
+
+// Random inputs are made once on the CPU in f32, then cast/moved, so both backends see the same values.
+struct Inputs {
+  uint32_t seed = 1;
+  Tensor randn(const Shape& s, float lo = -1.f, float hi = 1.f) {
+    std::mt19937 gen(seed++);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(numel_of(s));
+    for (auto& x : v) x = d(gen);
+    return Tensor::from_floats(v, s);
+  }
+};
+
+using Case = std::function<std::vector<Tensor>(Device, DType)>;
+
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return INFINITY;
+    num += double(a[i] - b[i]) * (a[i] - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+void check(const char* name, const Case& c) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<Tensor> ref = c(Device::cpu(), dt), got = c(Device::cuda(0), dt);
+    ASSERT_EQ(ref.size(), got.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(got[i].is_cuda()) << name << " output " << i << " left the GPU";
+      EXPECT_EQ(got[i].shape(), ref[i].shape()) << name;
+      // f32: summation order only (1e-5). bf16: one output rounding (2^-9) plus bf16 inputs to
+      // intermediate products: 1e-2.
+      const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
+      EXPECT_LT(rel_l2(got[i].to_floats(), ref[i].to_floats()), tol) << name << " " << loom::name(dt) << " output " << i;
+    }
+  }
+}
+
+#define LOOM_REQUIRE_CUDA() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+TEST(OpsCuda, ElementwiseAndReductions) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  Tensor a = in.randn({37, 129}), b = in.randn({37, 129}), bias = in.randn({129});
+  check("axpby/mul/scale/add_bias", [&](Device d, DType t) {
+    Tensor x = a.to(d, t), y = b.to(d, t);
+    Tensor acc = x.clone();
+    ops::add_(acc, y);
+    return std::vector<Tensor>{ops::axpby(x, y, 0.5f, -1.5f), ops::mul(x, y), ops::scale(x, 3.f),
+                               ops::add_bias(x, bias.to(d, t)), acc, ops::sum_rows(x, DType::f32),
+                               ops::sum_squares(x), x.transpose(0, 1).contiguous(), ops::softcap(x, 0.7f),
+                               ops::softcap_backward(x, y, 0.7f)};
+  });
+}
+
+TEST(OpsCuda, MatmulShapes) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  Tensor a = in.randn({3, 33, 17}), b = in.randn({17, 65}), bt = in.randn({65, 17}), bb = in.randn({3, 17, 65});
+  check("matmul", [&](Device d, DType t) {
+    return std::vector<Tensor>{ops::matmul(a.to(d, t), b.to(d, t)), ops::matmul(a.to(d, t), bt.to(d, t), false, true),
+                               ops::matmul(a.to(d, t), bb.to(d, t)), ops::linear(a.to(d, t), bt.to(d, t), DType::f32)};
+  });
+}
+
+TEST(OpsCuda, NormRopeActivationsEmbedding) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  Tensor x = in.randn({2, 5, 3, 16}), w = in.randn({16}, 0.5f, 1.5f), dy = in.randn({2, 5, 3, 16});
+  Tensor table = in.randn({50, 24});
+  Tensor ids = Tensor::from_ints({3, 49, 0, 7, 3, 12}, {2, 3});
+  Tensor pos = Tensor::from_ints({0, 1, 2, 3, 4, 0, 1, 2, 0, 1}, {10});
+  check("rms_norm/rope/glu/embedding", [&](Device d, DType t) {
+    Tensor xd = x.to(d, t), wd = w.to(d, t), dyd = dy.to(d, t);
+    ops::RmsNormOut r = ops::rms_norm(xd, wd, 1e-6f, false);
+    Tensor dw = Tensor::zeros({16}, DType::f32, d);
+    Tensor dx = ops::rms_norm_backward(xd, wd, r.rstd, dyd, &dw, true);
+    Tensor inv = ops::rope_inv_freq(16, 10000.0, RopeScaling{}, d);
+    Tensor pd = pos.to(d);
+    auto [dg, du] = ops::swiglu_backward(xd, dyd, xd);
+    auto [eg, eu] = ops::geglu_backward(xd, dyd, xd);
+    Tensor dtable = Tensor::zeros({50, 24}, DType::f32, d);
+    Tensor emb_out = ops::embedding(ids.to(d), table.to(d, t));
+    ops::embedding_backward(ids.to(d), emb_out, dtable);
+    return std::vector<Tensor>{r.y, r.rstd, dx, dw, ops::rope(xd, pd, inv), ops::rope_backward(dyd, pd, inv),
+                               ops::swiglu(xd, dyd), dg, du, ops::geglu(xd, dyd), eg, eu, emb_out, dtable};
+  });
+}
+
+TEST(OpsCuda, AttentionAndCrossEntropy) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  Tensor q = in.randn({2, 9, 4, 32}), k = in.randn({2, 9, 2, 32}), v = in.randn({2, 9, 2, 32}), dout = in.randn({2, 9, 4, 32});
+  Tensor logits = in.randn({7, 301}, -4.f, 4.f), dloss = in.randn({7});
+  Tensor targets = Tensor::from_ints({0, 300, -100, 5, 17, -100, 299}, {7});
+  Tensor seg = Tensor::from_ints({0, 0, 0, 1, 1, 1, 1, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 1}, {2, 9});
+  check("attention/cross_entropy", [&](Device d, DType t) {
+    std::vector<Tensor> outs;
+    for (int variant = 0; variant < 3; ++variant) {
+      ops::AttentionOptions opt;
+      if (variant == 1) { opt.window = 4; opt.softcap = 5.f; }
+      if (variant == 2) opt.segment_ids = seg.to(d);
+      ops::AttentionOut a = ops::attention(q.to(d, t), k.to(d, t), v.to(d, t), opt);
+      ops::AttentionGrads g = ops::attention_backward(q.to(d, t), k.to(d, t), v.to(d, t), a.out, dout.to(d, t), a.lse, opt);
+      outs.insert(outs.end(), {a.out, a.lse, g.dq, g.dk, g.dv});
+    }
+    ops::CrossEntropyOut ce = ops::cross_entropy(logits.to(d, t), targets.to(d), 30.f);
+    outs.insert(outs.end(), {ce.loss, ce.lse,
+                             ops::cross_entropy_backward(logits.to(d, t), targets.to(d), ce.lse, dloss.to(d), 30.f)});
+    return outs;
+  });
+}
+
+TEST(OpsCuda, AdamWAndRandomFills) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  Tensor p0 = in.randn({1000}), g = in.randn({1000});
+  check("adamw/fills", [&](Device d, DType t) {
+    Tensor p = p0.to(d), m = Tensor::zeros({1000}, DType::f32, d), v = Tensor::zeros({1000}, DType::f32, d);
+    Tensor copy = Tensor::empty({1000}, DType::bf16, d);
+    AdamWParams ap;
+    ap.lr = 1e-2f;
+    for (int s = 1; s <= 3; ++s) {
+      ap.step = s;
+      ops::adamw_step(p, g.to(d, t), m, v, ap, &copy);
+    }
+    Tensor u = Tensor::empty({999}, t, d), n = Tensor::empty({999}, t, d);
+    ops::uniform_(u, 7, 100, -2.f, 3.f);
+    ops::normal_(n, 7, 200, 1.f, 0.5f);
+    return std::vector<Tensor>{p, m, v, copy, u, n};
+  });
+}
+
+}  // namespace
+}  // namespace loom::test
