@@ -267,14 +267,10 @@ ModelConfig parse(const json& j, const std::string& origin) {
   for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
     if (f.req_int(k, "") <= 0) f.bad(k, "must be > 0");
 
-  // transformers' class defaults when the key is absent; null means "same as the query heads".
-  int64_t kv_default = c.num_attention_heads;
-  if (fam == ModelFamily::kMistral) kv_default = 8;
-  if (fam == ModelFamily::kQwen2 || fam == ModelFamily::kQwen3) kv_default = 32;
-  if (fam == ModelFamily::kGemma) kv_default = 16;
-  if (fam == ModelFamily::kGemma2) kv_default = 4;
-  c.num_key_value_heads = f.has("num_key_value_heads") ? f.get_int("num_key_value_heads", c.num_attention_heads)
-                                                       : kv_default;
+  // Absent or null: as many as the query heads (LlamaConfig's rule). The other classes' defaults
+  // (mistral 8, qwen 32, gemma 16, gemma2 4) only fit their own default head counts, and every
+  // published config.json of those families states the value.
+  c.num_key_value_heads = f.get_int("num_key_value_heads", c.num_attention_heads);
   if (c.num_key_value_heads <= 0) f.bad("num_key_value_heads", "must be > 0");
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     fail(absl::StrCat(origin, ": num_attention_heads (", c.num_attention_heads,

@@ -30,8 +30,8 @@ struct ModelConfig {
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
-  // Absent: num_attention_heads for llama; otherwise the transformers class default (mistral 8,
-  // qwen2/qwen3 32, gemma 16, gemma2 4); null: num_attention_heads.
+  // Absent or null: num_attention_heads (LlamaConfig's rule; the other transformers classes' own
+  // defaults fit only their default head counts, and their published configs always state it).
   int64_t num_key_value_heads = 0;
   // Absent or null: hidden_size / num_attention_heads, except qwen3 (128), gemma and gemma2 (256).
   int64_t head_dim = 0;

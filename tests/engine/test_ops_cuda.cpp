@@ -133,7 +133,8 @@ TEST(OpsCuda, AdamWAndRandomFills) {
   Inputs in;
   Tensor p0 = in.randn({1000}), g = in.randn({1000});
   check("adamw/fills", [&](Device d, DType t) {
-    Tensor p = p0.to(d), m = Tensor::zeros({1000}, DType::f32, d), v = Tensor::zeros({1000}, DType::f32, d);
+    // clone: on the CPU to() returns p0 itself, which the step would update in place.
+    Tensor p = p0.to(d).clone(), m = Tensor::zeros({1000}, DType::f32, d), v = Tensor::zeros({1000}, DType::f32, d);
     Tensor copy = Tensor::empty({1000}, DType::bf16, d);
     AdamWParams ap;
     ap.lr = 1e-2f;
