@@ -89,6 +89,15 @@ Variable softcap(const Variable& a, float cap) {
                  {&a}, ops::softcap(av, cap));
 }
 
+Variable dropout(const Variable& a, float p, uint64_t seed, uint64_t offset) {
+  if (p == 0.f) return a;
+  return record1(node_of("dropout",
+                         [p, seed, offset](Node&, const std::vector<Tensor>& g) {
+                           return std::vector<Tensor>{ops::dropout(g[0], p, seed, offset)};
+                         }),
+                 {&a}, ops::dropout(a.value(), p, seed, offset));
+}
+
 Variable sum(const Variable& a) {
   const Shape shape = a.shape();
   const DType dtype = a.dtype();

@@ -21,6 +21,8 @@ Variable transpose(const Variable& a, int64_t d0, int64_t d1);
 Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length);
 Variable sum(const Variable& a);  // f32 scalar
 Variable softcap(const Variable& a, float cap);  // cap * tanh(a / cap)
+// Inverted dropout with a regenerated (never stored) mask; p = 0 returns a unchanged.
+Variable dropout(const Variable& a, float p, uint64_t seed, uint64_t offset);
 
 // ---- matrix products (fn_linalg.cpp) ----
 // a [..., m, k] x b [k, n] (2-D, shared) or batched like a; transposes as in ops::matmul.

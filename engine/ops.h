@@ -115,5 +115,8 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_
 // Philox counter-based fills: the same numbers on CPU and CUDA for the same (seed, offset).
 void uniform_(Tensor& t, uint64_t seed, uint64_t offset, float lo, float hi);
 void normal_(Tensor& t, uint64_t seed, uint64_t offset, float mean, float std);
+// x * keep / (1 - p) with the keep mask a pure function of (seed, offset, index): calling it again
+// on the gradient with the same seed and offset is the backward.
+Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset);
 
 }  // namespace loom::ops

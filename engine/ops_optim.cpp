@@ -2,6 +2,7 @@
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "kernels/adamw.h"
+#include "kernels/dropout.h"
 #include "kernels/philox.h"
 
 namespace loom::ops {
@@ -67,6 +68,19 @@ void random_fill(const char* op, Tensor& t, uint64_t seed, uint64_t offset, floa
   });
 }
 }  // namespace
+
+Tensor dropout(const Tensor& x_in, float p, uint64_t seed, uint64_t offset) {
+  Tensor x = x_in.contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dispatch_float("dropout", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (x.is_cuda())
+      LOOM_ON_CUDA("dropout", T, cuda::dropout(x.data<T>(), out.data<T>(), x.numel(), p, seed, offset, stream_of(x)));
+    else
+      cpu::dropout(x.data<T>(), out.data<T>(), x.numel(), p, seed, offset);
+  });
+  return out;
+}
 
 void uniform_(Tensor& t, uint64_t seed, uint64_t offset, float lo, float hi) {
   random_fill<false>("uniform_", t, seed, offset, lo, hi);

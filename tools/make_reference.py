@@ -578,6 +578,7 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="print the planned configs; needs no torch")
     ap.add_argument("--no-lora", action="store_true", help="skip the adapter and reference_lora (debugging)")
     ap.add_argument("--stop-on-error", action="store_true", help="stop at the first failing variant")
+    ap.add_argument("--keep-failed", action="store_true", help="keep the folder of a failed variant (debugging)")
     ap.add_argument("--threads", type=int, default=4, help="torch CPU threads")
     args = ap.parse_args()
     names = resolve_names(args.only)
@@ -613,6 +614,8 @@ def main():
             log(f"!! variant {name} FAILED")
             failed.append(name)
             manifest["variants"].pop(name, None)
+            if not args.keep_failed:  # never leave half-written fixtures behind to be committed
+                shutil.rmtree(out_dir / name, ignore_errors=True)
             if args.stop_on_error:
                 break
     manifest.update({

@@ -10,26 +10,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-template <int N, class T>
-__device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
-  const Vec<T, N> v = *reinterpret_cast<const Vec<T, N>*>(p);
-#pragma unroll
-  for (int k = 0; k < N; ++k) out[k] = load(&v.v[k]);
-}
-template <int N, class T>
-__device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
-  Vec<T, N> v;
-#pragma unroll
-  for (int k = 0; k < N; ++k) store(&v.v[k], in[k]);
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
-}
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // silu(g) = g sigmoid(g); expf(-g) overflows to inf for g < -88, giving sigmoid 0 (no NaN).
 struct Silu {
   static __device__ __forceinline__ void eval(float g, float* value, float* deriv) {
@@ -109,7 +89,7 @@ template <class Act, class T>
 void forward(const T* gate, const T* up, T* out, int64_t n, Stream s) {
   LOOM_CHECK(n >= 0, "gated activation forward: bad n=", n);
   if (n == 0) return;
-  constexpr int kN = 16 / sizeof(T);
+  constexpr int kN = kVecN<T>;
   if (aligned16(gate) && aligned16(up) && aligned16(out))
     gated_forward_kernel<Act, T, kN><<<blocks_for(n / kN, kThreads), kThreads, 0, s>>>(gate, up, out, n);
   else
@@ -121,7 +101,7 @@ template <class Act, class T>
 void backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, Stream s) {
   LOOM_CHECK(n >= 0, "gated activation backward: bad n=", n);
   if (n == 0) return;
-  constexpr int kN = 16 / sizeof(T);
+  constexpr int kN = kVecN<T>;
   if (aligned16(gate) && aligned16(up) && aligned16(dout) && aligned16(dgate) && aligned16(dup))
     gated_backward_kernel<Act, T, kN><<<blocks_for(n / kN, kThreads), kThreads, 0, s>>>(gate, up, dout, dgate, dup,
                                                                                         n);

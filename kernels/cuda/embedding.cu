@@ -11,13 +11,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535LL * 32;
 
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // out[i, :] = table[ids[i], :] or zeros for a bad id; rows in a grid-stride loop, N elements
 // (one Vec) per access. Requires dim % N == 0.
 template <class T, int N>
@@ -59,7 +52,7 @@ void embedding_forward(const int32_t* ids, const T* table, T* out, int64_t n, in
   LOOM_CHECK(n >= 0 && vocab > 0 && dim > 0, "embedding_forward: bad shape n=", n, " vocab=", vocab, " dim=", dim);
   if (n == 0) return;
   const auto blocks = static_cast<unsigned>(n < kMaxBlocks ? n : kMaxBlocks);
-  constexpr int kN = 16 / sizeof(T);
+  constexpr int kN = kVecN<T>;
   if (dim % kN == 0 && aligned16(table) && aligned16(out))
     embedding_forward_kernel<T, kN><<<blocks, kThreads, 0, s>>>(ids, table, out, n, vocab, dim);
   else

@@ -8,29 +8,6 @@
 namespace loom::cuda {
 namespace {
 
-// N consecutive elements moved as one access (16 bytes when N = 16 / sizeof(T), else scalar).
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
-};
-template <int N, class T>
-__device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
-  const Vec<T, N> v = *reinterpret_cast<const Vec<T, N>*>(p);
-#pragma unroll
-  for (int k = 0; k < N; ++k) out[k] = load(&v.v[k]);
-}
-template <int N, class T>
-__device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
-  Vec<T, N> v;
-#pragma unroll
-  for (int k = 0; k < N; ++k) store(&v.v[k], in[k]);
-  *reinterpret_cast<Vec<T, N>*>(p) = v;
-}
-template <class T>
-constexpr int kVecN = 16 / sizeof(T);
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // About 8 columns per thread, a multiple of 32 threads, between 32 and 1024.
 int threads_for(int64_t cols) {
   int64_t t = ((cols + 7) / 8 + 31) / 32 * 32;

@@ -32,6 +32,19 @@ TEST(GradCheck, Softcap) {
   gradcheck([](const V& x) { return ag::softcap(x[0], 3.f); }, {a});
 }
 
+TEST(GradCheck, DropoutRegeneratesItsMask) {
+  auto a = random_f64({5, 7}, 28);
+  gradcheck([](const V& x) { return ag::dropout(x[0], 0.3f, 99, 1000); }, {a});
+  // About p of the elements are dropped, the rest scaled by 1/(1-p).
+  Tensor ones = Tensor::full({10000}, 1.f, DType::f32);
+  int zeros = 0;
+  for (float v : ops::dropout(ones, 0.3f, 5, 0).to_floats()) {
+    if (v == 0.f) ++zeros;
+    else EXPECT_FLOAT_EQ(v, 1.f / 0.7f);
+  }
+  EXPECT_NEAR(zeros / 10000.0, 0.3, 0.02);  // binomial sd 0.0046: 4 sd
+}
+
 TEST(GradCheck, MatmulAllTransposes) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {

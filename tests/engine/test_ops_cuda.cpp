@@ -145,7 +145,7 @@ TEST(OpsCuda, AdamWAndRandomFills) {
     Tensor u = Tensor::empty({999}, t, d), n = Tensor::empty({999}, t, d);
     ops::uniform_(u, 7, 100, -2.f, 3.f);
     ops::normal_(n, 7, 200, 1.f, 0.5f);
-    return std::vector<Tensor>{p, m, v, copy, u, n};
+    return std::vector<Tensor>{p, m, v, copy, u, n, ops::dropout(g.to(d, t), 0.25f, 3, 17)};
   });
 }
 
