@@ -101,8 +101,10 @@ void register_elementwise() {
   add("sum_rows/bf16_to_f32/" + shape2(kRows, kCols), [](benchmark::State& st) {
     auto a = random_array<bf16>(kRows * kCols);
     auto out = random_array<float>(kCols);
-    run_timed(st, {2.0 * kRows * kCols + 8.0 * kCols},
-              [&] { cuda::sum_rows<bf16, float>(a.get(), out.get(), kRows, kCols, true, ctx().stream); });
+    DeviceArray<uint8_t> ws(cuda::sum_rows_workspace_bytes(kRows, kCols));
+    run_timed(st, {2.0 * kRows * kCols + 8.0 * kCols}, [&] {
+      cuda::sum_rows<bf16, float>(a.get(), out.get(), kRows, kCols, true, ws.get(), ctx().stream);
+    });
   });
   add("fill/bf16/" + size_name(kN), [](benchmark::State& st) {
     DeviceArray<bf16> out(kN);

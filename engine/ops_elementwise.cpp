@@ -145,12 +145,20 @@ void sum_rows_into(const Tensor& a_in, Tensor& into) {
     using T = decltype(tag);
     if (into.dtype() == a.dtype()) {
       if (a.is_cuda())
-        LOOM_ON_CUDA("sum_rows", T, cuda::sum_rows(a.data<T>(), into.data<T>(), rows, cols, true, stream_of(a)));
+        LOOM_ON_CUDA("sum_rows", T, {
+          Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::sum_rows_workspace_bytes(rows, cols))}, DType::u8,
+                                    a.device());
+          cuda::sum_rows(a.data<T>(), into.data<T>(), rows, cols, true, ws.data_ptr(), stream_of(a));
+        });
       else
         cpu::sum_rows(a.data<T>(), into.data<T>(), rows, cols, true);
     } else if constexpr (std::is_same_v<T, bf16>) {
       if (a.is_cuda())
-        LOOM_ON_CUDA("sum_rows", T, cuda::sum_rows(a.data<T>(), into.data<float>(), rows, cols, true, stream_of(a)));
+        LOOM_ON_CUDA("sum_rows", T, {
+          Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::sum_rows_workspace_bytes(rows, cols))}, DType::u8,
+                                    a.device());
+          cuda::sum_rows(a.data<T>(), into.data<float>(), rows, cols, true, ws.data_ptr(), stream_of(a));
+        });
       else
         cpu::sum_rows(a.data<T>(), into.data<float>(), rows, cols, true);
     } else {

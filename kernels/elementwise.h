@@ -2,6 +2,7 @@
 // sum, column sums, sum of squares. T is float, double (CPU only) or bf16; results are computed
 // in Acc<T> and rounded once to T.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/common.h"
@@ -49,7 +50,11 @@ template <class T> void axpby(const T* a, const T* b, T* out, int64_t n, float a
 template <class T> void mul(const T* a, const T* b, T* out, int64_t n, Stream s);
 template <class T> void scale(const T* a, T* out, int64_t n, float sc, Stream s);
 template <class T> void add_bias(const T* a, const T* bias, T* out, int64_t rows, int64_t cols, Stream s);
-template <class T, class O> void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate, Stream s);
+// Column sums need sum_rows_workspace_bytes(rows, cols) bytes of scratch (0 for short matrices,
+// where workspace may be nullptr); deterministic: a fixed split of the rows, combined in order.
+size_t sum_rows_workspace_bytes(int64_t rows, int64_t cols);
+template <class T, class O>
+void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate, void* workspace, Stream s);
 template <class T> void fill(T* out, int64_t n, float value, Stream s);
 template <class T> void softcap_forward(const T* a, T* out, int64_t n, float cap, Stream s);
 template <class T> void softcap_backward(const T* a, const T* dout, T* da, int64_t n, float cap, Stream s);

@@ -60,8 +60,8 @@ absl::StatusOr<std::map<std::string, std::string>> read_index(const std::string&
   std::map<std::string, std::string> map;
   for (const auto& [tensor, shard] : j.at("weight_map").items()) {
     if (!shard.is_string() || shard.get<std::string>().empty())
-      return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map entry '", tensor, "' is ",
-                                                     shard.dump(), ", expected a shard file name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": weight_map entry '", tensor, "' is ", shard.dump(), ", expected a shard file name"));
     const std::string s = shard.get<std::string>();
     if (s.front() == '/' || s.find("..") != std::string::npos)
       return absl::InvalidArgumentError(absl::StrCat(path, ": weight_map entry '", tensor, "' names '", s,
@@ -76,10 +76,10 @@ absl::StatusOr<std::map<std::string, std::string>> read_index(const std::string&
 
 absl::StatusOr<Checkpoint> Checkpoint::open(const std::string& model_dir) {
   std::error_code ec;
-  if (!fs::exists(model_dir, ec))
-    return absl::NotFoundError(absl::StrCat(model_dir, ": no such model folder"));
+  if (!fs::exists(model_dir, ec)) return absl::NotFoundError(absl::StrCat(model_dir, ": no such model folder"));
   if (!fs::is_directory(model_dir, ec))
-    return absl::FailedPreconditionError(absl::StrCat(model_dir, ": not a folder (expected a Hugging Face model folder)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(model_dir, ": not a folder (expected a Hugging Face model folder)"));
 
   Checkpoint c;
   c.dir_ = model_dir;
@@ -168,8 +168,8 @@ absl::StatusOr<Tensor> Checkpoint::load(const std::string& name, DType dtype, De
     const bool ok = dtype == DType::f32 || dtype == DType::bf16 || (dtype == DType::f64 && device.is_cpu());
     if (!ok)
       return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name, "' (", dtype_str(info.dtype),
-                                                     ") cannot be loaded as ", dtype_str(dtype), " on ",
-                                                     device.str(), ": expected f32 or bf16 (f64 on the CPU)"));
+                                                     ") cannot be loaded as ", dtype_str(dtype), " on ", device.str(),
+                                                     ": expected f32 or bf16 (f64 on the CPU)"));
     target = dtype;
   }
 
@@ -209,9 +209,9 @@ absl::Status Checkpoint::check_unexpected(const std::set<std::string>& consumed)
     unused.resize(20);
     unused.push_back(absl::StrCat("... and ", total - 20, " more"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(dir_, ": ", total, " of the checkpoint's ", index_.size(),
-                                                 " tensors were never loaded (wrong model family or config?): ",
-                                                 absl::StrJoin(unused, ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat(dir_, ": ", total, " of the checkpoint's ", index_.size(),
+                   " tensors were never loaded (wrong model family or config?): ", absl::StrJoin(unused, ", ")));
 }
 
 }  // namespace loom

@@ -25,7 +25,7 @@ class Checkpoint {
   // SafetensorsFile::open reports for a corrupt shard. Only headers are read here.
   static absl::StatusOr<Checkpoint> open(const std::string& model_dir);
 
-  std::vector<std::string> names() const;  // sorted
+  std::vector<std::string> names() const;                 // sorted
   const TensorInfo* find(const std::string& name) const;  // nullptr when absent
   // The shard file holding `name` ("" when absent).
   std::string file_of(const std::string& name) const;
@@ -48,8 +48,8 @@ class Checkpoint {
 
  private:
   struct Entry {
-    size_t file;              // index into files_
-    const TensorInfo* info;   // points into *files_[file] (stable: the files are shared, never moved)
+    size_t file;             // index into files_
+    const TensorInfo* info;  // points into *files_[file] (stable: the files are shared, never moved)
   };
 
   std::string dir_;

@@ -129,13 +129,12 @@ RopeScaling parse_rope_scaling(const Fields& f, const std::string& name) {
     if (!(s.factor > 0)) f.bad("factor", "must be > 0");
     if (!(s.original_max_position_embeddings > 0)) f.bad("original_max_position_embeddings", "must be > 0");
     if (!(s.high_freq_factor > s.low_freq_factor) || !(s.low_freq_factor > 0))
-      fail(absl::StrCat(f.where(), ": ", name, " has low_freq_factor ", s.low_freq_factor,
-                        " and high_freq_factor ", s.high_freq_factor,
-                        ": llama3 RoPE needs 0 < low_freq_factor < high_freq_factor"));
+      fail(absl::StrCat(f.where(), ": ", name, " has low_freq_factor ", s.low_freq_factor, " and high_freq_factor ",
+                        s.high_freq_factor, ": llama3 RoPE needs 0 < low_freq_factor < high_freq_factor"));
     return s;
   }
-  fail(absl::StrCat(f.where(), ": ", name, " has rope_type '", type, "', which Loom does not support (supported: ",
-                    kSupportedRope, ")"));
+  fail(absl::StrCat(f.where(), ": ", name, " has rope_type '", type,
+                    "', which Loom does not support (supported: ", kSupportedRope, ")"));
 }
 
 // Fills rope_theta and rope_scaling from either form. 5.x `rope_parameters` wins when both appear
@@ -144,7 +143,8 @@ void parse_rope(const Fields& top, const json& j, const std::string& origin, Mod
   c->rope_theta = top.get_double("rope_theta", 10000.0);
   if (top.set("rope_parameters")) {
     const json& rp = j.at("rope_parameters");
-    if (!rp.is_object()) top.wrong("rope_parameters", "an object such as {\"rope_type\": \"default\", \"rope_theta\": 10000}");
+    if (!rp.is_object())
+      top.wrong("rope_parameters", "an object such as {\"rope_type\": \"default\", \"rope_theta\": 10000}");
     for (const auto& [k, v] : rp.items())
       if (v.is_object())
         fail(absl::StrCat(origin, ": rope_parameters holds a per-layer-type dict ('", k,
@@ -253,7 +253,8 @@ ModelConfig parse(const json& j, const std::string& origin) {
   const auto type = f.opt_string("model_type");
   if (!type) f.missing("model_type", absl::StrCat("one of ", kSupportedTypes).c_str());
   auto family = family_from_model_type(*type);
-  if (!family.ok()) throw ConfigError{absl::InvalidArgumentError(absl::StrCat(origin, ": ", family.status().message()))};
+  if (!family.ok())
+    throw ConfigError{absl::InvalidArgumentError(absl::StrCat(origin, ": ", family.status().message()))};
   c.family = *family;
   c.model_type = *type;
   const ModelFamily fam = c.family;
@@ -304,9 +305,15 @@ ModelConfig parse(const json& j, const std::string& origin) {
 
   c.tie_word_embeddings = f.get_bool("tie_word_embeddings", gemma);
   switch (fam) {
-    case ModelFamily::kQwen2: c.attention_bias = true; c.o_proj_bias = false; break;
-    case ModelFamily::kMistral: c.attention_bias = c.o_proj_bias = false; break;
-    default: c.attention_bias = c.o_proj_bias = f.get_bool("attention_bias", false);
+    case ModelFamily::kQwen2:
+      c.attention_bias = true;
+      c.o_proj_bias = false;
+      break;
+    case ModelFamily::kMistral:
+      c.attention_bias = c.o_proj_bias = false;
+      break;
+    default:
+      c.attention_bias = c.o_proj_bias = f.get_bool("attention_bias", false);
   }
   c.mlp_bias = fam == ModelFamily::kLlama && f.get_bool("mlp_bias", false);
   parse_activation(f, &c);
@@ -340,9 +347,12 @@ ModelConfig parse(const json& j, const std::string& origin) {
 
 const char* rope_kind_name(RopeScaling::Kind k) {
   switch (k) {
-    case RopeScaling::Kind::kDefault: return "default";
-    case RopeScaling::Kind::kLinear: return "linear";
-    case RopeScaling::Kind::kLlama3: return "llama3";
+    case RopeScaling::Kind::kDefault:
+      return "default";
+    case RopeScaling::Kind::kLinear:
+      return "linear";
+    case RopeScaling::Kind::kLlama3:
+      return "llama3";
   }
   return "?";
 }
@@ -351,12 +361,18 @@ const char* rope_kind_name(RopeScaling::Kind k) {
 
 const char* model_type_name(ModelFamily family) {
   switch (family) {
-    case ModelFamily::kLlama: return "llama";
-    case ModelFamily::kMistral: return "mistral";
-    case ModelFamily::kQwen2: return "qwen2";
-    case ModelFamily::kQwen3: return "qwen3";
-    case ModelFamily::kGemma: return "gemma";
-    case ModelFamily::kGemma2: return "gemma2";
+    case ModelFamily::kLlama:
+      return "llama";
+    case ModelFamily::kMistral:
+      return "mistral";
+    case ModelFamily::kQwen2:
+      return "qwen2";
+    case ModelFamily::kQwen3:
+      return "qwen3";
+    case ModelFamily::kGemma:
+      return "gemma";
+    case ModelFamily::kGemma2:
+      return "gemma2";
   }
   return "?";
 }
@@ -384,7 +400,8 @@ absl::StatusOr<ModelConfig> ModelConfig::from_json_text(const std::string& text,
 absl::StatusOr<ModelConfig> ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open (is '", model_dir, "' a Hugging Face model folder?)"));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open (is '", model_dir, "' a Hugging Face model folder?)"));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));
@@ -403,11 +420,10 @@ std::string ModelConfig::summary() const {
   for (bool s : layer_is_sliding) sliding += s;
   std::string s = absl::StrFormat(
       "%s: %d layers, hidden %d, heads %d/%d x %d, mlp %d %s, vocab %d, %s, eps %g, max_pos %d, tied %s", model_type,
-      num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
-      hidden_act, vocab_size, rope, rms_norm_eps, max_position_embeddings, tie_word_embeddings ? "yes" : "no");
+      num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, hidden_act,
+      vocab_size, rope, rms_norm_eps, max_position_embeddings, tie_word_embeddings ? "yes" : "no");
   if (attention_bias || o_proj_bias || mlp_bias)
-    absl::StrAppendFormat(&s, ", bias qkv %d o %d mlp %d", int{attention_bias}, int{o_proj_bias},
-                          int{mlp_bias});
+    absl::StrAppendFormat(&s, ", bias qkv %d o %d mlp %d", int{attention_bias}, int{o_proj_bias}, int{mlp_bias});
   if (sliding_window > 0) absl::StrAppendFormat(&s, ", sliding %d on %d layers", sliding_window, sliding);
   if (attn_logit_softcapping > 0 || final_logit_softcapping > 0)
     absl::StrAppendFormat(&s, ", softcap attn %g final %g", attn_logit_softcapping, final_logit_softcapping);

@@ -6,11 +6,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <set>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -328,9 +328,9 @@ TEST(HfCheckpointErrors, SameTensorInTwoShards) {
              index_json({{specs[0].name, "model-00001-of-00002.safetensors"},
                          {specs[2].name, "model-00002-of-00002.safetensors"},
                          {specs[3].name, "model-00002-of-00002.safetensors"}}));
-  expect_status(Checkpoint::open(dir.path()).status(), absl::StatusCode::kInvalidArgument,
-                {"lm_head.weight", "two shards", "model-00001-of-00002.safetensors",
-                 "model-00002-of-00002.safetensors"});
+  expect_status(
+      Checkpoint::open(dir.path()).status(), absl::StatusCode::kInvalidArgument,
+      {"lm_head.weight", "two shards", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"});
 }
 
 TEST(HfCheckpointErrors, IndexPointsAtTheWrongShard) {
@@ -378,9 +378,9 @@ TEST(HfCheckpoint, LoadsOntoCudaWhenAvailable) {
   };
   for (const Case& c : {Case{"model.embed_tokens.weight", DType::f32, &fx.embed},   // bf16 -> f32 on the device
                         Case{"model.embed_tokens.weight", DType::bf16, &fx.embed},  // straight copy
-                        Case{"lm_head.weight", DType::bf16, &fx.lm_head},          // f32 -> bf16 on the device
+                        Case{"lm_head.weight", DType::bf16, &fx.lm_head},           // f32 -> bf16 on the device
                         Case{"lm_head.weight", DType::f32, &fx.lm_head},
-                        Case{"model.norm.weight", DType::f32, &fx.norm},           // f16: host conversion
+                        Case{"model.norm.weight", DType::f32, &fx.norm},  // f16: host conversion
                         Case{"model.norm.weight", DType::bf16, &fx.norm}}) {
     auto t = ck->load(c.name, c.dtype, gpu);
     ASSERT_TRUE(t.ok()) << c.name << ": " << t.status();

@@ -89,7 +89,7 @@ const char* kMistral = R"({
 
 // Only the keys Loom requires.
 json minimal(const std::string& type) {
-  return json{{"model_type", type},        {"vocab_size", 1000},     {"hidden_size", 64},
+  return json{{"model_type", type},       {"vocab_size", 1000},     {"hidden_size", 64},
               {"intermediate_size", 128}, {"num_hidden_layers", 4}, {"num_attention_heads", 4}};
 }
 
@@ -360,9 +360,7 @@ TEST(ModelConfig, Gemma2LayerTypesNullCapsAndDefaults) {
 TEST(ModelConfig, LoadReadsConfigJsonFromTheFolder) {
   std::string tmpl = ::testing::TempDir() + "loom_cfg_XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-  {
-    std::ofstream(tmpl + "/config.json") << kQwen25;
-  }
+  { std::ofstream(tmpl + "/config.json") << kQwen25; }
   auto c = ModelConfig::load(tmpl);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->hidden_size, 3584);
@@ -385,8 +383,8 @@ TEST(ModelConfigErrors, UnknownModelTypeListsTheSupportedOnes) {
 }
 
 TEST(ModelConfigErrors, MissingRequiredFields) {
-  for (const char* key : {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                          "num_attention_heads"}) {
+  for (const char* key :
+       {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
     json j = minimal("llama");
     j.erase(key);
     expect_error(j, {"missing required field", std::string("'") + key + "'"});
