@@ -37,6 +37,34 @@ TYPED_TEST(RandomCuda, UniformIsBitIdenticalToCpu) {
     }
 }
 
+// A misaligned output (one element past a 16-byte boundary) takes the lane-by-lane store path:
+// the same bits as the CPU, and as the aligned vector path.
+TYPED_TEST(RandomCuda, MisalignedOutputGivesTheSameBits) {
+  LOOM_REQUIRE_GPU();
+  using T = TypeParam;
+  for (int64_t n : {int64_t(5), int64_t(1023), int64_t(65537)}) {
+    std::vector<T> ref_u(n), ref_n(n);
+    cpu::uniform_fill(ref_u.data(), n, 99, 7, -1.f, 1.f);
+    cpu::normal_fill(ref_n.data(), n, 99, 7, 0.f, 1.f);
+    DeviceBuffer<T> out(n + 1), aligned(n);
+    cuda::uniform_fill(out.get() + 1, n, 99, 7, -1.f, 1.f, nullptr);
+    auto got = out.to_host();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += !same_bits(got[i + 1], ref_u[i]);
+    EXPECT_EQ(bad, 0) << "uniform n=" << n;
+    T poison;
+    std::memset(&poison, 0xFF, sizeof poison);
+    EXPECT_TRUE(same_bits(got[0], poison)) << "uniform_fill wrote before its output, n=" << n;
+    cuda::normal_fill(out.get() + 1, n, 99, 7, 0.f, 1.f, nullptr);
+    cuda::normal_fill(aligned.get(), n, 99, 7, 0.f, 1.f, nullptr);
+    got = out.to_host();
+    const auto want = aligned.to_host();
+    bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += !same_bits(got[i + 1], want[i]);
+    EXPECT_EQ(bad, 0) << "normal n=" << n << ": the scalar and vector store paths differ";
+  }
+}
+
 // normal_fill runs Box-Muller in f64 with log/sqrt/sin/cos from glibc on the host and libdevice
 // on the GPU (each within ~1-2 ulp of f64), then rounds once to f32. The f32 results therefore
 // agree except when the f64 value sits within a few f64 ulps of an f32 rounding boundary

@@ -1,0 +1,216 @@
+// CausalLM loading by Hugging Face tensor names, forward pass and the causal-LM loss.
+#include "models/causal_lm.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "models/checkpoint.h"
+#include "models/family.h"
+
+namespace loom {
+namespace {
+
+// Loads named tensors with shape checks, remembering which ones the model consumed.
+class WeightLoader {
+ public:
+  WeightLoader(const Checkpoint& ck, DType dtype, Device device) : ck_(ck), dtype_(dtype), device_(device) {}
+
+  absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape) {
+    auto t = ck_.load(name, dtype_, device_, shape);
+    if (!t.ok()) return t.status();
+    consumed_.insert(name);
+    return ag::Variable(*std::move(t), false);
+  }
+  absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias) {
+    l.name = name;
+    auto w = get(name + ".weight", {out, in});
+    if (!w.ok()) return w.status();
+    l.weight = *std::move(w);
+    if (bias) {
+      auto b = get(name + ".bias", {out});
+      if (!b.ok()) return b.status();
+      l.bias = *std::move(b);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status norm(RmsNorm& n, const std::string& name, int64_t dim, const ModelConfig& c) {
+    n.name = name;
+    n.eps = static_cast<float>(c.rms_norm_eps);
+    n.add_one = c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2;
+    auto w = get(name + ".weight", {dim});
+    if (!w.ok()) return w.status();
+    n.weight = *std::move(w);
+    return absl::OkStatus();
+  }
+  void mark_consumed(const std::string& name) { consumed_.insert(name); }
+  absl::Status check_unexpected() const {
+    std::set<std::string> consumed = consumed_;
+    for (const auto& n : ck_.names())  // buffers some older exports carry; transformers ignores them too
+      if (n.size() > 20 && n.ends_with("rotary_emb.inv_freq")) consumed.insert(n);
+    return ck_.check_unexpected(consumed);
+  }
+
+ private:
+  const Checkpoint& ck_;
+  DType dtype_;
+  Device device_;
+  std::set<std::string> consumed_;
+};
+
+#define LOOM_RETURN_IF_ERROR(expr)          \
+  do {                                      \
+    absl::Status loom_s_ = (expr);          \
+    if (!loom_s_.ok()) return loom_s_;      \
+  } while (0)
+
+bool is_gemma(const ModelConfig& c) { return c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& model_dir, const LoadOptions& options) {
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16)
+    return absl::InvalidArgumentError(absl::StrCat("model dtype must be f32 or bf16, got ", std::string(name(options.dtype))));
+  auto config = ModelConfig::load(model_dir);
+  if (!config.ok()) return config.status();
+  auto ck = Checkpoint::open(model_dir);
+  if (!ck.ok()) return ck.status();
+  std::unique_ptr<CausalLM> m(new CausalLM());
+  m->config_ = *config;
+  m->dtype_ = options.dtype;
+  m->device_ = options.device;
+  m->source_dir_ = model_dir;
+  const ModelConfig& c = m->config_;
+  WeightLoader w(*ck, options.dtype, options.device);
+
+  auto embed = w.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  if (!embed.ok()) return embed.status();
+  m->embed_tokens_ = *std::move(embed);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    DecoderLayer L;
+    Attention& a = L.self_attn;
+    LOOM_RETURN_IF_ERROR(w.norm(L.input_layernorm, p + "input_layernorm", c.hidden_size, c));
+    LOOM_RETURN_IF_ERROR(w.norm(L.post_attention_layernorm, p + "post_attention_layernorm", c.hidden_size, c));
+    LOOM_RETURN_IF_ERROR(w.linear(a.q_proj, p + "self_attn.q_proj", c.q_dim(), c.hidden_size, c.attention_bias));
+    LOOM_RETURN_IF_ERROR(w.linear(a.k_proj, p + "self_attn.k_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
+    LOOM_RETURN_IF_ERROR(w.linear(a.v_proj, p + "self_attn.v_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
+    LOOM_RETURN_IF_ERROR(w.linear(a.o_proj, p + "self_attn.o_proj", c.hidden_size, c.q_dim(), c.o_proj_bias));
+    if (c.family == ModelFamily::kQwen3) {
+      a.q_norm.emplace();
+      a.k_norm.emplace();
+      LOOM_RETURN_IF_ERROR(w.norm(*a.q_norm, p + "self_attn.q_norm", c.head_dim, c));
+      LOOM_RETURN_IF_ERROR(w.norm(*a.k_norm, p + "self_attn.k_norm", c.head_dim, c));
+    }
+    if (c.family == ModelFamily::kGemma2) {
+      L.pre_feedforward_layernorm.emplace();
+      L.post_feedforward_layernorm.emplace();
+      LOOM_RETURN_IF_ERROR(w.norm(*L.pre_feedforward_layernorm, p + "pre_feedforward_layernorm", c.hidden_size, c));
+      LOOM_RETURN_IF_ERROR(w.norm(*L.post_feedforward_layernorm, p + "post_feedforward_layernorm", c.hidden_size, c));
+    }
+    LOOM_RETURN_IF_ERROR(w.linear(L.mlp.gate_proj, p + "mlp.gate_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
+    LOOM_RETURN_IF_ERROR(w.linear(L.mlp.up_proj, p + "mlp.up_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
+    LOOM_RETURN_IF_ERROR(w.linear(L.mlp.down_proj, p + "mlp.down_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));
+    L.mlp.gelu = c.hidden_act == "gelu_pytorch_tanh";
+    const bool sliding = i < static_cast<int64_t>(c.layer_is_sliding.size()) && c.layer_is_sliding[i];
+    L.window = sliding ? c.sliding_window : 0;
+    m->layers_.push_back(std::move(L));
+  }
+  LOOM_RETURN_IF_ERROR(w.norm(m->norm_, "model.norm", c.hidden_size, c));
+  m->lm_head_.name = "lm_head";
+  if (c.tie_word_embeddings) {
+    m->lm_head_.weight = m->embed_tokens_;
+    if (ck->find("lm_head.weight")) w.mark_consumed("lm_head.weight");  // a redundant copy some exports keep
+  } else {
+    LOOM_RETURN_IF_ERROR(w.linear(m->lm_head_, "lm_head", c.vocab_size, c.hidden_size, false));
+  }
+  LOOM_RETURN_IF_ERROR(w.check_unexpected());
+  m->inv_freq_ = ops::rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, options.device);
+  return m;
+}
+
+ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& options) const {
+  LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32, "CausalLM::forward: input_ids must be i32 ",
+             "[batch, seq], got ", input_ids.str());
+  const ModelConfig& c = config_;
+  detail::LayerContext ctx;
+  ctx.config = &c;
+  ctx.batch = input_ids.size(0);
+  ctx.seq = input_ids.size(1);
+  ctx.inv_freq = inv_freq_;
+  if (options.positions.defined()) {
+    ctx.positions = options.positions.to(device_);
+  } else {
+    std::vector<int32_t> pos(ctx.batch * ctx.seq);
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i % ctx.seq);
+    ctx.positions = Tensor::from_ints(pos, {ctx.batch * ctx.seq}).to(device_);
+  }
+  if (options.segment_ids.defined()) ctx.segment_ids = options.segment_ids.to(device_);
+
+  ag::Variable x = ag::embedding(input_ids.to(device_), embed_tokens_);
+  if (is_gemma(c)) {
+    // transformers multiplies by sqrt(hidden_size) rounded to the model dtype.
+    const float normalizer = std::sqrt(static_cast<float>(c.hidden_size));
+    x = ag::scale(x, dtype_ == DType::bf16 ? bf16_to_float(float_to_bf16(normalizer)) : normalizer);
+  }
+  for (const DecoderLayer& L : layers_) x = is_gemma(c) ? detail::gemma_layer(L, x, ctx) : detail::llama_layer(L, x, ctx);
+  ag::Variable logits = lm_head_.forward(norm_.forward(x));
+  if (c.final_logit_softcapping > 0.f) logits = ag::softcap(logits, c.final_logit_softcapping);
+  return ag::cast(logits, DType::f32);
+}
+
+std::vector<Linear*> CausalLM::linears() {
+  std::vector<Linear*> out;
+  for (DecoderLayer& L : layers_) {
+    Attention& a = L.self_attn;
+    for (Linear* l : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &L.mlp.gate_proj, &L.mlp.up_proj, &L.mlp.down_proj})
+      out.push_back(l);
+  }
+  if (!config_.tie_word_embeddings) out.push_back(&lm_head_);
+  return out;
+}
+
+std::vector<const Linear*> CausalLM::linears() const {
+  std::vector<const Linear*> out;
+  for (Linear* l : const_cast<CausalLM*>(this)->linears()) out.push_back(l);
+  return out;
+}
+
+std::vector<std::pair<std::string, const ag::Variable*>> CausalLM::named_weights() const {
+  std::vector<std::pair<std::string, const ag::Variable*>> out;
+  out.emplace_back("model.embed_tokens.weight", &embed_tokens_);
+  auto add_norm = [&](const RmsNorm& n) { out.emplace_back(n.name + ".weight", &n.weight); };
+  auto add_linear = [&](const Linear& l) {
+    out.emplace_back(l.name + ".weight", &l.weight);
+    if (l.bias.defined()) out.emplace_back(l.name + ".bias", &l.bias);
+  };
+  for (const DecoderLayer& L : layers_) {
+    add_norm(L.input_layernorm);
+    const Attention& a = L.self_attn;
+    for (const Linear* l : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj}) add_linear(*l);
+    if (a.q_norm) add_norm(*a.q_norm);
+    if (a.k_norm) add_norm(*a.k_norm);
+    add_norm(L.post_attention_layernorm);
+    if (L.pre_feedforward_layernorm) add_norm(*L.pre_feedforward_layernorm);
+    if (L.post_feedforward_layernorm) add_norm(*L.post_feedforward_layernorm);
+    for (const Linear* l : {&L.mlp.gate_proj, &L.mlp.up_proj, &L.mlp.down_proj}) add_linear(*l);
+  }
+  add_norm(norm_);
+  if (!config_.tie_word_embeddings) add_linear(lm_head_);
+  return out;
+}
+
+ag::Variable causal_lm_loss(const ag::Variable& logits, const Tensor& labels, float softcap) {
+  LOOM_CHECK(logits.value().dim() == 3 && labels.dim() == 2 && labels.size(0) == logits.size(0) &&
+                 labels.size(1) == logits.size(1) && labels.dtype() == DType::i32,
+             "causal_lm_loss: logits ", logits.value().str(), " and labels ", labels.str(), " must be [batch, seq, vocab] and i32 [batch, seq]");
+  const int64_t batch = labels.size(0), seq = labels.size(1), vocab = logits.size(2);
+  // Shift: the prediction at s is scored against labels[s + 1]; the last position has no target.
+  std::vector<int32_t> l = labels.to_ints(), targets(l.size(), ops::kIgnoreIndex);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = l[b * seq + s + 1];
+  const Tensor t = Tensor::from_ints(targets, {batch * seq}).to(logits.device());
+  return ag::cross_entropy(ag::reshape(logits, {batch * seq, vocab}), t, softcap);
+}
+
+}  // namespace loom

@@ -1,0 +1,61 @@
+// The building blocks of every family, named as in Hugging Face checkpoints: Linear (with an
+// optional LoRA adapter), RmsNorm, Attention (q/k/v/o projections, optional q/k norms), Mlp and
+// DecoderLayer. Each module knows its Hugging Face name ("model.layers.0.self_attn.q_proj").
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "autograd/functions.h"
+
+namespace loom {
+
+// LoRA on a Linear: y += scale * dropout(x) A^T B^T, computed in f32 as PEFT does.
+struct LoraAdapter {
+  ag::Variable A;  // f32 [r, in]  (PEFT lora_A.weight)
+  ag::Variable B;  // f32 [out, r] (PEFT lora_B.weight)
+  float scale = 1.f;
+  float dropout = 0.f;
+  uint64_t dropout_seed = 0;  // the trainer advances dropout_offset every step
+  uint64_t dropout_offset = 0;
+};
+
+struct Linear {
+  std::string name;
+  ag::Variable weight;  // [out, in]
+  ag::Variable bias;    // [out] or undefined
+  std::unique_ptr<LoraAdapter> lora;
+
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
+  ag::Variable forward(const ag::Variable& x) const;
+};
+
+struct RmsNorm {
+  std::string name;
+  ag::Variable weight;  // [dim]
+  float eps = 1e-6f;
+  bool add_one = false;  // Gemma: x * (1 + w)
+  ag::Variable forward(const ag::Variable& x) const { return ag::rms_norm(x, weight, eps, add_one); }
+};
+
+struct Attention {
+  Linear q_proj, k_proj, v_proj, o_proj;
+  std::optional<RmsNorm> q_norm, k_norm;  // Qwen3: per-head RMSNorm of q and k before RoPE
+};
+
+struct Mlp {
+  Linear gate_proj, up_proj, down_proj;
+  bool gelu = false;  // gelu_pytorch_tanh (Gemma) instead of SiLU
+  ag::Variable forward(const ag::Variable& x) const;
+};
+
+struct DecoderLayer {
+  RmsNorm input_layernorm, post_attention_layernorm;
+  std::optional<RmsNorm> pre_feedforward_layernorm, post_feedforward_layernorm;  // Gemma 2
+  Attention self_attn;
+  Mlp mlp;
+  int64_t window = 0;  // sliding-window size for this layer, 0 = full causal
+};
+
+}  // namespace loom

@@ -1,0 +1,31 @@
+// The Llama decoder layer, shared by Mistral, Qwen2 (biased q/k/v) and Qwen3 (q/k norms):
+//   x = x + o_proj(attention(rope(q_proj(norm(x))), rope(k_proj(...)), v_proj(...)))
+//   x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
+#include "models/family.h"
+
+namespace loom::detail {
+
+ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window) {
+  const ModelConfig& c = *ctx.config;
+  ag::Variable q = ag::reshape(attn.q_proj.forward(h), {ctx.batch, ctx.seq, c.num_attention_heads, c.head_dim});
+  ag::Variable k = ag::reshape(attn.k_proj.forward(h), {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
+  ag::Variable v = ag::reshape(attn.v_proj.forward(h), {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
+  if (attn.q_norm) q = attn.q_norm->forward(q);
+  if (attn.k_norm) k = attn.k_norm->forward(k);
+  q = ag::rope(q, ctx.positions, ctx.inv_freq);
+  k = ag::rope(k, ctx.positions, ctx.inv_freq);
+  ops::AttentionOptions opt;
+  opt.scale = c.attention_scale();
+  opt.softcap = c.attn_logit_softcapping;
+  opt.window = window;
+  opt.segment_ids = ctx.segment_ids;
+  ag::Variable a = ag::attention(q, k, v, opt);
+  return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));
+}
+
+ag::Variable llama_layer(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
+  ag::Variable h = ag::add(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
+  return ag::add(h, L.mlp.forward(L.post_attention_layernorm.forward(h)));
+}
+
+}  // namespace loom::detail

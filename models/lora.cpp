@@ -1,0 +1,271 @@
+// LoRA injection, PEFT adapter files, merging and saving merged checkpoints (see lora.h).
+#include "models/lora.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "engine/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace loom {
+namespace fs = std::filesystem;
+namespace {
+
+const char* kPeftPrefix = "base_model.model.";
+
+bool matches(const std::string& module, const LoraConfig& c, bool is_head) {
+  for (const std::string& t : c.target_modules) {
+    if (t == "all-linear") {
+      if (!is_head) return true;
+      continue;
+    }
+    if (module == t || (module.size() > t.size() && module.ends_with("." + t))) return true;
+  }
+  return false;
+}
+
+// Writes text to path through a temporary name and a rename.
+absl::Status write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
+    f << text;
+    f.flush();
+    if (!f) return absl::DataLossError(absl::StrCat("failed writing ", tmp));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::Status ensure_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create folder ", dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// Host copies kept alive while their bytes are written.
+struct HostTensors {
+  std::vector<Tensor> keep;
+  std::vector<TensorToWrite> entries;
+  void add(const std::string& name, const Tensor& t, DType dtype) {
+    Tensor h = t.to(Device::cpu(), dtype).contiguous();
+    keep.push_back(h);
+    entries.push_back({name, dtype, h.shape(),
+                       std::span<const uint8_t>(static_cast<const uint8_t*>(h.data_ptr()), static_cast<size_t>(h.nbytes()))});
+  }
+};
+
+void attach(Linear& l, Tensor a, Tensor b, const LoraConfig& c) {
+  auto lora = std::make_unique<LoraAdapter>();
+  lora->A = ag::Variable(std::move(a), true);
+  lora->B = ag::Variable(std::move(b), true);
+  lora->scale = c.scale();
+  lora->dropout = c.dropout;
+  l.lora = std::move(lora);
+}
+
+absl::Status check_config(const LoraConfig& c) {
+  if (c.r <= 0) return absl::InvalidArgumentError(absl::StrCat("LoRA rank r must be positive, got ", c.r));
+  if (!(c.alpha > 0.f)) return absl::InvalidArgumentError(absl::StrCat("lora_alpha must be positive, got ", c.alpha));
+  if (!(c.dropout >= 0.f && c.dropout < 1.f))
+    return absl::InvalidArgumentError(absl::StrCat("lora_dropout must be in [0, 1), got ", c.dropout));
+  if (c.target_modules.empty()) return absl::InvalidArgumentError("LoRA target_modules is empty");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+float LoraConfig::scale() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r);
+}
+
+std::string peft_tensor_name(const std::string& module, bool lora_a) {
+  return absl::StrCat(kPeftPrefix, module, lora_a ? ".lora_A.weight" : ".lora_B.weight");
+}
+
+absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
+  if (absl::Status s = check_config(config); !s.ok()) return s;
+  int matched = 0;
+  uint64_t index = 0;
+  for (Linear* l : model.linears()) {
+    ++index;
+    if (!matches(l->name, config, l->name == "lm_head")) continue;
+    ++matched;
+    const int64_t in = l->in_features(), out = l->out_features();
+    Tensor a = Tensor::empty({config.r, in}, DType::f32, model.device());
+    const float bound = 1.f / std::sqrt(static_cast<float>(in));
+    ops::uniform_(a, seed, index << 32, -bound, bound);
+    attach(*l, a, Tensor::zeros({out, config.r}, DType::f32, model.device()), config);
+    l->lora->dropout_seed = seed ^ 0x9E3779B97F4A7C15ull;
+    l->lora->dropout_offset = index << 40;
+  }
+  if (matched == 0) {
+    std::string names;
+    for (const auto& t : config.target_modules) absl::StrAppend(&names, names.empty() ? "" : ", ", t);
+    return absl::InvalidArgumentError(absl::StrCat("LoRA target_modules [", names, "] match no module of this ",
+                                                   model.config().model_type, " model (its linear layers are q_proj, ",
+                                                   "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, ag::Variable*>> lora_parameters(CausalLM& model) {
+  std::vector<std::pair<std::string, ag::Variable*>> out;
+  for (Linear* l : model.linears()) {
+    if (!l->lora) continue;
+    out.emplace_back(peft_tensor_name(l->name, true), &l->lora->A);
+    out.emplace_back(peft_tensor_name(l->name, false), &l->lora->B);
+  }
+  return out;
+}
+
+absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const std::string& dir) {
+  if (absl::Status s = ensure_dir(dir); !s.ok()) return s;
+  HostTensors tensors;
+  std::set<std::string> short_targets;
+  for (const Linear* l : model.linears()) {
+    if (!l->lora) continue;
+    tensors.add(peft_tensor_name(l->name, true), l->lora->A.value(), DType::f32);
+    tensors.add(peft_tensor_name(l->name, false), l->lora->B.value(), DType::f32);
+    short_targets.insert(l->name.substr(l->name.rfind('.') + 1));
+  }
+  if (tensors.entries.empty()) return absl::FailedPreconditionError("save_adapter: the model has no LoRA adapters");
+  nlohmann::json j = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", model.source_dir()},
+      {"r", config.r},
+      {"lora_alpha", config.alpha},
+      {"lora_dropout", config.dropout},
+      {"use_rslora", config.use_rslora},
+      {"target_modules", std::vector<std::string>(short_targets.begin(), short_targets.end())},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"use_dora", false},
+      {"revision", nullptr},
+  };
+  if (absl::Status s = write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors.entries,
+                                         {{"format", "pt"}});
+      !s.ok())
+    return s;
+  return write_text_atomic((fs::path(dir) / "adapter_config.json").string(), j.dump(2) + "\n");
+}
+
+absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir) {
+  const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
+  std::ifstream f(cfg_path);
+  if (!f) return absl::NotFoundError(absl::StrCat("no adapter_config.json in ", dir));
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": not a JSON object"));
+  auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": ", what)); };
+  if (j.value("peft_type", "") != "LORA") return bad(absl::StrCat("peft_type must be \"LORA\", got ", j.value("peft_type", nlohmann::json()).dump()));
+  LoraConfig c;
+  try {
+    c.r = j.at("r").get<int64_t>();
+    c.alpha = j.value("lora_alpha", 8.f);
+    c.dropout = j.value("lora_dropout", 0.f);
+    c.use_rslora = j.value("use_rslora", false);
+    const auto& t = j.at("target_modules");
+    if (t.is_string()) {
+      c.target_modules = {t.get<std::string>()};
+      if (c.target_modules[0] != "all-linear") return bad("target_modules as a regular expression is not supported; list the module names");
+    } else {
+      c.target_modules = t.get<std::vector<std::string>>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return bad(absl::StrCat("malformed field: ", e.what()));
+  }
+  auto nonempty = [&](const char* key) { return j.contains(key) && !j[key].is_null() && !j[key].empty(); };
+  if (j.value("use_dora", false)) return bad("DoRA adapters (use_dora) are not supported");
+  if (j.value("bias", "none") != "none") return bad("LoRA bias training (bias != \"none\") is not supported");
+  if (j.value("fan_in_fan_out", false)) return bad("fan_in_fan_out adapters are not supported");
+  for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"})
+    if (nonempty(key)) return bad(absl::StrCat(key, " is not supported"));
+  if (absl::Status s = check_config(c); !s.ok()) return bad(std::string(s.message()));
+
+  const std::string st_path = (fs::path(dir) / "adapter_model.safetensors").string();
+  auto st = SafetensorsFile::open(st_path);
+  if (!st.ok()) return st.status();
+  std::set<std::string> used;
+  auto read = [&](const std::string& name, const Shape& shape) -> absl::StatusOr<Tensor> {
+    const TensorInfo* info = st->find(name);
+    if (!info) return absl::NotFoundError(absl::StrCat(st_path, ": missing tensor ", name));
+    if (info->shape != shape)
+      return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " has shape ", shape_str(info->shape),
+                                                     ", the model needs ", shape_str(shape)));
+    if (!is_float(info->dtype))
+      return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " is not a float tensor"));
+    used.insert(name);
+    auto span = st->bytes(*info);
+    Tensor raw = Tensor::from_storage(borrow(const_cast<uint8_t*>(span.data()), span.size(), Device::cpu(), st->keepalive()),
+                                      shape, info->dtype);
+    return raw.to(model.device(), DType::f32).clone();  // own the bytes: the mapping is read-only
+  };
+  for (Linear* l : model.linears()) {
+    if (!matches(l->name, c, l->name == "lm_head")) continue;
+    auto a = read(peft_tensor_name(l->name, true), {c.r, l->in_features()});
+    if (!a.ok()) return a.status();
+    auto b = read(peft_tensor_name(l->name, false), {l->out_features(), c.r});
+    if (!b.ok()) return b.status();
+    attach(*l, *std::move(a), *std::move(b), c);
+  }
+  for (const TensorInfo& t : st->tensors())
+    if (!used.count(t.name))
+      return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", t.name, " matches no adapted module of the model"));
+  if (used.empty()) return bad("the adapter matches no module of the model");
+  return c;
+}
+
+void merge_lora(CausalLM& model) {
+  for (Linear* l : model.linears()) {
+    if (!l->lora) continue;
+    // [out, in] = scale * B [out, r] x A [r, in], added in f32, rounded once to the weight dtype.
+    Tensor delta = ops::matmul(l->lora->B.value(), l->lora->A.value());
+    Tensor merged = ops::axpby(l->weight.value().to(DType::f32), delta, 1.f, l->lora->scale);
+    l->weight = ag::Variable(merged.to(l->weight.dtype()), false);
+    l->lora.reset();
+  }
+}
+
+absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) {
+  const fs::path out(out_dir);
+  const fs::path tmp = out.parent_path() / absl::StrCat(".", out.filename().string(), ".tmp.", getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (absl::Status s = ensure_dir(tmp.string()); !s.ok()) return s;
+  HostTensors tensors;
+  for (const auto& [name, v] : model.named_weights()) tensors.add(name, v->value(), DType::bf16);
+  if (absl::Status s = write_safetensors((tmp / "model.safetensors").string(), tensors.entries, {{"format", "pt"}}); !s.ok())
+    return s;
+  std::ifstream cf(fs::path(model.source_dir()) / "config.json");
+  nlohmann::json config = nlohmann::json::parse(cf, nullptr, false);
+  if (config.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("cannot re-read ", model.source_dir(), "/config.json"));
+  config["dtype"] = "bfloat16";
+  if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";
+  if (absl::Status s = write_text_atomic((tmp / "config.json").string(), config.dump(2) + "\n"); !s.ok()) return s;
+  const fs::path gen = fs::path(model.source_dir()) / "generation_config.json";
+  if (fs::exists(gen)) fs::copy_file(gen, tmp / "generation_config.json", fs::copy_options::overwrite_existing, ec);
+  fs::remove_all(out, ec);  // replace an older export only once the new one is complete
+  fs::rename(tmp, out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot move ", tmp.string(), " to ", out_dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace loom

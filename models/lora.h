@@ -1,0 +1,49 @@
+// LoRA: injection into a CausalLM's Linear modules with PEFT's initialisation, and adapters and
+// merged checkpoints in the Hugging Face formats (PEFT's adapter_config.json +
+// adapter_model.safetensors; a bf16 transformers folder for the merged model).
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/causal_lm.h"
+
+namespace loom {
+
+struct LoraConfig {
+  int64_t r = 16;
+  float alpha = 16.f;
+  float dropout = 0.f;
+  bool use_rslora = false;  // scale alpha / sqrt(r) instead of alpha / r
+  // PEFT semantics: a module matches when its name equals an entry or ends with "." + entry;
+  // "all-linear" means every Linear but the output head.
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+  float scale() const;
+};
+
+// Adds fresh adapters: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform_ with a = sqrt(5))
+// from the counter-based RNG, B = 0. Errors if nothing matches or r/alpha/dropout are out of range.
+absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed);
+
+// The adapter tensors under their PEFT names ("base_model.model.<module>.lora_A.weight"), A then B
+// for each adapted module in model order.
+std::vector<std::pair<std::string, ag::Variable*>> lora_parameters(CausalLM& model);
+std::string peft_tensor_name(const std::string& module, bool lora_a);
+
+// Writes dir/adapter_config.json and dir/adapter_model.safetensors (f32), each to a temporary
+// name first and then renamed.
+absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const std::string& dir);
+// Reads a PEFT LoRA adapter, injects it into the matching modules and returns its config.
+// Unsupported options (DoRA, bias training, rank/alpha patterns, modules_to_save, ...) are errors.
+absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir);
+
+// W <- W + scale * B A for every adapted module (computed in f32) and drops the adapters.
+void merge_lora(CausalLM& model);
+// Writes a Hugging Face checkpoint of the model's current weights in bf16: config.json (dtype
+// set to bfloat16), generation_config.json when the source had one, model.safetensors. The
+// folder is assembled under a temporary name and renamed into place.
+absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir);
+
+}  // namespace loom
