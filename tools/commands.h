@@ -5,4 +5,6 @@
 
 namespace loom::cli {
 int run_demo(const std::vector<std::string>& args);
+int run_forward(const std::vector<std::string>& args);
+int run_merge(const std::vector<std::string>& args);
 }  // namespace loom::cli

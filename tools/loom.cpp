@@ -16,6 +16,8 @@ struct Command {
 
 const Command kCommands[] = {
     {"demo", loom::cli::run_demo, "train a small Llama-style model on a built-in pattern and print the loss"},
+    {"forward", loom::cli::run_forward, "logits, loss and LoRA gradients of a Hugging Face model on given token ids"},
+    {"merge", loom::cli::run_merge, "fold a PEFT LoRA adapter into its base model; write a bf16 checkpoint"},
 };
 
 void print_help() {

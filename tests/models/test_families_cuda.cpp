@@ -1,0 +1,33 @@
+// Every family on CUDA against the transformers/PEFT references, in f32 and in bf16.
+#include "tests/models/family_checks.h"
+
+namespace loom::test {
+namespace {
+
+// f32 on CUDA: cuBLASLt without TF32 and the CUDA kernels differ from the CPU only in summation
+// order and a few ulp of expf/tanhf: 1e-4 on logits and gradients.
+constexpr Tolerances kF32{1e-4, 2e-5, 1e-4, 1e-4};
+// bf16 weights and activations: each rounding is 2^-9 relative and a two-layer model stacks a few
+// dozen of them, so logits move ~1e-2 relative; gradients flow through the same roundings. The
+// first AdamW step is ~lr * sign(g), so the weights after it stay within 2e-2 even where small
+// gradients change sign.
+constexpr Tolerances kBf16{4e-2, 2e-2, 6e-2, 2e-2};
+
+class FamilyCuda : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(FamilyCuda, BaseF32) { check_base_logits(GetParam(), {DType::f32, Device::cuda(0)}, kF32); }
+TEST_P(FamilyCuda, BaseBf16) { check_base_logits(GetParam(), {DType::bf16, Device::cuda(0)}, kBf16); }
+TEST_P(FamilyCuda, LoraF32) { check_lora(GetParam(), {DType::f32, Device::cuda(0)}, kF32); }
+TEST_P(FamilyCuda, LoraBf16) { check_lora(GetParam(), {DType::bf16, Device::cuda(0)}, kBf16); }
+TEST_P(FamilyCuda, MergedF32) { check_merged(GetParam(), {DType::f32, Device::cuda(0)}, kF32); }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FamilyCuda, ::testing::ValuesIn(fixture_variants()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace loom::test

@@ -1,0 +1,128 @@
+// `loom forward`: runs a Hugging Face model (optionally with a PEFT LoRA adapter) on token ids
+// from a safetensors file and writes logits, the loss and, with --grads, the LoRA gradients.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "engine/safetensors.h"
+#include "models/lora.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+
+namespace loom::cli {
+namespace {
+
+const std::vector<FlagSpec> kFlags = {
+    {"model", false, "Hugging Face model folder (config.json + safetensors)", ""},
+    {"adapter", false, "PEFT LoRA adapter folder to apply", ""},
+    {"device", false, "cpu, cuda or cuda:N", "cpu"},
+    {"dtype", false, "f32 or bf16 weights and activations", "f32"},
+    {"input", false, "safetensors with input_ids (i32 [B,S]) and optional labels (i32 [B,S], -100 ignored)", ""},
+    {"output", false, "safetensors to write: logits, loss, grad.<PEFT name>", ""},
+    {"grads", true, "also write the gradient of the loss for every LoRA tensor (needs --adapter and labels)", ""},
+    {"save-adapter", false, "also re-save the loaded adapter here in PEFT format", ""},
+    {"help", true, "show this help", ""},
+};
+
+int fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom forward: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+absl::StatusOr<Tensor> read_ids(const SafetensorsFile& f, const std::string& name, bool required) {
+  const TensorInfo* t = f.find(name);
+  if (!t) {
+    if (required) return absl::NotFoundError(absl::StrCat(f.path(), ": no tensor named ", name));
+    return Tensor();
+  }
+  if (t->dtype != DType::i32 || t->shape.size() != 2)
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", name, " must be int32 [batch, seq], got ",
+                                                   std::string(loom::name(t->dtype)), shape_str(t->shape)));
+  auto span = f.bytes(*t);
+  return Tensor::from_storage(borrow(const_cast<uint8_t*>(span.data()), span.size(), Device::cpu(), f.keepalive()),
+                              t->shape, DType::i32)
+      .clone();
+}
+
+}  // namespace
+
+int run_forward(const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, kFlags);
+  if (!args.ok()) return fail(args.status());
+  if (args->flag("help")) {
+    std::fputs(usage("forward", kFlags).c_str(), stdout);
+    return 0;
+  }
+  for (const char* required : {"model", "input", "output"})
+    if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  auto device = parse_device(args->str("device"));
+  if (!device.ok()) return fail(device.status());
+  if (device->is_cuda() && device->index >= cuda_device_count())
+    return fail(absl::InvalidArgumentError(absl::StrCat("--device ", device->str(), ": no such CUDA device")));
+  const std::string dtype_name = args->str("dtype");
+  if (dtype_name != "f32" && dtype_name != "bf16")
+    return fail(absl::InvalidArgumentError(absl::StrCat("--dtype must be f32 or bf16, got '", dtype_name, "'")));
+  const bool grads = args->flag("grads");
+  if (grads && !args->has("adapter")) return fail(absl::InvalidArgumentError("--grads needs --adapter"));
+
+  auto in = SafetensorsFile::open(args->str("input"));
+  if (!in.ok()) return fail(in.status());
+  auto ids = read_ids(*in, "input_ids", true);
+  if (!ids.ok()) return fail(ids.status());
+  auto labels = read_ids(*in, "labels", false);
+  if (!labels.ok()) return fail(labels.status());
+  if (labels->defined() && labels->shape() != ids->shape())
+    return fail(absl::InvalidArgumentError(absl::StrCat(args->str("input"), ": labels ", shape_str(labels->shape()),
+                                                        " and input_ids ", shape_str(ids->shape()), " differ in shape")));
+  if (grads && !labels->defined()) return fail(absl::InvalidArgumentError("--grads needs labels in the input file"));
+
+  auto model = CausalLM::load(args->str("model"), {*dtype_from_name(dtype_name), *device});
+  if (!model.ok()) return fail(model.status());
+  const ModelConfig& c = (*model)->config();
+  const std::vector<int32_t> id_values = ids->to_ints();
+  for (size_t i = 0; i < id_values.size(); ++i)
+    if (id_values[i] < 0 || id_values[i] >= c.vocab_size)
+      return fail(absl::OutOfRangeError(absl::StrCat(args->str("input"), ": input_ids[", i / ids->size(1), ", ",
+                                                     i % ids->size(1), "] = ", id_values[i],
+                                                     " is outside the vocabulary [0, ", c.vocab_size, ")")));
+  if (ids->size(1) > c.max_position_embeddings)
+    return fail(absl::OutOfRangeError(absl::StrCat("sequence length ", ids->size(1), " exceeds the model's ",
+                                                   "max_position_embeddings ", c.max_position_embeddings)));
+  if (labels->defined())
+    for (int32_t l : labels->to_ints())
+      if (l != -100 && (l < 0 || l >= c.vocab_size))
+        return fail(absl::OutOfRangeError(absl::StrCat(args->str("input"), ": label ", l, " is outside [0, ",
+                                                       c.vocab_size, ") and is not -100")));
+  if (args->has("adapter")) {
+    auto lc = load_adapter(**model, args->str("adapter"));
+    if (!lc.ok()) return fail(lc.status());
+    if (args->has("save-adapter"))
+      if (absl::Status s = save_adapter(**model, *lc, args->str("save-adapter")); !s.ok()) return fail(s);
+  }
+
+  std::optional<ag::NoGradGuard> no_grad;
+  if (!grads) no_grad.emplace();
+  ag::Variable logits = (*model)->forward(*ids);
+  std::vector<std::pair<std::string, Tensor>> outputs = {{"logits", logits.value()}};
+  if (labels->defined()) {
+    ag::Variable loss = causal_lm_loss(logits, *labels);
+    outputs.emplace_back("loss", loss.value().to(DType::f32).reshape({1}));
+    if (grads) {
+      ag::backward(loss);
+      for (auto& [name, v] : lora_parameters(**model)) outputs.emplace_back("grad." + name, v->grad());
+    }
+  }
+  std::vector<Tensor> keep;
+  std::vector<TensorToWrite> entries;
+  for (auto& [name, t] : outputs) {
+    keep.push_back(t.to(Device::cpu(), DType::f32).contiguous());
+    const Tensor& h = keep.back();
+    entries.push_back({name, DType::f32, h.shape(),
+                       std::span<const uint8_t>(static_cast<const uint8_t*>(h.data_ptr()), static_cast<size_t>(h.nbytes()))});
+  }
+  if (absl::Status s = write_safetensors(args->str("output"), entries); !s.ok()) return fail(s);
+  std::printf("loom forward: %s on %s in %s -> %s (%zu tensors)\n", c.summary().c_str(), device->str().c_str(),
+              dtype_name.c_str(), args->str("output").c_str(), entries.size());
+  return 0;
+}
+
+}  // namespace loom::cli

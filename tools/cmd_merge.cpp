@@ -1,0 +1,50 @@
+// `loom merge`: folds a PEFT LoRA adapter into its base model and writes a bf16 Hugging Face
+// checkpoint that transformers loads.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "models/lora.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+
+namespace loom::cli {
+namespace {
+const std::vector<FlagSpec> kFlags = {
+    {"model", false, "base Hugging Face model folder", ""},
+    {"adapter", false, "PEFT LoRA adapter folder", ""},
+    {"out", false, "output folder (config.json + model.safetensors in bf16)", ""},
+    {"device", false, "cpu, cuda or cuda:N (where the merge is computed)", "cpu"},
+    {"help", true, "show this help", ""},
+};
+int fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom merge: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+}  // namespace
+
+int run_merge(const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, kFlags);
+  if (!args.ok()) return fail(args.status());
+  if (args->flag("help")) {
+    std::fputs(usage("merge", kFlags).c_str(), stdout);
+    return 0;
+  }
+  for (const char* required : {"model", "adapter", "out"})
+    if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  auto device = parse_device(args->str("device"));
+  if (!device.ok()) return fail(device.status());
+  if (device->is_cuda() && device->index >= cuda_device_count())
+    return fail(absl::InvalidArgumentError(absl::StrCat("--device ", device->str(), ": no such CUDA device")));
+  // f32 weights so the merge adds B A to unrounded weights; the export rounds once to bf16.
+  auto model = CausalLM::load(args->str("model"), {DType::f32, *device});
+  if (!model.ok()) return fail(model.status());
+  auto lc = load_adapter(**model, args->str("adapter"));
+  if (!lc.ok()) return fail(lc.status());
+  merge_lora(**model);
+  if (absl::Status s = save_pretrained(**model, args->str("out")); !s.ok()) return fail(s);
+  std::printf("loom merge: %s + %s -> %s (bf16)\n", args->str("model").c_str(), args->str("adapter").c_str(),
+              args->str("out").c_str());
+  return 0;
+}
+
+}  // namespace loom::cli
