@@ -113,8 +113,9 @@ inline int sm_count() {
 }
 
 // Grid for a grid-stride loop over n work items: enough blocks to cover n, at most
-// blocks_per_sm full waves' worth (threads <= 256 keeps 8 blocks resident per SM on sm_80+).
-inline unsigned grid_for(int64_t n, int threads, int blocks_per_sm = 8) {
+// blocks_per_sm per SM. Give the kernel __launch_bounds__(threads, blocks_per_sm) so that many
+// are resident at once: the whole grid is then one wave, with no partial second wave.
+inline unsigned grid_for(int64_t n, int threads, int blocks_per_sm) {
   const int64_t cover = (n + threads - 1) / threads;
   const int64_t cap = int64_t(sm_count()) * blocks_per_sm;
   return static_cast<unsigned>(cover < 1 ? 1 : (cover < cap ? cover : cap));

@@ -1,0 +1,115 @@
+// `loom forward`, `loom merge` and `loom demo` end to end: outputs against the transformers/PEFT
+// references, and bad input answered with a message and a non-zero exit (never a crash).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/e2e/cli.h"
+#include "tests/models/fixtures.h"
+
+namespace loom::test {
+namespace {
+
+const std::string kQwen2 = fixture_dir("qwen2");
+
+TEST(Cli, ForwardWritesLogitsLossAndLoraGradients) {
+  const std::string out = ::testing::TempDir() + "loom_forward_out.safetensors";
+  RunResult r = run_loom("forward --model " + kQwen2 + " --adapter " + kQwen2 + "/adapter --input " + kQwen2 +
+                         "/inputs.safetensors --output " + out + " --grads");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto got = read_all(out);
+  auto ref = read_all(kQwen2 + "/reference_lora.safetensors");
+  ASSERT_TRUE(got.count("logits") && got.count("loss"));
+  EXPECT_EQ(got["logits"].dtype(), DType::f32);
+  EXPECT_EQ(got["loss"].shape(), (Shape{1}));
+  EXPECT_LT(rel_err(got["logits"], ref["logits"]), 2e-5);  // f32 CPU vs torch f32 CPU
+  EXPECT_NEAR(got["loss"].item(), ref["loss"].item(), 1e-5 * ref["loss"].item());
+  int grads = 0;
+  for (auto& [name, t] : got) {
+    if (name.rfind("grad.", 0) != 0) continue;
+    ++grads;
+    ASSERT_TRUE(ref.count(name)) << name;
+    EXPECT_LT(rel_err(t, ref[name]), 1e-4) << name;
+  }
+  EXPECT_EQ(grads, 28);  // 2 layers x 7 modules x (A, B)
+}
+
+TEST(Cli, ForwardWithoutLabelsWritesOnlyLogits) {
+  const std::string in = ::testing::TempDir() + "loom_ids_only.safetensors";
+  auto ids = read_all(kQwen2 + "/inputs.safetensors")["input_ids"];
+  ASSERT_TRUE(write_safetensors(in, {{"input_ids", DType::i32, ids.shape(),
+                                      std::span<const uint8_t>(static_cast<const uint8_t*>(ids.data_ptr()), ids.nbytes())}})
+                  .ok());
+  const std::string out = ::testing::TempDir() + "loom_forward_logits.safetensors";
+  RunResult r = run_loom("forward --model " + kQwen2 + " --input " + in + " --output " + out + " --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto got = read_all(out);
+  EXPECT_EQ(got.size(), 1u);
+  EXPECT_LT(rel_err(got["logits"], read_all(kQwen2 + "/reference.safetensors")["logits"]), 4e-2);  // bf16 model
+}
+
+TEST(Cli, MergeWritesACheckpointLoomReloads) {
+  const std::string out = ::testing::TempDir() + "loom_cli_merged";
+  RunResult r = run_loom("merge --model " + kQwen2 + " --adapter " + kQwen2 + "/adapter --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out + "/config.json"));
+  const std::string logits = ::testing::TempDir() + "loom_merged_logits.safetensors";
+  r = run_loom("forward --model " + out + " --input " + kQwen2 + "/inputs.safetensors --output " + logits);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(rel_err(read_all(logits)["logits"], read_all(kQwen2 + "/reference_lora.safetensors")["merged_logits"]), 3e-2);
+}
+
+struct BadCase {
+  std::string args;
+  std::string expect;  // a phrase the message must contain
+};
+
+TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
+  const std::string tmp = ::testing::TempDir();
+  const std::string out = tmp + "loom_bad_out.safetensors";
+  std::ofstream(tmp + "loom_not_safetensors.safetensors") << "this is not a safetensors file";
+  auto ids = read_all(kQwen2 + "/inputs.safetensors")["input_ids"].to_ints();
+  ids[5] = 5000;  // beyond the 128-token vocabulary
+  Tensor bad = Tensor::from_ints(ids, {2, 12});
+  ASSERT_TRUE(write_safetensors(tmp + "loom_bad_ids.safetensors",
+                                {{"input_ids", DType::i32, bad.shape(),
+                                  std::span<const uint8_t>(static_cast<const uint8_t*>(bad.data_ptr()), bad.nbytes())}})
+                  .ok());
+  const std::vector<BadCase> cases = {
+      {"forward --model /nonexistent --input " + kQwen2 + "/inputs.safetensors --output " + out, "/nonexistent"},
+      {"forward --model " + kQwen2 + " --input " + tmp + "loom_not_safetensors.safetensors --output " + out,
+       "loom_not_safetensors.safetensors"},
+      {"forward --model " + kQwen2 + " --input " + tmp + "loom_bad_ids.safetensors --output " + out, "5000"},
+      {"forward --model " + kQwen2 + " --input " + kQwen2 + "/inputs.safetensors --output " + out + " --dtype f16", "--dtype"},
+      {"forward --model " + kQwen2 + " --input " + kQwen2 + "/inputs.safetensors --output " + out + " --grads", "--adapter"},
+      {"forward --model " + kQwen2 + " --adapter /nonexistent/adapter --input " + kQwen2 + "/inputs.safetensors --output " + out,
+       "adapter"},
+      {"forward --model " + kQwen2, "--input"},
+      {"forward --bogus-flag 1", "--bogus-flag"},
+      {"forward --model " + kQwen2 + " --input " + kQwen2 + "/inputs.safetensors --output /nonexistent/dir/out.safetensors",
+       "/nonexistent/dir"},
+      {"merge --model " + kQwen2 + " --adapter " + fixture_dir("qwen3") + "/adapter --out " + tmp + "loom_bad_merge", "lora"},
+      {"no-such-command", "unknown command"},
+      {"demo --steps zero", "--steps"},
+  };
+  for (const auto& c : cases) {
+    RunResult r = run_loom(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args << "\n" << r.output;
+    EXPECT_LT(r.exit_code, 128) << "crashed: " << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.args << "\nmessage: " << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out)) << "a failed run left an output file";
+}
+
+TEST(Cli, DemoTrainsAndTheLossFalls) {
+  RunResult r = run_loom("demo --steps 12");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto first = r.output.find("step   1  loss "), last = r.output.find("step  12  loss ");
+  ASSERT_NE(first, std::string::npos) << r.output;
+  ASSERT_NE(last, std::string::npos) << r.output;
+  EXPECT_LT(std::stof(r.output.substr(last + 15)), std::stof(r.output.substr(first + 15)) * 0.8f) << r.output;
+}
+
+}  // namespace
+}  // namespace loom::test
