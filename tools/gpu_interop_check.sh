@@ -7,6 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
+[ -f .devdeps/env.sh ] && source .devdeps/env.sh
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 loom=build-gpu/tools/loom
 {

@@ -355,9 +355,9 @@ def save_model(model, spec, model_dir):
     return files
 
 
-def load_kwargs():
+def load_kwargs(dtype=None):
     key = "dtype" if tf_major() >= 5 else "torch_dtype"
-    return {key: torch.float32, "attn_implementation": "eager"}
+    return {key: dtype or torch.float32, "attn_implementation": "eager"}
 
 
 def lora_saved_name(param_name):
@@ -462,6 +462,27 @@ def make_lora(name, spec, model, base_logits, ids, labels, vdir):
         merged_logits = run_model(merged, ids)[0]
     merge_err = rel_err(merged_logits, logits)
     assert merge_err < 1e-4, f"merged logits differ from the LoRA logits by {merge_err:.3g}"
+
+    # The same base + adapter in bf16 (PEFT keeps the adapter in f32): the mixed precision Loom's
+    # bf16 mode uses. Loom's bf16 results are judged by how far PyTorch's own bf16 run lands from f32.
+    base_bf = transformers.AutoModelForCausalLM.from_pretrained(str(vdir), **load_kwargs(torch.bfloat16)).eval()
+    with torch.no_grad():
+        base_bf_logits = run_model(base_bf, ids)[0].float()
+    pm_bf = PeftModel.from_pretrained(base_bf, str(adapter_dir), is_trainable=True)
+    pm_bf.eval()
+    bf_params = dict(pm_bf.named_parameters())
+    bf_logits, bf_loss, _ = run_model(pm_bf, ids, labels)
+    bf_loss.backward()
+    bf = {"base_logits": base_bf_logits, "logits": bf_logits.detach().float(),
+          "loss": bf_loss.detach().float().reshape(1)}
+    for k, n in names.items():
+        assert bf_params[n].dtype == torch.float32, f"PEFT kept {n} in {bf_params[n].dtype}"
+        bf[f"grad.{k}"] = bf_params[n].grad.detach().float()
+    save_tensors(vdir / "reference_lora_bf16.safetensors", bf,
+                 {"what": "base model in bfloat16, LoRA adapter in float32 (PEFT autocast), CPU, eager attention"})
+    log(f"  bf16: base logits rel {rel_err(base_bf_logits, base_logits):.3g}, lora logits rel "
+        f"{rel_err(bf_logits, logits):.3g}, worst grad rel "
+        f"{max(rel_err(bf['grad.' + k], grads[k]) for k in names):.3g}")
 
     tensors = {"logits": logits.detach().float(), "loss": loss.detach().float().reshape(1),
                "merged_logits": merged_logits.detach().float()}

@@ -1,6 +1,7 @@
 // CUDA elementwise kernels, strided copies and reductions against the CPU reference: odd sizes,
 // pack tails, misaligned pointers (the scalar fallbacks), several grid-stride iterations, the
 // tiled (batched) transpose and the contiguous-innermost-dim copy.
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -236,7 +237,10 @@ TEST(ElementwiseCudaBytes, StridedByteCopiesMatchCpuExactly) {
         const int64_t n = numel(l);
         std::vector<uint8_t> bytes(static_cast<size_t>(span(l)) * es);
         std::mt19937 gen(++seed);
-        for (auto& b : bytes) b = static_cast<uint8_t>(gen());
+        for (size_t i = 0; i < bytes.size(); i += 4) {
+          const uint32_t w = gen();
+          std::memcpy(&bytes[i], &w, std::min<size_t>(4, bytes.size() - i));
+        }
         std::vector<uint8_t> ref(static_cast<size_t>(n) * es);
         cpu::copy_strided_bytes(bytes.data(), l, ref.data(), es);
         Placed<uint8_t> ds(bytes, off * es), dd(ref.size(), off * es);

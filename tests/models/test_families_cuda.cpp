@@ -7,11 +7,9 @@ namespace {
 // f32 on CUDA: cuBLASLt without TF32 and the CUDA kernels differ from the CPU only in summation
 // order and a few ulp of expf/tanhf: 1e-4 on logits and gradients.
 constexpr Tolerances kF32{1e-4, 2e-5, 1e-4, 1e-4};
-// bf16 weights and activations: each rounding is 2^-9 relative and a two-layer model stacks a few
-// dozen of them, so logits move ~1e-2 relative; gradients flow through the same roundings. The
-// first AdamW step is ~lr * sign(g), so the weights after it stay within 2e-2 even where small
-// gradients change sign.
-constexpr Tolerances kBf16{4e-2, 2e-2, 6e-2, 2e-2};
+// bf16 weights and activations: bounded by PyTorch's own bf16 error on the same fixture (see
+// family_checks.h), not by a fixed number.
+constexpr Tolerances kBf16{0, 0, 0, 0, true};
 
 class FamilyCuda : public ::testing::TestWithParam<std::string> {
  protected:
