@@ -97,6 +97,11 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& dout, const Tensor& lse, const AttentionOptions& opt);
 
+// One new token per sequence against a KV cache: q [batch, heads, head_dim], k/v caches
+// [batch, capacity, kv_heads, head_dim] with `length` valid rows -> [batch, heads, head_dim].
+Tensor attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t length,
+                        const AttentionOptions& opt);
+
 struct CrossEntropyOut {
   Tensor loss;  // acc dtype [n]: per-row loss, 0 where ignored
   Tensor lse;   // acc dtype [n]

@@ -5,6 +5,7 @@
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "kernels/attention.h"
+#include "kernels/attention_decode.h"
 #include "kernels/cross_entropy.h"
 
 namespace loom::ops {
@@ -92,6 +93,41 @@ AttentionGrads attention_backward(const Tensor& q_in, const Tensor& k_in, const 
     }
   });
   return g;
+}
+
+Tensor attention_decode(const Tensor& q_in, const Tensor& k, const Tensor& v, int64_t length,
+                        const AttentionOptions& opt) {
+  const char* op = "attention_decode";
+  same_device(op, q_in, k);
+  same_device(op, q_in, v);
+  same_dtype(op, q_in, k);
+  same_dtype(op, q_in, v);
+  same_shape(op, k, v);
+  expect_contiguous(op, k, "k cache");
+  expect_contiguous(op, v, "v cache");
+  LOOM_CHECK(q_in.dim() == 3 && k.dim() == 4 && k.size(0) == q_in.size(0) && k.size(3) == q_in.size(2) &&
+                 k.size(2) > 0 && q_in.size(1) % k.size(2) == 0 && length >= 1 && length <= k.size(1),
+             op, ": q ", q_in.str(), " does not fit cache ", k.str(), " at length ", length);
+  Tensor q = q_in.contiguous();
+  DecodeParams p;
+  p.batch = q.size(0);
+  p.heads = q.size(1);
+  p.head_dim = q.size(2);
+  p.kv_heads = k.size(2);
+  p.capacity = k.size(1);
+  p.length = length;
+  p.scale = opt.scale != 0.f ? opt.scale : 1.f / std::sqrt(static_cast<float>(p.head_dim));
+  p.softcap = opt.softcap;
+  p.window = opt.window;
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  dispatch_float(op, q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (q.is_cuda())
+      LOOM_ON_CUDA(op, T, cuda::attention_decode(p, q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), stream_of(q)));
+    else
+      cpu::attention_decode(p, q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>());
+  });
+  return out;
 }
 
 namespace {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "models/checkpoint.h"
@@ -132,9 +133,8 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& mode
 ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& options) const {
   LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32, "CausalLM::forward: input_ids must be i32 ",
              "[batch, seq], got ", input_ids.str());
-  const ModelConfig& c = config_;
   detail::LayerContext ctx;
-  ctx.config = &c;
+  ctx.config = &config_;
   ctx.batch = input_ids.size(0);
   ctx.seq = input_ids.size(1);
   ctx.inv_freq = inv_freq_;
@@ -147,16 +147,56 @@ ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& op
   }
   if (options.segment_ids.defined()) ctx.segment_ids = options.segment_ids.to(device_);
 
+  return run(input_ids, ctx, nullptr);
+}
+
+ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache) const {
+  const ModelConfig& c = config_;
   ag::Variable x = ag::embedding(input_ids.to(device_), embed_tokens_);
   if (is_gemma(c)) {
     // transformers multiplies by sqrt(hidden_size) rounded to the model dtype.
     const float normalizer = std::sqrt(static_cast<float>(c.hidden_size));
     x = ag::scale(x, dtype_ == DType::bf16 ? bf16_to_float(float_to_bf16(normalizer)) : normalizer);
   }
-  for (const DecoderLayer& L : layers_) x = is_gemma(c) ? detail::gemma_layer(L, x, ctx) : detail::llama_layer(L, x, ctx);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (cache) {
+      ctx.k_cache = &cache->k[i];
+      ctx.v_cache = &cache->v[i];
+    }
+    x = is_gemma(c) ? detail::gemma_layer(layers_[i], x, ctx) : detail::llama_layer(layers_[i], x, ctx);
+  }
   ag::Variable logits = lm_head_.forward(norm_.forward(x));
   if (c.final_logit_softcapping > 0.f) logits = ag::softcap(logits, c.final_logit_softcapping);
   return ag::cast(logits, DType::f32);
+}
+
+CausalLM::KvCache CausalLM::make_cache(int64_t capacity) const {
+  KvCache cache;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    cache.k.push_back(Tensor::zeros({1, capacity, config_.num_key_value_heads, config_.head_dim}, dtype_, device_));
+    cache.v.push_back(Tensor::zeros({1, capacity, config_.num_key_value_heads, config_.head_dim}, dtype_, device_));
+  }
+  return cache;
+}
+
+ag::Variable CausalLM::forward_cached(const Tensor& input_ids, KvCache& cache) const {
+  LOOM_CHECK(input_ids.dim() == 2 && input_ids.size(0) == 1 && input_ids.dtype() == DType::i32,
+             "forward_cached: input_ids must be i32 [1, n], got ", input_ids.str());
+  LOOM_CHECK(!cache.k.empty() && cache.length + input_ids.size(1) <= cache.k[0].size(1), "forward_cached: ",
+             cache.length, " + ", input_ids.size(1), " tokens exceed the cache capacity");
+  ag::NoGradGuard no_grad;
+  detail::LayerContext ctx;
+  ctx.config = &config_;
+  ctx.batch = 1;
+  ctx.seq = input_ids.size(1);
+  ctx.inv_freq = inv_freq_;
+  ctx.cache_start = cache.length;
+  std::vector<int32_t> pos(ctx.seq);
+  for (int64_t i = 0; i < ctx.seq; ++i) pos[i] = static_cast<int32_t>(cache.length + i);
+  ctx.positions = Tensor::from_ints(pos, {ctx.seq}).to(device_);
+  ag::Variable logits = run(input_ids, ctx, &cache);
+  cache.length += ctx.seq;
+  return logits;
 }
 
 std::vector<Linear*> CausalLM::linears() {
@@ -198,6 +238,17 @@ std::vector<std::pair<std::string, const ag::Variable*>> CausalLM::named_weights
   add_norm(norm_);
   if (!config_.tie_word_embeddings) add_linear(lm_head_);
   return out;
+}
+
+std::vector<std::pair<std::string, ag::Variable*>> CausalLM::named_weights() {
+  std::vector<std::pair<std::string, ag::Variable*>> out;
+  for (auto& [name, v] : std::as_const(*this).named_weights()) out.emplace_back(name, const_cast<ag::Variable*>(v));
+  return out;
+}
+
+void CausalLM::set_weights_trainable(bool trainable) {
+  for (auto& [name, v] : named_weights()) *v = ag::Variable(v->value(), trainable);
+  if (config_.tie_word_embeddings) lm_head_.weight = embed_tokens_;  // re-tie to the new leaf
 }
 
 ag::Variable causal_lm_loss(const ag::Variable& logits, const Tensor& labels, float softcap) {

@@ -12,6 +12,9 @@
 #include "models/layers.h"
 
 namespace loom {
+namespace detail {
+struct LayerContext;
+}
 
 struct LoadOptions {
   DType dtype = DType::bf16;  // weights and activations (f32 or bf16)
@@ -37,14 +40,27 @@ class CausalLM {
   // input_ids i32 [batch, seq] (on any device; moved to the model's) -> logits f32 [batch, seq, vocab].
   ag::Variable forward(const Tensor& input_ids, const ForwardOptions& options = {}) const;
 
+  // Generation with a KV cache (batch 1, no gradients): runs input_ids [1, n] at positions
+  // start..start+n-1, appending their keys and values to the cache; returns logits f32 [1, n, vocab].
+  struct KvCache {
+    std::vector<Tensor> k, v;  // per layer [1, capacity, kv_heads, head_dim]
+    int64_t length = 0;
+  };
+  KvCache make_cache(int64_t capacity) const;
+  ag::Variable forward_cached(const Tensor& input_ids, KvCache& cache) const;
+
   // Every Linear in model order (LoRA injection walks these).
   std::vector<Linear*> linears();
   std::vector<const Linear*> linears() const;
   // Every weight by its Hugging Face name; a tied lm_head appears only as the embedding.
   std::vector<std::pair<std::string, const ag::Variable*>> named_weights() const;
+  std::vector<std::pair<std::string, ag::Variable*>> named_weights();
+  // Makes every base weight a leaf that collects gradients (full fine-tuning), or freezes them.
+  void set_weights_trainable(bool trainable);
 
  private:
   CausalLM() = default;
+  ag::Variable run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache) const;
 
   ModelConfig config_;
   DType dtype_ = DType::bf16;

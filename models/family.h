@@ -12,6 +12,10 @@ struct LayerContext {
   Tensor positions;  // i32 [batch*seq]
   Tensor inv_freq;   // f32 [head_dim/2]
   Tensor segment_ids;
+  // Generation: this layer's KV cache [1, capacity, kv_heads, head_dim] and where the new tokens go.
+  Tensor* k_cache = nullptr;
+  Tensor* v_cache = nullptr;
+  int64_t cache_start = 0;
 };
 
 // Grouped-query self-attention with RoPE (and Qwen3's q/k norms, Gemma 2's soft-capping and

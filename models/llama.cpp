@@ -19,7 +19,21 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
   opt.softcap = c.attn_logit_softcapping;
   opt.window = window;
   opt.segment_ids = ctx.segment_ids;
-  ag::Variable a = ag::attention(q, k, v, opt);
+  ag::Variable a;
+  if (ctx.k_cache) {  // generation: append k, v to the cache; a single new token attends to all of it
+    ctx.k_cache->narrow(1, ctx.cache_start, ctx.seq).copy_(k.value());
+    ctx.v_cache->narrow(1, ctx.cache_start, ctx.seq).copy_(v.value());
+    if (ctx.seq == 1) {
+      Tensor o = ops::attention_decode(q.value().reshape({ctx.batch, c.num_attention_heads, c.head_dim}), *ctx.k_cache,
+                                       *ctx.v_cache, ctx.cache_start + 1, opt);
+      a = ag::Variable(o.reshape({ctx.batch, 1, c.num_attention_heads, c.head_dim}));
+    } else {
+      LOOM_CHECK(ctx.cache_start == 0, "self_attention: a multi-token step must start an empty cache");
+      a = ag::attention(q, k, v, opt);
+    }
+  } else {
+    a = ag::attention(q, k, v, opt);
+  }
   return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));
 }
 

@@ -245,10 +245,8 @@ void merge_lora(CausalLM& model) {
 }
 
 absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) {
-  const fs::path out(out_dir);
-  const fs::path tmp = out.parent_path() / absl::StrCat(".", out.filename().string(), ".tmp.", getpid());
+  const fs::path tmp(out_dir);  // each file below is written to a temporary name and renamed
   std::error_code ec;
-  fs::remove_all(tmp, ec);
   if (absl::Status s = ensure_dir(tmp.string()); !s.ok()) return s;
   HostTensors tensors;
   for (const auto& [name, v] : model.named_weights()) tensors.add(name, v->value(), DType::bf16);
@@ -260,11 +258,15 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
   config["dtype"] = "bfloat16";
   if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";
   if (absl::Status s = write_text_atomic((tmp / "config.json").string(), config.dump(2) + "\n"); !s.ok()) return s;
-  const fs::path gen = fs::path(model.source_dir()) / "generation_config.json";
-  if (fs::exists(gen)) fs::copy_file(gen, tmp / "generation_config.json", fs::copy_options::overwrite_existing, ec);
-  fs::remove_all(out, ec);  // replace an older export only once the new one is complete
-  fs::rename(tmp, out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot move ", tmp.string(), " to ", out_dir, ": ", ec.message()));
+  // The files that make the folder a complete Hugging Face model besides the weights.
+  for (const char* extra : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path src = fs::path(model.source_dir()) / extra;
+    if (!fs::exists(src) || fs::equivalent(src.parent_path(), tmp, ec)) continue;
+    const fs::path part = tmp / absl::StrCat(extra, ".tmp.", getpid());
+    fs::copy_file(src, part, fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::rename(part, tmp / extra, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", src.string(), " to ", out_dir, ": ", ec.message()));
+  }
   return absl::OkStatus();
 }
 

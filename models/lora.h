@@ -41,9 +41,9 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
 
 // W <- W + scale * B A for every adapted module (computed in f32) and drops the adapters.
 void merge_lora(CausalLM& model);
-// Writes a Hugging Face checkpoint of the model's current weights in bf16: config.json (dtype
-// set to bfloat16), generation_config.json when the source had one, model.safetensors. The
-// folder is assembled under a temporary name and renamed into place.
+// Writes a Hugging Face checkpoint of the model's current weights in bf16 into out_dir (created
+// if needed): model.safetensors, config.json (dtype set to bfloat16), and the source's
+// generation/tokenizer files. Each file goes to a temporary name first and is renamed.
 absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir);
 
 }  // namespace loom
