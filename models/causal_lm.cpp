@@ -12,13 +12,22 @@
 namespace loom {
 namespace {
 
-// Loads named tensors with shape checks, remembering which ones the model consumed.
+// Loads named tensors with shape checks, remembering which ones the model consumed. Without a
+// checkpoint it initialises instead: N(0, 0.02) matrices, zero biases, unit norms ((1 + w) norms: 0).
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& ck, DType dtype, Device device) : ck_(ck), dtype_(dtype), device_(device) {}
+  WeightLoader(const Checkpoint* ck, DType dtype, Device device, uint64_t seed)
+      : ck_(ck), dtype_(dtype), device_(device), seed_(seed) {}
 
-  absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape) {
-    auto t = ck_.load(name, dtype_, device_, shape);
+  absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape, float init_fill = NAN) {
+    if (!ck_) {
+      Tensor t = Tensor::empty(shape, DType::f32, device_);
+      if (std::isnan(init_fill)) ops::normal_(t, seed_, static_cast<uint64_t>(consumed_.size()) << 36, 0.f, 0.02f);
+      else ops::fill_(t, init_fill);
+      consumed_.insert(name);
+      return ag::Variable(t.to(dtype_), false);
+    }
+    auto t = ck_->load(name, dtype_, device_, shape);
     if (!t.ok()) return t.status();
     consumed_.insert(name);
     return ag::Variable(*std::move(t), false);
@@ -29,7 +38,7 @@ class WeightLoader {
     if (!w.ok()) return w.status();
     l.weight = *std::move(w);
     if (bias) {
-      auto b = get(name + ".bias", {out});
+      auto b = get(name + ".bias", {out}, 0.f);
       if (!b.ok()) return b.status();
       l.bias = *std::move(b);
     }
@@ -39,23 +48,25 @@ class WeightLoader {
     n.name = name;
     n.eps = static_cast<float>(c.rms_norm_eps);
     n.add_one = c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2;
-    auto w = get(name + ".weight", {dim});
+    auto w = get(name + ".weight", {dim}, n.add_one ? 0.f : 1.f);
     if (!w.ok()) return w.status();
     n.weight = *std::move(w);
     return absl::OkStatus();
   }
   void mark_consumed(const std::string& name) { consumed_.insert(name); }
   absl::Status check_unexpected() const {
+    if (!ck_) return absl::OkStatus();
     std::set<std::string> consumed = consumed_;
-    for (const auto& n : ck_.names())  // buffers some older exports carry; transformers ignores them too
+    for (const auto& n : ck_->names())  // buffers some older exports carry; transformers ignores them too
       if (n.size() > 20 && n.ends_with("rotary_emb.inv_freq")) consumed.insert(n);
-    return ck_.check_unexpected(consumed);
+    return ck_->check_unexpected(consumed);
   }
 
  private:
-  const Checkpoint& ck_;
+  const Checkpoint* ck_;
   DType dtype_;
   Device device_;
+  uint64_t seed_;
   std::set<std::string> consumed_;
 };
 
@@ -76,13 +87,25 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& mode
   if (!config.ok()) return config.status();
   auto ck = Checkpoint::open(model_dir);
   if (!ck.ok()) return ck.status();
+  return build(*config, model_dir, options, &*ck, 0);
+}
+
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::init_random(const std::string& config_dir, const LoadOptions& options,
+                                                                uint64_t seed) {
+  auto config = ModelConfig::load(config_dir);
+  if (!config.ok()) return config.status();
+  return build(*config, config_dir, options, nullptr, seed);
+}
+
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& config, const std::string& source_dir,
+                                                          const LoadOptions& options, const Checkpoint* ck, uint64_t seed) {
   std::unique_ptr<CausalLM> m(new CausalLM());
-  m->config_ = *config;
+  m->config_ = config;
   m->dtype_ = options.dtype;
   m->device_ = options.device;
-  m->source_dir_ = model_dir;
+  m->source_dir_ = source_dir;
   const ModelConfig& c = m->config_;
-  WeightLoader w(*ck, options.dtype, options.device);
+  WeightLoader w(ck, options.dtype, options.device, seed);
 
   auto embed = w.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (!embed.ok()) return embed.status();
@@ -121,7 +144,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& mode
   m->lm_head_.name = "lm_head";
   if (c.tie_word_embeddings) {
     m->lm_head_.weight = m->embed_tokens_;
-    if (ck->find("lm_head.weight")) w.mark_consumed("lm_head.weight");  // a redundant copy some exports keep
+    if (ck && ck->find("lm_head.weight")) w.mark_consumed("lm_head.weight");  // a redundant copy some exports keep
   } else {
     LOOM_RETURN_IF_ERROR(w.linear(m->lm_head_, "lm_head", c.vocab_size, c.hidden_size, false));
   }

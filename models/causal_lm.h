@@ -12,6 +12,7 @@
 #include "models/layers.h"
 
 namespace loom {
+class Checkpoint;
 namespace detail {
 struct LayerContext;
 }
@@ -31,6 +32,9 @@ class CausalLM {
   // Reads config.json and the (single or sharded) safetensors. A missing tensor, a shape that
   // disagrees with the config, or a tensor the model does not use is an error naming it.
   static absl::StatusOr<std::unique_ptr<CausalLM>> load(const std::string& model_dir, const LoadOptions& options);
+  // A freshly initialised model (N(0, 0.02) weights, unit norms) from config_dir/config.json.
+  static absl::StatusOr<std::unique_ptr<CausalLM>> init_random(const std::string& config_dir, const LoadOptions& options,
+                                                               uint64_t seed);
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -60,6 +64,9 @@ class CausalLM {
 
  private:
   CausalLM() = default;
+  static absl::StatusOr<std::unique_ptr<CausalLM>> build(const ModelConfig& config, const std::string& source_dir,
+                                                         const LoadOptions& options, const Checkpoint* ck,
+                                                         uint64_t seed);
   ag::Variable run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache) const;
 
   ModelConfig config_;

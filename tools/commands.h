@@ -7,4 +7,8 @@ namespace loom::cli {
 int run_demo(const std::vector<std::string>& args);
 int run_forward(const std::vector<std::string>& args);
 int run_merge(const std::vector<std::string>& args);
+int run_train(const std::vector<std::string>& args);
+int run_generate(const std::vector<std::string>& args);
+int run_init(const std::vector<std::string>& args);
+int run_tokenize(const std::vector<std::string>& args);
 }  // namespace loom::cli

@@ -18,6 +18,10 @@ const Command kCommands[] = {
     {"demo", loom::cli::run_demo, "train a small Llama-style model on a built-in pattern and print the loss"},
     {"forward", loom::cli::run_forward, "logits, loss and LoRA gradients of a Hugging Face model on given token ids"},
     {"merge", loom::cli::run_merge, "fold a PEFT LoRA adapter into its base model; write a bf16 checkpoint"},
+    {"train", loom::cli::run_train, "fine-tune a Hugging Face model on JSONL data (LoRA or full)"},
+    {"generate", loom::cli::run_generate, "sample a continuation of a prompt (KV cache)"},
+    {"init", loom::cli::run_init, "write a freshly initialised model from a config.json"},
+    {"tokenize", loom::cli::run_tokenize, "print the token ids of text or JSONL records under a tokenizer.json"},
 };
 
 void print_help() {

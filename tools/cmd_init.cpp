@@ -1,0 +1,46 @@
+// `loom init`: writes a freshly initialised Hugging Face model (N(0, 0.02) weights, unit norms)
+// from a folder holding config.json (and tokenizer files, copied along): a base for training from
+// scratch and for the demo, with nothing downloaded.
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "models/lora.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+
+namespace loom::cli {
+namespace {
+const std::vector<FlagSpec> kFlags = {
+    {"from", false, "folder with config.json (tokenizer.json etc. are copied too)", ""},
+    {"out", false, "output model folder", ""},
+    {"seed", false, "initialisation seed", "0"},
+    {"help", true, "show this help", ""},
+};
+int fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom init: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+}  // namespace
+
+int run_init(const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, kFlags);
+  if (!args.ok()) return fail(args.status());
+  if (args->flag("help")) {
+    std::fputs(usage("init", kFlags).c_str(), stdout);
+    return 0;
+  }
+  for (const char* required : {"from", "out"})
+    if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  auto seed = args->integer("seed");
+  if (!seed.ok()) return fail(seed.status());
+  auto model = CausalLM::init_random(args->str("from"), {DType::f32, Device::cpu()}, static_cast<uint64_t>(*seed));
+  if (!model.ok()) return fail(model.status());
+  if (absl::Status s = save_pretrained(**model, args->str("out")); !s.ok()) return fail(s);
+  int64_t params = 0;
+  for (const auto& [name, v] : std::as_const(**model).named_weights()) params += v->value().numel();
+  std::printf("loom init: %s, %.2f M parameters -> %s\n", (*model)->config().summary().c_str(),
+              static_cast<double>(params) / 1e6, args->str("out").c_str());
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,121 @@
+// `loom train`: fine-tunes a Hugging Face model on a JSONL file (LoRA or full), with progress,
+// metrics.jsonl, loss.svg, checkpoints and resume. SIGINT/SIGTERM finish the step, save, exit 0.
+#include <csignal>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+#include "train/trainer.h"
+
+namespace loom::cli {
+namespace {
+
+const std::vector<FlagSpec> kFlags = {
+    {"config", false, "file of `key = value` lines with any of these flags (command line wins)", ""},
+    {"model", false, "Hugging Face model folder (config.json, safetensors, tokenizer.json)", ""},
+    {"data", false, "JSONL: {\"text\"} | {\"messages\": [...]} | {\"prompt\", \"completion\"} per line", ""},
+    {"out", false, "output folder: adapter or model, checkpoints, metrics.jsonl, loss.svg", ""},
+    {"full", true, "full fine-tuning (all weights, f32 master + AdamW state) instead of LoRA", ""},
+    {"lora-r", false, "LoRA rank", "16"},
+    {"lora-alpha", false, "LoRA alpha (scale alpha/r)", "16"},
+    {"lora-dropout", false, "LoRA dropout", "0"},
+    {"lora-targets", false, "comma-separated module names, or all-linear",
+     "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},
+    {"rslora", true, "rank-stabilised LoRA: scale alpha/sqrt(r)", ""},
+    {"seq-len", false, "tokens per packed row", "1024"},
+    {"batch-size", false, "rows per device per micro-batch", "1"},
+    {"grad-accum", false, "micro-batches per optimizer step", "1"},
+    {"lr", false, "peak learning rate", "2e-4"},
+    {"weight-decay", false, "AdamW decoupled weight decay", "0"},
+    {"max-grad-norm", false, "global gradient-norm clip (0 = off)", "1"},
+    {"schedule", false, "constant, linear or cosine", "linear"},
+    {"warmup", false, "warmup steps", "0"},
+    {"epochs", false, "passes over the data", "1"},
+    {"max-steps", false, "optimizer steps (overrides --epochs)", "0"},
+    {"seed", false, "seed for LoRA init, shuffling and dropout", "42"},
+    {"save-every", false, "checkpoint every N steps (0 = only at the end)", "0"},
+    {"device", false, "cpu, cuda or cuda:N", "cpu"},
+    {"dtype", false, "compute dtype: bf16 or f32", "bf16"},
+    {"chat-template", false, "chatml, llama3 or gemma (default: detected from the model)", ""},
+    {"skip-bad-lines", true, "skip and count malformed JSONL lines instead of stopping", ""},
+    {"resume", false, "an earlier --out folder (its latest checkpoint) or one checkpoint folder", ""},
+    {"log-every", false, "progress line every N steps when not on a terminal", "1"},
+    {"quiet", true, "no progress output", ""},
+    {"help", true, "show this help", ""},
+};
+
+int fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom train: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+void on_signal(int) { Trainer::request_stop(); }
+
+}  // namespace
+
+int run_train(const std::vector<std::string>& argv_in) {
+  std::vector<std::string> argv = argv_in;
+  for (size_t i = 0; i + 1 < argv_in.size(); ++i)
+    if (argv_in[i] == "--config")
+      if (absl::Status s = apply_config_file(argv_in[i + 1], &argv); !s.ok()) return fail(s);
+  auto args = Args::parse(argv, kFlags);
+  if (!args.ok()) return fail(args.status());
+  if (args->flag("help")) {
+    std::fputs(usage("train", kFlags).c_str(), stdout);
+    return 0;
+  }
+  TrainConfig c;
+  for (const char* required : {"model", "data", "out"})
+    if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  c.model_dir = args->str("model");
+  c.data_path = args->str("data");
+  c.out_dir = args->str("out");
+  c.full = args->flag("full");
+  if (c.full && (args->has("lora-r") || args->has("lora-targets")))
+    return fail(absl::InvalidArgumentError("--full trains every weight; --lora-* flags do not apply"));
+  struct Int {
+    const char* flag;
+    int64_t* dst;
+  };
+  for (Int f : {Int{"lora-r", &c.lora.r}, {"seq-len", &c.seq_len}, {"batch-size", &c.batch_size}, {"grad-accum", &c.grad_accum},
+                {"warmup", &c.warmup_steps}, {"epochs", &c.epochs}, {"max-steps", &c.max_steps}, {"save-every", &c.save_every},
+                {"log-every", &c.log_every}}) {
+    auto v = args->integer(f.flag);
+    if (!v.ok()) return fail(v.status());
+    *f.dst = *v;
+  }
+  struct Num {
+    const char* flag;
+    float* dst;
+  };
+  for (Num f : {Num{"lora-alpha", &c.lora.alpha}, {"lora-dropout", &c.lora.dropout}, {"lr", &c.lr},
+                {"weight-decay", &c.weight_decay}, {"max-grad-norm", &c.max_grad_norm}}) {
+    auto v = args->number(f.flag);
+    if (!v.ok()) return fail(v.status());
+    *f.dst = static_cast<float>(*v);
+  }
+  auto seed = args->integer("seed");
+  if (!seed.ok()) return fail(seed.status());
+  c.seed = static_cast<uint64_t>(*seed);
+  c.lora.use_rslora = args->flag("rslora");
+  c.lora.target_modules = absl::StrSplit(args->str("lora-targets"), ',', absl::SkipEmpty());
+  c.schedule = args->str("schedule");
+  c.device = args->str("device");
+  c.dtype = args->str("dtype");
+  c.chat_template = args->str("chat-template");
+  c.skip_bad_lines = args->flag("skip-bad-lines");
+  c.resume = args->str("resume");
+  c.quiet = args->flag("quiet");
+
+  auto trainer = Trainer::create(c);
+  if (!trainer.ok()) return fail(trainer.status());
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  if (absl::Status s = (*trainer)->run(); !s.ok()) return fail(s);
+  if (!c.quiet) std::printf("loom train: %lld steps; output in %s\n", static_cast<long long>((*trainer)->step()), c.out_dir.c_str());
+  return 0;
+}
+
+}  // namespace loom::cli

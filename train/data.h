@@ -1,0 +1,103 @@
+// Training data: JSONL in three shapes ({"text"}, {"messages": [{"role","content"}]} rendered with
+// the model's chat template, {"prompt","completion"}), tokenized with per-token loss masks, then
+// packed into fixed-length rows with positions restarting per document and segment ids so
+// attention never crosses documents. Shuffled with a seed; each rank reads its own shard; the
+// loader's position is part of a checkpoint.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tensor.h"
+#include "train/tokenizer.h"
+
+namespace loom {
+
+enum class ChatTemplate { kChatML, kLlama3, kGemma };
+absl::StatusOr<ChatTemplate> parse_chat_template(const std::string& name);  // "chatml", "llama3", "gemma"
+// Picks the template from the model folder: tokenizer_config.json's chat_template text when present
+// (<|im_start|> -> ChatML, <|start_header_id|> -> Llama 3, <start_of_turn> -> Gemma), else config.json's
+// model_type (qwen2/qwen3 -> ChatML, llama -> Llama 3, gemma/gemma2 -> Gemma).
+absl::StatusOr<ChatTemplate> detect_chat_template(const std::string& model_dir);
+
+struct ChatMessage {
+  std::string role;  // system, user, assistant
+  std::string content;
+};
+// Renders exactly as transformers' apply_chat_template(messages, tokenize=False) does with that
+// family's official template; also returns the byte spans of the text the loss is taken on
+// (each assistant reply and its end-of-turn marker).
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> train_spans;
+};
+absl::StatusOr<RenderedChat> render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages,
+                                         bool add_generation_prompt = false);
+
+// One tokenized document: ids and, per token, whether it is a training target.
+struct Example {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> target;  // 1 = loss is taken on predicting this token
+};
+
+struct DataOptions {
+  bool skip_bad_lines = false;
+  ChatTemplate chat_template = ChatTemplate::kChatML;
+  int64_t max_tokens = 0;  // documents longer are truncated to this (0 = no limit)
+};
+struct DataStats {
+  int64_t lines = 0, examples = 0, skipped = 0, tokens = 0, target_tokens = 0;
+};
+// Reads a JSONL file. A malformed line is an error naming the file and line number, unless
+// skip_bad_lines (then it is counted in stats->skipped). An empty dataset is an error.
+absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const Tokenizer& tokenizer,
+                                                const DataOptions& options, DataStats* stats);
+
+// One step's rows on the host: input_ids/labels i32 [batch, seq] (labels -100 where no loss is
+// taken and at each document's first token), positions i32 [batch*seq] restarting per document,
+// segment_ids i32 [batch, seq].
+struct Batch {
+  Tensor input_ids, labels, positions, segment_ids;
+  int64_t tokens = 0;         // non-padding tokens
+  int64_t target_tokens = 0;  // labels != -100
+};
+
+struct LoaderState {
+  int64_t epoch = 0;
+  int64_t cursor = 0;  // next example index in this epoch's order (of this rank's shard)
+  int64_t offset = 0;  // tokens of that example already emitted (a long document spans rows)
+};
+
+// Packs documents greedily into rows of seq_len (a document longer than seq_len is split), in a
+// per-epoch shuffled order (seed + epoch), over this rank's shard (documents i with
+// i % world == rank). Padding uses pad_id with label -100 and its own segment.
+// Details: a document that does not fit in what is left of a row starts the next row, unless it is
+// longer than seq_len: then it fills the rest of the row and continues in the following rows. Each
+// piece of a split document is its own segment with positions restarting at 0 (and label -100 at its
+// first token), since attention cannot see the previous row. Batches never span two epochs: the
+// last batch of an epoch is padded (rows of pure padding if needed). The shuffle is a Fisher-Yates
+// driven by splitmix64 of (seed, epoch): the same order on every platform and standard library.
+class PackedLoader {
+ public:
+  PackedLoader(std::vector<Example> examples, int64_t seq_len, int64_t batch_size, uint64_t seed, int rank = 0,
+               int world = 1, int32_t pad_id = 0);
+  Batch next();
+  LoaderState state() const;
+  void set_state(const LoaderState& s);
+  // Batches in one pass over a shard (epoch 0's order), the largest over all ranks so that every
+  // rank computes the same number (shards differ in size; a rank that runs out starts its next epoch).
+  int64_t steps_per_epoch() const;
+
+ private:
+  std::vector<Example> examples_;  // this rank's shard, empty documents dropped
+  int64_t seq_len_, batch_size_;
+  uint64_t seed_;
+  int32_t pad_id_;
+  int64_t steps_per_epoch_ = 0;
+  std::vector<int64_t> order_;
+  LoaderState state_;
+  void reshuffle();
+};
+
+}  // namespace loom

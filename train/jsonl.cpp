@@ -1,0 +1,207 @@
+// JSONL training data: one document per line in one of three shapes, tokenized with a per-token loss
+// mask. {"text"}: loss on every token (BOS from the tokenizer's post-processor, then EOS);
+// {"messages"}: rendered with the chat template, loss on tokens inside the assistant spans;
+// {"prompt","completion"}: loss on the completion and EOS. Other keys on a line are ignored.
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "train/data.h"
+
+namespace loom {
+namespace {
+
+using nlohmann::json;
+
+// Byte offset of the first invalid UTF-8 sequence in s (overlong forms, surrogates and code points
+// above U+10FFFF included), or npos.
+size_t find_invalid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n;
+    uint32_t cp, min;
+    if ((c >> 5) == 0x6) {
+      n = 2, cp = c & 0x1F, min = 0x80;
+    } else if ((c >> 4) == 0xE) {
+      n = 3, cp = c & 0x0F, min = 0x800;
+    } else if ((c >> 3) == 0x1E) {
+      n = 4, cp = c & 0x07, min = 0x10000;
+    } else {
+      return i;
+    }
+    if (i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += n;
+  }
+  return std::string::npos;
+}
+
+bool is_blank(const std::string& s) {
+  for (char c : s) {
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::string> get_string(const json& obj, const char* key) {
+  const json& v = obj[key];
+  if (!v.is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string, got ", v.type_name()));
+  }
+  return v.get<std::string>();
+}
+
+void append(Example* ex, const std::vector<int32_t>& ids, uint8_t target) {
+  ex->ids.insert(ex->ids.end(), ids.begin(), ids.end());
+  ex->target.insert(ex->target.end(), ids.size(), target);
+}
+
+void append_eos(Example* ex, const Tokenizer& tok) {
+  if (const auto eos = tok.eos_id()) {
+    ex->ids.push_back(*eos);
+    ex->target.push_back(1);
+  }
+}
+
+absl::StatusOr<Example> from_messages(const json& messages, const Tokenizer& tok, ChatTemplate tmpl) {
+  if (!messages.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"messages\" must be an array, got ", messages.type_name()));
+  }
+  std::vector<ChatMessage> chat;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "] must be an object, got ", m.type_name()));
+    }
+    ChatMessage cm;
+    for (const char* key : {"role", "content"}) {
+      if (!m.contains(key)) return absl::InvalidArgumentError(absl::StrCat("messages[", i, "] has no \"", key, "\""));
+      auto s = get_string(m, key);
+      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("messages[", i, "]: ", s.status().message()));
+      (std::string(key) == "role" ? cm.role : cm.content) = *std::move(s);
+    }
+    chat.push_back(std::move(cm));
+  }
+  auto rendered = render_chat(tmpl, chat, /*add_generation_prompt=*/false);
+  if (!rendered.ok()) return rendered.status();
+  std::vector<std::pair<size_t, size_t>> offsets;
+  Example ex;
+  ex.ids = tok.encode_with_offsets(rendered->text, /*add_special_tokens=*/false, &offsets);
+  ex.target.assign(ex.ids.size(), 0);
+  // A token is a target when its (non-empty) byte range lies inside one assistant span.
+  size_t s = 0;
+  const auto& spans = rendered->train_spans;
+  for (size_t i = 0; i < ex.ids.size() && i < offsets.size(); ++i) {
+    const auto [b, e] = offsets[i];
+    if (e <= b) continue;
+    while (s < spans.size() && spans[s].second <= b) ++s;  // offsets are non-decreasing
+    if (s < spans.size() && b >= spans[s].first && e <= spans[s].second) ex.target[i] = 1;
+  }
+  return ex;
+}
+
+// Parses and tokenizes one non-blank line; the caller adds "<file>:<line>: " to errors.
+absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok, const DataOptions& options) {
+  if (const size_t bad = find_invalid_utf8(line); bad != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid UTF-8 at byte ", bad + 1));
+  }
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    try {  // parse again only to get the parser's message
+      j = json::parse(line);
+    } catch (const json::parse_error& e) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", e.what()));
+    }
+    return absl::InvalidArgumentError("malformed JSON");
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected a JSON object, got ", j.type_name()));
+  }
+  const bool has_text = j.contains("text"), has_messages = j.contains("messages");
+  const bool has_pc = j.contains("prompt") || j.contains("completion");
+  const int shapes = int(has_text) + int(has_messages) + int(has_pc);
+  if (shapes != 1) {
+    return absl::InvalidArgumentError(
+        shapes == 0
+            ? "unknown shape: expected {\"text\": ...}, {\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...}"
+            : "ambiguous shape: use only one of \"text\", \"messages\" or \"prompt\"/\"completion\"");
+  }
+  Example ex;
+  if (has_text) {
+    auto text = get_string(j, "text");
+    if (!text.ok()) return text.status();
+    append(&ex, tok.encode(*text, /*add_special_tokens=*/true), 1);
+    append_eos(&ex, tok);
+  } else if (has_messages) {
+    auto r = from_messages(j["messages"], tok, options.chat_template);
+    if (!r.ok()) return r.status();
+    ex = *std::move(r);
+  } else {
+    if (!j.contains("prompt") || !j.contains("completion")) {
+      return absl::InvalidArgumentError("\"prompt\" and \"completion\" must both be present");
+    }
+    auto prompt = get_string(j, "prompt");
+    if (!prompt.ok()) return prompt.status();
+    auto completion = get_string(j, "completion");
+    if (!completion.ok()) return completion.status();
+    append(&ex, tok.encode(*prompt, /*add_special_tokens=*/true), 0);
+    append(&ex, tok.encode(*completion, /*add_special_tokens=*/false), 1);
+    append_eos(&ex, tok);
+  }
+  if (ex.ids.empty()) return absl::InvalidArgumentError("the document has no tokens");
+  if (options.max_tokens > 0 && static_cast<int64_t>(ex.ids.size()) > options.max_tokens) {
+    ex.ids.resize(options.max_tokens);
+    ex.target.resize(options.max_tokens);
+  }
+  return ex;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const Tokenizer& tokenizer,
+                                                const DataOptions& options, DataStats* stats) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file"));
+  DataStats local;
+  DataStats& st = stats ? *stats : local;
+  st = DataStats{};
+  std::vector<Example> out;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(f, line)) {
+    ++lineno;
+    if (is_blank(line)) continue;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
+    ++st.lines;
+    auto ex = parse_line(line, tokenizer, options);
+    if (!ex.ok()) {
+      if (options.skip_bad_lines) {
+        ++st.skipped;
+        continue;
+      }
+      return absl::Status(ex.status().code(), absl::StrCat(path, ":", lineno, ": ", ex.status().message()));
+    }
+    ++st.examples;
+    st.tokens += static_cast<int64_t>(ex->ids.size());
+    for (uint8_t t : ex->target) st.target_tokens += t;
+    out.push_back(*std::move(ex));
+  }
+  if (f.bad()) return absl::DataLossError(absl::StrCat(path, ":", lineno, ": read error"));
+  if (out.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no training examples (", st.lines, " non-blank lines, ",
+                                                   st.skipped, " skipped as bad)"));
+  }
+  return out;
+}
+
+}  // namespace loom

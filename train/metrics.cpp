@@ -1,0 +1,194 @@
+// metrics.jsonl writing and the loss-versus-step SVG chart (see metrics.h).
+#include "train/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace loom {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+absl::StatusOr<std::vector<std::string>> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
+  return lines;
+}
+
+// Writes text to a temporary name beside path, then renames it over path.
+absl::Status write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string metrics_json_line(const StepMetrics& m) {
+  nlohmann::ordered_json j;  // field order as documented; nlohmann writes NaN/inf as null
+  j["step"] = m.step;
+  j["epoch"] = m.epoch;
+  j["loss"] = m.loss;
+  j["lr"] = m.lr;
+  j["grad_norm"] = m.grad_norm;
+  j["tokens"] = m.tokens;
+  j["tokens_per_s"] = m.tokens_per_s;
+  j["mem_bytes"] = m.mem_bytes;
+  return j.dump();
+}
+
+absl::StatusOr<MetricsWriter> MetricsWriter::open(const std::string& out_dir, std::optional<int64_t> resume_step) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  std::string path = (fs::path(out_dir) / "metrics.jsonl").string();
+  if (resume_step && fs::exists(path)) {
+    auto lines = read_lines(path);
+    if (!lines.ok()) return lines.status();
+    std::string kept;
+    for (const std::string& line : *lines) {
+      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= *resume_step)
+        kept += line + "\n";
+    }
+    if (auto st = write_atomically(path, kept); !st.ok()) return st;
+  }
+  std::ofstream out(path, resume_step ? std::ios::app : std::ios::trunc);
+  if (!out) return absl::InternalError(absl::StrCat("cannot open ", path, " for writing"));
+  return MetricsWriter(std::move(path), std::move(out));
+}
+
+absl::Status MetricsWriter::write(const StepMetrics& m) {
+  out_ << metrics_json_line(m) << '\n';
+  out_.flush();
+  if (!out_) return absl::InternalError(absl::StrCat("cannot write to ", path_));
+  return absl::OkStatus();
+}
+
+namespace {
+
+// An axis range widened to "nice" tick values (1, 2 or 5 times a power of ten), about 5 ticks.
+struct Axis {
+  double lo, hi, step;
+  int decimals;  // for the tick labels
+};
+
+Axis nice_axis(double lo, double hi) {
+  if (!(hi > lo)) {  // one value (or none): a unit-wide window around it
+    const double pad = std::max(std::abs(lo) * 0.1, 1e-3);
+    lo -= pad;
+    hi += pad;
+  }
+  const double raw = (hi - lo) / 5.0;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / mag;
+  const double step = (f <= 1.0 ? 1.0 : f <= 2.0 ? 2.0 : f <= 5.0 ? 5.0 : 10.0) * mag;
+  const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
+  return {std::floor(lo / step + 1e-9) * step, std::ceil(hi / step - 1e-9) * step, step, decimals};
+}
+
+std::string fmt(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v == 0 ? 0.0 : v);  // no "-0"
+  return buf;
+}
+
+}  // namespace
+
+absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::string& svg_path) {
+  auto lines = read_lines(metrics_jsonl_path);
+  if (!lines.ok()) return lines.status();
+  std::vector<std::pair<double, double>> points;  // (step, loss)
+  for (size_t i = 0; i < lines->size(); ++i) {
+    const std::string& line = (*lines)[i];
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() && i + 1 == lines->size()) break;  // the last line cut short by a crash
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number())
+      return absl::InvalidArgumentError(absl::StrCat(metrics_jsonl_path, ":", i + 1,
+                                                     ": expected a JSON object with a numeric \"step\""));
+    if (j.contains("loss") && j["loss"].is_number()) points.emplace_back(j["step"].get<double>(), j["loss"].get<double>());
+  }
+  std::sort(points.begin(), points.end());
+
+  // Layout: the plot area inside margins for the title, tick labels and axis labels.
+  const double width = 800, height = 480, left = 80, right = 30, top = 50, bottom = 60;
+  const double pw = width - left - right, ph = height - top - bottom;
+  double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  if (!points.empty()) {
+    x0 = points.front().first, x1 = points.back().first;
+    y0 = y1 = points.front().second;
+    for (const auto& p : points) y0 = std::min(y0, p.second), y1 = std::max(y1, p.second);
+  }
+  const Axis ax = nice_axis(x0, x1), ay = nice_axis(y0, y1);
+  auto px = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
+  auto py = [&](double y) { return top + ph - (y - ay.lo) / (ay.hi - ay.lo) * ph; };
+
+  std::ostringstream s;
+  s << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+    << "\" viewBox=\"0 0 " << width << ' ' << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect x=\"0\" y=\"0\" width=\"" << width << "\" height=\"" << height << "\" fill=\"white\"/>\n"
+    << "<text x=\"" << width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">Training loss</text>\n";
+  // Grid lines and tick labels.
+  const int nx = static_cast<int>(std::lround((ax.hi - ax.lo) / ax.step));
+  const int ny = static_cast<int>(std::lround((ay.hi - ay.lo) / ay.step));
+  for (int i = 0; i <= nx; ++i) {
+    const double v = ax.lo + i * ax.step, x = px(v);
+    s << "<line x1=\"" << fmt(x, 2) << "\" y1=\"" << top << "\" x2=\"" << fmt(x, 2) << "\" y2=\"" << top + ph
+      << "\" stroke=\"#e0e0e0\"/>\n"
+      << "<text x=\"" << fmt(x, 2) << "\" y=\"" << top + ph + 18 << "\" text-anchor=\"middle\">" << fmt(v, ax.decimals)
+      << "</text>\n";
+  }
+  for (int i = 0; i <= ny; ++i) {
+    const double v = ay.lo + i * ay.step, y = py(v);
+    s << "<line x1=\"" << left << "\" y1=\"" << fmt(y, 2) << "\" x2=\"" << left + pw << "\" y2=\"" << fmt(y, 2)
+      << "\" stroke=\"#e0e0e0\"/>\n"
+      << "<text x=\"" << left - 8 << "\" y=\"" << fmt(y + 4, 2) << "\" text-anchor=\"end\">" << fmt(v, ay.decimals)
+      << "</text>\n";
+  }
+  // Axes and their labels.
+  s << "<line x1=\"" << left << "\" y1=\"" << top + ph << "\" x2=\"" << left + pw << "\" y2=\"" << top + ph
+    << "\" stroke=\"black\"/>\n"
+    << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\"" << top + ph << "\" stroke=\"black\"/>\n"
+    << "<text x=\"" << left + pw / 2 << "\" y=\"" << height - 15 << "\" text-anchor=\"middle\">step</text>\n"
+    << "<text x=\"20\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 20 " << top + ph / 2
+    << ")\">loss</text>\n";
+  // The data.
+  if (points.empty()) {
+    s << "<text x=\"" << left + pw / 2 << "\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" fill=\"#808080\">"
+      << "no loss values yet</text>\n";
+  } else {
+    s << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
+    for (size_t i = 0; i < points.size(); ++i)
+      s << (i ? " " : "") << fmt(px(points[i].first), 2) << ',' << fmt(py(points[i].second), 2);
+    s << "\"/>\n";
+    if (points.size() == 1)
+      s << "<circle cx=\"" << fmt(px(points[0].first), 2) << "\" cy=\"" << fmt(py(points[0].second), 2)
+        << "\" r=\"3\" fill=\"#1f77b4\"/>\n";
+  }
+  s << "</svg>\n";
+  return write_atomically(svg_path, s.str());
+}
+
+}  // namespace loom

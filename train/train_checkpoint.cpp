@@ -1,0 +1,82 @@
+// Training checkpoints on disk (see train_checkpoint.h).
+#include "train/train_checkpoint.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/safetensors.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+
+absl::Status write_train_checkpoint(const std::string& out_dir, int64_t step, const TrainCheckpoint& ckpt,
+                                    const std::function<absl::Status(const std::string& dir)>& extra_files) {
+  const fs::path final_dir = fs::path(out_dir) / absl::StrCat("checkpoint-", step);
+  const fs::path tmp = fs::path(out_dir) / absl::StrCat(".checkpoint-", step, ".tmp.", getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
+  std::vector<Tensor> keep;
+  std::vector<TensorToWrite> entries;
+  for (const auto& [name, t] : ckpt.tensors) {
+    keep.push_back(t.to(Device::cpu(), DType::f32).contiguous());
+    const Tensor& h = keep.back();
+    entries.push_back({name, DType::f32, h.shape(),
+                       std::span<const uint8_t>(static_cast<const uint8_t*>(h.data_ptr()), static_cast<size_t>(h.nbytes()))});
+  }
+  if (absl::Status s = write_safetensors((tmp / "optimizer.safetensors").string(), entries); !s.ok()) return s;
+  {
+    std::ofstream f(tmp / "trainer_state.json");
+    f << ckpt.state.dump(2) << "\n";
+    if (!f) return absl::DataLossError(absl::StrCat("cannot write ", (tmp / "trainer_state.json").string()));
+  }
+  if (absl::Status s = extra_files(tmp.string()); !s.ok()) return s;
+  fs::remove_all(final_dir, ec);  // an older checkpoint of the same step (a resumed run) is replaced whole
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return absl::NotFoundError(absl::StrCat("resume folder ", path, " does not exist"));
+  if (fs::exists(fs::path(path) / "trainer_state.json")) return path;
+  int64_t best = -1;
+  std::string best_dir;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string n = e.path().filename().string();
+    int64_t step = 0;
+    if (n.rfind("checkpoint-", 0) == 0 && absl::SimpleAtoi(n.substr(11), &step) && step > best &&
+        fs::exists(e.path() / "trainer_state.json")) {
+      best = step;
+      best_dir = e.path().string();
+    }
+  }
+  if (best < 0) return absl::NotFoundError(absl::StrCat(path, " holds no checkpoint-<step> folder with a trainer_state.json"));
+  return best_dir;
+}
+
+absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
+  TrainCheckpoint c;
+  const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
+  std::ifstream f(state_path);
+  c.state = nlohmann::json::parse(f, nullptr, false);
+  if (c.state.is_discarded() || !c.state.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(state_path, ": not a JSON object"));
+  auto st = SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+  if (!st.ok()) return st.status();
+  for (const TensorInfo& t : st->tensors()) {
+    auto span = st->bytes(t);
+    c.tensors[t.name] =
+        Tensor::from_storage(borrow(const_cast<uint8_t*>(span.data()), span.size(), Device::cpu(), st->keepalive()), t.shape, t.dtype)
+            .clone();
+  }
+  return c;
+}
+
+}  // namespace loom

@@ -1,0 +1,347 @@
+// The training loop (see trainer.h).
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "kernels/adamw.h"
+#include "train/metrics.h"
+#include "train/schedule.h"
+#include "train/train_checkpoint.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+#define LOOM_ASSIGN_OR_RETURN_IMPL(var, expr, tmp) \
+  auto tmp = (expr);                               \
+  if (!tmp.ok()) return tmp.status();              \
+  var = *std::move(tmp)
+#define LOOM_CAT2(a, b) a##b
+#define LOOM_CAT(a, b) LOOM_CAT2(a, b)
+#define LOOM_ASSIGN_OR_RETURN(var, expr) LOOM_ASSIGN_OR_RETURN_IMPL(var, expr, LOOM_CAT(status_or_, __LINE__))
+#define LOOM_RETURN_IF_ERROR(expr)     \
+  do {                                 \
+    absl::Status loom_s_ = (expr);     \
+    if (!loom_s_.ok()) return loom_s_; \
+  } while (0)
+
+uint64_t mix(uint64_t x) {  // splitmix64 finalizer: distinct dropout streams per module
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::string format_duration(double s) {
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  return t >= 3600 ? absl::StrCat(t / 3600, "h", (t % 3600) / 60, "m") : absl::StrCat(t / 60, "m", t % 60, "s");
+}
+
+}  // namespace
+
+struct Trainer::State {
+  TrainConfig cfg;
+  Device device;
+  DType dtype = DType::bf16;
+  std::unique_ptr<CausalLM> model;
+  Tokenizer tokenizer;
+  std::unique_ptr<PackedLoader> loader;
+  struct Param {
+    std::string name;
+    ag::Variable* var;
+    Tensor master;  // f32: the weight itself (LoRA, f32 models) or a master copy of a bf16 weight
+    Tensor exp_avg, exp_avg_sq;
+  };
+  std::vector<Param> params;
+  LrSchedule schedule;
+  int64_t step = 0, total_steps = 0;
+  std::vector<float> losses;
+  std::optional<MetricsWriter> metrics;
+  DataStats stats;
+
+  absl::Status save_checkpoint();
+  absl::Status restore(const std::string& checkpoint_dir);
+  absl::Status save_final();
+  nlohmann::json describe() const;
+};
+
+Trainer::Trainer(std::unique_ptr<State> state) : s_(std::move(state)) {}
+Trainer::~Trainer() = default;
+void Trainer::request_stop() { g_stop.store(true); }
+int64_t Trainer::step() const { return s_->step; }
+int64_t Trainer::total_steps() const { return s_->total_steps; }
+const std::vector<float>& Trainer::losses() const { return s_->losses; }
+
+absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  std::vector<std::string> from_file;
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    const std::string l(absl::StripAsciiWhitespace(line.substr(0, line.find('#'))));
+    if (l.empty()) continue;
+    const size_t sep = l.find_first_of("=:");
+    if (sep == std::string::npos)
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected `key = value`, got '", l, "'"));
+    std::string key(absl::StripAsciiWhitespace(l.substr(0, sep)));
+    std::string value(absl::StripAsciiWhitespace(l.substr(sep + 1)));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+    if (value == "true") {
+      from_file.push_back("--" + key);
+    } else if (value != "false") {
+      from_file.push_back("--" + key);
+      from_file.push_back(value);
+    }
+  }
+  argv->insert(argv->begin(), from_file.begin(), from_file.end());  // command-line flags come later and win
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg) {
+  auto s = std::make_unique<State>();
+  s->cfg = cfg;
+  LOOM_ASSIGN_OR_RETURN(s->device, parse_device(cfg.device));
+  if (s->device.is_cuda() && s->device.index >= cuda_device_count())
+    return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device, ": no such CUDA device (",
+                                                   cuda_device_count(), " visible)"));
+  if (cfg.dtype != "bf16" && cfg.dtype != "f32")
+    return absl::InvalidArgumentError(absl::StrCat("--dtype must be bf16 or f32, got '", cfg.dtype, "'"));
+  s->dtype = cfg.dtype == "bf16" ? DType::bf16 : DType::f32;
+  if (cfg.seq_len < 2 || cfg.batch_size < 1 || cfg.grad_accum < 1 || cfg.epochs < 1 || cfg.max_steps < 0)
+    return absl::InvalidArgumentError("--seq-len must be >= 2 and --batch-size, --grad-accum, --epochs >= 1");
+  if (!(cfg.lr > 0.f)) return absl::InvalidArgumentError(absl::StrCat("--lr must be positive, got ", cfg.lr));
+  LrScheduleKind kind;
+  LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
+
+  // The output folder must be writable before hours of training are spent.
+  std::error_code ec;
+  fs::create_directories(cfg.out_dir, ec);
+  const fs::path probe = fs::path(cfg.out_dir) / absl::StrCat(".write-test.", getpid());
+  if (ec || !std::ofstream(probe)) return absl::PermissionDeniedError(absl::StrCat("output folder ", cfg.out_dir, " is not writable"));
+  fs::remove(probe, ec);
+
+  LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, {s->dtype, s->device}));
+  const ModelConfig& mc = s->model->config();
+  if (cfg.seq_len > mc.max_position_embeddings)
+    return absl::InvalidArgumentError(absl::StrCat("--seq-len ", cfg.seq_len, " exceeds the model's max_position_embeddings ",
+                                                   mc.max_position_embeddings, " (", cfg.model_dir, "/config.json)"));
+  LOOM_ASSIGN_OR_RETURN(s->tokenizer, Tokenizer::load(cfg.model_dir));
+  if (s->tokenizer.vocab_size() > mc.vocab_size)
+    return absl::InvalidArgumentError(absl::StrCat("the tokenizer has ", s->tokenizer.vocab_size(), " tokens but the model's ",
+                                                   "vocab_size is ", mc.vocab_size, ": token ids would be out of range"));
+  DataOptions dopt;
+  dopt.skip_bad_lines = cfg.skip_bad_lines;
+  if (cfg.chat_template.empty()) {
+    auto t = detect_chat_template(cfg.model_dir);
+    dopt.chat_template = t.ok() ? *t : ChatTemplate::kChatML;
+  } else {
+    LOOM_ASSIGN_OR_RETURN(dopt.chat_template, parse_chat_template(cfg.chat_template));
+  }
+  std::vector<Example> examples;
+  LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
+  const int32_t pad = static_cast<int32_t>(s->tokenizer.eos_id().value_or(0));
+  s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size, cfg.seed, 0, 1, pad);
+  const int64_t per_epoch = std::max<int64_t>(1, s->loader->steps_per_epoch() / cfg.grad_accum);
+  s->total_steps = cfg.max_steps > 0 ? cfg.max_steps : per_epoch * cfg.epochs;
+  s->schedule = LrSchedule{kind, cfg.warmup_steps, s->total_steps};
+
+  std::optional<std::string> resume_dir;
+  if (!cfg.resume.empty()) {
+    std::string d;
+    LOOM_ASSIGN_OR_RETURN(d, resolve_checkpoint(cfg.resume));
+    resume_dir = d;
+  }
+  if (cfg.full) {
+    s->model->set_weights_trainable(true);
+    for (auto& [name, v] : s->model->named_weights()) {
+      Tensor master = s->dtype == DType::f32 ? v->value() : v->value().to(DType::f32);
+      s->params.push_back({name, v, master, Tensor::zeros(master.shape(), DType::f32, s->device),
+                           Tensor::zeros(master.shape(), DType::f32, s->device)});
+    }
+  } else {
+    if (resume_dir) {
+      LoraConfig saved;
+      LOOM_ASSIGN_OR_RETURN(saved, load_adapter(*s->model, *resume_dir));
+      s->cfg.lora = saved;
+    } else {
+      LOOM_RETURN_IF_ERROR(add_lora(*s->model, cfg.lora, cfg.seed));
+    }
+    uint64_t index = 0;
+    for (Linear* l : s->model->linears())
+      if (l->lora) l->lora->dropout_seed = mix(cfg.seed ^ mix(++index));
+    for (auto& [name, v] : lora_parameters(*s->model))
+      s->params.push_back({name, v, v->value(), Tensor::zeros(v->shape(), DType::f32, s->device),
+                           Tensor::zeros(v->shape(), DType::f32, s->device)});
+  }
+  if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir));
+  auto metrics = MetricsWriter::open(cfg.out_dir, resume_dir ? std::optional<int64_t>(s->step) : std::nullopt);
+  if (!metrics.ok()) return metrics.status();
+  s->metrics.emplace(*std::move(metrics));
+  return std::unique_ptr<Trainer>(new Trainer(std::move(s)));
+}
+
+nlohmann::json Trainer::State::describe() const {
+  return {{"model", model->config().summary()},
+          {"mode", cfg.full ? "full" : "lora"},
+          {"lora_r", cfg.full ? 0 : cfg.lora.r},
+          {"seq_len", cfg.seq_len},
+          {"batch_size", cfg.batch_size},
+          {"grad_accum", cfg.grad_accum},
+          {"seed", cfg.seed},
+          {"dtype", cfg.dtype}};
+}
+
+absl::Status Trainer::State::save_checkpoint() {
+  TrainCheckpoint c;
+  const LoaderState ls = loader->state();
+  c.state = describe();
+  c.state["step"] = step;
+  c.state["total_steps"] = total_steps;
+  c.state["epoch"] = ls.epoch;
+  c.state["cursor"] = ls.cursor;
+  c.state["offset"] = ls.offset;
+  for (const Param& p : params) {
+    c.tensors["exp_avg." + p.name] = p.exp_avg;
+    c.tensors["exp_avg_sq." + p.name] = p.exp_avg_sq;
+    if (cfg.full) c.tensors["master." + p.name] = p.master;
+  }
+  return write_train_checkpoint(cfg.out_dir, step, c, [&](const std::string& dir) {
+    return cfg.full ? absl::OkStatus() : save_adapter(*model, cfg.lora, dir);
+  });
+}
+
+absl::Status Trainer::State::restore(const std::string& dir) {
+  TrainCheckpoint c;
+  LOOM_ASSIGN_OR_RETURN(c, read_train_checkpoint(dir));
+  const nlohmann::json want = describe();
+  for (const char* key : {"model", "mode", "lora_r"}) {
+    if (c.state.value(key, nlohmann::json()) != want[key])
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume from ", dir, ": it was trained with ", key, " = ", c.state.value(key, nlohmann::json()).dump(),
+          ", this run has ", want[key].dump(), (std::string(key) == "model" ? " (a different model)" : "")));
+  }
+  for (Param& p : params) {
+    for (auto [prefix, dst] : {std::pair<const char*, Tensor*>{"exp_avg.", &p.exp_avg}, {"exp_avg_sq.", &p.exp_avg_sq},
+                               {"master.", cfg.full ? &p.master : nullptr}}) {
+      if (!dst) continue;
+      auto it = c.tensors.find(prefix + p.name);
+      if (it == c.tensors.end() || it->second.shape() != dst->shape())
+        return absl::DataLossError(absl::StrCat(dir, "/optimizer.safetensors: missing or misshapen ", prefix, p.name));
+      dst->copy_(it->second);
+    }
+    if (cfg.full) {  // compute weights are the master rounded once
+      Tensor compute = p.var->value();
+      compute.copy_(p.master);
+    }
+  }
+  step = c.state.value("step", int64_t{0});
+  loader->set_state({c.state.value("epoch", int64_t{0}), c.state.value("cursor", int64_t{0}),
+                     c.state.value("offset", int64_t{0})});
+  if (!cfg.quiet) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::State::save_final() {
+  if (cfg.full) {
+    LOOM_RETURN_IF_ERROR(save_pretrained(*model, cfg.out_dir));
+  } else {
+    LOOM_RETURN_IF_ERROR(save_adapter(*model, cfg.lora, cfg.out_dir));
+  }
+  return write_loss_svg(metrics->path(), (fs::path(cfg.out_dir) / "loss.svg").string());
+}
+
+absl::Status Trainer::run() {
+  State& s = *s_;
+  const bool tty = isatty(fileno(stdout));
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t first_step = s.step;
+  int64_t micro = s.step * s.cfg.grad_accum;
+  while (s.step < s.total_steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<Batch> batches;
+    int64_t targets = 0, tokens = 0;
+    for (int64_t i = 0; i < s.cfg.grad_accum; ++i) {
+      batches.push_back(s.loader->next());
+      targets += batches.back().target_tokens;
+      tokens += batches.back().tokens;
+    }
+    // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46).
+    double loss_sum = 0;
+    for (const Batch& b : batches) {
+      for (Linear* l : s.model->linears())
+        if (l->lora) l->lora->dropout_offset = static_cast<uint64_t>(micro) << 36;
+      ++micro;
+      if (b.target_tokens == 0) continue;
+      ag::Variable logits = s.model->forward(b.input_ids, {b.positions, b.segment_ids});
+      ag::Variable loss = causal_lm_loss(logits, b.labels.to(s.device));
+      const float weight = static_cast<float>(b.target_tokens) / static_cast<float>(targets);
+      loss_sum += static_cast<double>(loss.value().item()) * weight;
+      ag::backward(ag::scale(loss, weight));
+    }
+    std::vector<Tensor> grads;
+    for (const auto& p : s.params)
+      if (p.var->grad().defined()) grads.push_back(p.var->grad());
+    const GradNorm gn = clip_grad_norm(grads, s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY);
+    AdamWParams ap;
+    ap.lr = s.schedule.lr(s.cfg.lr, s.step);
+    ap.beta1 = s.cfg.beta1;
+    ap.beta2 = s.cfg.beta2;
+    ap.eps = s.cfg.eps;
+    ap.weight_decay = s.cfg.weight_decay;
+    ap.step = s.step + 1;
+    ap.grad_scale = gn.coef;
+    for (auto& p : s.params) {
+      if (!p.var->grad().defined()) continue;
+      Tensor compute = p.var->value();
+      const bool separate = p.master.storage() != compute.storage();
+      ops::adamw_step(p.master, p.var->grad(), p.exp_avg, p.exp_avg_sq, ap, separate ? &compute : nullptr);
+      p.var->zero_grad();
+    }
+    ++s.step;
+    s.losses.push_back(static_cast<float>(loss_sum));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    StepMetrics m;
+    m.step = s.step;
+    m.epoch = static_cast<double>(s.loader->state().epoch) +
+              static_cast<double>(s.loader->state().cursor) / std::max<int64_t>(1, s.stats.examples);
+    m.loss = loss_sum;
+    m.lr = ap.lr;
+    m.grad_norm = gn.norm;
+    m.tokens = targets;
+    m.tokens_per_s = static_cast<double>(tokens) / dt;
+    m.mem_bytes = memory_stats(s.device).peak_bytes;
+    LOOM_RETURN_IF_ERROR(s.metrics->write(m));
+    if (!s.cfg.quiet && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps)) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(s.total_steps - s.step);
+      std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB | ETA %s%s",
+                  tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
+                  ap.lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9, format_duration(eta).c_str(),
+                  tty ? "" : "\n");
+      std::fflush(stdout);
+    }
+    const bool stopping = g_stop.load();
+    if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
+    if (stopping) {
+      if (!s.cfg.quiet) std::printf("%sstopped by signal at step %lld; checkpoint saved in %s\n", tty ? "\n" : "",
+                                    static_cast<long long>(s.step), s.cfg.out_dir.c_str());
+      return absl::OkStatus();
+    }
+  }
+  if (tty && !s.cfg.quiet) std::printf("\n");
+  if (s.cfg.save_every == 0 || s.step % s.cfg.save_every != 0) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
+  return s.save_final();
+}
+
+}  // namespace loom

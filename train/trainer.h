@@ -1,0 +1,62 @@
+// Trainer: the `loom train` loop as a library. LoRA on frozen base weights or full fine-tuning
+// (f32 master weights and AdamW state, bf16 compute weights), packed JSONL data, gradient
+// accumulation, global-norm clipping, LR schedules, metrics, atomic checkpoints and exact resume.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/lora.h"
+#include "train/data.h"
+
+namespace loom {
+
+struct TrainConfig {
+  std::string model_dir, data_path, out_dir;
+  bool full = false;  // full fine-tuning instead of LoRA
+  LoraConfig lora;
+  int64_t seq_len = 1024, batch_size = 1, grad_accum = 1;
+  float lr = 2e-4f, weight_decay = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, max_grad_norm = 1.f;
+  std::string schedule = "linear";  // constant, linear, cosine (with warmup)
+  int64_t warmup_steps = 0;
+  int64_t epochs = 1, max_steps = 0;  // max_steps > 0 overrides epochs
+  uint64_t seed = 42;
+  int64_t save_every = 0;  // 0: only at the end
+  std::string device = "cpu";
+  std::string dtype = "bf16";      // compute dtype: bf16 or f32
+  std::string chat_template;       // "" = detect from the model folder
+  bool skip_bad_lines = false;
+  std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder
+  int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
+  bool quiet = false;
+};
+
+// Parses flags in `loom train` form from a config file: one `key = value` or `key: value` per line
+// (keys as the flags without dashes, '#' comments) — merged under the command-line flags.
+absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv);
+
+class Trainer {
+ public:
+  // Loads the model, tokenizer and data, sets up LoRA or full fine-tuning, restores a checkpoint
+  // when config.resume is set. Every user error is a Status naming what and where.
+  static absl::StatusOr<std::unique_ptr<Trainer>> create(const TrainConfig& config);
+  ~Trainer();
+
+  // Trains to the end (or until stop() is requested: then it finishes the step, saves and returns).
+  absl::Status run();
+  // Safe from a signal handler.
+  static void request_stop();
+
+  int64_t step() const;
+  int64_t total_steps() const;
+  const std::vector<float>& losses() const;  // per completed step of this run
+
+ private:
+  struct State;
+  explicit Trainer(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace loom
