@@ -42,6 +42,7 @@ const std::vector<FlagSpec> kFlags = {
     {"skip-bad-lines", true, "skip and count malformed JSONL lines instead of stopping", ""},
     {"resume", false, "an earlier --out folder (its latest checkpoint) or one checkpoint folder", ""},
     {"log-every", false, "progress line every N steps when not on a terminal", "1"},
+    {"stop-after", false, "stop after N steps of this run as if interrupted (checkpoint, exit 0)", "0"},
     {"quiet", true, "no progress output", ""},
     {"help", true, "show this help", ""},
 };
@@ -81,7 +82,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   };
   for (Int f : {Int{"lora-r", &c.lora.r}, {"seq-len", &c.seq_len}, {"batch-size", &c.batch_size}, {"grad-accum", &c.grad_accum},
                 {"warmup", &c.warmup_steps}, {"epochs", &c.epochs}, {"max-steps", &c.max_steps}, {"save-every", &c.save_every},
-                {"log-every", &c.log_every}}) {
+                {"log-every", &c.log_every}, {"stop-after", &c.stop_after}}) {
     auto v = args->integer(f.flag);
     if (!v.ok()) return fail(v.status());
     *f.dst = *v;

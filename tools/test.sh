@@ -7,3 +7,6 @@ tools/setup.sh
 tools/configure.sh
 build=${LOOM_BUILD_DIR:-build}
 ctest --test-dir "$build" -LE cuda --output-on-failure -j"$(nproc)" --timeout 600
+# The installed package as another program sees it: find_package(Loom) + the embedding example.
+tools/check_install.sh
+echo "check_install: the example built against the installed package trained and saved an adapter"

@@ -166,6 +166,13 @@ absl::Status Tokenizer::Impl::parse_pre_tokenizer(const json& j) {
     const json& s = steps[i];
     const std::string t = type_of(s);
     const std::string where = absl::StrCat("pre_tokenizer step ", i, " (", t, ")");
+    const bool spaces_replaced = std::any_of(norm.begin(), norm.end(), [](const NormStep& n) {
+      return n.kind == NormKind::kReplace && n.a == " " && n.b.find(' ') == std::string::npos;
+    });
+    if (t == "Split" && s.contains("pattern") && s["pattern"].is_object() && s["pattern"].value("String", "") == " " &&
+        spaces_replaced) {
+      continue;  // (Gemma 3) splitting on " " after the normalizer replaced every " " is a no-op
+    }
     if (t == "Split" && !split && !byte_level) {
       auto p = s.find("pattern");
       std::string regex;

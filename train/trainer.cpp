@@ -71,7 +71,8 @@ struct Trainer::State {
   DataStats stats;
 
   absl::Status save_checkpoint();
-  absl::Status restore(const std::string& checkpoint_dir);
+  absl::Status check_compatible(const std::string& checkpoint_dir, const nlohmann::json& saved) const;
+  absl::Status restore(const std::string& checkpoint_dir, const TrainCheckpoint& c);
   absl::Status save_final();
   nlohmann::json describe() const;
 };
@@ -82,6 +83,7 @@ void Trainer::request_stop() { g_stop.store(true); }
 int64_t Trainer::step() const { return s_->step; }
 int64_t Trainer::total_steps() const { return s_->total_steps; }
 const std::vector<float>& Trainer::losses() const { return s_->losses; }
+const CausalLM& Trainer::model() const { return *s_->model; }
 
 absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv) {
   std::ifstream f(path);
@@ -157,10 +159,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   s->schedule = LrSchedule{kind, cfg.warmup_steps, s->total_steps};
 
   std::optional<std::string> resume_dir;
+  TrainCheckpoint resume_from;
   if (!cfg.resume.empty()) {
     std::string d;
     LOOM_ASSIGN_OR_RETURN(d, resolve_checkpoint(cfg.resume));
     resume_dir = d;
+    LOOM_ASSIGN_OR_RETURN(resume_from, read_train_checkpoint(d));
+    LOOM_RETURN_IF_ERROR(s->check_compatible(d, resume_from.state));  // before touching its adapter
   }
   if (cfg.full) {
     s->model->set_weights_trainable(true);
@@ -184,7 +189,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
       s->params.push_back({name, v, v->value(), Tensor::zeros(v->shape(), DType::f32, s->device),
                            Tensor::zeros(v->shape(), DType::f32, s->device)});
   }
-  if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir));
+  if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir, resume_from));
   auto metrics = MetricsWriter::open(cfg.out_dir, resume_dir ? std::optional<int64_t>(s->step) : std::nullopt);
   if (!metrics.ok()) return metrics.status();
   s->metrics.emplace(*std::move(metrics));
@@ -221,16 +226,18 @@ absl::Status Trainer::State::save_checkpoint() {
   });
 }
 
-absl::Status Trainer::State::restore(const std::string& dir) {
-  TrainCheckpoint c;
-  LOOM_ASSIGN_OR_RETURN(c, read_train_checkpoint(dir));
+absl::Status Trainer::State::check_compatible(const std::string& dir, const nlohmann::json& saved) const {
   const nlohmann::json want = describe();
   for (const char* key : {"model", "mode", "lora_r"}) {
-    if (c.state.value(key, nlohmann::json()) != want[key])
+    if (saved.value(key, nlohmann::json()) != want[key])
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": it was trained with ", key, " = ", c.state.value(key, nlohmann::json()).dump(),
+          "cannot resume from ", dir, ": it was trained with ", key, " = ", saved.value(key, nlohmann::json()).dump(),
           ", this run has ", want[key].dump(), (std::string(key) == "model" ? " (a different model)" : "")));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::State::restore(const std::string& dir, const TrainCheckpoint& c) {
   for (Param& p : params) {
     for (auto [prefix, dst] : {std::pair<const char*, Tensor*>{"exp_avg.", &p.exp_avg}, {"exp_avg_sq.", &p.exp_avg_sq},
                                {"master.", cfg.full ? &p.master : nullptr}}) {
@@ -331,7 +338,7 @@ absl::Status Trainer::run() {
                   tty ? "" : "\n");
       std::fflush(stdout);
     }
-    const bool stopping = g_stop.load();
+    const bool stopping = g_stop.load() || (s.cfg.stop_after > 0 && s.step - first_step >= s.cfg.stop_after);
     if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
     if (stopping) {
       if (!s.cfg.quiet) std::printf("%sstopped by signal at step %lld; checkpoint saved in %s\n", tty ? "\n" : "",

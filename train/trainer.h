@@ -30,6 +30,7 @@ struct TrainConfig {
   bool skip_bad_lines = false;
   std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder
   int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
+  int64_t stop_after = 0;          // > 0: stop (save, return) after this many steps of this run, as if interrupted
   bool quiet = false;
 };
 
@@ -52,6 +53,7 @@ class Trainer {
   int64_t step() const;
   int64_t total_steps() const;
   const std::vector<float>& losses() const;  // per completed step of this run
+  const CausalLM& model() const;
 
  private:
   struct State;

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 
 #include "tests/e2e/cli.h"
 #include "tests/models/fixtures.h"
+#include "train/tokenizer.h"
 
 namespace loom::test {
 namespace {
@@ -109,6 +111,28 @@ TEST(Cli, DemoTrainsAndTheLossFalls) {
   ASSERT_NE(first, std::string::npos) << r.output;
   ASSERT_NE(last, std::string::npos) << r.output;
   EXPECT_LT(std::stof(r.output.substr(last + 15)), std::stof(r.output.substr(first + 15)) * 0.8f) << r.output;
+}
+
+}  // namespace
+}  // namespace loom::test
+
+namespace loom::test {
+namespace {
+
+TEST(Cli, TokenizePrintsTheTokenizersIds) {
+  const std::string tok = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/llama3/tokenizer.json";
+  RunResult r = run_loom("tokenize --tokenizer " + tok + " --text 'The loom weaves 42 threads.'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto t = Tokenizer::load(tok);
+  ASSERT_TRUE(t.ok());
+  const auto ids = t->encode("The loom weaves 42 threads.");
+  std::string want = "[";
+  for (size_t i = 0; i < ids.size(); ++i) want += (i ? "," : "") + std::to_string(ids[i]);
+  want += "]";
+  std::string got = r.output;
+  got.erase(std::remove_if(got.begin(), got.end(), ::isspace), got.end());
+  EXPECT_EQ(got, want);
+  EXPECT_NE(run_loom("tokenize --tokenizer /nonexistent.json --text x").exit_code, 0);
 }
 
 }  // namespace
