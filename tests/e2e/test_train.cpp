@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <unistd.h>
 
 #include "models/lora.h"
 #include "nlohmann/json.hpp"
@@ -21,7 +22,8 @@ const std::string kData = kSrc + "/examples/demo/weaving.jsonl";
 // A small initialised model with the demo tokenizer, made once per test binary.
 const std::string& base_model() {
   static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "loom_e2e_base";
+    // Per process: CTest runs the tests of this file in parallel processes.
+    const std::string d = ::testing::TempDir() + "loom_e2e_base_" + std::to_string(getpid());
     fs::remove_all(d);
     RunResult r = run_loom("init --from " + kSrc + "/examples/demo/model-config --out " + d + " --seed 3");
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -31,7 +33,7 @@ const std::string& base_model() {
 }
 
 std::string fresh_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "loom_e2e_" + name;
+  const std::string d = ::testing::TempDir() + "loom_e2e_" + name + "_" + std::to_string(getpid());
   fs::remove_all(d);
   return d;
 }
