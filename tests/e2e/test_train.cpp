@@ -5,7 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include "models/lora.h"
 #include "nlohmann/json.hpp"
@@ -105,6 +108,47 @@ TEST(Train, SavedAdapterReproducesTheTrainersLogits) {
   ag::NoGradGuard ng;
   const auto a = (*trainer)->model().forward(ids).value().to_floats(), b = (*reloaded)->forward(ids).value().to_floats();
   EXPECT_EQ(a, b);  // f32 weights written and read exactly
+}
+
+TEST(Train, FullFineTuneWritesAModelThatLoadsAndGenerates) {
+  const std::string out = fresh_dir("full");
+  const std::string cfg = ::testing::TempDir() + "loom_full_" + std::to_string(getpid()) + ".conf";
+  // The same keys as the flags, from a config file; the command line adds --full.
+  std::ofstream(cfg) << "# loom train config\nmodel = " << base_model() << "\ndata: " << kData << "\nout = " << out
+                     << "\nseq-len = 64\nbatch-size = 2\nmax-steps = 16\nlr = 3e-3\ndtype = bf16\nquiet = true\n";
+  RunResult r = run_loom("train --config " + cfg + " --full");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto losses = metric_losses(out);
+  ASSERT_EQ(losses.size(), 16u);
+  EXPECT_LT(losses.back(), losses.front() - 0.5);
+  ASSERT_TRUE(fs::exists(out + "/model.safetensors") && fs::exists(out + "/config.json"));
+  EXPECT_FALSE(fs::exists(out + "/adapter_config.json"));
+  r = run_loom("generate --model " + out + " --prompt 'The loom' --max-new-tokens 8 --temperature 0 --dtype f32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("The loom", 0), 0u) << r.output;
+  EXPECT_GT(r.output.size(), std::string("The loom\n").size()) << "nothing generated";
+}
+
+TEST(Train, SigintFinishesTheStepSavesAndExitsZero) {
+  const std::string out = fresh_dir("sigint");
+  const std::string cmd = std::string(LOOM_BINARY) + " " + train_args(out, 100000) + " > " + out + ".log 2>&1";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait until a few steps are logged, then interrupt.
+  for (int i = 0; i < 600 && metric_losses(out).size() < 3; ++i) usleep(50 * 1000);
+  ASSERT_GE(metric_losses(out).size(), 3u) << "training did not start";
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const int64_t steps = static_cast<int64_t>(metric_losses(out).size());
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-" + std::to_string(steps) + "/trainer_state.json"))
+      << "no checkpoint for step " << steps;
 }
 
 struct Bad {
