@@ -21,35 +21,35 @@ std::string fmt(const char* f, double v) {
 }
 
 void create_context(int device) {
-  LOOM_BENCH_CUDA(cudaSetDevice(device));
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
   BenchContext& c = ctx();
   cudaStream_t s = nullptr;
   // A blocking stream: the synchronous cudaMemcpy uploads on the legacy default stream are ordered
   // before the kernels that read them.
-  LOOM_BENCH_CUDA(cudaStreamCreate(&s));
+  LOOM_CUDA_CHECK(cudaStreamCreate(&s));
   c.stream = s;
   LOOM_CHECK(cublasLtCreate(&c.cublaslt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed");
-  LOOM_BENCH_CUDA(cudaMalloc(&c.gemm_ws.ptr, kGemmWorkspaceBytes));
+  LOOM_CUDA_CHECK(cudaMalloc(&c.gemm_ws.ptr, kGemmWorkspaceBytes));
   c.gemm_ws.bytes = kGemmWorkspaceBytes;
   void* r = nullptr;
-  LOOM_BENCH_CUDA(cudaMalloc(&r, cuda::kReduceWorkspaceFloats * sizeof(float)));
+  LOOM_CUDA_CHECK(cudaMalloc(&r, cuda::kReduceWorkspaceFloats * sizeof(float)));
   c.reduce_ws = static_cast<float*>(r);
 }
 
 // Best of several batches of `reps` launches, in seconds per launch.
 double best_seconds(const std::function<void()>& launch, int reps, int batches) {
   cudaEvent_t a, b;
-  LOOM_BENCH_CUDA(cudaEventCreate(&a));
-  LOOM_BENCH_CUDA(cudaEventCreate(&b));
+  LOOM_CUDA_CHECK(cudaEventCreate(&a));
+  LOOM_CUDA_CHECK(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) launch();  // warm-up
   double best = 1e30;
   for (int j = 0; j < batches; ++j) {
-    LOOM_BENCH_CUDA(cudaEventRecord(a, ctx().stream));
+    LOOM_CUDA_CHECK(cudaEventRecord(a, ctx().stream));
     for (int i = 0; i < reps; ++i) launch();
-    LOOM_BENCH_CUDA(cudaEventRecord(b, ctx().stream));
-    LOOM_BENCH_CUDA(cudaEventSynchronize(b));
+    LOOM_CUDA_CHECK(cudaEventRecord(b, ctx().stream));
+    LOOM_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    LOOM_BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+    LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     best = std::min(best, 1e-3 * ms / reps);
   }
   cudaEventDestroy(a);
@@ -61,9 +61,9 @@ double best_seconds(const std::function<void()>& launch, int reps, int batches) 
 double measure_copy_bandwidth() {
   const size_t bytes = size_t(1) << 30;
   DeviceArray<uint8_t> src(bytes), dst(bytes);
-  LOOM_BENCH_CUDA(cudaMemsetAsync(src.get(), 0x5a, bytes, ctx().stream));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(src.get(), 0x5a, bytes, ctx().stream));
   const double t = best_seconds(
-      [&] { LOOM_BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, ctx().stream)); },
+      [&] { LOOM_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, ctx().stream)); },
       10, 5);
   return 2.0 * static_cast<double>(bytes) / t;
 }
@@ -86,7 +86,7 @@ double measure_gemm_rate() {
 
 void add_device_context(int device) {
   cudaDeviceProp prop{};
-  LOOM_BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);

@@ -32,8 +32,8 @@ void fill_impl(T* p, size_t n, float lo, float hi) {
 struct EventPair {
   cudaEvent_t start = nullptr, stop = nullptr;
   EventPair() {
-    LOOM_BENCH_CUDA(cudaEventCreate(&start));
-    LOOM_BENCH_CUDA(cudaEventCreate(&stop));
+    LOOM_CUDA_CHECK(cudaEventCreate(&start));
+    LOOM_CUDA_CHECK(cudaEventCreate(&stop));
   }
   ~EventPair() {
     cudaEventDestroy(start);
@@ -42,12 +42,12 @@ struct EventPair {
   // Seconds taken by `count` launches enqueued between the two events.
   double time(const std::function<void()>& launch, int64_t count) {
     Stream s = ctx().stream;
-    LOOM_BENCH_CUDA(cudaEventRecord(start, s));
+    LOOM_CUDA_CHECK(cudaEventRecord(start, s));
     for (int64_t i = 0; i < count; ++i) launch();
-    LOOM_BENCH_CUDA(cudaEventRecord(stop, s));
-    LOOM_BENCH_CUDA(cudaEventSynchronize(stop));
+    LOOM_CUDA_CHECK(cudaEventRecord(stop, s));
+    LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0.f;
-    LOOM_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     return 1e-3 * ms;
   }
 };
@@ -66,13 +66,13 @@ DeviceArray<int32_t> random_ints(size_t n, int32_t bound, uint64_t seed) {
 
 DeviceArray<int32_t> upload_ints(const std::vector<int32_t>& v) {
   DeviceArray<int32_t> a(v.size());
-  LOOM_BENCH_CUDA(cudaMemcpy(a.get(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  LOOM_CUDA_CHECK(cudaMemcpy(a.get(), v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   return a;
 }
 
 DeviceArray<float> upload_floats(const std::vector<float>& v) {
   DeviceArray<float> a(v.size());
-  LOOM_BENCH_CUDA(cudaMemcpy(a.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  LOOM_CUDA_CHECK(cudaMemcpy(a.get(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
   return a;
 }
 
@@ -81,7 +81,7 @@ void run_timed(benchmark::State& state, const Work& work, const std::function<vo
   // Warm-up: the first launch pays for module loading, cuBLASLt heuristics and cold TLBs; the
   // second, timed alone, sizes the batch.
   launch();
-  LOOM_BENCH_CUDA(cudaStreamSynchronize(ctx().stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
   const double one = ev.time(launch, 1);
   const int64_t batch =
       std::clamp<int64_t>(static_cast<int64_t>(std::ceil(kTargetBatchSeconds / std::max(one, 1e-7))), 1, kMaxBatch);
@@ -94,7 +94,7 @@ void run_timed(benchmark::State& state, const Work& work, const std::function<vo
     total_s += t;
     launches += batch;
   }
-  LOOM_BENCH_CUDA(cudaGetLastError());
+  LOOM_CUDA_CHECK(cudaGetLastError());
 
   using benchmark::Counter;
   if (work.bytes > 0) state.counters["bytes_per_second"] = Counter(work.bytes, Counter::kIsIterationInvariantRate);

@@ -11,17 +11,10 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/cuda_check.h"
 #include "kernels/error.h"
 #include "kernels/gemm.h"
 
-#define LOOM_BENCH_CUDA(expr)                                                                   \
-  do {                                                                                          \
-    cudaError_t loom_err_ = (expr);                                                             \
-    if (loom_err_ != cudaSuccess)                                                               \
-      ::loom::detail::fail(__FILE__, __LINE__,                                                  \
-                           ::loom::detail::cat("CUDA error ", cudaGetErrorString(loom_err_),    \
-                                               " in ", #expr));                                 \
-  } while (0)
 
 namespace loom::bench {
 
@@ -46,7 +39,7 @@ class DeviceArray {
  public:
   explicit DeviceArray(size_t n) : n_(n) {
     void* p = nullptr;
-    LOOM_BENCH_CUDA(cudaMalloc(&p, (n > 0 ? n : 1) * sizeof(T)));
+    LOOM_CUDA_CHECK(cudaMalloc(&p, (n > 0 ? n : 1) * sizeof(T)));
     p_ = static_cast<T*>(p);
   }
   ~DeviceArray() {

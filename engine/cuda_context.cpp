@@ -9,7 +9,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #if LOOM_WITH_CUDA
-#include "engine/cuda_check.h"
+#include "kernels/cuda_check.h"
 #endif
 
 namespace loom {

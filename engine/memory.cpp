@@ -8,7 +8,7 @@
 #include "engine/cuda_context.h"
 #include "kernels/error.h"
 #if LOOM_WITH_CUDA
-#include "engine/cuda_check.h"
+#include "kernels/cuda_check.h"
 #endif
 
 namespace loom {

@@ -7,7 +7,7 @@
 #include "engine/cuda_context.h"
 #include "kernels/elementwise.h"
 #if LOOM_WITH_CUDA
-#include "engine/cuda_check.h"
+#include "kernels/cuda_check.h"
 #endif
 
 namespace loom {

@@ -8,15 +8,8 @@
 #include <cstdint>
 
 #include "kernels/common.h"
+#include "kernels/cuda_check.h"
 
-#define LOOM_CUDA_CHECK(expr)                                                                  \
-  do {                                                                                         \
-    cudaError_t loom_err_ = (expr);                                                            \
-    if (loom_err_ != cudaSuccess)                                                              \
-      ::loom::detail::fail(__FILE__, __LINE__,                                                 \
-                           ::loom::detail::cat("CUDA error ", cudaGetErrorString(loom_err_),   \
-                                               " in ", #expr));                                \
-  } while (0)
 
 // Ends every launcher: reports a bad launch configuration at the launch site.
 #define LOOM_CUDA_LAUNCH_CHECK() LOOM_CUDA_CHECK(cudaGetLastError())

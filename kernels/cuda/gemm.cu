@@ -14,14 +14,6 @@
 // The forward declaration in kernels/gemm.h must name the very type cublasLt.h declares.
 static_assert(std::is_same_v<cublasLtHandle_t, cublasLtContext*>);
 
-#define LOOM_CUBLAS_CHECK(expr)                                                                   \
-  do {                                                                                            \
-    cublasStatus_t loom_st_ = (expr);                                                             \
-    if (loom_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      ::loom::detail::fail(__FILE__, __LINE__,                                                    \
-                           ::loom::detail::cat("cuBLASLt error ", cublasLtGetStatusString(loom_st_), \
-                                               " (", static_cast<int>(loom_st_), ") in ", #expr)); \
-  } while (0)
 
 namespace loom::cuda {
 namespace {
