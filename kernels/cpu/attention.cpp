@@ -59,7 +59,9 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
   check_attention_params(p, "cpu::attention_forward");
   const Layout L = layout_of(p);
   const int64_t rows = p.batch * p.heads * p.seq, d = p.head_dim;
-#pragma omp parallel
+  // Threads only when there is work for them: a parallel region per tiny call costs more than the
+  // call, and far more on a loaded machine where every region waits for all of its threads.
+#pragma omp parallel if (rows * p.seq * d > 65536)
   {
     std::vector<A> score(p.seq), acc(d);
 #pragma omp for schedule(dynamic, 16)
@@ -103,7 +105,7 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
   const int64_t d = p.head_dim, tasks = p.batch * p.kv_heads;
   // One task per (batch, kv head): it owns dk, dv of that kv head and dq of the heads in its group,
   // so no two threads write the same output.
-#pragma omp parallel
+#pragma omp parallel if (p.batch * p.heads * p.seq * p.seq * d > 65536)
   {
     std::vector<A> dk_acc(p.seq * d), dv_acc(p.seq * d), dq_acc(d);
 #pragma omp for schedule(dynamic, 1)
