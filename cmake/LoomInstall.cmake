@@ -4,9 +4,10 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_loom_libs loom_kernels loom_engine loom_autograd loom_models)
-set(_loom_header_dirs kernels engine autograd models)
-# loom_dist is left out until LoomConfig.cmake also finds what it links (MPI, NCCL).
+set(_loom_libs loom_kernels loom_engine loom_autograd loom_models loom_dist)
+set(_loom_header_dirs kernels engine autograd models dist)
+# loom_dist links only absl and the engine today; LoomConfig.cmake must find MPI and NCCL once the
+# Communicator lands there.
 set(_loom_has_train OFF)  # train/ may be absent from a partial checkout
 if(TARGET loom_train)
   list(APPEND _loom_libs loom_train)

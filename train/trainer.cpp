@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "dist/launch_env.h"
 #include "kernels/adamw.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -113,6 +114,12 @@ absl::Status apply_config_file(const std::string& path, std::vector<std::string>
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg) {
   auto s = std::make_unique<State>();
   s->cfg = cfg;
+  LaunchEnv launch;
+  LOOM_ASSIGN_OR_RETURN(launch, detect_launch_env());
+  if (launch.world_size > 1)
+    return absl::UnimplementedError(absl::StrCat(
+        "launched as rank ", launch.rank, " of ", launch.world_size, " (", launch.launcher, "): multi-process data ",
+        "parallelism needs loom_dist's NCCL Communicator, which is not built yet; run a single process"));
   LOOM_ASSIGN_OR_RETURN(s->device, parse_device(cfg.device));
   if (s->device.is_cuda() && s->device.index >= cuda_device_count())
     return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device, ": no such CUDA device (",
