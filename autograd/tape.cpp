@@ -65,11 +65,14 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
              shape_str(cell.shape), " of its input");
   LOOM_CHECK(g.dtype() == cell.dtype, "backward of ", from, ": gradient ", g.str(), " does not match the dtype ",
              name(cell.dtype), " of its input");
-  if (!cell.grad.defined()) {
-    // Own the storage: the node may hand out a view of a tensor it still uses.
-    cell.grad = g.is_contiguous() ? g : g.contiguous();
+  if (cell.is_leaf) {
+    // A leaf owns its gradient: a node may hand the same tensor to several inputs (add), and leaf
+    // gradients are later accumulated and reduced in place (grad accumulation, data parallelism).
+    if (!cell.grad.defined()) cell.grad = g.clone();
+    else ops::add_(cell.grad, g);
   } else {
-    ops::add_(cell.grad, g);
+    // Intermediates are never modified in place, so they may share storage; sums are new tensors.
+    cell.grad = cell.grad.defined() ? ops::add(cell.grad, g) : g.contiguous();
   }
 }
 

@@ -154,6 +154,8 @@ void transfer(const Tensor& src, Tensor& dst) {
   }
 #if LOOM_WITH_CUDA
   if (src.is_cuda() && dst.is_cuda()) {
+    // The source was produced on its own device's stream: finish that work before the copy reads it.
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_of(src.device())));
     LOOM_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data_ptr(), dst.device().index, src.data_ptr(), src.device().index,
                                         src.nbytes(), stream_of(dst.device())));
     return;

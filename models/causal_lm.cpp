@@ -173,7 +173,7 @@ ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& op
   return run(input_ids, ctx, nullptr);
 }
 
-ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache) const {
+ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache, bool last_only) const {
   const ModelConfig& c = config_;
   ag::Variable x = ag::embedding(input_ids.to(device_), embed_tokens_);
   if (is_gemma(c)) {
@@ -188,6 +188,8 @@ ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, K
     }
     x = is_gemma(c) ? detail::gemma_layer(layers_[i], x, ctx) : detail::llama_layer(layers_[i], x, ctx);
   }
+  // A prompt's prefill needs only the last position's logits: [1, n, vocab] in f32 can be gigabytes.
+  if (last_only && x.size(1) > 1) x = ag::narrow(x, 1, x.size(1) - 1, 1);
   ag::Variable logits = lm_head_.forward(norm_.forward(x));
   if (c.final_logit_softcapping > 0.f) logits = ag::softcap(logits, c.final_logit_softcapping);
   return ag::cast(logits, DType::f32);
@@ -202,7 +204,7 @@ CausalLM::KvCache CausalLM::make_cache(int64_t capacity) const {
   return cache;
 }
 
-ag::Variable CausalLM::forward_cached(const Tensor& input_ids, KvCache& cache) const {
+ag::Variable CausalLM::forward_cached(const Tensor& input_ids, KvCache& cache, bool all_positions) const {
   LOOM_CHECK(input_ids.dim() == 2 && input_ids.size(0) == 1 && input_ids.dtype() == DType::i32,
              "forward_cached: input_ids must be i32 [1, n], got ", input_ids.str());
   LOOM_CHECK(!cache.k.empty() && cache.length + input_ids.size(1) <= cache.k[0].size(1), "forward_cached: ",
@@ -217,7 +219,7 @@ ag::Variable CausalLM::forward_cached(const Tensor& input_ids, KvCache& cache) c
   std::vector<int32_t> pos(ctx.seq);
   for (int64_t i = 0; i < ctx.seq; ++i) pos[i] = static_cast<int32_t>(cache.length + i);
   ctx.positions = Tensor::from_ints(pos, {ctx.seq}).to(device_);
-  ag::Variable logits = run(input_ids, ctx, &cache);
+  ag::Variable logits = run(input_ids, ctx, &cache, !all_positions);
   cache.length += ctx.seq;
   return logits;
 }

@@ -45,13 +45,14 @@ class CausalLM {
   ag::Variable forward(const Tensor& input_ids, const ForwardOptions& options = {}) const;
 
   // Generation with a KV cache (batch 1, no gradients): runs input_ids [1, n] at positions
-  // start..start+n-1, appending their keys and values to the cache; returns logits f32 [1, n, vocab].
+  // start..start+n-1, appending their keys and values to the cache; returns logits f32 [1, 1, vocab]
+  // for the last position ([1, n, vocab] with all_positions).
   struct KvCache {
     std::vector<Tensor> k, v;  // per layer [1, capacity, kv_heads, head_dim]
     int64_t length = 0;
   };
   KvCache make_cache(int64_t capacity) const;
-  ag::Variable forward_cached(const Tensor& input_ids, KvCache& cache) const;
+  ag::Variable forward_cached(const Tensor& input_ids, KvCache& cache, bool all_positions = false) const;
 
   // Every Linear in model order (LoRA injection walks these).
   std::vector<Linear*> linears();
@@ -67,7 +68,7 @@ class CausalLM {
   static absl::StatusOr<std::unique_ptr<CausalLM>> build(const ModelConfig& config, const std::string& source_dir,
                                                          const LoadOptions& options, const Checkpoint* ck,
                                                          uint64_t seed);
-  ag::Variable run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache) const;
+  ag::Variable run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache, bool last_only = false) const;
 
   ModelConfig config_;
   DType dtype_ = DType::bf16;

@@ -43,6 +43,7 @@ int32_t sample_token(const std::vector<float>& logits, float temperature, float 
 std::vector<int32_t> generate(const CausalLM& model, const std::vector<int32_t>& prompt, const GenerateOptions& opt,
                               const std::function<void(int32_t)>& on_token) {
   LOOM_CHECK(!prompt.empty(), "generate: the prompt is empty");
+  if (opt.max_new_tokens <= 0) return {};
   const int64_t capacity =
       std::min<int64_t>(static_cast<int64_t>(prompt.size()) + opt.max_new_tokens, model.config().max_position_embeddings);
   LOOM_CHECK(static_cast<int64_t>(prompt.size()) < capacity, "generate: the prompt (", prompt.size(),

@@ -132,13 +132,23 @@ std::vector<std::pair<std::string, ag::Variable*>> lora_parameters(CausalLM& mod
 absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const std::string& dir) {
   if (absl::Status s = ensure_dir(dir); !s.ok()) return s;
   HostTensors tensors;
-  std::set<std::string> short_targets;
+  std::set<std::string> short_targets, full_targets;
   for (const Linear* l : model.linears()) {
     if (!l->lora) continue;
     tensors.add(peft_tensor_name(l->name, true), l->lora->A.value(), DType::f32);
     tensors.add(peft_tensor_name(l->name, false), l->lora->B.value(), DType::f32);
     short_targets.insert(l->name.substr(l->name.rfind('.') + 1));
+    full_targets.insert(l->name);
   }
+  // PEFT's usual short names ("q_proj") when they select exactly the adapted modules, else the
+  // full module names (an adapter on some layers only).
+  LoraConfig short_cfg;
+  short_cfg.target_modules.assign(short_targets.begin(), short_targets.end());
+  for (const Linear* l : model.linears())
+    if (matches(l->name, short_cfg, l->name == "lm_head") != (l->lora != nullptr)) {
+      short_targets = full_targets;
+      break;
+    }
   if (tensors.entries.empty()) return absl::FailedPreconditionError("save_adapter: the model has no LoRA adapters");
   nlohmann::json j = {
       {"peft_type", "LORA"},

@@ -71,6 +71,9 @@ int run_generate(const std::vector<std::string>& argv) {
   if (auto eos = tokenizer->eos_id()) opt.stop_ids.push_back(*eos);
   const std::vector<int32_t> prompt = tokenizer->encode(args->str("prompt"), /*add_special_tokens=*/true);
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
+  if (static_cast<int64_t>(prompt.size()) >= (*model)->config().max_position_embeddings)
+    return fail(absl::OutOfRangeError(absl::StrCat("the prompt is ", prompt.size(), " tokens; the model's ",
+                                                   "max_position_embeddings is ", (*model)->config().max_position_embeddings)));
   std::fputs(args->str("prompt").c_str(), stdout);
   std::fflush(stdout);
   std::vector<int32_t> produced;

@@ -1,6 +1,7 @@
 // Training checkpoints on disk (see train_checkpoint.h).
 #include "train/train_checkpoint.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,6 +14,22 @@
 namespace loom {
 namespace fs = std::filesystem;
 
+namespace {
+
+// Flushes a file or folder to the disk so that a rename after it never exposes half a checkpoint.
+absl::Status fsync_path(const fs::path& p) {
+  const int fd = open(p.c_str(), O_RDONLY);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", p.string(), " to sync it"));
+  const int rc = fsync(fd);
+  close(fd);
+  return rc == 0 ? absl::OkStatus() : absl::DataLossError(absl::StrCat("fsync of ", p.string(), " failed"));
+}
+
+absl::Status write_checkpoint_files(const fs::path& tmp, const TrainCheckpoint& ckpt,
+                                    const std::function<absl::Status(const std::string& dir)>& extra_files);
+
+}  // namespace
+
 absl::Status write_train_checkpoint(const std::string& out_dir, int64_t step, const TrainCheckpoint& ckpt,
                                     const std::function<absl::Status(const std::string& dir)>& extra_files) {
   const fs::path final_dir = fs::path(out_dir) / absl::StrCat("checkpoint-", step);
@@ -21,6 +38,19 @@ absl::Status write_train_checkpoint(const std::string& out_dir, int64_t step, co
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", tmp.string(), ": ", ec.message()));
+  if (absl::Status s = write_checkpoint_files(tmp, ckpt, extra_files); !s.ok()) {
+    fs::remove_all(tmp, ec);  // never leave a partial folder behind
+    return s;
+  }
+  fs::remove_all(final_dir, ec);  // an older checkpoint of the same step (a resumed run) is replaced whole
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", ec.message()));
+  return fsync_path(out_dir);
+}
+
+namespace {
+absl::Status write_checkpoint_files(const fs::path& tmp, const TrainCheckpoint& ckpt,
+                                    const std::function<absl::Status(const std::string& dir)>& extra_files) {
   std::vector<Tensor> keep;
   std::vector<TensorToWrite> entries;
   for (const auto& [name, t] : ckpt.tensors) {
@@ -33,14 +63,15 @@ absl::Status write_train_checkpoint(const std::string& out_dir, int64_t step, co
   {
     std::ofstream f(tmp / "trainer_state.json");
     f << ckpt.state.dump(2) << "\n";
+    f.flush();
     if (!f) return absl::DataLossError(absl::StrCat("cannot write ", (tmp / "trainer_state.json").string()));
   }
   if (absl::Status s = extra_files(tmp.string()); !s.ok()) return s;
-  fs::remove_all(final_dir, ec);  // an older checkpoint of the same step (a resumed run) is replaced whole
-  fs::rename(tmp, final_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), " to ", final_dir.string(), ": ", ec.message()));
-  return absl::OkStatus();
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (absl::Status s = fsync_path(e.path()); !s.ok()) return s;
+  return fsync_path(tmp);
 }
+}  // namespace
 
 absl::StatusOr<std::string> resolve_checkpoint(const std::string& path) {
   std::error_code ec;
@@ -51,8 +82,9 @@ absl::StatusOr<std::string> resolve_checkpoint(const std::string& path) {
   for (const auto& e : fs::directory_iterator(path, ec)) {
     const std::string n = e.path().filename().string();
     int64_t step = 0;
+    // Only complete checkpoints: a state file that parses (one cut short by a crash is skipped).
     if (n.rfind("checkpoint-", 0) == 0 && absl::SimpleAtoi(n.substr(11), &step) && step > best &&
-        fs::exists(e.path() / "trainer_state.json")) {
+        !nlohmann::json::parse(std::ifstream(e.path() / "trainer_state.json"), nullptr, false).is_discarded()) {
       best = step;
       best_dir = e.path().string();
     }

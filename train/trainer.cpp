@@ -63,6 +63,7 @@ struct Trainer::State {
     ag::Variable* var;
     Tensor master;  // f32: the weight itself (LoRA, f32 models) or a master copy of a bf16 weight
     Tensor exp_avg, exp_avg_sq;
+    bool no_decay = false;  // norms and biases, as transformers' Trainer excludes them
   };
   std::vector<Param> params;
   LrSchedule schedule;
@@ -92,7 +93,10 @@ absl::Status apply_config_file(const std::string& path, std::vector<std::string>
   std::vector<std::string> from_file;
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {
-    const std::string l(absl::StripAsciiWhitespace(line.substr(0, line.find('#'))));
+    size_t hash = line.find('#');
+    while (hash != std::string::npos && hash > 0 && line[hash - 1] != ' ' && line[hash - 1] != '\t')
+      hash = line.find('#', hash + 1);  // a '#' inside a value (a path) is not a comment
+    const std::string l(absl::StripAsciiWhitespace(line.substr(0, hash)));
     if (l.empty()) continue;
     const size_t sep = l.find_first_of("=:");
     if (sep == std::string::npos)
@@ -178,8 +182,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     s->model->set_weights_trainable(true);
     for (auto& [name, v] : s->model->named_weights()) {
       Tensor master = s->dtype == DType::f32 ? v->value() : v->value().to(DType::f32);
+      const bool no_decay = name.find("norm") != std::string::npos || name.ends_with(".bias");
       s->params.push_back({name, v, master, Tensor::zeros(master.shape(), DType::f32, s->device),
-                           Tensor::zeros(master.shape(), DType::f32, s->device)});
+                           Tensor::zeros(master.shape(), DType::f32, s->device), no_decay});
     }
   } else {
     if (resume_dir) {
@@ -205,6 +210,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
 
 nlohmann::json Trainer::State::describe() const {
   return {{"model", model->config().summary()},
+          {"total_steps", total_steps},
           {"mode", cfg.full ? "full" : "lora"},
           {"lora_r", cfg.full ? 0 : cfg.lora.r},
           {"seq_len", cfg.seq_len},
@@ -235,7 +241,7 @@ absl::Status Trainer::State::save_checkpoint() {
 
 absl::Status Trainer::State::check_compatible(const std::string& dir, const nlohmann::json& saved) const {
   const nlohmann::json want = describe();
-  for (const char* key : {"model", "mode", "lora_r"}) {
+  for (const char* key : {"model", "mode", "lora_r", "seq_len", "batch_size", "grad_accum", "seed", "dtype", "total_steps"}) {
     if (saved.value(key, nlohmann::json()) != want[key])
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot resume from ", dir, ": it was trained with ", key, " = ", saved.value(key, nlohmann::json()).dump(),
@@ -277,7 +283,9 @@ absl::Status Trainer::State::save_final() {
 
 absl::Status Trainer::run() {
   State& s = *s_;
+  g_stop.store(false);
   const bool tty = isatty(fileno(stdout));
+  int64_t empty_steps = 0;
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t first_step = s.step;
   int64_t micro = s.step * s.cfg.grad_accum;
@@ -290,6 +298,14 @@ absl::Status Trainer::run() {
       targets += batches.back().target_tokens;
       tokens += batches.back().tokens;
     }
+    if (targets == 0) {  // nothing to learn from in these rows (e.g. prompts cut off): no update
+      micro += s.cfg.grad_accum;
+      if (++empty_steps > std::max<int64_t>(1, s.loader->steps_per_epoch()))
+        return absl::FailedPreconditionError(absl::StrCat("a whole epoch of ", s.cfg.data_path, " has no tokens to train on ",
+                                                          "(every target is masked or cut off by --seq-len)"));
+      continue;
+    }
+    empty_steps = 0;
     // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46).
     double loss_sum = 0;
     for (const Batch& b : batches) {
@@ -319,7 +335,9 @@ absl::Status Trainer::run() {
       if (!p.var->grad().defined()) continue;
       Tensor compute = p.var->value();
       const bool separate = p.master.storage() != compute.storage();
-      ops::adamw_step(p.master, p.var->grad(), p.exp_avg, p.exp_avg_sq, ap, separate ? &compute : nullptr);
+      AdamWParams pp = ap;
+      if (p.no_decay) pp.weight_decay = 0.f;
+      ops::adamw_step(p.master, p.var->grad(), p.exp_avg, p.exp_avg_sq, pp, separate ? &compute : nullptr);
       p.var->zero_grad();
     }
     ++s.step;
@@ -347,7 +365,7 @@ absl::Status Trainer::run() {
     }
     const bool stopping = g_stop.load() || (s.cfg.stop_after > 0 && s.step - first_step >= s.cfg.stop_after);
     if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
-    if (stopping) {
+    if (stopping && s.step < s.total_steps) {
       if (!s.cfg.quiet) std::printf("%sstopped by signal at step %lld; checkpoint saved in %s\n", tty ? "\n" : "",
                                     static_cast<long long>(s.step), s.cfg.out_dir.c_str());
       return absl::OkStatus();

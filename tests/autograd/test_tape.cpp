@@ -90,6 +90,22 @@ TEST(Tape, CheckpointGivesCapturedWeightsTheirGradients) {
   EXPECT_EQ(x.grad().to_doubles(), (std::vector<double>{12.0, -8.0}));  // 2 w x
 }
 
+TEST(Tape, LeavesNeverShareGradientStorage) {
+  // add() hands one gradient tensor to both inputs; accumulating into one must not touch the other.
+  Variable p(Tensor::from_doubles({1.0}, {1}), true), q(Tensor::from_doubles({2.0}, {1}), true);
+  for (int i = 0; i < 2; ++i) ag::backward(ag::add(p, q), ones({1}));
+  EXPECT_EQ(p.grad().to_doubles(), (std::vector<double>{2.0}));
+  EXPECT_EQ(q.grad().to_doubles(), (std::vector<double>{2.0}));
+  p.zero_grad();
+  q.zero_grad();
+  Variable c(Tensor::from_doubles({5.0}, {1}));
+  // mul is recorded first, so p's gradient from add arrives first and mul's is added into it after.
+  Variable loss = ag::add(ag::mul(p, c), ag::add(p, q));
+  ag::backward(loss, ones({1}));
+  EXPECT_EQ(p.grad().to_doubles(), (std::vector<double>{6.0}));
+  EXPECT_EQ(q.grad().to_doubles(), (std::vector<double>{1.0}));
+}
+
 TEST(Tape, GradientShapeMismatchIsReported) {
   ag::GradCell cell;
   cell.shape = {2, 3};

@@ -88,6 +88,24 @@ TEST(Train, StoppedAndResumedRunGivesTheSameLosses) {
   EXPECT_EQ(metric_losses(split), metric_losses(whole));
 }
 
+TEST(Train, ResumeRefusesChangedDataOrderOrSchedule) {
+  const std::string out = fresh_dir("resume_guard");
+  ASSERT_EQ(run_loom(train_args(out, 6) + " --stop-after 2").exit_code, 0);
+  RunResult r = run_loom(train_args(out, 6) + " --seed 7 --resume " + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("seed"), std::string::npos) << r.output;
+  r = run_loom(train_args(out, 9) + " --resume " + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("total_steps"), std::string::npos) << r.output;
+}
+
+TEST(Train, StopOnTheLastStepStillWritesTheOutputs) {
+  const std::string out = fresh_dir("stop_last");
+  ASSERT_EQ(run_loom(train_args(out, 3) + " --stop-after 3").exit_code, 0);
+  EXPECT_TRUE(fs::exists(out + "/adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/loss.svg"));
+}
+
 TEST(Train, SavedAdapterReproducesTheTrainersLogits) {
   TrainConfig c;
   c.model_dir = base_model();

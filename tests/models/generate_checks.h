@@ -15,7 +15,9 @@ inline void check_cached_matches_full(const std::string& variant, Device device,
   Tensor full = (*model)->forward(Tensor::from_ints(ids, {1, 12})).value();
   CausalLM::KvCache cache = (*model)->make_cache(16);
   const int prefill = 5;
-  Tensor first = (*model)->forward_cached(Tensor::from_ints({ids.begin(), ids.begin() + prefill}, {1, prefill}), cache).value();
+  Tensor first = (*model)->forward_cached(Tensor::from_ints({ids.begin(), ids.begin() + prefill}, {1, prefill}), cache,
+                                          /*all_positions=*/true)
+                      .value();
   EXPECT_LT(rel_err(first, full.narrow(1, 0, prefill).contiguous()), tol) << variant << " prefill";
   for (int s = prefill; s < 12; ++s) {
     Tensor step = (*model)->forward_cached(Tensor::from_ints({ids[s]}, {1, 1}), cache).value();

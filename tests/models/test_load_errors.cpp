@@ -94,6 +94,22 @@ TEST(LoadErrors, LoraTargetsThatMatchNothing) {
   EXPECT_FALSE(add_lora(**model, c, 0).ok());
 }
 
+TEST(Lora, AdapterOnOneLayerSavesFullModuleNamesAndReloads) {
+  auto model = CausalLM::load(fixture_dir("llama"), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok());
+  LoraConfig c;
+  c.r = 2;
+  c.target_modules = {"model.layers.1.self_attn.q_proj"};
+  ASSERT_TRUE(add_lora(**model, c, 1).ok());
+  EXPECT_EQ(lora_parameters(**model).size(), 2u);
+  const std::string out = ::testing::TempDir() + "loom_one_layer_adapter";
+  ASSERT_TRUE(save_adapter(**model, c, out).ok());
+  auto fresh = CausalLM::load(fixture_dir("llama"), {DType::f32, Device::cpu()});
+  auto loaded = load_adapter(**fresh, out);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();  // short "q_proj" would have asked for layer 0 too
+  EXPECT_EQ(lora_parameters(**fresh).size(), 2u);
+}
+
 TEST(Lora, FreshAdapterLeavesLogitsUnchangedAndInitsLikePeft) {
   auto base = CausalLM::load(fixture_dir("mistral"), {DType::f32, Device::cpu()});
   auto lora = CausalLM::load(fixture_dir("mistral"), {DType::f32, Device::cpu()});
