@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "models/checkpoint.h"
 #include "models/family.h"
 
@@ -70,11 +71,6 @@ class WeightLoader {
   std::set<std::string> consumed_;
 };
 
-#define LOOM_RETURN_IF_ERROR(expr)          \
-  do {                                      \
-    absl::Status loom_s_ = (expr);          \
-    if (!loom_s_.ok()) return loom_s_;      \
-  } while (0)
 
 bool is_gemma(const ModelConfig& c) { return c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2; }
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
-#include "engine/safetensors.h"
+#include "engine/tensor_io.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -52,18 +52,6 @@ absl::Status ensure_dir(const std::string& dir) {
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create folder ", dir, ": ", ec.message()));
   return absl::OkStatus();
 }
-
-// Host copies kept alive while their bytes are written.
-struct HostTensors {
-  std::vector<Tensor> keep;
-  std::vector<TensorToWrite> entries;
-  void add(const std::string& name, const Tensor& t, DType dtype) {
-    Tensor h = t.to(Device::cpu(), dtype).contiguous();
-    keep.push_back(h);
-    entries.push_back({name, dtype, h.shape(),
-                       std::span<const uint8_t>(static_cast<const uint8_t*>(h.data_ptr()), static_cast<size_t>(h.nbytes()))});
-  }
-};
 
 void attach(Linear& l, Tensor a, Tensor b, const LoraConfig& c) {
   auto lora = std::make_unique<LoraAdapter>();
@@ -131,12 +119,12 @@ std::vector<std::pair<std::string, ag::Variable*>> lora_parameters(CausalLM& mod
 
 absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const std::string& dir) {
   if (absl::Status s = ensure_dir(dir); !s.ok()) return s;
-  HostTensors tensors;
+  std::vector<std::pair<std::string, Tensor>> tensors;
   std::set<std::string> short_targets, full_targets;
   for (const Linear* l : model.linears()) {
     if (!l->lora) continue;
-    tensors.add(peft_tensor_name(l->name, true), l->lora->A.value(), DType::f32);
-    tensors.add(peft_tensor_name(l->name, false), l->lora->B.value(), DType::f32);
+    tensors.emplace_back(peft_tensor_name(l->name, true), l->lora->A.value());
+    tensors.emplace_back(peft_tensor_name(l->name, false), l->lora->B.value());
     short_targets.insert(l->name.substr(l->name.rfind('.') + 1));
     full_targets.insert(l->name);
   }
@@ -149,7 +137,7 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       short_targets = full_targets;
       break;
     }
-  if (tensors.entries.empty()) return absl::FailedPreconditionError("save_adapter: the model has no LoRA adapters");
+  if (tensors.empty()) return absl::FailedPreconditionError("save_adapter: the model has no LoRA adapters");
   nlohmann::json j = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -171,8 +159,8 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       {"use_dora", false},
       {"revision", nullptr},
   };
-  if (absl::Status s = write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors.entries,
-                                         {{"format", "pt"}});
+  if (absl::Status s = save_tensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, DType::f32,
+                                    {{"format", "pt"}});
       !s.ok())
     return s;
   return write_text_atomic((fs::path(dir) / "adapter_config.json").string(), j.dump(2) + "\n");
@@ -223,10 +211,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (!is_float(info->dtype))
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " is not a float tensor"));
     used.insert(name);
-    auto span = st->bytes(*info);
-    Tensor raw = Tensor::from_storage(borrow(const_cast<uint8_t*>(span.data()), span.size(), Device::cpu(), st->keepalive()),
-                                      shape, info->dtype);
-    return raw.to(model.device(), DType::f32).clone();  // own the bytes: the mapping is read-only
+    return read_tensor(*st, *info).to(model.device(), DType::f32);
   };
   for (Linear* l : model.linears()) {
     if (!matches(l->name, c, l->name == "lm_head")) continue;
@@ -258,9 +243,9 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
   const fs::path tmp(out_dir);  // each file below is written to a temporary name and renamed
   std::error_code ec;
   if (absl::Status s = ensure_dir(tmp.string()); !s.ok()) return s;
-  HostTensors tensors;
-  for (const auto& [name, v] : model.named_weights()) tensors.add(name, v->value(), DType::bf16);
-  if (absl::Status s = write_safetensors((tmp / "model.safetensors").string(), tensors.entries, {{"format", "pt"}}); !s.ok())
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, v] : model.named_weights()) tensors.emplace_back(name, v->value());
+  if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), tensors, DType::bf16, {{"format", "pt"}}); !s.ok())
     return s;
   std::ifstream cf(fs::path(model.source_dir()) / "config.json");
   nlohmann::json config = nlohmann::json::parse(cf, nullptr, false);

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "engine/safetensors.h"
+#include "engine/tensor_io.h"
 #include "models/lora.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
@@ -37,10 +37,7 @@ absl::StatusOr<Tensor> read_ids(const SafetensorsFile& f, const std::string& nam
   if (t->dtype != DType::i32 || t->shape.size() != 2)
     return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", name, " must be int32 [batch, seq], got ",
                                                    std::string(loom::name(t->dtype)), shape_str(t->shape)));
-  auto span = f.bytes(*t);
-  return Tensor::from_storage(borrow(const_cast<uint8_t*>(span.data()), span.size(), Device::cpu(), f.keepalive()),
-                              t->shape, DType::i32)
-      .clone();
+  return read_tensor(f, *t);
 }
 
 }  // namespace
@@ -111,17 +108,9 @@ int run_forward(const std::vector<std::string>& argv) {
       for (auto& [name, v] : lora_parameters(**model)) outputs.emplace_back("grad." + name, v->grad());
     }
   }
-  std::vector<Tensor> keep;
-  std::vector<TensorToWrite> entries;
-  for (auto& [name, t] : outputs) {
-    keep.push_back(t.to(Device::cpu(), DType::f32).contiguous());
-    const Tensor& h = keep.back();
-    entries.push_back({name, DType::f32, h.shape(),
-                       std::span<const uint8_t>(static_cast<const uint8_t*>(h.data_ptr()), static_cast<size_t>(h.nbytes()))});
-  }
-  if (absl::Status s = write_safetensors(args->str("output"), entries); !s.ok()) return fail(s);
+  if (absl::Status s = save_tensors(args->str("output"), outputs, DType::f32); !s.ok()) return fail(s);
   std::printf("loom forward: %s on %s in %s -> %s (%zu tensors)\n", c.summary().c_str(), device->str().c_str(),
-              dtype_name.c_str(), args->str("output").c_str(), entries.size());
+              dtype_name.c_str(), args->str("output").c_str(), outputs.size());
   return 0;
 }
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "engine/safetensors.h"
+#include "engine/tensor_io.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -51,15 +51,8 @@ absl::Status write_train_checkpoint(const std::string& out_dir, int64_t step, co
 namespace {
 absl::Status write_checkpoint_files(const fs::path& tmp, const TrainCheckpoint& ckpt,
                                     const std::function<absl::Status(const std::string& dir)>& extra_files) {
-  std::vector<Tensor> keep;
-  std::vector<TensorToWrite> entries;
-  for (const auto& [name, t] : ckpt.tensors) {
-    keep.push_back(t.to(Device::cpu(), DType::f32).contiguous());
-    const Tensor& h = keep.back();
-    entries.push_back({name, DType::f32, h.shape(),
-                       std::span<const uint8_t>(static_cast<const uint8_t*>(h.data_ptr()), static_cast<size_t>(h.nbytes()))});
-  }
-  if (absl::Status s = write_safetensors((tmp / "optimizer.safetensors").string(), entries); !s.ok()) return s;
+  const std::vector<std::pair<std::string, Tensor>> tensors(ckpt.tensors.begin(), ckpt.tensors.end());
+  if (absl::Status s = save_tensors((tmp / "optimizer.safetensors").string(), tensors, DType::f32); !s.ok()) return s;
   {
     std::ofstream f(tmp / "trainer_state.json");
     f << ckpt.state.dump(2) << "\n";
@@ -100,14 +93,9 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
   c.state = nlohmann::json::parse(f, nullptr, false);
   if (c.state.is_discarded() || !c.state.is_object())
     return absl::InvalidArgumentError(absl::StrCat(state_path, ": not a JSON object"));
-  auto st = SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
-  if (!st.ok()) return st.status();
-  for (const TensorInfo& t : st->tensors()) {
-    auto span = st->bytes(t);
-    c.tensors[t.name] =
-        Tensor::from_storage(borrow(const_cast<uint8_t*>(span.data()), span.size(), Device::cpu(), st->keepalive()), t.shape, t.dtype)
-            .clone();
-  }
+  auto tensors = load_tensors((fs::path(dir) / "optimizer.safetensors").string());
+  if (!tensors.ok()) return tensors.status();
+  c.tensors = *std::move(tensors);
   return c;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "dist/launch_env.h"
+#include "engine/status_macros.h"
 #include "kernels/adamw.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
@@ -24,18 +25,6 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-#define LOOM_ASSIGN_OR_RETURN_IMPL(var, expr, tmp) \
-  auto tmp = (expr);                               \
-  if (!tmp.ok()) return tmp.status();              \
-  var = *std::move(tmp)
-#define LOOM_CAT2(a, b) a##b
-#define LOOM_CAT(a, b) LOOM_CAT2(a, b)
-#define LOOM_ASSIGN_OR_RETURN(var, expr) LOOM_ASSIGN_OR_RETURN_IMPL(var, expr, LOOM_CAT(status_or_, __LINE__))
-#define LOOM_RETURN_IF_ERROR(expr)     \
-  do {                                 \
-    absl::Status loom_s_ = (expr);     \
-    if (!loom_s_.ok()) return loom_s_; \
-  } while (0)
 
 uint64_t mix(uint64_t x) {  // splitmix64 finalizer: distinct dropout streams per module
   x += 0x9E3779B97F4A7C15ull;

@@ -6,8 +6,7 @@
 #include <map>
 #include <string>
 
-#include "engine/safetensors.h"
-#include "engine/tensor.h"
+#include "engine/tensor_io.h"
 
 namespace loom::test {
 
@@ -22,17 +21,9 @@ inline const std::vector<std::string>& fixture_variants() {
 
 // Every tensor of a safetensors file, copied to owned CPU tensors.
 inline std::map<std::string, Tensor> read_all(const std::string& path) {
-  auto f = SafetensorsFile::open(path);
-  EXPECT_TRUE(f.ok()) << f.status();
-  std::map<std::string, Tensor> out;
-  if (!f.ok()) return out;
-  for (const TensorInfo& t : f->tensors()) {
-    auto span = f->bytes(t);
-    Tensor view = Tensor::from_storage(borrow(const_cast<uint8_t*>(span.data()), span.size(), Device::cpu(), f->keepalive()),
-                                       t.shape, t.dtype);
-    out[t.name] = view.clone();
-  }
-  return out;
+  auto t = load_tensors(path);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *std::move(t) : std::map<std::string, Tensor>{};
 }
 
 // ||a - b|| / ||b|| over float tensors on any device.
