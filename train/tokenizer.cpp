@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "train/tokenizer_internal.h"
+#include "train/unicode_nfc.h"
 
 namespace loom {
 
@@ -21,9 +22,8 @@ struct AddedToken {
   bool special = false, single_word = false, lstrip = false, rstrip = false, normalized = false;
 };
 
-// Normalizer steps. NFC is accepted and treated as the identity: input must already be NFC
-// (true of almost all text; decomposed accents would tokenize differently from `tokenizers`).
-enum class NormKind { kPrepend, kReplace };
+// Normalizer steps. NFC (train/unicode_nfc.h) is skipped when the quick check says the text is NFC.
+enum class NormKind { kPrepend, kReplace, kNfc };
 struct NormStep {
   NormKind kind;
   std::string a, b;  // prepend text; or pattern -> content
@@ -139,7 +139,10 @@ absl::Status Tokenizer::Impl::parse_normalizer(const json& j, const std::string&
       if (auto s = parse_normalizer(list[i], absl::StrCat(where, ".normalizers[", i, "]")); !s.ok()) return s;
     return absl::OkStatus();
   }
-  if (t == "NFC") return absl::OkStatus();  // identity on NFC input (see NormStep)
+  if (t == "NFC") {
+    norm.push_back({NormKind::kNfc, "", ""});
+    return absl::OkStatus();
+  }
   if (t == "Prepend" && j.contains("prepend") && j["prepend"].is_string()) {
     norm.push_back({NormKind::kPrepend, j["prepend"].get<std::string>(), ""});
     return absl::OkStatus();
@@ -391,7 +394,25 @@ Normalized Tokenizer::Impl::normalize(std::string_view text, size_t begin, size_
     if (n.s.empty()) break;
     Normalized o;
     o.s.reserve(n.s.size() + st.a.size());
-    if (st.kind == NormKind::kPrepend) {
+    if (st.kind == NormKind::kNfc) {
+      if (unicode::is_nfc_quick(n.s)) continue;
+      thread_local std::vector<unicode::NfcSpan> spans;
+      spans.clear();
+      unicode::nfc(n.s, &o.s, track ? &spans : nullptr);
+      // As tokenizers' transform: a character standing for input takes the alignment of the first
+      // input byte it replaces; an inserted one, that of the input byte just before it.
+      size_t src = 0;  // the next input byte to be replaced
+      for (const unicode::NfcSpan& sp : spans) {
+        uint32_t b = static_cast<uint32_t>(begin), e = b;  // inserted before any input: empty
+        if (sp.src_bytes > 0 || src > 0) {
+          const size_t at = sp.src_bytes > 0 ? src : src - 1;
+          b = n.begin[at], e = n.end[at];
+        }
+        o.begin.insert(o.begin.end(), sp.bytes, b);
+        o.end.insert(o.end.end(), sp.bytes, e);
+        src += sp.src_bytes;
+      }
+    } else if (st.kind == NormKind::kPrepend) {
       o.s = st.a + n.s;
       if (track) {
         o.begin.assign(st.a.size(), n.begin[0]);
@@ -427,7 +448,8 @@ void Tokenizer::Impl::encode_text(std::string_view text, size_t begin, size_t en
                                   std::vector<std::pair<size_t, size_t>>* offsets) const {
   std::optional<Normalized> normed;
   std::string_view input = text.substr(begin, end - begin);
-  if (!norm.empty()) {
+  const bool nfc_only = std::all_of(norm.begin(), norm.end(), [](const NormStep& s) { return s.kind == NormKind::kNfc; });
+  if (!norm.empty() && !(nfc_only && unicode::is_nfc_quick(input))) {
     normed = normalize(text, begin, end, offsets != nullptr);
     input = normed->s;
   }
