@@ -1,6 +1,7 @@
 // Tensors to and from safetensors files: the Tensor-level layer over engine/safetensors.h.
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
