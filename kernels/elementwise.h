@@ -17,6 +17,16 @@ struct StridedLayout {
   int64_t strides[kMaxDims] = {};  // in elements
 };
 
+// The storage offset of the i-th element (row-major order over layout.shape).
+LOOM_HD int64_t strided_offset(int64_t i, const StridedLayout& l) {
+  int64_t off = 0;
+  for (int d = l.ndim - 1; d >= 0; --d) {
+    off += (i % l.shape[d]) * l.strides[d];
+    i /= l.shape[d];
+  }
+  return off;
+}
+
 }  // namespace loom
 
 namespace loom::cpu {

@@ -2,6 +2,8 @@
 // Alignment follows the Hugging Face `tokenizers` convention (see NfcSpan in unicode_nfc.h).
 #include "train/unicode_nfc.h"
 
+#include "train/tokenizer_internal.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -56,23 +58,8 @@ uint32_t decode(std::string_view s, size_t i, size_t* len) {
 }
 
 void encode(uint32_t cp, std::string* out) {
-  if (cp >= kRawByte) {
-    out->push_back(static_cast<char>(cp - kRawByte));
-  } else if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  if (cp >= kRawByte) out->push_back(static_cast<char>(cp - kRawByte));  // a malformed byte, passed through
+  else tok::append_utf8(out, cp);
 }
 
 // A code point in flight: its class and the input bytes it stands for (0: inserted; see NfcSpan).

@@ -73,14 +73,7 @@ void copy_strided(const S* src, const StridedLayout& l, D* dst) {
   int64_t numel = 1;
   for (int d = 0; d < l.ndim; ++d) numel *= l.shape[d];
 #pragma omp parallel for if (numel > 65536)
-  for (int64_t i = 0; i < numel; ++i) {
-    int64_t rem = i, off = 0;
-    for (int d = l.ndim - 1; d >= 0; --d) {
-      off += (rem % l.shape[d]) * l.strides[d];
-      rem /= l.shape[d];
-    }
-    dst[i] = from_acc<D>(static_cast<Acc<D>>(to_acc(src[off])));
-  }
+  for (int64_t i = 0; i < numel; ++i) dst[i] = from_acc<D>(static_cast<Acc<D>>(to_acc(src[strided_offset(i, l)])));
 }
 
 void copy_strided_bytes(const void* src, const StridedLayout& l, void* dst, int elem_size) {
@@ -89,14 +82,7 @@ void copy_strided_bytes(const void* src, const StridedLayout& l, void* dst, int 
   const auto* s = static_cast<const unsigned char*>(src);
   auto* o = static_cast<unsigned char*>(dst);
 #pragma omp parallel for if (numel > 65536)
-  for (int64_t i = 0; i < numel; ++i) {
-    int64_t rem = i, off = 0;
-    for (int d = l.ndim - 1; d >= 0; --d) {
-      off += (rem % l.shape[d]) * l.strides[d];
-      rem /= l.shape[d];
-    }
-    memcpy(o + i * elem_size, s + off * elem_size, elem_size);
-  }
+  for (int64_t i = 0; i < numel; ++i) memcpy(o + i * elem_size, s + strided_offset(i, l) * elem_size, elem_size);
 }
 
 template <class T>

@@ -45,15 +45,6 @@ StridedLayout simplify(const StridedLayout& l) {
   return c;
 }
 
-__device__ __forceinline__ int64_t strided_offset(int64_t i, const StridedLayout& l) {
-  int64_t off = 0;
-  for (int d = l.ndim - 1; d >= 0; --d) {
-    off += (i % l.shape[d]) * l.strides[d];
-    i /= l.shape[d];
-  }
-  return off;
-}
-
 // dst[i] = D(src[i]) for S != D in packs of N (16 bytes of the narrower type; the wider side moves
 // as two 16-byte accesses), the n % N tail by the first threads.
 template <class S, class D, int N>
