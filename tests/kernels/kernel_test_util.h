@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/common.h"
@@ -48,6 +49,43 @@ template <class T>
 constexpr double tol() { return 1e-5; }
 template <>
 constexpr double tol<bf16>() { return 8e-3; }
+
+// Against a naive f64 formula: tol<T>() for f32/bf16; f64 differs only by summation order (~1e-15).
+template <class T>
+double ref_tol() { return tol<T>(); }
+template <>
+inline double ref_tol<double>() { return 1e-12; }
+
+template <class T>
+std::vector<double> to_f64(const std::vector<T>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = double(to_acc(v[i]));
+  return out;
+}
+
+// Every element within atol + rtol * |ref| (NaN never passes); reports the count and the worst one.
+template <class A, class B>
+void expect_close(const std::vector<A>& got, const std::vector<B>& ref, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size());
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = double(to_acc(got[i])), r = double(to_acc(ref[i]));
+    const double err = std::abs(g - r), lim = atol + rtol * std::abs(r);
+    if (!(err <= lim)) {
+      ++bad;
+      const double excess = std::isnan(err) ? INFINITY : err - lim;
+      if (worst < 0 || excess > worst_excess) {
+        worst_excess = excess;
+        worst = int64_t(i);
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": worst at " << worst << " got "
+                    << (worst >= 0 ? double(to_acc(got[worst])) : 0.0) << " want "
+                    << (worst >= 0 ? double(to_acc(ref[worst])) : 0.0);
+}
 
 }  // namespace loom::test
 

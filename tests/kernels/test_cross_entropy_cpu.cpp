@@ -52,28 +52,6 @@ double naive_loss(const std::vector<double>& x, const std::vector<int32_t>& t, c
   return l;
 }
 
-// Every element within atol + rtol * |ref|; reports the count and the worst offender.
-template <class T>
-void expect_close(const std::vector<T>& got, const std::vector<double>& ref, double rtol, double atol,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size());
-  int64_t bad = 0, worst = -1;
-  double worst_excess = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = double(to_acc(got[i])), err = std::abs(g - ref[i]), lim = atol + rtol * std::abs(ref[i]);
-    if (!(err <= lim)) {
-      ++bad;
-      const double excess = std::isnan(err) ? INFINITY : err - lim;
-      if (worst < 0 || excess > worst_excess) {
-        worst_excess = excess;
-        worst = int64_t(i);
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": worst at " << worst << " got "
-                    << (worst >= 0 ? double(to_acc(got[worst])) : 0.0) << " want " << (worst >= 0 ? ref[worst] : 0.0);
-}
-
 template <class T>
 class CrossEntropyCpu : public ::testing::Test {};
 using Types = ::testing::Types<double, float, bf16>;

@@ -37,29 +37,6 @@ std::vector<int32_t> as_ignored(std::vector<int32_t> t, int64_t vocab) {
   return t;
 }
 
-template <class A, class B>
-void expect_close(const std::vector<A>& got, const std::vector<B>& ref, double rtol, double atol,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size());
-  int64_t bad = 0, worst = -1;
-  double worst_excess = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = double(to_acc(got[i])), r = double(to_acc(ref[i]));
-    const double err = std::abs(g - r), lim = atol + rtol * std::abs(r);
-    if (!(err <= lim)) {
-      ++bad;
-      const double excess = std::isnan(err) ? INFINITY : err - lim;
-      if (worst < 0 || excess > worst_excess) {
-        worst_excess = excess;
-        worst = int64_t(i);
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0) << what << ": worst at " << worst << " got "
-                    << (worst >= 0 ? double(to_acc(got[worst])) : 0.0) << " want "
-                    << (worst >= 0 ? double(to_acc(ref[worst])) : 0.0);
-}
-
 template <class T>
 class CrossEntropyCuda : public ::testing::Test {};
 using Types = ::testing::Types<float, bf16>;

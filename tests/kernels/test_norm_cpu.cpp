@@ -8,19 +8,6 @@
 namespace loom::test {
 namespace {
 
-// Relative L2 tolerance per dtype: f64 differs from the naive formula only by summation order
-// (~1e-15); f32 by f32 rounding of sums over <= 1000 terms (~1e-6); bf16 by one output rounding
-// of 2^-9 relative (~4e-3 in L2 over many elements), as kernel_test_util.h's tol<bf16>().
-template <class T> double ref_tol() { return tol<T>(); }
-template <> double ref_tol<double>() { return 1e-12; }
-
-template <class T>
-std::vector<double> to_f64(const std::vector<T>& v) {
-  std::vector<double> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = double(to_acc(v[i]));
-  return out;
-}
-
 // Naive f64 forward: y = x / sqrt(mean(x^2) + eps) * g.
 void naive_forward(const std::vector<double>& x, const std::vector<double>& w, std::vector<double>& y,
                    std::vector<double>& rstd, int64_t rows, int64_t cols, double eps, bool add_one) {

@@ -9,15 +9,6 @@
 namespace loom::test {
 namespace {
 
-template <class T> double ref_tol() { return tol<T>(); }
-template <> double ref_tol<double>() { return 1e-12; }
-
-template <class T>
-std::vector<double> to_f64(const std::vector<T>& v) {
-  std::vector<double> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = double(to_acc(v[i]));
-  return out;
-}
 
 std::vector<int32_t> random_positions(int64_t tokens, uint32_t seed, int32_t max_pos) {
   std::mt19937 gen(seed);
