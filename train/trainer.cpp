@@ -147,6 +147,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (cfg.chat_template.empty()) {
     auto t = detect_chat_template(cfg.model_dir);
     dopt.chat_template = t.ok() ? *t : ChatTemplate::kChatML;
+    if (!t.ok() && !cfg.quiet)
+      std::fprintf(stderr, "loom train: %s; {\"messages\"} lines will use ChatML (choose with --chat-template)\n",
+                   std::string(t.status().message()).c_str());
   } else {
     LOOM_ASSIGN_OR_RETURN(dopt.chat_template, parse_chat_template(cfg.chat_template));
   }
