@@ -217,7 +217,6 @@ absl::Status Trainer::State::save_checkpoint() {
   const LoaderState ls = loader->state();
   c.state = describe();
   c.state["step"] = step;
-  c.state["total_steps"] = total_steps;
   c.state["epoch"] = ls.epoch;
   c.state["cursor"] = ls.cursor;
   c.state["offset"] = ls.offset;

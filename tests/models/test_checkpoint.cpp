@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/temp_dir.h"
 #include "engine/device.h"
 #include "models/checkpoint.h"
 #include "nlohmann/json.hpp"
@@ -21,22 +22,9 @@
 namespace loom {
 namespace {
 
+using test::TempDir;
+
 using Bytes = std::vector<uint8_t>;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "loom_ckpt_XXXXXX";
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 

@@ -11,26 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/temp_dir.h"
 #include "nlohmann/json.hpp"
 #include "train/metrics.h"
 
 namespace loom {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "loom_metrics_XXXXXX";
-    EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 std::vector<std::string> lines_of(const std::string& path) {
   std::ifstream in(path);
