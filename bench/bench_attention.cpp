@@ -1,6 +1,10 @@
-// Benchmarks of causal GQA attention (forward, backward; against the GEMM rate) and of the
+// Benchmarks of causal GQA attention (forward, backward, both; against the GEMM rate; head dims,
+// long sequences, sliding window, packed documents; device memory at 128k tokens) and of the
 // softmax cross-entropy over Llama 2 and Llama 3 vocabularies (forward, backward; memory-bound).
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "bench/bench_util.h"
 #include "kernels/attention.h"
@@ -9,54 +13,126 @@
 namespace loom::bench {
 namespace {
 
-// Llama-3-8B-like attention: 32 query heads sharing 8 kv heads, head_dim 128.
-constexpr int64_t kBatch = 4, kSeq = 2048, kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+// One attention problem: Llama-3-8B-like heads (32 query heads sharing 8 kv heads) unless noted,
+// optionally with a sliding window or packed documents of doc tokens each.
+struct AttnShape {
+  int64_t batch, seq, heads, kv_heads, head_dim, window = 0, doc = 0;
 
-AttentionParams attention_params() {
-  AttentionParams p;
-  p.batch = kBatch, p.seq = kSeq, p.heads = kHeads, p.kv_heads = kKvHeads, p.head_dim = kHeadDim;
-  p.scale = 1.f / 11.313708498984761f;  // 1 / sqrt(128)
-  return p;
+  std::string name() const {
+    std::string n = "/bf16/b" + std::to_string(batch) + "_s" + std::to_string(seq) + "_h" + std::to_string(heads) +
+                    "_kv" + std::to_string(kv_heads) + "_d" + std::to_string(head_dim);
+    if (window > 0) n += "_w" + std::to_string(window);
+    if (doc > 0) n += "_doc" + std::to_string(doc);
+    return n;
+  }
+  AttentionParams params(const int32_t* segments) const {
+    AttentionParams p;
+    p.batch = batch, p.seq = seq, p.heads = heads, p.kv_heads = kv_heads, p.head_dim = head_dim;
+    p.scale = 1.f / std::sqrt(float(head_dim));
+    p.window = window;
+    p.segment_ids = segments;
+    return p;
+  }
+  // Visible (query, key) pairs per (batch, head): causal, inside the window and the document.
+  double pairs() const {
+    double n = 0;
+    for (int64_t i = 0; i < seq; ++i) {
+      int64_t lo = doc > 0 ? i / doc * doc : 0;
+      if (window > 0) lo = std::max(lo, i - window + 1);
+      n += double(i - lo + 1);
+    }
+    return n;
+  }
+  // FLOPs as FlashAttention counts them: forward two products (4 d per pair), backward five.
+  double flops(double products) const { return 2.0 * products * double(batch * heads) * pairs() * double(head_dim); }
+};
+
+std::vector<int32_t> doc_segments(const AttnShape& a) {
+  std::vector<int32_t> s(a.batch * a.seq);
+  for (int64_t i = 0; i < a.batch * a.seq; ++i) s[i] = a.doc > 0 ? int32_t((i % a.seq) / a.doc) : 0;
+  return s;
 }
 
-// Causal FLOPs as FlashAttention counts them: visible (query, key) pairs s (s + 1) / 2 per
-// (batch, head); forward two products (4 d FLOPs per pair), backward five (2.5x the forward).
-double attention_flops(bool backward) {
-  const double pairs = double(kSeq) * double(kSeq + 1) / 2.0;
-  return (backward ? 10.0 : 4.0) * double(kBatch) * double(kHeads) * pairs * double(kHeadDim);
+// Buffers of one forward + backward; device_bytes is what they take (inputs, outputs, workspace).
+struct AttnBuffers {
+  explicit AttnBuffers(const AttnShape& a)
+      : nq(a.batch * a.seq * a.heads * a.head_dim), nkv(a.batch * a.seq * a.kv_heads * a.head_dim),
+        nlse(a.batch * a.heads * a.seq), q(random_array<bf16>(nq)), k(random_array<bf16>(nkv)),
+        v(random_array<bf16>(nkv)), dout(random_array<bf16>(nq)), out(nq), dq(nq), dk(nkv), dv(nkv), lse(nlse),
+        seg(upload_ints(doc_segments(a))), p(a.params(a.doc > 0 ? seg.get() : nullptr)),
+        ws(cuda::attention_backward_workspace_bytes(p)) {}
+  void forward() { cuda::attention_forward<bf16>(p, q.get(), k.get(), v.get(), out.get(), lse.get(), ctx().stream); }
+  void backward() {
+    cuda::attention_backward<bf16>(p, q.get(), k.get(), v.get(), out.get(), dout.get(), lse.get(), dq.get(), dk.get(),
+                                   dv.get(), ws.get(), ctx().stream);
+  }
+  double device_bytes() const {
+    return double(q.bytes() + k.bytes() + v.bytes() + dout.bytes() + out.bytes() + dq.bytes() + dk.bytes() +
+                  dv.bytes() + lse.bytes() + seg.bytes() + ws.bytes());
+  }
+  int64_t nq, nkv, nlse;
+  DeviceArray<bf16> q, k, v, dout, out, dq, dk, dv;
+  DeviceArray<float> lse;
+  DeviceArray<int32_t> seg;
+  AttentionParams p;
+  DeviceArray<uint8_t> ws;
+};
+
+void register_attention_case(const AttnShape& a, bool with_backward) {
+  add("attention_fwd" + a.name(), [=](benchmark::State& st) {
+    AttnBuffers b(a);
+    const double bytes = 2.0 * double(2 * b.nq + 2 * b.nkv) + 4.0 * double(b.nlse);  // q, k, v in; out, lse
+    run_timed(st, {bytes, a.flops(2), Bound::kCompute}, [&] { b.forward(); });
+  });
+  if (!with_backward) return;
+  add("attention_bwd" + a.name(), [=](benchmark::State& st) {
+    AttnBuffers b(a);
+    b.forward();
+    const double bytes = 2.0 * double(3 * b.nq + 2 * b.nkv) + 4.0 * double(b.nlse) + 2.0 * double(b.nq + 2 * b.nkv);
+    run_timed(st, {bytes, a.flops(5), Bound::kCompute}, [&] { b.backward(); });
+  });
+  add("attention_fwdbwd" + a.name(), [=](benchmark::State& st) {
+    AttnBuffers b(a);
+    run_timed(st, {0, a.flops(7), Bound::kCompute}, [&] {
+      b.forward();
+      b.backward();
+    });
+    st.counters["device_GiB"] = b.device_bytes() / double(1 << 30);
+  });
 }
 
 void register_attention_cases() {
-  const int64_t nq = kBatch * kSeq * kHeads * kHeadDim, nkv = kBatch * kSeq * kKvHeads * kHeadDim;
-  const int64_t nlse = kBatch * kHeads * kSeq;
-  const std::string shape = "/bf16/b" + std::to_string(kBatch) + "_s" + std::to_string(kSeq) + "_h" +
-                            std::to_string(kHeads) + "_kv" + std::to_string(kKvHeads) + "_d" +
-                            std::to_string(kHeadDim);
-  add("attention_fwd" + shape, [=](benchmark::State& st) {
-    const AttentionParams p = attention_params();
-    auto q = random_array<bf16>(nq), k = random_array<bf16>(nkv), v = random_array<bf16>(nkv);
-    DeviceArray<bf16> out(nq);
-    DeviceArray<float> lse(nlse);
-    const double bytes = 2.0 * (2 * nq + 2 * nkv) + 4.0 * nlse;  // q, k, v read; out, lse written
-    run_timed(st, {bytes, attention_flops(false), Bound::kCompute}, [&] {
-      cuda::attention_forward<bf16>(p, q.get(), k.get(), v.get(), out.get(), lse.get(), ctx().stream);
-    });
-  });
-  add("attention_bwd" + shape, [=](benchmark::State& st) {
-    const AttentionParams p = attention_params();
-    auto q = random_array<bf16>(nq), k = random_array<bf16>(nkv), v = random_array<bf16>(nkv);
-    auto dout = random_array<bf16>(nq);
-    DeviceArray<bf16> out(nq), dq(nq), dk(nkv), dv(nkv);
-    DeviceArray<float> lse(nlse);
-    DeviceArray<uint8_t> ws(cuda::attention_backward_workspace_bytes(p));
-    cuda::attention_forward<bf16>(p, q.get(), k.get(), v.get(), out.get(), lse.get(), ctx().stream);
-    // q, k, v, out, dout, lse read; dq, dk, dv written.
-    const double bytes = 2.0 * (3 * nq + 2 * nkv) + 4.0 * nlse + 2.0 * (nq + 2 * nkv);
-    run_timed(st, {bytes, attention_flops(true), Bound::kCompute}, [&] {
-      cuda::attention_backward<bf16>(p, q.get(), k.get(), v.get(), out.get(), dout.get(), lse.get(), dq.get(),
-                                     dk.get(), dv.get(), ws.get(), ctx().stream);
-    });
-  });
+  const int64_t B = 4, S = 2048, H = 32, KV = 8;
+  register_attention_case({B, S, H, KV, 128}, true);  // the target shape
+  register_attention_case({B, S, H, KV, 64}, true);
+  register_attention_case({B, S, 16, 8, 256}, true);  // Gemma-2-like heads
+  register_attention_case({1, 8192, H, KV, 128}, true);
+  register_attention_case({1, 32768, H, KV, 128}, true);
+  register_attention_case({1, 8192, H, KV, 128, 4096}, true);  // Mistral's sliding window
+  register_attention_case({B, S, H, KV, 128, 0, 512}, true);   // packed documents of 512 tokens
+  // Memory grows linearly with the sequence: one forward + backward at 128k tokens, timed once
+  // (a run takes seconds; run_timed's warm-up and batching would triple that).
+  add("attention_fwdbwd" + AttnShape{1, 131072, H, KV, 128}.name(), [](benchmark::State& st) {
+    const AttnShape a{1, 131072, H, KV, 128};
+    AttnBuffers b(a);
+    cudaEvent_t e0, e1;
+    LOOM_CUDA_CHECK(cudaEventCreate(&e0));
+    LOOM_CUDA_CHECK(cudaEventCreate(&e1));
+    for (auto _ : st) {
+      LOOM_CUDA_CHECK(cudaEventRecord(e0, ctx().stream));
+      b.forward();
+      b.backward();
+      LOOM_CUDA_CHECK(cudaEventRecord(e1, ctx().stream));
+      LOOM_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      st.SetIterationTime(ms * 1e-3);
+    }
+    LOOM_CUDA_CHECK(cudaEventDestroy(e0));
+    LOOM_CUDA_CHECK(cudaEventDestroy(e1));
+    st.counters["flops_per_second"] = benchmark::Counter(a.flops(7), benchmark::Counter::kIsIterationInvariantRate);
+    st.counters["device_GiB"] = b.device_bytes() / double(1 << 30);
+  })->Iterations(1);
 }
 
 void register_cross_entropy_cases(int64_t n, int64_t vocab) {

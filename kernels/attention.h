@@ -52,7 +52,11 @@ namespace loom::cuda {
 inline constexpr int64_t kAttentionMaxHeadDim = 256;
 template <class T>
 void attention_forward(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, float* lse, Stream s);
-// Scratch for attention_backward: one f32 per (batch, head, query) for D_i = dout_i . out_i.
+// bf16 calls with head_dim % 8 == 0 and 16-byte-aligned pointers run the flash kernels (tensor
+// cores, tiles in shared memory, memory linear in seq; dq is summed with f32 atomics, so the
+// backward is not bit-reproducible); the rest run one warp per row.
+// Scratch for attention_backward: D_i = dout_i . out_i per (batch, head, query), plus an f32 dq
+// accumulator [batch, seq, heads, head_dim] when the flash path may run.
 size_t attention_backward_workspace_bytes(const AttentionParams& p);
 template <class T>
 void attention_backward(const AttentionParams& p, const T* q, const T* k, const T* v, const T* out,

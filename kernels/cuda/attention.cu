@@ -1,11 +1,14 @@
-// CUDA kernels for kernels/attention.h: one warp per query row (forward, dq) or per key row (dk,
-// dv), lanes split over head_dim (lane l holds elements c * 32 + l), an online softmax in the
-// forward, and probabilities recomputed from the saved lse in the backward. No atomics: every
-// output is written by exactly one warp, so results are deterministic. Flash tiling comes later.
+// CUDA entry points of kernels/attention.h. bf16 with head_dim % 8 == 0 and aligned pointers goes
+// to the tensor-core flash kernels (flash_attention_{fwd,bwd}.cu). Everything else (f32, odd head
+// dims) runs the row kernels here: one warp per query row (forward, dq) or per key row (dk, dv),
+// lanes split over head_dim (lane l holds elements c * 32 + l), an online softmax in the forward,
+// and probabilities recomputed from the saved lse in the backward; no atomics, so deterministic.
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 
 namespace loom::cuda {
 namespace {
@@ -268,6 +271,9 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
   check_cuda_params(p, "cuda::attention_forward");
   const int64_t rows = p.batch * p.heads * p.seq;
   if (rows == 0) return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (flash::supported(p, q, k, v, out)) return flash::forward(p, q, k, v, out, lse, s);
+  }
   with_chunks(int((p.head_dim + 31) / 32), [&](auto C) {
     attention_forward_kernel<T, decltype(C)::value><<<blocks_for_rows(rows), kThreads, 0, s>>>(p, q, k, v, out, lse);
   });
@@ -275,8 +281,8 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
 }
 
 size_t attention_backward_workspace_bytes(const AttentionParams& p) {
-  const size_t bytes = size_t(p.batch * p.heads * p.seq) * sizeof(float);
-  return (bytes + 255) / 256 * 256;
+  const size_t bytes = (size_t(p.batch * p.heads * p.seq) * sizeof(float) + 255) / 256 * 256;
+  return p.head_dim % 8 == 0 ? std::max(bytes, flash::backward_workspace_bytes(p)) : bytes;
 }
 
 template <class T>
@@ -287,6 +293,10 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
   if (q_rows == 0) return;
   LOOM_CHECK(workspace != nullptr, "cuda::attention_backward needs attention_backward_workspace_bytes = ",
              attention_backward_workspace_bytes(p), " bytes of workspace");
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (flash::supported(p, q, k, v, out) && aligned16(dout) && aligned16(dq) && aligned16(dk) && aligned16(dv))
+      return flash::backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, s);
+  }
   float* dsum = static_cast<float*>(workspace);
   with_chunks(int((p.head_dim + 31) / 32), [&](auto C) {
     constexpr int kC = decltype(C)::value;

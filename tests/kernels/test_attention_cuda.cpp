@@ -1,6 +1,9 @@
 // CUDA attention against the CPU reference: odd sequence lengths, head_dim 64/80/128/256 (and
-// one under a warp), grouped-query heads, sliding windows, soft-capping and segment ids.
+// one under a warp), grouped-query heads, sliding windows, soft-capping and segment ids. bf16 with
+// head_dim % 8 == 0 runs the flash kernels: the longer cases cross many 64-row tiles, end inside
+// one, skip tiles by window and by document, and mask inside the diagonal ones.
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -22,6 +25,11 @@ const Case kCases[] = {
     {2, 130, 4, 1, 128, 0.f, 0, false}, {1, 33, 2, 2, 256, 0.f, 0, false}, {1, 130, 8, 2, 64, 0.f, 17, false},
     {2, 33, 4, 2, 80, 50.f, 0, false},  {2, 130, 2, 1, 128, 0.f, 0, true}, {1, 130, 6, 3, 256, 30.f, 40, true},
     {3, 7, 2, 1, 20, 5.f, 3, true},
+    // Many tiles: tails that do not fill one, windows wider and narrower than a tile, long
+    // documents (whole tiles skipped or fully visible), four query heads per kv head.
+    {1, 333, 8, 2, 128, 0.f, 0, false}, {2, 200, 4, 1, 64, 0.f, 0, false},  {1, 300, 4, 2, 256, 0.f, 0, false},
+    {1, 333, 4, 1, 128, 0.f, 100, false}, {1, 257, 2, 2, 64, 0.f, 30, false}, {2, 400, 4, 2, 128, 0.f, 0, true},
+    {1, 300, 4, 4, 256, 30.f, 0, true},  {1, 513, 8, 2, 96, 20.f, 150, true},
 };
 
 std::string name_of(const Case& c) {
@@ -31,18 +39,26 @@ std::string name_of(const Case& c) {
   return os.str();
 }
 
-// Packed documents of uneven lengths (5, 12, 19, ...), different in each batch row.
+// Packed documents of uneven lengths, different in each batch row: 5, 12, 19, ... tokens for short
+// sequences; 37, 114, 191, ... past 150 tokens, so that whole tiles fall inside one document.
 std::vector<int32_t> make_segments(const Case& c) {
   std::vector<int32_t> s(c.batch * c.seq);
+  const int64_t base = c.seq > 150 ? 37 : 5, step = c.seq > 150 ? 77 : 7;
   for (int64_t b = 0; b < c.batch; ++b) {
     int32_t id = 0;
-    int64_t left = 5 + b;
+    int64_t left = base + b;
     for (int64_t i = 0; i < c.seq; ++i) {
-      if (left-- == 0) { ++id; left = 5 + 7 * id + b - 1; }
+      if (left-- == 0) { ++id; left = base + step * id + b - 1; }
       s[b * c.seq + i] = id;
     }
   }
   return s;
+}
+
+// Outputs start as NaN, so an element the kernel never writes fails the comparison.
+template <class T>
+std::vector<T> poison(size_t n) {
+  return std::vector<T>(n, from_acc<T>(std::numeric_limits<float>::quiet_NaN()));
 }
 
 template <class T>
@@ -52,8 +68,10 @@ TYPED_TEST_SUITE(AttentionCuda, Types);
 
 // Relative L2 tolerances. f32: the GPU and CPU differ only in summation order and in expf/tanhf
 // versus std::exp/std::tanh (a few ulp), ~1e-6; the backward's dS = P * (dout.v - D) cancels, so
-// allow 1e-5. bf16: inputs are exact in f32 on both sides, so the difference is f32 order plus the
-// final rounding of each output, where a 1-ulp disagreement is up to 2^-7 relative: tol<bf16>() = 8e-3.
+// allow 1e-5. bf16: inputs are exact in f32 on both sides; the CPU rounds only each output (2^-9
+// relative on average, 2^-8 at most), while the flash kernels also feed P and dS to the tensor cores
+// as bf16 (as FlashAttention does), each rounding a relative 2^-9 that averages down over a row's
+// keys: a few 1e-3 in all, under tol<bf16>() = 8e-3 (a wrong mask or tile is off by far more).
 template <class T> double fwd_tol() { return 2e-6; }
 template <> double fwd_tol<bf16>() { return tol<bf16>(); }
 template <class T> double bwd_tol() { return 1e-5; }
@@ -78,8 +96,8 @@ TYPED_TEST(AttentionCuda, ForwardMatchesCpu) {
     std::vector<float> ref_lse(nrows);
     cpu::attention_forward(p, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
 
-    DeviceBuffer<T> dq_(q), dk_(k), dv_(v), out(nq);
-    DeviceBuffer<float> lse(nrows);
+    DeviceBuffer<T> dq_(q), dk_(k), dv_(v), out(poison<T>(nq));
+    DeviceBuffer<float> lse(poison<float>(nrows));
     DeviceBuffer<int32_t> dseg(seg);
     p.segment_ids = c.segments ? dseg.get() : nullptr;
     cuda::attention_forward(p, dq_.get(), dk_.get(), dv_.get(), out.get(), lse.get(), nullptr);
@@ -111,7 +129,8 @@ TYPED_TEST(AttentionCuda, BackwardMatchesCpu) {
     cpu::attention_backward(p, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), ref_dq.data(),
                             ref_dk.data(), ref_dv.data());
 
-    DeviceBuffer<T> d_q(q), d_k(k), d_v(v), d_out(out), d_dout(dout), dq(nq), dk(nkv), dv(nkv);
+    DeviceBuffer<T> d_q(q), d_k(k), d_v(v), d_out(out), d_dout(dout), dq(poison<T>(nq)), dk(poison<T>(nkv)),
+        dv(poison<T>(nkv));
     DeviceBuffer<float> d_lse(lse);
     DeviceBuffer<int32_t> dseg(seg);
     p.segment_ids = c.segments ? dseg.get() : nullptr;

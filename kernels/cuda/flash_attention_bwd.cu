@@ -1,0 +1,339 @@
+// Flash attention backward (bf16, mma.sync m16n8k16), FlashAttention-2 style: one block per (key
+// tile of kBc keys, kv head, batch row) accumulates dK and dV in registers over every query
+// tile of every head in its group (Q and dO double-buffered through cp.async); P^T and dS^T go
+// through shared memory; dQ is accumulated in f32 with atomics and scaled/rounded by a last pass.
+// Warp w owns key rows 16 (w % (kBc / 16)) and a slice of the queries (scores) or of head_dim
+// (dK, dV); for dQ, query rows 16 (w % 4) and a slice of head_dim.
+#include <cstdlib>
+
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+constexpr int kBr = 64;  // queries per step
+
+template <int kD, int kBc, int kWarps>
+struct BwdConfig {
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr size_t kSmem = (size_t(2 * kBc + 4 * kBr) * kD + 2 * size_t(kBc) * kBr) * sizeof(bf16);
+};
+
+// D_i = dout_i . out_i (f32) for every (batch, head, query): one warp per row.
+__global__ void dsum_kernel(AttentionParams p, const bf16* __restrict__ out, const bf16* __restrict__ dout,
+                            float* __restrict__ dsum) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);  // (b, i, h) as in q
+  if (row >= p.batch * p.seq * p.heads) return;
+  const int64_t h = row % p.heads, i = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
+  const bf16* o = out + row * p.head_dim;
+  const bf16* d = dout + row * p.head_dim;
+  float acc = 0.f;
+  for (int64_t c = lane * 8; c < p.head_dim; c += 256) {
+    float a[8], bb[8];
+    load_vec<8>(o + c, a);
+    load_vec<8>(d + c, bb);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += a[e] * bb[e];
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) dsum[(b * p.heads + h) * p.seq + i] = acc;
+}
+
+// dq = scale * dq_acc, rounded to bf16; n a multiple of 8.
+__global__ void dq_finish_kernel(const float* __restrict__ acc, bf16* __restrict__ dq, int64_t n, float scale) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (i >= n) return;
+  float v[8];
+  load_vec<8>(acc + i, v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] *= scale;
+  store_vec<8>(dq + i, v);
+}
+
+// First (head-in-group, query tile) item at or after idx that is not skipped; items run over
+// query tiles [qt0, qt0 + nqt) for each head of the group.
+template <int kBc>
+__device__ __forceinline__ int next_item(const AttentionParams& p, const int32_t* seg, int idx, int n_items, int qt0,
+                                         int nqt, int64_t k0, int32_t ks_lo, int32_t ks_hi, int lane, TileKind* kind) {
+  for (; idx < n_items; ++idx) {
+    const int64_t q0 = int64_t(qt0 + idx % nqt) * kBr;
+    int32_t lo = 0, hi = 0;
+    if (seg) warp_seg_range(seg, q0, kBr, p.seq, lane, &lo, &hi);
+    *kind = classify(p, q0, kBr, k0, kBc, lo, hi, ks_lo, ks_hi);
+    if (*kind != TileKind::kSkip) break;
+  }
+  return idx;
+}
+
+template <int kD, int kBc, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps)
+    flash_bwd_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                     const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                     const float* __restrict__ dsum, float* __restrict__ dq_acc, bf16* __restrict__ dk,
+                     bf16* __restrict__ dv) {
+  constexpr int kThreads = 32 * kWarps;
+  constexpr int kKeyGroups = kBc / 16, kSlices = kWarps / kKeyGroups;  // phases 1, 2
+  static_assert(kWarps % kKeyGroups == 0 && kWarps % 4 == 0, "warps must tile the key rows and the query rows");
+  constexpr int kQn = kBr / kSlices, kNt1 = kQn / 8;   // phase 1: queries per warp, their 8-wide tiles
+  constexpr int kDn = kD / kSlices, kNt2 = kDn / 8;    // phase 2: head_dim columns per warp
+  constexpr int kDn3 = kD / (kWarps / 4), kNt3 = kDn3 / 8;  // phase 3: 16 queries x kDn3 columns per warp
+  static_assert(kQn % 16 == 0 && kDn % 16 == 0 && kDn3 % 16 == 0, "warp slices must hold whole MMA tiles");
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sK = reinterpret_cast<bf16*>(smem);
+  bf16* sV = sK + kBc * kD;
+  bf16* sQ = sV + kBc * kD;     // [2][kBr * kD]
+  bf16* sdO = sQ + 2 * kBr * kD;  // [2][kBr * kD]
+  bf16* sP = sdO + 2 * kBr * kD;  // P^T [kBc][kBr]
+  bf16* sdS = sP + kBc * kBr;     // dS^T [kBc][kBr]
+
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  const int wr = warp % kKeyGroups, wc = warp / kKeyGroups;  // key group, query or head_dim slice
+  const int wq = warp % 4, wd = warp / 4;                     // phase 3: query group, head_dim slice
+  const int64_t k0 = int64_t(blockIdx.x) * kBc, g = blockIdx.y, b = blockIdx.z;
+  const int64_t group = p.heads / p.kv_heads;
+  const int hd = int(p.head_dim);
+  const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
+  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
+  const Visibility vis{p.seq, p.window, seg};
+  const float scale_log2 = p.scale * kLog2e;
+  const FragLane f16 = frag_rows16(lane), f8x2 = frag_rows8x2(lane);
+
+  // Queries that may see these keys: [k0, q_end).
+  const int64_t q_end = p.window > 0 && k0 + kBc - 1 + p.window < p.seq ? k0 + kBc - 1 + p.window : p.seq;
+  const int qt0 = int(k0 / kBr), nqt = int((q_end + kBr - 1) / kBr) - qt0;
+  const int n_items = int(group) * nqt;
+  int32_t ks_lo = 0, ks_hi = 0;
+  if (seg) warp_seg_range(seg, k0, kBc, p.seq, lane, &ks_lo, &ks_hi);
+
+  auto q_head = [&](int item) { return g * group + item / nqt; };
+  auto load_q_tiles = [&](int item, int buf) {
+    const int64_t h = q_head(item), q0 = int64_t(qt0 + item % nqt) * kBr;
+    const int64_t off = (b * p.seq * p.heads + h) * p.head_dim;
+    load_tile<kBr, kD, kThreads>(sQ + buf * kBr * kD, q + off, q_stride, q0, p.seq, hd);
+    load_tile<kBr, kD, kThreads>(sdO + buf * kBr * kD, dout + off, q_stride, q0, p.seq, hd);
+  };
+
+  const int64_t kv_off = (b * p.seq * p.kv_heads + g) * p.head_dim;
+  load_tile<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd);
+  load_tile<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd);
+  TileKind kind = TileKind::kSkip;
+  int item = nqt > 0 ? next_item<kBc>(p, seg, 0, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &kind) : n_items;
+  if (item < n_items) load_q_tiles(item, 0);
+  cp_async_commit();
+
+  float dka[kNt2][4], dva[kNt2][4];
+#pragma unroll
+  for (int n = 0; n < kNt2; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.f;
+
+  int buf = 0;
+  while (item < n_items) {
+    TileKind next_kind = TileKind::kSkip;
+    const int next = next_item<kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
+    if (next < n_items) load_q_tiles(next, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this item's Q and dO (and K, V) have landed
+    __syncthreads();
+    const bf16* cQ = sQ + buf * kBr * kD;
+    const bf16* cdO = sdO + buf * kBr * kD;
+    const int64_t h = q_head(item), q0 = int64_t(qt0 + item % nqt) * kBr;
+    const float* lse_h = lse + (b * p.heads + h) * p.seq;
+    const float* dsum_h = dsum + (b * p.heads + h) * p.seq;
+
+    // Phase 1: S^T = K Q^T and dP^T = V dO^T for keys 16 wr.. x queries kQn wc..; then P^T and
+    // dS^T = P^T * (dP^T - D) * dcap into shared memory.
+    {
+      float st[kNt1][4], dpt[kNt1][4];
+#pragma unroll
+      for (int n = 0; n < kNt1; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        uint32_t ak[4], av[4];
+        load_a<kD>(ak, sK, 16 * wr, kk * 16, f16);
+        load_a<kD>(av, sV, 16 * wr, kk * 16, f16);
+#pragma unroll
+        for (int n = 0; n < kNt1; n += 2) {
+          uint32_t bq[4], bo[4];
+          load_b_nk<kD>(bq, cQ, wc * kQn + n * 8, kk * 16, f8x2);
+          load_b_nk<kD>(bo, cdO, wc * kQn + n * 8, kk * 16, f8x2);
+          mma16816(st[n], ak, bq[0], bq[1]);
+          mma16816(st[n + 1], ak, bq[2], bq[3]);
+          mma16816(dpt[n], av, bo[0], bo[1]);
+          mma16816(dpt[n + 1], av, bo[2], bo[3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kNt1; ++n) {
+        const int ic = wc * kQn + n * 8 + 2 * (lane & 3);  // query column of elements 0 and 2
+        float lse2[2], dsv[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t i = q0 + ic + c;
+          lse2[c] = i < p.seq ? lse_h[i] * kLog2e : INFINITY;  // rows past the end get P = 0
+          dsv[c] = i < p.seq ? dsum_h[i] : 0.f;
+        }
+        float dcap[4] = {1.f, 1.f, 1.f, 1.f};
+        if (p.softcap > 0.f) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[n][e] = cap_dot(st[n][e], p.scale, p.softcap, &dcap[e]);
+        }
+        float pv[4], dsv_out[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pv[e] = fast_exp2(fmaf(st[n][e], scale_log2, -lse2[e & 1]));
+        if (kind == TileKind::kMasked) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!vis(q0 + ic + (e & 1), k0 + 16 * wr + (lane >> 2) + (e >= 2 ? 8 : 0))) pv[e] = 0.f;
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dsv_out[e] = pv[e] * (dpt[n][e] - dsv[e & 1]) * dcap[e];
+        const int jr0 = 16 * wr + (lane >> 2);
+        *reinterpret_cast<uint32_t*>(sP + swz<kBr>(jr0, ic)) = pack_bf16(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t*>(sP + swz<kBr>(jr0 + 8, ic)) = pack_bf16(pv[2], pv[3]);
+        *reinterpret_cast<uint32_t*>(sdS + swz<kBr>(jr0, ic)) = pack_bf16(dsv_out[0], dsv_out[1]);
+        *reinterpret_cast<uint32_t*>(sdS + swz<kBr>(jr0 + 8, ic)) = pack_bf16(dsv_out[2], dsv_out[3]);
+      }
+    }
+    __syncthreads();
+
+    // Phase 2: dV += P^T dO and dK += dS^T Q for keys 16 wr.. x head_dim columns kDn wc...
+#pragma unroll
+    for (int kq = 0; kq < kBr / 16; ++kq) {
+      uint32_t ap[4], ads[4];
+      load_a<kBr>(ap, sP, 16 * wr, kq * 16, f16);
+      load_a<kBr>(ads, sdS, 16 * wr, kq * 16, f16);
+#pragma unroll
+      for (int n = 0; n < kNt2; n += 2) {
+        uint32_t bo[4], bq[4];
+        load_b_kn<kD>(bo, cdO, kq * 16, wc * kDn + n * 8, f16);
+        load_b_kn<kD>(bq, cQ, kq * 16, wc * kDn + n * 8, f16);
+        mma16816(dva[n], ap, bo[0], bo[1]);
+        mma16816(dva[n + 1], ap, bo[2], bo[3]);
+        mma16816(dka[n], ads, bq[0], bq[1]);
+        mma16816(dka[n + 1], ads, bq[2], bq[3]);
+      }
+    }
+
+    // Phase 3: dQ += dS K for queries 16 wq.. x head_dim columns kDn3 wd.., added to dq_acc.
+    {
+      float dqa[kNt3][4];
+#pragma unroll
+      for (int n = 0; n < kNt3; ++n) dqa[n][0] = dqa[n][1] = dqa[n][2] = dqa[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        uint32_t a[4];
+        load_a_t<kBr>(a, sdS, kk * 16, 16 * wq, f8x2);
+#pragma unroll
+        for (int n = 0; n < kNt3; n += 2) {
+          uint32_t bk[4];
+          load_b_kn<kD>(bk, sK, kk * 16, wd * kDn3 + n * 8, f16);
+          mma16816(dqa[n], a, bk[0], bk[1]);
+          mma16816(dqa[n + 1], a, bk[2], bk[3]);
+        }
+      }
+      const int64_t i0 = q0 + 16 * wq + (lane >> 2);
+      float* base = dq_acc + (b * p.seq * p.heads + h) * p.head_dim;
+#pragma unroll
+      for (int n = 0; n < kNt3; ++n) {
+        const int col = wd * kDn3 + n * 8 + 2 * (lane & 3);
+        if (col >= hd) break;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t i = i0 + 8 * r;
+          if (i >= p.seq) continue;
+          float* dst = base + i * q_stride + col;
+#if __CUDA_ARCH__ >= 900
+          atomicAdd(reinterpret_cast<float2*>(dst), make_float2(dqa[n][2 * r], dqa[n][2 * r + 1]));
+#else
+          atomicAdd(dst, dqa[n][2 * r]);
+          atomicAdd(dst + 1, dqa[n][2 * r + 1]);
+#endif
+        }
+      }
+    }
+    __syncthreads();  // sP, sdS and this buffer are free again
+    buf ^= 1;
+    item = next;
+    kind = next_kind;
+  }
+  cp_async_wait<0>();
+
+  const int64_t j0 = k0 + 16 * wr + (lane >> 2);
+#pragma unroll
+  for (int n = 0; n < kNt2; ++n) {
+    const int col = wc * kDn + n * 8 + 2 * (lane & 3);
+    if (col >= hd) break;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t j = j0 + 8 * r;
+      if (j >= p.seq) continue;
+      const int64_t off = (b * p.seq + j) * kv_stride + g * p.head_dim + col;
+      *reinterpret_cast<__nv_bfloat162*>(dk + off) =
+          __floats2bfloat162_rn(dka[n][2 * r] * p.scale, dka[n][2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv + off) = __floats2bfloat162_rn(dva[n][2 * r], dva[n][2 * r + 1]);
+    }
+  }
+}
+
+template <int kD, int kBc, int kWarps>
+void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  using C = BwdConfig<kD, kBc, kWarps>;
+  auto* kernel = flash_bwd_kernel<kD, kBc, kWarps>;
+  static bool attr_set = [&] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid(unsigned((p.seq + kBc - 1) / kBc), unsigned(p.kv_heads), unsigned(p.batch));
+  kernel<<<grid, C::kThreads, C::kSmem, s>>>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+// Tile shape: LOOM_FLASH_BWD=<variant> picks one for bench/ (a tuning knob; default 0).
+//   0: 128 keys per block, 8 warps (64 keys at head_dim 256, 16 warps);  1: 64 keys, 8 warps.
+int bwd_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("LOOM_FLASH_BWD");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
+
+size_t dsum_bytes(const AttentionParams& p) { return (size_t(p.batch * p.heads * p.seq) * 4 + 255) / 256 * 256; }
+
+}  // namespace
+
+size_t backward_workspace_bytes(const AttentionParams& p) {
+  return dsum_bytes(p) + size_t(p.batch * p.seq * p.heads * p.head_dim) * sizeof(float);
+}
+
+void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+              const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* workspace, Stream s) {
+  if (p.batch == 0 || p.seq == 0) return;
+  float* dsum = static_cast<float*>(workspace);
+  float* dq_acc = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + dsum_bytes(p));
+  const int64_t n_q = p.batch * p.seq * p.heads * p.head_dim, rows = p.batch * p.seq * p.heads;
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(n_q) * sizeof(float), s));
+  dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, out, dout, dsum);
+  LOOM_CUDA_LAUNCH_CHECK();
+  const int variant = bwd_variant();
+  if (p.head_dim <= 64) {
+    if (variant == 1) launch_bwd<64, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch_bwd<64, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  } else if (p.head_dim <= 128) {
+    if (variant == 1) launch_bwd<128, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch_bwd<128, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  } else {
+    launch_bwd<256, 64, 16>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  }
+  dq_finish_kernel<<<unsigned((n_q / 8 + 255) / 256), 256, 0, s>>>(dq_acc, dq, n_q, p.scale);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda::flash
