@@ -234,12 +234,22 @@ def nn_cases():
     yield "embedding_bwd" + eshape, "dense_grad", emb_bwd
 
 
-def attention_cases():
-    b, s, h, kv, d = 4, 2048, 32, 8, 128
-    shape = f"/bf16/b{b}_s{s}_h{h}_kv{kv}_d{d}"
+# Results a case measured itself (peak memory; a single timed run), by (name, variant); main()
+# merges them into the case's entry. A make() that returns None has timed itself here.
+EXTRA = {}
 
-    # Loom's layout [b, s, heads, d]; SDPA takes [b, heads, s, d]: transposed views, no copies.
-    def qkv(grad, repeat):
+
+def attention_cases():
+    """Causal SDPA in Loom's bench shapes: fwd, bwd (autograd.grad of a built graph), fwdbwd (both,
+    with the peak memory of one step). Windows and packed documents take a boolean mask (the
+    memory-efficient or math kernel, what transformers' sdpa path does); plain causal takes
+    is_causal (flash)."""
+    def name(b, s, h, kv, d, window=0, doc=0):
+        n = f"/bf16/b{b}_s{s}_h{h}_kv{kv}_d{d}"
+        return n + (f"_w{window}" if window else "") + (f"_doc{doc}" if doc else "")
+
+    def qkv(b, s, h, kv, d, grad, repeat):
+        # Loom's layout [b, s, heads, d]; SDPA takes [b, heads, s, d]: transposed views, no copies.
         q = rand((b, s, h, d), BF16).transpose(1, 2)
         k = rand((b, s, kv, d), BF16).transpose(1, 2)
         v = rand((b, s, kv, d), BF16).transpose(1, 2)
@@ -249,21 +259,84 @@ def attention_cases():
             q, k, v = leaf(q), leaf(k), leaf(v)
         return q, k, v
 
-    for variant, repeat in (("enable_gqa", False), ("repeat_kv", True)):
-        def sdpa(q, k, v, repeat=repeat):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not repeat)
+    def mask_of(s, window, doc):
+        i = torch.arange(s, device=DEV)[:, None]
+        j = torch.arange(s, device=DEV)[None, :]
+        m = j <= i
+        if window:
+            m &= (i - j) < window
+        if doc:
+            m &= (i // doc) == (j // doc)
+        return m
 
-        def fwd(repeat=repeat, sdpa=sdpa):
-            q, k, v = qkv(False, repeat)
-            return lambda: sdpa(q, k, v)
+    def cases(b, s, h, kv, d, window=0, doc=0, variants=(("enable_gqa", False), ("repeat_kv", True))):
+        shape = name(b, s, h, kv, d, window, doc)
+        mask = mask_of(s, window, doc) if (window or doc) else None
+        for variant, repeat in variants:
+            def sdpa(q, k, v, repeat=repeat):
+                if mask is not None:
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=not repeat)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not repeat)
 
-        def bwd(repeat=repeat, sdpa=sdpa):
-            q, k, v = qkv(True, repeat)
-            out = sdpa(q, k, v)
-            return grad_fn(out, (q, k, v), torch.randn_like(out))
-        yield "attention_fwd" + shape, variant, fwd
-        yield "attention_bwd" + shape, variant, bwd
+            def fwd(repeat=repeat, sdpa=sdpa):
+                q, k, v = qkv(b, s, h, kv, d, False, repeat)
+                return lambda: sdpa(q, k, v)
 
+            def bwd(repeat=repeat, sdpa=sdpa):
+                q, k, v = qkv(b, s, h, kv, d, True, repeat)
+                out = sdpa(q, k, v)
+                return grad_fn(out, (q, k, v), torch.randn_like(out))
+
+            def fwdbwd(repeat=repeat, sdpa=sdpa, variant=variant):
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                q, k, v = qkv(b, s, h, kv, d, True, repeat)
+                dout = rand((b, h, s, d), BF16)
+
+                def step():
+                    out = sdpa(q, k, v)
+                    torch.autograd.grad(out, (q, k, v), dout)
+                step()
+                torch.cuda.synchronize()
+                EXTRA[("attention_fwdbwd" + shape, variant)] = {
+                    "peak_bytes": torch.cuda.max_memory_allocated() - base}
+                return step
+            yield "attention_fwd" + shape, variant, fwd
+            yield "attention_bwd" + shape, variant, bwd
+            yield "attention_fwdbwd" + shape, variant, fwdbwd
+
+    H, KV = 32, 8
+    yield from cases(4, 2048, H, KV, 128)
+    yield from cases(4, 2048, H, KV, 64)
+    yield from cases(4, 2048, 16, 8, 256)
+    yield from cases(1, 8192, H, KV, 128)
+    yield from cases(1, 32768, H, KV, 128, variants=(("enable_gqa", False),))
+    yield from cases(1, 8192, H, KV, 128, window=4096, variants=(("repeat_kv", True),))
+    yield from cases(4, 2048, H, KV, 128, doc=512, variants=(("repeat_kv", True),))
+
+    def once_128k():
+        """One forward + backward at 128k tokens, timed once, with its peak memory."""
+        s = 131072
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        q, k, v = qkv(1, s, H, KV, 128, True, False)
+        dout = rand((1, H, s, 128), BF16)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        torch.autograd.grad(out, (q, k, v), dout)
+        stop.record()
+        stop.synchronize()
+        t = start.elapsed_time(stop) * 1e-3
+        EXTRA[("attention_fwdbwd" + name(1, s, H, KV, 128), "enable_gqa")] = {
+            "median_s": t, "min_s": t, "calls": 1, "peak_bytes": torch.cuda.max_memory_allocated() - base}
+        return None
+    yield "attention_fwdbwd" + name(1, 131072, H, KV, 128), "enable_gqa", once_128k
+
+
+def loss_cases():
     n = 8192
     for vocab in (32000, 128256):
         def ce_fwd(vocab=vocab):
@@ -320,7 +393,7 @@ def optim_cases():
 
 
 def all_cases():
-    for gen in (elementwise_cases, gemm_cases, nn_cases, attention_cases, optim_cases):
+    for gen in (elementwise_cases, gemm_cases, nn_cases, attention_cases, loss_cases, optim_cases):
         yield from gen()
 
 
@@ -353,9 +426,13 @@ def main():
         entry = {"name": name, "variant": variant}
         try:
             fn = make()
-            med, best, calls = time_fn(fn, args.min_time)
-            entry.update(median_s=med, min_s=best, calls=calls)
-            print(f"{name:60s} {variant:16s} {med * 1e6:12.1f} us  ({calls} calls)", flush=True)
+            if fn is not None:
+                med, best, calls = time_fn(fn, args.min_time)
+                entry.update(median_s=med, min_s=best, calls=calls)
+            entry.update(EXTRA.pop((name, variant), {}))
+            med, calls = entry["median_s"], entry["calls"]
+            mem = f"  peak {entry['peak_bytes'] / 2**30:.2f} GiB" if "peak_bytes" in entry else ""
+            print(f"{name:60s} {variant:16s} {med * 1e6:12.1f} us  ({calls} calls){mem}", flush=True)
         except Exception as e:  # OOM, unsupported backend: record it and go on
             entry["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             print(f"{name:60s} {variant:16s} ERROR {entry['error']}", flush=True)

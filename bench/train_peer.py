@@ -28,6 +28,7 @@ model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn
 cfg = LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 model = get_peft_model(model, cfg)
+model.train()  # from_pretrained returns eval mode
 for n, prm in model.named_parameters():
     if prm.requires_grad:
         prm.data = prm.data.float()
