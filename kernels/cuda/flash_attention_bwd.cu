@@ -67,14 +67,14 @@ __device__ __forceinline__ int next_item(const AttentionParams& p, const int32_t
   return idx;
 }
 
-template <int kD, int kBc, int kWarps>
-__global__ void __launch_bounds__(32 * kWarps)
+template <int kD, int kBc, int kWarps, int kMT>
+__global__ void __launch_bounds__(32 * kWarps, 1)
     flash_bwd_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
                      const float* __restrict__ dsum, float* __restrict__ dq_acc, bf16* __restrict__ dk,
                      bf16* __restrict__ dv) {
   constexpr int kThreads = 32 * kWarps;
-  constexpr int kKeyGroups = kBc / 16, kSlices = kWarps / kKeyGroups;  // phases 1, 2
+  constexpr int kKeyGroups = kBc / (16 * kMT), kSlices = kWarps / kKeyGroups;  // phases 1, 2: 16 kMT keys
   static_assert(kWarps % kKeyGroups == 0 && kWarps % 4 == 0, "warps must tile the key rows and the query rows");
   constexpr int kQn = kBr / kSlices, kNt1 = kQn / 8;   // phase 1: queries per warp, their 8-wide tiles
   constexpr int kDn = kD / kSlices, kNt2 = kDn / 8;    // phase 2: head_dim columns per warp
@@ -123,11 +123,14 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (item < n_items) load_q_tiles(item, 0);
   cp_async_commit();
 
-  float dka[kNt2][4], dva[kNt2][4];
+  const int krow = 16 * kMT * wr;  // this warp's first key row in phases 1 and 2
+  float dka[kMT][kNt2][4], dva[kMT][kNt2][4];
 #pragma unroll
-  for (int n = 0; n < kNt2; ++n)
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.f;
+    for (int n = 0; n < kNt2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dka[mt][n][e] = dva[mt][n][e] = 0.f;
 
   int buf = 0;
   while (item < n_items) {
@@ -143,28 +146,36 @@ __global__ void __launch_bounds__(32 * kWarps)
     const float* lse_h = lse + (b * p.heads + h) * p.seq;
     const float* dsum_h = dsum + (b * p.heads + h) * p.seq;
 
-    // Phase 1: S^T = K Q^T and dP^T = V dO^T for keys 16 wr.. x queries kQn wc..; then P^T and
-    // dS^T = P^T * (dP^T - D) * dcap into shared memory.
+    // Phase 1: S^T = K Q^T and dP^T = V dO^T for keys krow.. (16 kMT) x queries kQn wc..; then P^T
+    // and dS^T = P^T * (dP^T - D) * dcap into shared memory. Each Q / dO fragment serves kMT tiles.
     {
-      float st[kNt1][4], dpt[kNt1][4];
+      float st[kMT][kNt1][4], dpt[kMT][kNt1][4];
 #pragma unroll
-      for (int n = 0; n < kNt1; ++n)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+        for (int n = 0; n < kNt1; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[mt][n][e] = dpt[mt][n][e] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
-        uint32_t ak[4], av[4];
-        load_a<kD>(ak, sK, 16 * wr, kk * 16, f16);
-        load_a<kD>(av, sV, 16 * wr, kk * 16, f16);
+        uint32_t ak[kMT][4], av[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          load_a<kD>(ak[mt], sK, krow + 16 * mt, kk * 16, f16);
+          load_a<kD>(av[mt], sV, krow + 16 * mt, kk * 16, f16);
+        }
 #pragma unroll
         for (int n = 0; n < kNt1; n += 2) {
           uint32_t bq[4], bo[4];
           load_b_nk<kD>(bq, cQ, wc * kQn + n * 8, kk * 16, f8x2);
           load_b_nk<kD>(bo, cdO, wc * kQn + n * 8, kk * 16, f8x2);
-          mma16816(st[n], ak, bq[0], bq[1]);
-          mma16816(st[n + 1], ak, bq[2], bq[3]);
-          mma16816(dpt[n], av, bo[0], bo[1]);
-          mma16816(dpt[n + 1], av, bo[2], bo[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma16816(st[mt][n], ak[mt], bq[0], bq[1]);
+            mma16816(st[mt][n + 1], ak[mt], bq[2], bq[3]);
+            mma16816(dpt[mt][n], av[mt], bo[0], bo[1]);
+            mma16816(dpt[mt][n + 1], av[mt], bo[2], bo[3]);
+          }
         }
       }
 #pragma unroll
@@ -177,45 +188,54 @@ __global__ void __launch_bounds__(32 * kWarps)
           lse2[c] = i < p.seq ? lse_h[i] * kLog2e : INFINITY;  // rows past the end get P = 0
           dsv[c] = i < p.seq ? dsum_h[i] : 0.f;
         }
-        float dcap[4] = {1.f, 1.f, 1.f, 1.f};
-        if (p.softcap > 0.f) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) st[n][e] = cap_dot(st[n][e], p.scale, p.softcap, &dcap[e]);
+        for (int mt = 0; mt < kMT; ++mt) {
+          const int jr0 = krow + 16 * mt + (lane >> 2);
+          float dcap[4] = {1.f, 1.f, 1.f, 1.f};
+          if (p.softcap > 0.f) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[mt][n][e] = cap_dot(st[mt][n][e], p.scale, p.softcap, &dcap[e]);
+          }
+          float pv[4], dsv_out[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pv[e] = fast_exp2(fmaf(st[mt][n][e], scale_log2, -lse2[e & 1]));
+          if (kind == TileKind::kMasked) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (!vis(q0 + ic + (e & 1), k0 + jr0 + (e >= 2 ? 8 : 0))) pv[e] = 0.f;
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dsv_out[e] = pv[e] * (dpt[mt][n][e] - dsv[e & 1]) * dcap[e];
+          *reinterpret_cast<uint32_t*>(sP + swz<kBr>(jr0, ic)) = pack_bf16(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t*>(sP + swz<kBr>(jr0 + 8, ic)) = pack_bf16(pv[2], pv[3]);
+          *reinterpret_cast<uint32_t*>(sdS + swz<kBr>(jr0, ic)) = pack_bf16(dsv_out[0], dsv_out[1]);
+          *reinterpret_cast<uint32_t*>(sdS + swz<kBr>(jr0 + 8, ic)) = pack_bf16(dsv_out[2], dsv_out[3]);
         }
-        float pv[4], dsv_out[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pv[e] = fast_exp2(fmaf(st[n][e], scale_log2, -lse2[e & 1]));
-        if (kind == TileKind::kMasked) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (!vis(q0 + ic + (e & 1), k0 + 16 * wr + (lane >> 2) + (e >= 2 ? 8 : 0))) pv[e] = 0.f;
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dsv_out[e] = pv[e] * (dpt[n][e] - dsv[e & 1]) * dcap[e];
-        const int jr0 = 16 * wr + (lane >> 2);
-        *reinterpret_cast<uint32_t*>(sP + swz<kBr>(jr0, ic)) = pack_bf16(pv[0], pv[1]);
-        *reinterpret_cast<uint32_t*>(sP + swz<kBr>(jr0 + 8, ic)) = pack_bf16(pv[2], pv[3]);
-        *reinterpret_cast<uint32_t*>(sdS + swz<kBr>(jr0, ic)) = pack_bf16(dsv_out[0], dsv_out[1]);
-        *reinterpret_cast<uint32_t*>(sdS + swz<kBr>(jr0 + 8, ic)) = pack_bf16(dsv_out[2], dsv_out[3]);
       }
     }
     __syncthreads();
 
-    // Phase 2: dV += P^T dO and dK += dS^T Q for keys 16 wr.. x head_dim columns kDn wc...
+    // Phase 2: dV += P^T dO and dK += dS^T Q for keys krow.. x head_dim columns kDn wc...
 #pragma unroll
     for (int kq = 0; kq < kBr / 16; ++kq) {
-      uint32_t ap[4], ads[4];
-      load_a<kBr>(ap, sP, 16 * wr, kq * 16, f16);
-      load_a<kBr>(ads, sdS, 16 * wr, kq * 16, f16);
+      uint32_t ap[kMT][4], ads[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        load_a<kBr>(ap[mt], sP, krow + 16 * mt, kq * 16, f16);
+        load_a<kBr>(ads[mt], sdS, krow + 16 * mt, kq * 16, f16);
+      }
 #pragma unroll
       for (int n = 0; n < kNt2; n += 2) {
         uint32_t bo[4], bq[4];
         load_b_kn<kD>(bo, cdO, kq * 16, wc * kDn + n * 8, f16);
         load_b_kn<kD>(bq, cQ, kq * 16, wc * kDn + n * 8, f16);
-        mma16816(dva[n], ap, bo[0], bo[1]);
-        mma16816(dva[n + 1], ap, bo[2], bo[3]);
-        mma16816(dka[n], ads, bq[0], bq[1]);
-        mma16816(dka[n + 1], ads, bq[2], bq[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816(dva[mt][n], ap[mt], bo[0], bo[1]);
+          mma16816(dva[mt][n + 1], ap[mt], bo[2], bo[3]);
+          mma16816(dka[mt][n], ads[mt], bq[0], bq[1]);
+          mma16816(dka[mt][n + 1], ads[mt], bq[2], bq[3]);
+        }
       }
     }
 
@@ -263,28 +283,32 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   cp_async_wait<0>();
 
-  const int64_t j0 = k0 + 16 * wr + (lane >> 2);
 #pragma unroll
-  for (int n = 0; n < kNt2; ++n) {
-    const int col = wc * kDn + n * 8 + 2 * (lane & 3);
-    if (col >= hd) break;
+  for (int mt = 0; mt < kMT; ++mt) {
+    const int64_t j0 = k0 + krow + 16 * mt + (lane >> 2);
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t j = j0 + 8 * r;
-      if (j >= p.seq) continue;
-      const int64_t off = (b * p.seq + j) * kv_stride + g * p.head_dim + col;
-      *reinterpret_cast<__nv_bfloat162*>(dk + off) =
-          __floats2bfloat162_rn(dka[n][2 * r] * p.scale, dka[n][2 * r + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + off) = __floats2bfloat162_rn(dva[n][2 * r], dva[n][2 * r + 1]);
+    for (int n = 0; n < kNt2; ++n) {
+      const int col = wc * kDn + n * 8 + 2 * (lane & 3);
+      if (col >= hd) break;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t j = j0 + 8 * r;
+        if (j >= p.seq) continue;
+        const int64_t off = (b * p.seq + j) * kv_stride + g * p.head_dim + col;
+        *reinterpret_cast<__nv_bfloat162*>(dk + off) =
+            __floats2bfloat162_rn(dka[mt][n][2 * r] * p.scale, dka[mt][n][2 * r + 1] * p.scale);
+        *reinterpret_cast<__nv_bfloat162*>(dv + off) =
+            __floats2bfloat162_rn(dva[mt][n][2 * r], dva[mt][n][2 * r + 1]);
+      }
     }
   }
 }
 
-template <int kD, int kBc, int kWarps>
+template <int kD, int kBc, int kWarps, int kMT = 1>
 void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                 const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
   using C = BwdConfig<kD, kBc, kWarps>;
-  auto* kernel = flash_bwd_kernel<kD, kBc, kWarps>;
+  auto* kernel = flash_bwd_kernel<kD, kBc, kWarps, kMT>;
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
     return true;
@@ -296,7 +320,10 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 }
 
 // Tile shape: LOOM_FLASH_BWD=<variant> picks one for bench/ (a tuning knob; default 0).
-//   0: 128 keys per block, 8 warps (64 keys at head_dim 256, 16 warps);  1: 64 keys, 8 warps.
+//   0: 128 keys per block, 8 warps of 32 keys x half the queries / head_dim, so each Q and dO
+//      fragment serves two key tiles (64 keys and 16 warps of 16 at head_dim 256);
+//   1: 64 keys, 8 warps of 16;  2: 128 keys, 8 warps of 16.
+// H200, b4 s2048 h32/8: head_dim 128 2567 us (variant 2: 2942), head_dim 64 1664 us (2007).
 int bwd_variant() {
   static const int v = [] {
     const char* e = std::getenv("LOOM_FLASH_BWD");
@@ -325,10 +352,12 @@ void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16
   const int variant = bwd_variant();
   if (p.head_dim <= 64) {
     if (variant == 1) launch_bwd<64, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch_bwd<64, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else if (variant == 2) launch_bwd<64, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch_bwd<64, 128, 8, 2>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
   } else if (p.head_dim <= 128) {
     if (variant == 1) launch_bwd<128, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch_bwd<128, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else if (variant == 2) launch_bwd<128, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch_bwd<128, 128, 8, 2>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
   } else {
     launch_bwd<256, 64, 16>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
   }
