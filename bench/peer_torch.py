@@ -337,6 +337,31 @@ def attention_cases():
 
 
 def loss_cases():
+    # Linear + cross-entropy as transformers computes it: bf16 logits h @ W^T, then F.cross_entropy;
+    # forward + backward, W frozen (LoRA) or trained; the peak memory above the inputs.
+    rows, vocab, hidden = 8192, 128256, 4096
+    for variant_name, train_w in (("frozen", False), ("trained", True)):
+        def lce(train_w=train_w, variant_name=variant_name):
+            h = leaf(rand((rows, hidden), BF16))
+            w = rand((vocab, hidden), BF16, -0.02, 0.02)
+            if train_w:
+                w = leaf(w)
+            t = torch.randint(0, vocab, (rows,), device=DEV)
+            inputs = (h, w) if train_w else (h,)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+
+            def step():
+                loss = F.cross_entropy(h @ w.T, t)
+                torch.autograd.grad(loss, inputs)
+            step()
+            torch.cuda.synchronize()
+            EXTRA[(f"linear_cross_entropy_fwdbwd/bf16/{rows}x{vocab}x{hidden}_{variant_name}", "")] = {
+                "peak_bytes": torch.cuda.max_memory_allocated() - base}
+            return step
+        yield f"linear_cross_entropy_fwdbwd/bf16/{rows}x{vocab}x{hidden}_{variant_name}", "", lce
+
     n = 8192
     for vocab in (32000, 128256):
         def ce_fwd(vocab=vocab):
