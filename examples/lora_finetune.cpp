@@ -5,8 +5,8 @@
 
 #include "autograd/tape.h"
 #include "engine/ops.h"
-#include "kernels/adamw.h"
 #include "models/lora.h"
+#include "optim/adamw.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {
@@ -31,26 +31,18 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 16; ++i) ids.push_back((7 * i + 3) % vocab);
   loom::Tensor input_ids = loom::Tensor::from_ints(ids, {2, 8});
 
-  auto params = loom::lora_parameters(**model);
-  std::vector<loom::Tensor> exp_avg, exp_avg_sq;
-  for (auto& [name, v] : params) {
-    exp_avg.push_back(loom::Tensor::zeros(v->shape(), loom::DType::f32, v->device()));
-    exp_avg_sq.push_back(loom::Tensor::zeros(v->shape(), loom::DType::f32, v->device()));
-  }
-  loom::AdamWParams adamw;
-  adamw.lr = 1e-2f;
+  // AdamW (torch semantics, no weight decay) over the LoRA matrices, which are f32 masters.
+  loom::optim::Optimizer adamw(loom::optim::make_adamw({}));
+  const int group = adamw.add_group({"lora", 1.f, 0.f});
+  for (auto& [name, v] : loom::lora_parameters(**model)) adamw.add_param(name, *v, group);
   std::vector<float> losses;
   for (int step = 1; step <= 5; ++step) {
     loom::ag::Variable loss = loom::causal_lm_loss((*model)->forward(input_ids), input_ids);
     losses.push_back(loss.value().item());
     std::printf("step %d loss %.6f\n", step, losses.back());
     loom::ag::backward(loss);
-    adamw.step = step;
-    for (size_t i = 0; i < params.size(); ++i) {
-      loom::Tensor value = params[i].second->value();
-      loom::ops::adamw_step(value, params[i].second->grad(), exp_avg[i], exp_avg_sq[i], adamw);
-      params[i].second->zero_grad();
-    }
+    adamw.step(/*lr=*/1e-2f);
+    adamw.zero_grad();
   }
   if (auto st = loom::save_adapter(**model, lora, argv[2]); !st.ok())
     return std::fprintf(stderr, "%s\n", st.ToString().c_str()), 1;

@@ -1,6 +1,8 @@
 // ToyLlama (see toy_llama.h).
 #include "models/toy_llama.h"
 
+#include "optim/adamw.h"
+
 namespace loom {
 
 ToyLlama::ToyLlama(const ToyLlamaConfig& config, Device device, DType compute_dtype)
@@ -35,8 +37,6 @@ size_t ToyLlama::add_param(const Shape& shape, bool is_norm) {
     ops::normal_(t, config_.seed, /*offset=*/params_.size() << 32, 0.f, 0.02f);
   }
   params_.emplace_back(t, true);
-  exp_avg_.push_back(Tensor::zeros(shape, DType::f32, device_));
-  exp_avg_sq_.push_back(Tensor::zeros(shape, DType::f32, device_));
   return params_.size() - 1;
 }
 
@@ -78,15 +78,13 @@ ag::Variable ToyLlama::loss(const Tensor& ids, const Tensor& targets) {
 }
 
 void ToyLlama::step(const AdamWParams& params) {
-  AdamWParams p = params;
-  p.step = ++step_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    ag::Variable& w = params_[i];
-    if (!w.grad().defined()) continue;
-    Tensor value = w.value();
-    ops::adamw_step(value, w.grad(), exp_avg_[i], exp_avg_sq_[i], p);
-    w.zero_grad();
+  if (!optimizer_) {
+    optimizer_ = std::make_unique<optim::Optimizer>(optim::make_adamw({params.beta1, params.beta2, params.eps}));
+    const int group = optimizer_->add_group({"all", 1.f, params.weight_decay});
+    for (size_t i = 0; i < params_.size(); ++i) optimizer_->add_param("param." + std::to_string(i), params_[i], group);
   }
+  optimizer_->step(params.lr, params.grad_scale);
+  optimizer_->zero_grad();
 }
 
 }  // namespace loom

@@ -1,14 +1,16 @@
 // ToyLlama: a small, randomly initialised Llama-style decoder (RMSNorm, grouped-query attention
-// with RoPE, SwiGLU) built directly from autograd functions, with an AdamW step. It exercises
+// with RoPE, SwiGLU) built directly from autograd functions, with an AdamW optimizer. It exercises
 // every op of a training step for the demo and the foundation tests; the Hugging Face families
 // (llama.h, qwen.h, gemma.h) are the real models.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "autograd/functions.h"
 #include "kernels/adamw.h"
 #include "kernels/rope.h"
+#include "optim/optimizer.h"
 
 namespace loom {
 
@@ -33,8 +35,10 @@ class ToyLlama {
   // ids, targets: i32 [batch, seq] on the model's device; returns the mean next-token loss
   // (targets already shifted by the caller; -100 ignored).
   ag::Variable loss(const Tensor& ids, const Tensor& targets);
-  // One AdamW step on every weight, then clears the gradients.
+  // One AdamW step (torch semantics) on every weight, then clears the gradients. The optimizer is
+  // made on the first call from its betas, eps and weight decay; later calls set lr and grad_scale.
   void step(const AdamWParams& params);
+  optim::Optimizer* optimizer() { return optimizer_.get(); }
 
   std::vector<ag::Variable>& parameters() { return params_; }
   int64_t num_parameters() const;
@@ -50,11 +54,10 @@ class ToyLlama {
   Device device_;
   DType compute_dtype_;
   std::vector<ag::Variable> params_;
-  std::vector<Tensor> exp_avg_, exp_avg_sq_;
   std::vector<Layer> layers_;
   size_t embed_ = 0, final_norm_ = 0, lm_head_ = 0;
   Tensor inv_freq_;
-  int64_t step_ = 0;
+  std::unique_ptr<optim::Optimizer> optimizer_;
 };
 
 }  // namespace loom

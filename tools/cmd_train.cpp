@@ -29,6 +29,7 @@ const std::vector<FlagSpec> kFlags = {
     {"grad-accum", false, "micro-batches per optimizer step", "1"},
     {"lr", false, "peak learning rate", "2e-4"},
     {"weight-decay", false, "AdamW decoupled weight decay", "0"},
+    {"optim", false, "adamw (torch.optim.AdamW) or adamw8bit (bitsandbytes' 8-bit blockwise state)", "adamw"},
     {"max-grad-norm", false, "global gradient-norm clip (0 = off)", "1"},
     {"schedule", false, "constant, linear or cosine", "linear"},
     {"warmup", false, "warmup steps", "0"},
@@ -103,6 +104,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.lora.use_rslora = args->flag("rslora");
   c.lora.target_modules = absl::StrSplit(args->str("lora-targets"), ',', absl::SkipEmpty());
   c.schedule = args->str("schedule");
+  c.optim = args->str("optim");
   c.device = args->str("device");
   c.dtype = args->str("dtype");
   c.chat_template = args->str("chat-template");

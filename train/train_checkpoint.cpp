@@ -52,7 +52,7 @@ namespace {
 absl::Status write_checkpoint_files(const fs::path& tmp, const TrainCheckpoint& ckpt,
                                     const std::function<absl::Status(const std::string& dir)>& extra_files) {
   const std::vector<std::pair<std::string, Tensor>> tensors(ckpt.tensors.begin(), ckpt.tensors.end());
-  if (absl::Status s = save_tensors((tmp / "optimizer.safetensors").string(), tensors, DType::f32); !s.ok()) return s;
+  if (absl::Status s = save_tensors((tmp / "optimizer.safetensors").string(), tensors); !s.ok()) return s;
   {
     std::ofstream f(tmp / "trainer_state.json");
     f << ckpt.state.dump(2) << "\n";

@@ -1,5 +1,5 @@
-// Training checkpoints: <out>/checkpoint-<step>/ holding the adapter (LoRA) or f32 master weights
-// (full), the AdamW moments (optimizer.safetensors) and trainer_state.json (step, data position,
+// Training checkpoints: <out>/checkpoint-<step>/ holding the adapter (LoRA), the optimizer's state
+// with the f32 master weights of full fine-tuning (optimizer.safetensors) and trainer_state.json (step, data position,
 // what was trained). Assembled under a temporary name and renamed, so a crash never leaves a
 // half-written checkpoint.
 #pragma once
@@ -14,7 +14,7 @@ namespace loom {
 
 struct TrainCheckpoint {
   nlohmann::json state;                   // trainer_state.json
-  std::map<std::string, Tensor> tensors;  // optimizer.safetensors: "exp_avg.<name>", "exp_avg_sq.<name>", "master.<name>"
+  std::map<std::string, Tensor> tensors;  // optimizer.safetensors: optim::Optimizer::state_dict(), dtypes kept
 };
 
 // Writes dir_tmp contents via `fill` (which may add further files such as the adapter), then

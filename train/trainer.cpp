@@ -14,7 +14,7 @@
 #include "absl/strings/strip.h"
 #include "dist/launch_env.h"
 #include "engine/status_macros.h"
-#include "kernels/adamw.h"
+#include "optim/adamw.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/train_checkpoint.h"
@@ -47,14 +47,8 @@ struct Trainer::State {
   std::unique_ptr<CausalLM> model;
   Tokenizer tokenizer;
   std::unique_ptr<PackedLoader> loader;
-  struct Param {
-    std::string name;
-    ag::Variable* var;
-    Tensor master;  // f32: the weight itself (LoRA, f32 models) or a master copy of a bf16 weight
-    Tensor exp_avg, exp_avg_sq;
-    bool no_decay = false;  // norms and biases, as transformers' Trainer excludes them
-  };
-  std::vector<Param> params;
+  // f32 masters (the LoRA or f32 weights themselves, or copies of bf16 weights) and the state.
+  std::unique_ptr<optim::Optimizer> optimizer;
   LrSchedule schedule;
   int64_t step = 0, total_steps = 0;
   std::vector<float> losses;
@@ -170,13 +164,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     LOOM_ASSIGN_OR_RETURN(resume_from, read_train_checkpoint(d));
     LOOM_RETURN_IF_ERROR(s->check_compatible(d, resume_from.state));  // before touching its adapter
   }
+  std::unique_ptr<optim::UpdateRule> rule;
+  LOOM_ASSIGN_OR_RETURN(rule, optim::make_update_rule(cfg.optim, {cfg.beta1, cfg.beta2, cfg.eps}, s->device));
+  s->optimizer = std::make_unique<optim::Optimizer>(std::move(rule));
+  const int decay = s->optimizer->add_group({"decay", 1.f, cfg.weight_decay});
   if (cfg.full) {
+    // Norms and biases get no weight decay, as transformers' Trainer excludes them.
+    const int no_decay = s->optimizer->add_group({"no_decay", 1.f, 0.f});
     s->model->set_weights_trainable(true);
     for (auto& [name, v] : s->model->named_weights()) {
-      Tensor master = s->dtype == DType::f32 ? v->value() : v->value().to(DType::f32);
-      const bool no_decay = name.find("norm") != std::string::npos || name.ends_with(".bias");
-      s->params.push_back({name, v, master, Tensor::zeros(master.shape(), DType::f32, s->device),
-                           Tensor::zeros(master.shape(), DType::f32, s->device), no_decay});
+      const bool exempt = name.find("norm") != std::string::npos || name.ends_with(".bias");
+      s->optimizer->add_param(name, *v, exempt ? no_decay : decay);
     }
   } else {
     if (resume_dir) {
@@ -189,9 +187,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     uint64_t index = 0;
     for (Linear* l : s->model->linears())
       if (l->lora) l->lora->dropout_seed = mix(cfg.seed ^ mix(++index));
-    for (auto& [name, v] : lora_parameters(*s->model))
-      s->params.push_back({name, v, v->value(), Tensor::zeros(v->shape(), DType::f32, s->device),
-                           Tensor::zeros(v->shape(), DType::f32, s->device)});
+    for (auto& [name, v] : lora_parameters(*s->model)) s->optimizer->add_param(name, *v, decay);
   }
   if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir, resume_from));
   auto metrics = MetricsWriter::open(cfg.out_dir, resume_dir ? std::optional<int64_t>(s->step) : std::nullopt);
@@ -209,7 +205,8 @@ nlohmann::json Trainer::State::describe() const {
           {"batch_size", cfg.batch_size},
           {"grad_accum", cfg.grad_accum},
           {"seed", cfg.seed},
-          {"dtype", cfg.dtype}};
+          {"dtype", cfg.dtype},
+          {"optim", cfg.optim}};
 }
 
 absl::Status Trainer::State::save_checkpoint() {
@@ -220,11 +217,7 @@ absl::Status Trainer::State::save_checkpoint() {
   c.state["epoch"] = ls.epoch;
   c.state["cursor"] = ls.cursor;
   c.state["offset"] = ls.offset;
-  for (const Param& p : params) {
-    c.tensors["exp_avg." + p.name] = p.exp_avg;
-    c.tensors["exp_avg_sq." + p.name] = p.exp_avg_sq;
-    if (cfg.full) c.tensors["master." + p.name] = p.master;
-  }
+  c.tensors = optimizer->state_dict();
   return write_train_checkpoint(cfg.out_dir, step, c, [&](const std::string& dir) {
     return cfg.full ? absl::OkStatus() : save_adapter(*model, cfg.lora, dir);
   });
@@ -232,31 +225,23 @@ absl::Status Trainer::State::save_checkpoint() {
 
 absl::Status Trainer::State::check_compatible(const std::string& dir, const nlohmann::json& saved) const {
   const nlohmann::json want = describe();
-  for (const char* key : {"model", "mode", "lora_r", "seq_len", "batch_size", "grad_accum", "seed", "dtype", "total_steps"}) {
-    if (saved.value(key, nlohmann::json()) != want[key])
+  for (const char* key :
+       {"model", "mode", "lora_r", "seq_len", "batch_size", "grad_accum", "seed", "dtype", "total_steps", "optim"}) {
+    // Checkpoints from before --optim existed were trained with adamw.
+    const nlohmann::json got = saved.value(key, std::string(key) == "optim" ? nlohmann::json("adamw") : nlohmann::json());
+    if (got != want[key])
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": it was trained with ", key, " = ", saved.value(key, nlohmann::json()).dump(),
-          ", this run has ", want[key].dump(), (std::string(key) == "model" ? " (a different model)" : "")));
+          "cannot resume from ", dir, ": it was trained with ", key, " = ", got.dump(), ", this run has ",
+          want[key].dump(), (std::string(key) == "model" ? " (a different model)" : "")));
   }
   return absl::OkStatus();
 }
 
 absl::Status Trainer::State::restore(const std::string& dir, const TrainCheckpoint& c) {
-  for (Param& p : params) {
-    for (auto [prefix, dst] : {std::pair<const char*, Tensor*>{"exp_avg.", &p.exp_avg}, {"exp_avg_sq.", &p.exp_avg_sq},
-                               {"master.", cfg.full ? &p.master : nullptr}}) {
-      if (!dst) continue;
-      auto it = c.tensors.find(prefix + p.name);
-      if (it == c.tensors.end() || it->second.shape() != dst->shape())
-        return absl::DataLossError(absl::StrCat(dir, "/optimizer.safetensors: missing or misshapen ", prefix, p.name));
-      dst->copy_(it->second);
-    }
-    if (cfg.full) {  // compute weights are the master rounded once
-      Tensor compute = p.var->value();
-      compute.copy_(p.master);
-    }
-  }
   step = c.state.value("step", int64_t{0});
+  // Also refreshes bf16 compute weights from their f32 masters. Checkpoints without per-parameter
+  // steps took every parameter through every step.
+  LOOM_RETURN_IF_ERROR(optimizer->load_state_dict(c.tensors, dir + "/optimizer.safetensors", step));
   loader->set_state({c.state.value("epoch", int64_t{0}), c.state.value("cursor", int64_t{0}),
                      c.state.value("offset", int64_t{0})});
   if (!cfg.quiet) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step));
@@ -311,26 +296,12 @@ absl::Status Trainer::run() {
       ag::backward(ag::scale(loss, weight));
     }
     std::vector<Tensor> grads;
-    for (const auto& p : s.params)
-      if (p.var->grad().defined()) grads.push_back(p.var->grad());
+    for (const auto& p : s.optimizer->params())
+      if (p.var.grad().defined()) grads.push_back(p.var.grad());
     const GradNorm gn = clip_grad_norm(grads, s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY);
-    AdamWParams ap;
-    ap.lr = s.schedule.lr(s.cfg.lr, s.step);
-    ap.beta1 = s.cfg.beta1;
-    ap.beta2 = s.cfg.beta2;
-    ap.eps = s.cfg.eps;
-    ap.weight_decay = s.cfg.weight_decay;
-    ap.step = s.step + 1;
-    ap.grad_scale = gn.coef;
-    for (auto& p : s.params) {
-      if (!p.var->grad().defined()) continue;
-      Tensor compute = p.var->value();
-      const bool separate = p.master.storage() != compute.storage();
-      AdamWParams pp = ap;
-      if (p.no_decay) pp.weight_decay = 0.f;
-      ops::adamw_step(p.master, p.var->grad(), p.exp_avg, p.exp_avg_sq, pp, separate ? &compute : nullptr);
-      p.var->zero_grad();
-    }
+    const float lr = s.schedule.lr(s.cfg.lr, s.step);
+    s.optimizer->step(lr, gn.coef);  // the clipping factor scales the gradients inside the update
+    s.optimizer->zero_grad();
     ++s.step;
     s.losses.push_back(static_cast<float>(loss_sum));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -339,7 +310,7 @@ absl::Status Trainer::run() {
     m.epoch = static_cast<double>(s.loader->state().epoch) +
               static_cast<double>(s.loader->state().cursor) / std::max<int64_t>(1, s.stats.examples);
     m.loss = loss_sum;
-    m.lr = ap.lr;
+    m.lr = lr;
     m.grad_norm = gn.norm;
     m.tokens = targets;
     m.tokens_per_s = static_cast<double>(tokens) / dt;
@@ -350,7 +321,7 @@ absl::Status Trainer::run() {
       const double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(s.total_steps - s.step);
       std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB | ETA %s%s",
                   tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
-                  ap.lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9, format_duration(eta).c_str(),
+                  lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9, format_duration(eta).c_str(),
                   tty ? "" : "\n");
       std::fflush(stdout);
     }

@@ -19,6 +19,7 @@ struct TrainConfig {
   LoraConfig lora;
   int64_t seq_len = 1024, batch_size = 1, grad_accum = 1;
   float lr = 2e-4f, weight_decay = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, max_grad_norm = 1.f;
+  std::string optim = "adamw";  // adamw (torch.optim.AdamW) or adamw8bit (bitsandbytes' AdamW8bit)
   std::string schedule = "linear";  // constant, linear, cosine (with warmup)
   int64_t warmup_steps = 0;
   int64_t epochs = 1, max_steps = 0;  // max_steps > 0 overrides epochs

@@ -1,0 +1,101 @@
+// The Optimizer: parameter groups (learning-rate multiplier, weight decay), step/zero_grad over
+// autograd leaves, f32 master weights for non-f32 compute weights, and named state tensors for
+// checkpoints. The arithmetic lives in an UpdateRule over one flat contiguous f32 range, so that
+// ZeRO-2 and CPU offload (dist/) can run the same rule on a shard or a host copy.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "autograd/variable.h"
+
+namespace loom::optim {
+
+// The per-step arguments of one update of one range.
+struct StepArgs {
+  float lr = 0.f;            // base lr times the group's lr_scale
+  float weight_decay = 0.f;  // the group's
+  float grad_scale = 1.f;    // gradients are multiplied by this first (clipping, loss-scale undo)
+  int64_t step = 1;          // 1-based, already incremented for this update
+};
+
+// The arithmetic of an optimizer over a flat range of f32 master values. A sharded or offloaded
+// wrapper allocates init_state(shard numel) and calls update() on its shard; ranges must start at
+// a multiple of alignment() elements of the tensor they come from (8-bit blocks).
+class UpdateRule {
+ public:
+  virtual ~UpdateRule() = default;
+  virtual std::string name() const = 0;  // "adamw", "adamw8bit"
+  virtual int64_t alignment() const { return 1; }
+  // Zero state for `numel` master values on `device`, as (name, tensor) pairs (names like
+  // "exp_avg"; the Optimizer saves them as "<name>.<param>").
+  virtual std::vector<std::pair<std::string, Tensor>> init_state(int64_t numel, Device device) const = 0;
+  // master: f32 contiguous; grad: f32 or bf16 with master's numel; state: what init_state gave
+  // (possibly restored); compute: when given, a bf16 tensor of master's numel receiving the result.
+  virtual void update(Tensor& master, const Tensor& grad, std::vector<Tensor>& state, const StepArgs& args,
+                      Tensor* compute) = 0;
+  // State shared by every range (8-bit code books), saved under these names once.
+  virtual std::vector<std::pair<std::string, Tensor>> shared_state() const { return {}; }
+  virtual absl::Status load_shared_state(const std::map<std::string, Tensor>& tensors, const std::string& where) {
+    return absl::OkStatus();
+  }
+};
+
+struct ParamGroup {
+  std::string name;
+  float lr_scale = 1.f;
+  float weight_decay = 0.f;
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::unique_ptr<UpdateRule> rule);
+
+  // Returns the group's index for add_param.
+  int add_group(ParamGroup group);
+  // A leaf that requires grad, under a unique name. An f32 value is the master and is updated in
+  // place; a bf16 value gets an f32 master copy (made here) and receives the rounded master after
+  // each step, so the f32 master carries the small updates that bf16 would lose.
+  void add_param(const std::string& name, const ag::Variable& var, int group = 0);
+
+  // One update of every parameter that has a gradient; the others are skipped and their step
+  // count stays (PyTorch's rule). lr is the base rate; each group multiplies it by lr_scale.
+  void step(float lr, float grad_scale = 1.f);
+  void zero_grad();
+
+  // Named tensors that restore this optimizer exactly: "<state>.<param>" per parameter,
+  // "master.<param>" where master and compute weight differ, "step.<param>" (i64 [1]), and the
+  // rule's shared tensors.
+  std::map<std::string, Tensor> state_dict() const;
+  // Copies a state_dict() back (any device; state tensors may have any shape of the right numel
+  // and dtype); refreshes the compute weights from the masters. `where` names the source in
+  // errors (a file). A missing "step.<param>" is an error unless default_step >= 0 is given.
+  absl::Status load_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& where,
+                               int64_t default_step = -1);
+
+  const UpdateRule& rule() const { return *rule_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Bytes of optimizer state (moments, absmax, code books; not master copies).
+  int64_t state_bytes() const;
+
+  struct Param {
+    std::string name;
+    ag::Variable var;
+    int group = 0;
+    Tensor master;  // f32; shares storage with var.value() when that is f32
+    std::vector<Tensor> state;
+    std::vector<std::string> state_names;
+    int64_t step = 0;
+  };
+  const std::vector<Param>& params() const { return params_; }
+
+ private:
+  std::unique_ptr<UpdateRule> rule_;
+  std::vector<ParamGroup> groups_;
+  std::vector<Param> params_;
+};
+
+}  // namespace loom::optim
