@@ -9,6 +9,7 @@
 #include "engine/status_macros.h"
 #include "models/checkpoint.h"
 #include "models/family.h"
+#include "models/gguf_model.h"
 
 namespace loom {
 namespace {
@@ -79,6 +80,12 @@ bool is_gemma(const ModelConfig& c) { return c.family == ModelFamily::kGemma || 
 absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& model_dir, const LoadOptions& options) {
   if (options.dtype != DType::f32 && options.dtype != DType::bf16)
     return absl::InvalidArgumentError(absl::StrCat("model dtype must be f32 or bf16, got ", std::string(name(options.dtype))));
+  if (is_gguf_path(model_dir)) {  // a llama.cpp file: config and weights rebuilt in Hugging Face form
+    auto g = load_gguf_model(model_dir);
+    if (!g.ok()) return g.status();
+    const Checkpoint ck = Checkpoint::from_tensors(model_dir, std::move(g->tensors));
+    return build(g->config, model_dir, options, &ck, 0);
+  }
   auto config = ModelConfig::load(model_dir);
   if (!config.ok()) return config.status();
   auto ck = Checkpoint::open(model_dir);

@@ -29,7 +29,8 @@ struct ForwardOptions {
 
 class CausalLM {
  public:
-  // Reads config.json and the (single or sharded) safetensors. A missing tensor, a shape that
+  // Reads config.json and the (single or sharded) safetensors, or a llama.cpp .gguf file (mapped by
+  // models/gguf_model.h). A missing tensor, a shape that
   // disagrees with the config, or a tensor the model does not use is an error naming it.
   static absl::StatusOr<std::unique_ptr<CausalLM>> load(const std::string& model_dir, const LoadOptions& options);
   // A freshly initialised model (N(0, 0.02) weights, unit norms) from config_dir/config.json.

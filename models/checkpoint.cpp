@@ -135,6 +135,19 @@ absl::StatusOr<Checkpoint> Checkpoint::open(const std::string& model_dir) {
   return c;
 }
 
+Checkpoint Checkpoint::from_tensors(std::string label, std::map<std::string, Tensor> tensors) {
+  auto owned = std::make_shared<Owned>();
+  owned->tensors = std::move(tensors);
+  owned->infos.reserve(owned->tensors.size());
+  for (const auto& [name, t] : owned->tensors)
+    owned->infos.push_back({name, t.dtype(), t.shape(), 0, static_cast<uint64_t>(t.nbytes())});
+  Checkpoint c;
+  c.dir_ = std::move(label);
+  for (const TensorInfo& info : owned->infos) c.index_.emplace(info.name, Entry{kOwnedFile, &info});
+  c.owned_ = std::move(owned);
+  return c;
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
   out.reserve(index_.size());
@@ -149,7 +162,8 @@ const TensorInfo* Checkpoint::find(const std::string& name) const {
 
 std::string Checkpoint::file_of(const std::string& name) const {
   auto it = index_.find(name);
-  return it == index_.end() ? std::string() : files_[it->second.file]->path();
+  if (it == index_.end()) return std::string();
+  return it->second.file == kOwnedFile ? dir_ : files_[it->second.file]->path();
 }
 
 absl::StatusOr<Tensor> Checkpoint::load(const std::string& name, DType dtype, Device device,
@@ -158,6 +172,7 @@ absl::StatusOr<Tensor> Checkpoint::load(const std::string& name, DType dtype, De
   if (it == index_.end())
     return absl::NotFoundError(
         absl::StrCat(dir_, ": the checkpoint has no tensor '", name, "' (", index_.size(), " tensors)"));
+  if (it->second.file == kOwnedFile) return load_owned(name, owned_->tensors.at(name), dtype, device, expected_shape);
   const SafetensorsFile& file = *files_[it->second.file];
   const TensorInfo& info = *it->second.info;
   if (!expected_shape.empty() && info.shape != expected_shape)
@@ -196,6 +211,19 @@ absl::StatusOr<Tensor> Checkpoint::load(const std::string& name, DType dtype, De
   } catch (const Error& e) {
     return absl::FailedPreconditionError(absl::StrCat(file.path(), ": tensor '", name, "': cannot load it onto ",
                                                       device.str(), " as ", dtype_str(target), ": ", e.what()));
+  }
+}
+
+absl::StatusOr<Tensor> Checkpoint::load_owned(const std::string& name, const Tensor& t, DType dtype, Device device,
+                                              const Shape& expected_shape) const {
+  if (!expected_shape.empty() && t.shape() != expected_shape)
+    return absl::InvalidArgumentError(absl::StrCat(dir_, ": tensor '", name, "' has shape ", shape_str(t.shape()),
+                                                   ", expected ", shape_str(expected_shape)));
+  try {
+    return t.dtype() == dtype && device.is_cpu() ? t : t.to(device, dtype);
+  } catch (const Error& e) {
+    return absl::FailedPreconditionError(absl::StrCat(dir_, ": tensor '", name, "': cannot load it onto ", device.str(),
+                                                      " as ", dtype_str(dtype), ": ", e.what()));
   }
 }
 

@@ -24,6 +24,9 @@ class Checkpoint {
   // listed in the index but absent from its shard, the same tensor in two shards), and whatever
   // SafetensorsFile::open reports for a corrupt shard. Only headers are read here.
   static absl::StatusOr<Checkpoint> open(const std::string& model_dir);
+  // Tensors already in memory (CPU, float), e.g. a dequantised GGUF; `label` stands for the folder
+  // in messages. load() hands them out without a copy when no conversion is needed.
+  static Checkpoint from_tensors(std::string label, std::map<std::string, Tensor> tensors);
 
   std::vector<std::string> names() const;                 // sorted
   const TensorInfo* find(const std::string& name) const;  // nullptr when absent
@@ -47,14 +50,22 @@ class Checkpoint {
   absl::Status check_unexpected(const std::set<std::string>& consumed) const;
 
  private:
+  absl::StatusOr<Tensor> load_owned(const std::string& name, const Tensor& t, DType dtype, Device device,
+                                    const Shape& expected_shape) const;
+  struct Owned {
+    std::map<std::string, Tensor> tensors;
+    std::vector<TensorInfo> infos;
+  };
+  static constexpr size_t kOwnedFile = static_cast<size_t>(-1);
   struct Entry {
-    size_t file;             // index into files_
+    size_t file;             // index into files_, or kOwnedFile for a tensor of owned_
     const TensorInfo* info;  // points into *files_[file] (stable: the files are shared, never moved)
   };
 
   std::string dir_;
   std::vector<std::shared_ptr<const SafetensorsFile>> files_;
   std::map<std::string, Entry> index_;
+  std::shared_ptr<const Owned> owned_;
 };
 
 }  // namespace loom

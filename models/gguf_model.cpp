@@ -1,0 +1,243 @@
+// GGUF -> Hugging Face: llama.cpp's metadata keys (llama-arch.cpp, gguf-py constants) mapped back to
+// config.json fields, its tensor names back to transformers' names, and convert_hf_to_gguf.py's
+// weight changes undone (LlamaModel.permute on q/k, GemmaModel's `norm.weight + 1`).
+#include "models/gguf_model.h"
+
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "engine/status_macros.h"
+
+namespace loom {
+namespace {
+
+using nlohmann::json;
+
+bool is_gemma(ModelFamily f) { return f == ModelFamily::kGemma || f == ModelFamily::kGemma2; }
+
+// transformers' architectures[0] per family (what a converted folder's config.json names).
+const char* hf_architecture(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kLlama: return "LlamaForCausalLM";
+    case ModelFamily::kMistral: return "MistralForCausalLM";
+    case ModelFamily::kQwen2: return "Qwen2ForCausalLM";
+    case ModelFamily::kQwen3: return "Qwen3ForCausalLM";
+    case ModelFamily::kGemma: return "GemmaForCausalLM";
+    case ModelFamily::kGemma2: return "Gemma2ForCausalLM";
+  }
+  return "?";
+}
+
+// Metadata under `<arch>.` that must be one integer (llama.cpp allows per-layer arrays for some).
+absl::StatusOr<int64_t> uniform_int(const GgufFile& f, const std::string& key) {
+  const GgufKv* kv = f.find(key);
+  if (kv && kv->value.type == GgufType::kArray) {
+    auto v = f.get_ints(key);
+    if (!v.ok()) return v.status();
+    for (int64_t x : *v)
+      if (x != v->front())
+        return absl::UnimplementedError(absl::StrCat(f.path(), ": metadata '", key, "' differs between layers; ",
+                                                     "Loom supports one value for all layers"));
+    if (v->empty()) return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata '", key, "' is an empty array"));
+    return v->front();
+  }
+  return f.get_int(key);
+}
+
+void set_opt_int(const GgufFile& f, const std::string& key, json& j, const char* field) {
+  if (auto v = f.get_int(key); v.ok()) j[field] = *v;
+}
+
+}  // namespace
+
+bool is_gguf_path(const std::string& path) {
+  std::error_code ec;
+  return path.size() > 5 && path.ends_with(".gguf") && !std::filesystem::is_directory(path, ec);
+}
+
+absl::StatusOr<json> gguf_hf_config(const GgufFile& f) {
+  LOOM_ASSIGN_OR_RETURN(const std::string arch, f.get_string("general.architecture"));
+  auto family = family_from_model_type(arch);
+  if (!family.ok() || *family == ModelFamily::kMistral)
+    return absl::UnimplementedError(absl::StrCat(f.path(), ": general.architecture is '", arch,
+                                                 "'; Loom maps llama, qwen2, qwen3, gemma and gemma2 GGUF models"));
+  const std::string p = arch + ".";
+  json j;
+  j["model_type"] = arch;
+  j["architectures"] = json::array({hf_architecture(*family)});
+  LOOM_ASSIGN_OR_RETURN(const int64_t hidden, f.get_int(p + "embedding_length"));
+  LOOM_ASSIGN_OR_RETURN(const int64_t layers, f.get_int(p + "block_count"));
+  LOOM_ASSIGN_OR_RETURN(const int64_t ff, uniform_int(f, p + "feed_forward_length"));
+  LOOM_ASSIGN_OR_RETURN(const int64_t heads, uniform_int(f, p + "attention.head_count"));
+  int64_t kv_heads = heads;
+  if (f.has(p + "attention.head_count_kv")) {
+    LOOM_ASSIGN_OR_RETURN(kv_heads, uniform_int(f, p + "attention.head_count_kv"));
+  }
+  if (heads <= 0 || hidden <= 0)
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", p, "attention.head_count and ", p,
+                                                   "embedding_length must be > 0"));
+  int64_t head_dim = hidden / heads;
+  if (f.has(p + "attention.key_length")) {
+    LOOM_ASSIGN_OR_RETURN(head_dim, f.get_int(p + "attention.key_length"));
+  }
+  if (f.has(p + "attention.value_length")) {
+    LOOM_ASSIGN_OR_RETURN(const int64_t v_len, f.get_int(p + "attention.value_length"));
+    if (v_len != head_dim)
+      return absl::UnimplementedError(absl::StrCat(f.path(), ": attention.key_length ", head_dim, " != value_length ", v_len));
+  }
+  if (f.has(p + "rope.dimension_count")) {
+    LOOM_ASSIGN_OR_RETURN(const int64_t rope_dim, f.get_int(p + "rope.dimension_count"));
+    if (rope_dim != head_dim)
+      return absl::UnimplementedError(absl::StrCat(f.path(), ": ", p, "rope.dimension_count is ", rope_dim,
+                                                   " but heads are ", head_dim, " wide: partial rotary embeddings are not supported"));
+  }
+  const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (!embd || embd->ne.size() != 2)
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": no 2-D tensor 'token_embd.weight'"));
+  j["vocab_size"] = embd->ne[1];
+  j["hidden_size"] = hidden;
+  j["intermediate_size"] = ff;
+  j["num_hidden_layers"] = layers;
+  j["num_attention_heads"] = heads;
+  j["num_key_value_heads"] = kv_heads;
+  j["head_dim"] = head_dim;
+  if (auto ctx = f.get_int(p + "context_length"); ctx.ok()) j["max_position_embeddings"] = *ctx;
+  if (auto eps = f.get_float(p + "attention.layer_norm_rms_epsilon"); eps.ok()) {
+    // GGUF stores it as f32: print the shortest decimal that rounds to that f32 (1e-05, not 9.99e-06).
+    const float e = static_cast<float>(*eps);
+    double shortest = *eps;
+    for (int digits = 1; digits <= 9; ++digits) {
+      double d;
+      if (absl::SimpleAtod(absl::StrFormat("%.*g", digits, e), &d) && static_cast<float>(d) == e) {
+        shortest = d;
+        break;
+      }
+    }
+    j["rms_norm_eps"] = shortest;
+  }
+  j["rope_theta"] = f.get_float(p + "rope.freq_base").value_or(10000.0);
+  const std::string scaling = f.get_string(p + "rope.scaling.type").value_or("none");
+  double factor = f.get_float(p + "rope.scaling.factor").value_or(0);
+  if (scaling == "linear" || (!f.has(p + "rope.scaling.type") && f.has(p + "rope.scale_linear"))) {
+    if (!f.has(p + "rope.scaling.factor")) factor = f.get_float(p + "rope.scale_linear").value_or(1);
+    if (factor != 1) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", factor}};
+  } else if (scaling != "none") {
+    return absl::UnimplementedError(absl::StrCat(f.path(), ": ", p, "rope.scaling.type is '", scaling,
+                                                 "'; Loom maps none and linear"));
+  }
+  if (f.find_tensor("rope_freqs.weight"))
+    return absl::UnimplementedError(absl::StrCat(
+        f.path(), ": tensor 'rope_freqs.weight' holds per-frequency RoPE factors (Llama 3.1-style scaling); "
+                  "Loom cannot yet map those back to rope_scaling"));
+  j["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+  if (*family == ModelFamily::kLlama) {
+    j["attention_bias"] = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+    j["mlp_bias"] = f.find_tensor("blk.0.ffn_gate.bias") != nullptr;
+  }
+  if (is_gemma(*family)) j["hidden_activation"] = "gelu_pytorch_tanh";
+  if (*family == ModelFamily::kGemma2) {
+    j["attn_logit_softcapping"] = f.get_float(p + "attn_logit_softcapping").value_or(50.0);
+    j["final_logit_softcapping"] = f.get_float(p + "final_logit_softcapping").value_or(30.0);
+    j["sliding_window"] = f.get_int(p + "attention.sliding_window").value_or(4096);
+    // Not in GGUF: llama.cpp scales by head_dim^-0.5 except Gemma 2 27B (46 layers), whose
+    // query_pre_attn_scalar is hidden_size / num_attention_heads (144).
+    j["query_pre_attn_scalar"] = layers == 46 ? hidden / heads : head_dim;
+  }
+  set_opt_int(f, "tokenizer.ggml.bos_token_id", j, "bos_token_id");
+  set_opt_int(f, "tokenizer.ggml.eos_token_id", j, "eos_token_id");
+  set_opt_int(f, "tokenizer.ggml.padding_token_id", j, "pad_token_id");
+  j["torch_dtype"] = "float32";
+  return j;
+}
+
+json gguf_generation_config(const GgufFile& f) {
+  json g = {{"_from_model_config", true}};
+  set_opt_int(f, "tokenizer.ggml.bos_token_id", g, "bos_token_id");
+  set_opt_int(f, "tokenizer.ggml.eos_token_id", g, "eos_token_id");
+  set_opt_int(f, "tokenizer.ggml.padding_token_id", g, "pad_token_id");
+  return g;
+}
+
+std::string gguf_to_hf_name(const std::string& g, ModelFamily family) {
+  static const std::map<std::string, std::string> kTop = {
+      {"token_embd", "model.embed_tokens"}, {"output_norm", "model.norm"}, {"output", "lm_head"}};
+  const size_t dot = g.rfind('.');
+  if (dot == std::string::npos) return "";
+  const std::string stem = g.substr(0, dot), suffix = g.substr(dot);  // ".weight" / ".bias"
+  if (auto it = kTop.find(stem); it != kTop.end()) return it->second + suffix;
+  std::vector<std::string> parts = absl::StrSplit(stem, '.');
+  int layer;
+  if (parts.size() != 3 || parts[0] != "blk" || !absl::SimpleAtoi(parts[1], &layer) || layer < 0) return "";
+  const bool gemma2 = family == ModelFamily::kGemma2;
+  std::map<std::string, std::string> kLayer = {
+      {"attn_norm", "input_layernorm"},     {"attn_q", "self_attn.q_proj"},    {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},       {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},
+      {"ffn_up", "mlp.up_proj"},            {"ffn_down", "mlp.down_proj"},
+      {"ffn_norm", gemma2 ? "pre_feedforward_layernorm" : "post_attention_layernorm"}};
+  if (family == ModelFamily::kQwen3) {
+    kLayer["attn_q_norm"] = "self_attn.q_norm";
+    kLayer["attn_k_norm"] = "self_attn.k_norm";
+  }
+  if (gemma2) {
+    kLayer["post_attention_norm"] = "post_attention_layernorm";
+    kLayer["post_ffw_norm"] = "post_feedforward_layernorm";
+  }
+  auto it = kLayer.find(parts[2]);
+  if (it == kLayer.end()) return "";
+  return absl::StrCat("model.layers.", layer, ".", it->second, suffix);
+}
+
+Tensor unpermute_rope_rows(const Tensor& t, int64_t n_head) {
+  LOOM_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.dim() >= 1 && t.size(0) % (2 * n_head) == 0,
+             "unpermute_rope_rows: ", t.str(), " is not f32 [n_head * head_dim, ...] for ", n_head, " heads");
+  const int64_t rows = t.size(0), cols = t.numel() / rows, half = rows / n_head / 2;
+  Tensor out = Tensor::empty(t.shape(), DType::f32);
+  const float* src = t.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t h = 0; h < n_head; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t k = 0; k < 2; ++k) {
+        const int64_t file_row = h * 2 * half + i * 2 + k, hf_row = h * 2 * half + k * half + i;
+        std::copy(src + file_row * cols, src + (file_row + 1) * cols, dst + hf_row * cols);
+      }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> gguf_hf_tensors(const GgufFile& f, const ModelConfig& c) {
+  std::map<std::string, Tensor> out;
+  for (const GgufTensorInfo& info : f.tensors()) {
+    const std::string hf = gguf_to_hf_name(info.name, c.family);
+    if (hf.empty())
+      return absl::UnimplementedError(absl::StrCat(f.path(), ": tensor '", info.name, "' has no Hugging Face ",
+                                                   c.model_type, " counterpart that Loom knows"));
+    LOOM_ASSIGN_OR_RETURN(Tensor t, f.read_f32(info));
+    // llama.cpp's llama architecture rotates interleaved pairs, so convert_hf_to_gguf.py permuted
+    // the rows (weights and biases) of q by num_attention_heads and of k by num_key_value_heads.
+    if (c.family == ModelFamily::kLlama) {
+      if (info.name.find(".attn_q.") != std::string::npos) t = unpermute_rope_rows(t, c.num_attention_heads);
+      if (info.name.find(".attn_k.") != std::string::npos) t = unpermute_rope_rows(t, c.num_key_value_heads);
+    }
+    // GemmaModel.modify_tensors stores (1 + w) norms as they are applied; transformers keeps w.
+    if (is_gemma(c.family) && hf.ends_with("norm.weight")) {
+      float* p = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] -= 1.f;
+    }
+    out.emplace(hf, std::move(t));
+  }
+  return out;
+}
+
+absl::StatusOr<GgufModel> load_gguf_model(const std::string& path) {
+  LOOM_ASSIGN_OR_RETURN(GgufFile f, GgufFile::open(path));
+  GgufModel m;
+  LOOM_ASSIGN_OR_RETURN(m.config_json, gguf_hf_config(f));
+  LOOM_ASSIGN_OR_RETURN(m.config, ModelConfig::from_json_text(m.config_json.dump(), path + " (GGUF metadata)"));
+  LOOM_ASSIGN_OR_RETURN(m.tensors, gguf_hf_tensors(f, m.config));
+  return m;
+}
+
+}  // namespace loom

@@ -1,0 +1,151 @@
+// GGUF -> Hugging Face mapping: config.json fields from the metadata, tensor names, and weights equal
+// to the Hugging Face tensors tools/make_gguf_fixtures.py started from (the q/k permutation undone,
+// checked against gguf-py's dequantisation and convert_hf_to_gguf.py's permute); CausalLM loads a
+// .gguf directly and gives the same logits as the same weights loaded from a safetensors folder.
+#include "models/gguf_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "engine/safetensors.h"
+#include "engine/tensor_io.h"
+#include "models/causal_lm.h"
+#include "tests/temp_dir.h"
+
+namespace loom {
+namespace {
+
+const std::string kDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/";
+
+void expect_matches_expected(const std::map<std::string, Tensor>& got, const std::string& expected_path) {
+  auto ex = SafetensorsFile::open(expected_path);
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  size_t names = 0;
+  for (const TensorInfo& info : ex->tensors()) {
+    const bool head = info.name.ends_with(":head"), rowsum = info.name.ends_with(":rowsum");
+    const std::string hf = head ? info.name.substr(0, info.name.size() - 5)
+                                : rowsum ? info.name.substr(0, info.name.size() - 7) : info.name;
+    SCOPED_TRACE(info.name);
+    auto it = got.find(hf);
+    ASSERT_NE(it, got.end()) << "no tensor " << hf;
+    const Tensor& t = it->second;
+    const Tensor e = read_tensor(*ex, info);
+    const float* p = t.data<float>();
+    if (rowsum) {
+      ASSERT_EQ(t.dim(), 2);
+      const int64_t cols = t.size(1);
+      for (int64_t r = 0; r < t.size(0); ++r) {
+        double s = 0;
+        for (int64_t c = 0; c < cols; ++c) s += p[r * cols + c];
+        ASSERT_NEAR(s, e.data<double>()[r], 1e-9 * (1 + std::abs(s))) << "row " << r;
+      }
+      continue;
+    }
+    ++names;
+    if (!head) ASSERT_EQ(t.shape(), e.shape());
+    for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(p[i], e.data<float>()[i]) << "element " << i;
+  }
+  EXPECT_EQ(names, got.size());  // every tensor Loom produced is one the script made
+}
+
+TEST(GgufModel, LlamaConfigFromMetadata) {
+  auto f = GgufFile::open(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto j = gguf_hf_config(*f);
+  ASSERT_TRUE(j.ok()) << j.status();
+  auto c = ModelConfig::from_json_text(j->dump(), "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->family, ModelFamily::kLlama);
+  EXPECT_EQ(c->vocab_size, 66);
+  EXPECT_EQ(c->hidden_size, 32);
+  EXPECT_EQ(c->intermediate_size, 256);
+  EXPECT_EQ(c->num_hidden_layers, 3);
+  EXPECT_EQ(c->num_attention_heads, 4);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->max_position_embeddings, 128);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);  // the f32 in the file printed as the shortest decimal
+  EXPECT_EQ(c->rope_theta, 50000.0);
+  EXPECT_EQ(c->rope_scaling.kind, RopeScaling::Kind::kLinear);
+  EXPECT_EQ(c->rope_scaling.factor, 2.0);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_id, 2);
+  EXPECT_EQ(c->pad_token_id, 0);
+  EXPECT_EQ((*j)["architectures"][0], "LlamaForCausalLM");
+}
+
+TEST(GgufModel, LlamaTensorsEqualTheHuggingFaceOnes) {
+  auto m = load_gguf_model(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->tensors.size(), 1u + 3 * 9 + 1);
+  expect_matches_expected(m->tensors, kDir + "tiny_llama.expected.safetensors");
+}
+
+TEST(GgufModel, Qwen2BiasesUntiedAndNotPermuted) {
+  auto m = load_gguf_model(kDir + "tiny_qwen2.gguf");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->config.family, ModelFamily::kQwen2);
+  EXPECT_FALSE(m->config.tie_word_embeddings);
+  EXPECT_TRUE(m->config.attention_bias);
+  EXPECT_EQ(m->config.rope_theta, 1e6);
+  EXPECT_EQ(m->config.rms_norm_eps, 1e-6);
+  EXPECT_TRUE(m->tensors.count("lm_head.weight"));
+  expect_matches_expected(m->tensors, kDir + "tiny_qwen2.expected.safetensors");
+}
+
+TEST(GgufModel, TensorNames) {
+  EXPECT_EQ(gguf_to_hf_name("blk.12.attn_q.weight", ModelFamily::kLlama), "model.layers.12.self_attn.q_proj.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.0.attn_k.bias", ModelFamily::kQwen2), "model.layers.0.self_attn.k_proj.bias");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.ffn_norm.weight", ModelFamily::kLlama), "model.layers.1.post_attention_layernorm.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.ffn_norm.weight", ModelFamily::kGemma2), "model.layers.1.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.post_ffw_norm.weight", ModelFamily::kGemma2),
+            "model.layers.1.post_feedforward_layernorm.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.post_ffw_norm.weight", ModelFamily::kLlama), "");
+  EXPECT_EQ(gguf_to_hf_name("blk.2.attn_q_norm.weight", ModelFamily::kQwen3), "model.layers.2.self_attn.q_norm.weight");
+  EXPECT_EQ(gguf_to_hf_name("output.weight", ModelFamily::kLlama), "lm_head.weight");
+  EXPECT_EQ(gguf_to_hf_name("token_embd.weight", ModelFamily::kGemma), "model.embed_tokens.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.x.attn_q.weight", ModelFamily::kLlama), "");
+  EXPECT_EQ(gguf_to_hf_name("rope_freqs.weight", ModelFamily::kLlama), "");
+}
+
+TEST(GgufModel, UnpermuteRows) {
+  // 2 heads of head_dim 4: file rows per head are (i, k) pairs, HF rows (k, i).
+  std::vector<float> v(8);
+  for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(i);
+  const Tensor t = unpermute_rope_rows(Tensor::from_floats(v, {8}), 2);
+  EXPECT_EQ(t.to_floats(), (std::vector<float>{0, 2, 1, 3, 4, 6, 5, 7}));
+}
+
+TEST(GgufModel, CausalLmLoadsAGgufLikeTheSameWeightsInAFolder) {
+  const std::string path = kDir + "tiny_llama.gguf";
+  auto direct = CausalLM::load(path, {DType::f32, Device::cpu()});
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  // The same weights written as a Hugging Face folder and loaded the usual way.
+  auto m = load_gguf_model(path);
+  ASSERT_TRUE(m.ok());
+  test::TempDir dir("loom_gguf");
+  std::ofstream(dir.file("config.json")) << m->config_json.dump(2);
+  std::vector<std::pair<std::string, Tensor>> named(m->tensors.begin(), m->tensors.end());
+  ASSERT_TRUE(save_tensors(dir.file("model.safetensors"), named).ok());
+  auto folder = CausalLM::load(dir.path(), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  const Tensor ids = Tensor::from_ints({1, 5, 9, 30, 42, 7, 64, 2}, {1, 8});
+  const std::vector<float> a = (*direct)->forward(ids).value().to_floats();
+  const std::vector<float> b = (*folder)->forward(ids).value().to_floats();
+  ASSERT_EQ(a.size(), 8u * 66);
+  EXPECT_EQ(a, b);
+  for (float x : a) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST(GgufModel, Errors) {
+  auto bad = CausalLM::load(kDir + "missing.gguf", {DType::f32, Device::cpu()});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("missing.gguf"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace loom
