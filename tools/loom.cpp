@@ -22,6 +22,7 @@ const Command kCommands[] = {
     {"generate", loom::cli::run_generate, "sample a continuation of a prompt (KV cache)"},
     {"init", loom::cli::run_init, "write a freshly initialised model from a config.json"},
     {"tokenize", loom::cli::run_tokenize, "print the token ids of text or JSONL records under a tokenizer.json"},
+    {"convert", loom::cli::run_convert, "write a llama.cpp .gguf model as a Hugging Face folder (f32 or bf16)"},
 };
 
 void print_help() {

@@ -1,0 +1,105 @@
+// `loom convert --gguf FILE --out DIR`: a llama.cpp GGUF model written as the Hugging Face folder it
+// stands for (config.json, model.safetensors, generation_config.json, tokenizer files).
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/tensor_io.h"
+#include "models/gguf_model.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+#include "train/gguf_tokenizer.h"
+
+namespace loom::cli {
+namespace {
+namespace fs = std::filesystem;
+
+const std::vector<FlagSpec> kFlags = {
+    {"gguf", false, "the .gguf file (llama, qwen2, qwen3, gemma, gemma2)", ""},
+    {"out", false, "output folder", ""},
+    {"dtype", false, "bf16 or f32 (the weights are dequantised to f32 first)", "bf16"},
+    {"help", true, "show this help", ""},
+};
+
+int fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom convert: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+absl::Status write_text(const fs::path& path, const std::string& text) {
+  const fs::path part = path.string() + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(part, std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out) return absl::InternalError(absl::StrCat(part.string(), ": cannot write: ", std::strerror(errno)));
+  }
+  std::error_code ec;
+  fs::rename(part, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", part.string(), " to ", path.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int run_convert(const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, kFlags);
+  if (!args.ok()) return fail(args.status());
+  if (args->flag("help")) {
+    std::fputs(usage("convert", kFlags).c_str(), stdout);
+    return 0;
+  }
+  for (const char* required : {"gguf", "out"})
+    if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  const std::string dtype_name = args->str("dtype");
+  if (dtype_name != "bf16" && dtype_name != "f32")
+    return fail(absl::InvalidArgumentError(absl::StrCat("--dtype ", dtype_name, ": expected bf16 or f32")));
+  const DType dtype = dtype_name == "bf16" ? DType::bf16 : DType::f32;
+  const std::string src = args->str("gguf");
+  const fs::path out = args->str("out");
+
+  auto file = GgufFile::open(src);
+  if (!file.ok()) return fail(file.status());
+  auto config_json = gguf_hf_config(*file);
+  if (!config_json.ok()) return fail(config_json.status());
+  auto config = ModelConfig::from_json_text(config_json->dump(), src + " (GGUF metadata)");
+  if (!config.ok()) return fail(config.status());
+  auto tensors = gguf_hf_tensors(*file, *config);
+  if (!tensors.ok()) return fail(tensors.status());
+  // Before writing anything: inconsistent tokenizer metadata is an error; a tokenizer kind Loom
+  // cannot convert yet (or none at all) leaves the folder without tokenizer files, with a warning.
+  auto tokenizer = gguf_hf_tokenizer(*file);
+  if (!tokenizer.ok() && tokenizer.status().code() == absl::StatusCode::kInvalidArgument) return fail(tokenizer.status());
+  if (!tokenizer.ok())
+    std::fprintf(stderr, "loom convert: warning: no tokenizer files written: %s\n",
+                 std::string(tokenizer.status().message()).c_str());
+
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return fail(absl::InternalError(absl::StrCat(out.string(), ": cannot create the folder: ", ec.message())));
+  (*config_json)["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (auto& [name, t] : *tensors) named.emplace_back(name, t);
+  if (absl::Status s = save_tensors((out / "model.safetensors").string(), named, dtype, {{"format", "pt"}}); !s.ok())
+    return fail(s);
+  if (absl::Status s = write_text(out / "config.json", config_json->dump(2) + "\n"); !s.ok()) return fail(s);
+  if (absl::Status s = write_text(out / "generation_config.json", gguf_generation_config(*file).dump(2) + "\n"); !s.ok())
+    return fail(s);
+  if (tokenizer.ok()) {
+    if (absl::Status s = write_text(out / "tokenizer.json", tokenizer->tokenizer_json.dump(2) + "\n"); !s.ok())
+      return fail(s);
+    if (absl::Status s = write_text(out / "tokenizer_config.json", tokenizer->tokenizer_config_json.dump(2) + "\n");
+        !s.ok())
+      return fail(s);
+  }
+  std::printf("loom convert: %s -> %s (%s, %zu tensors; %s)\n", src.c_str(), out.string().c_str(), dtype_name.c_str(),
+              named.size(), config->summary().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,21 @@
+// The tokenizer of a llama.cpp GGUF file (tokenizer.ggml.* metadata) written back as the
+// tokenizer.json + tokenizer_config.json a Hugging Face model folder ships, with the same ids.
+#pragma once
+#include "absl/status/statusor.h"
+#include "engine/gguf.h"
+#include "nlohmann/json.hpp"
+
+namespace loom {
+
+struct HfTokenizerFiles {
+  nlohmann::json tokenizer_json;
+  nlohmann::json tokenizer_config_json;  // special tokens, add_bos/eos, chat_template
+};
+
+// tokenizer.ggml.model "gpt2" (byte-level BPE) with tokenizer.ggml.pre smollm / starcoder / refact,
+// gpt-2 / default, llama-bpe / llama3, qwen2. Unimplemented for other models (SentencePiece
+// "llama", "bert", ...) and pre-tokenizers, naming them; InvalidArgument for inconsistent metadata
+// (token types or merges that disagree with the token list, ids out of range).
+absl::StatusOr<HfTokenizerFiles> gguf_hf_tokenizer(const GgufFile& file);
+
+}  // namespace loom
