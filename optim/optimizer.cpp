@@ -58,12 +58,12 @@ void Optimizer::zero_grad() {
   for (Param& p : params_) p.var.zero_grad();
 }
 
-std::map<std::string, Tensor> Optimizer::state_dict() const {
+std::map<std::string, Tensor> Optimizer::state_dict(bool all_masters) const {
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : rule_->shared_state()) out[name] = t;
   for (const Param& p : params_) {
     for (size_t i = 0; i < p.state.size(); ++i) out[p.state_names[i] + "." + p.name] = p.state[i];
-    if (p.master.storage() != p.var.value().storage()) out["master." + p.name] = p.master;
+    if (all_masters || p.master.storage() != p.var.value().storage()) out["master." + p.name] = p.master;
     Tensor step = Tensor::zeros({1}, DType::i64);
     *step.data<int64_t>() = p.step;
     out["step." + p.name] = step;
@@ -89,12 +89,14 @@ absl::Status Optimizer::load_state_dict(const std::map<std::string, Tensor>& ten
       p.state[i].copy_(t->reshape(p.state[i].shape()));
     }
     const bool separate = p.master.storage() != p.var.value().storage();
-    if (separate) {
+    if (separate || tensors.contains("master." + p.name)) {
       auto t = find("master." + p.name, p.master);
       if (!t.ok()) return t.status();
       p.master.copy_(t->reshape(p.master.shape()));
-      Tensor compute = p.var.value();
-      compute.copy_(p.master);  // compute weights are the master rounded once
+      if (separate) {
+        Tensor compute = p.var.value();
+        compute.copy_(p.master);  // compute weights are the master rounded once
+      }
     }
     if (default_step >= 0 && !tensors.contains("step." + p.name)) {
       p.step = default_step;  // written before per-parameter steps were saved

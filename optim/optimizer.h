@@ -67,11 +67,13 @@ class Optimizer {
   void zero_grad();
 
   // Named tensors that restore this optimizer exactly: "<state>.<param>" per parameter,
-  // "master.<param>" where master and compute weight differ, "step.<param>" (i64 [1]), and the
-  // rule's shared tensors.
-  std::map<std::string, Tensor> state_dict() const;
+  // "master.<param>" where master and compute weight differ (for every parameter with
+  // all_masters: then the f32 weights themselves travel with the state, as full fine-tuning
+  // checkpoints need), "step.<param>" (i64 [1]), and the rule's shared tensors.
+  std::map<std::string, Tensor> state_dict(bool all_masters = false) const;
   // Copies a state_dict() back (any device; state tensors may have any shape of the right numel
-  // and dtype); refreshes the compute weights from the masters. `where` names the source in
+  // and dtype), masters included where present (required where separate); refreshes the compute
+  // weights from the masters. `where` names the source in
   // errors (a file). A missing "step.<param>" is an error unless default_step >= 0 is given.
   absl::Status load_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& where,
                                int64_t default_step = -1);

@@ -217,7 +217,7 @@ absl::Status Trainer::State::save_checkpoint() {
   c.state["epoch"] = ls.epoch;
   c.state["cursor"] = ls.cursor;
   c.state["offset"] = ls.offset;
-  c.tensors = optimizer->state_dict();
+  c.tensors = optimizer->state_dict(/*all_masters=*/cfg.full);  // full: the weights themselves
   return write_train_checkpoint(cfg.out_dir, step, c, [&](const std::string& dir) {
     return cfg.full ? absl::OkStatus() : save_adapter(*model, cfg.lora, dir);
   });
