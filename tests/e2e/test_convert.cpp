@@ -1,0 +1,70 @@
+// `loom convert --gguf`: the folder it writes loads as a Hugging Face model whose logits equal the
+// .gguf loaded directly (f32 exactly; bf16 weights within bf16 rounding), with tokenizer files when
+// the GGUF has a byte-level vocabulary, and clear errors for bad flags and files.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "models/causal_lm.h"
+#include "nlohmann/json.hpp"
+#include "tests/e2e/cli.h"
+#include "tests/temp_dir.h"
+
+namespace loom {
+namespace {
+
+const std::string kDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/";
+
+std::vector<float> logits(const std::string& model, DType dtype) {
+  auto m = CausalLM::load(model, {dtype, Device::cpu()});
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return {};
+  return (*m)->forward(Tensor::from_ints({1, 4, 9, 16, 25, 36, 49, 2}, {1, 8})).value().to_floats();
+}
+
+TEST(Convert, F32FolderGivesTheSameLogitsAsTheGguf) {
+  test::TempDir dir("loom_convert");
+  const std::string out = dir.file("hf");
+  auto r = test::run_loom("convert --gguf " + kDir + "tiny_llama.gguf --out " + out + " --dtype f32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"})
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
+  std::ifstream gc(out + "/generation_config.json");
+  const auto g = nlohmann::json::parse(gc);
+  EXPECT_EQ(g["eos_token_id"], 2);
+  EXPECT_EQ(logits(out, DType::f32), logits(kDir + "tiny_llama.gguf", DType::f32));
+}
+
+TEST(Convert, Bf16FolderIsTheRoundedWeights) {
+  test::TempDir dir("loom_convert");
+  const std::string out = dir.file("hf");
+  auto r = test::run_loom("convert --gguf " + kDir + "tiny_qwen2.gguf --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("no tokenizer files written"), std::string::npos) << r.output;  // none in that file
+  std::ifstream cf(out + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(cf)["torch_dtype"], "bfloat16");
+  // Loading either as bf16 rounds the same f32 weights once: identical logits.
+  EXPECT_EQ(logits(out, DType::bf16), logits(kDir + "tiny_qwen2.gguf", DType::bf16));
+}
+
+TEST(Convert, Errors) {
+  test::TempDir dir("loom_convert");
+  auto r = test::run_loom("convert --gguf " + kDir + "nope.gguf --out " + dir.file("x"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("nope.gguf"), std::string::npos) << r.output;
+  r = test::run_loom("convert --gguf " + kDir + "tiny_llama.gguf --out " + dir.file("x") + " --dtype f16");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--dtype f16: expected bf16 or f32"), std::string::npos) << r.output;
+  r = test::run_loom("convert --out " + dir.file("x"));
+  EXPECT_NE(r.output.find("--gguf is required"), std::string::npos) << r.output;
+  // Not a GGUF: the reader's message reaches the user.
+  r = test::run_loom("convert --gguf " + kDir + "tiny_llama.expected.safetensors --out " + dir.file("x"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("not a GGUF file"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x")));
+}
+
+}  // namespace
+}  // namespace loom
