@@ -61,6 +61,34 @@ constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581 "▁"
 
 bool is_cont(char c) { return (static_cast<uint8_t>(c) & 0xC0) == 0x80; }
 
+// tokenizers' Digits pre-tokenizer (numbers, \p{N}, isolated: one per piece when `individual`,
+// else maximal runs), then the split regex inside each stretch between them.
+void split_digits(std::string_view input, tok::SplitPattern pattern, bool individual,
+                  std::vector<std::pair<uint32_t, uint32_t>>* out) {
+  std::vector<std::pair<uint32_t, uint32_t>> sub;
+  size_t i = 0, start = 0;
+  auto flush = [&](size_t end) {
+    if (end <= start) return;
+    sub.clear();
+    tok::split_pattern(input.substr(start, end - start), pattern, &sub);
+    for (const auto& [b, e] : sub) out->emplace_back(static_cast<uint32_t>(b + start), static_cast<uint32_t>(e + start));
+  };
+  auto is_number = [&](size_t at, size_t* len) { return (tok::unicode_class(tok::decode_utf8(input, at, len)) & tok::kNumber) != 0; };
+  while (i < input.size()) {
+    size_t len;
+    if (!is_number(i, &len)) {
+      i += len;
+      continue;
+    }
+    flush(i);
+    size_t j = i + len;
+    while (!individual && j < input.size() && is_number(j, &len)) j += len;
+    out->emplace_back(static_cast<uint32_t>(i), static_cast<uint32_t>(j));
+    i = start = j;
+  }
+  flush(input.size());
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -74,6 +102,7 @@ struct Tokenizer::Impl {
   std::vector<NormStep> norm;
   std::optional<tok::SplitPattern> split;
   bool byte_level = false;
+  int digits = 0;  // a Digits pre-tokenizer step: 0 none, 1 individual digits, 2 runs of digits
   // SentencePiece-style BPE whose vocab has "▁" only at the start of tokens: no token can span a
   // boundary between a non-"▁" character and a "▁", so the text is cut there into words that BPE
   // (and its cache) handles one at a time, with the same result as merging the whole text.
@@ -187,6 +216,8 @@ absl::Status Tokenizer::Impl::parse_pre_tokenizer(const json& j) {
       if (s.value("behavior", std::string()) != "Isolated" || s.value("invert", false))
         return bad(path, absl::StrCat(where, ": only behavior Isolated without invert is supported"));
       split = sp;
+    } else if (t == "Digits" && !split && !byte_level && digits == 0) {
+      digits = s.value("individual_digits", false) ? 1 : 2;  // (SmolLM2, StarCoder)
     } else if (t == "ByteLevel" && !byte_level) {
       if (s.value("add_prefix_space", false))
         return bad(path, absl::StrCat(where, ": add_prefix_space=true is not supported"));
@@ -199,7 +230,8 @@ absl::Status Tokenizer::Impl::parse_pre_tokenizer(const json& j) {
       return bad(path, absl::StrCat(where, ": unsupported pre-tokenizer"));
     }
   }
-  if (split && !byte_level) return bad(path, "pre_tokenizer: a Split without ByteLevel is not supported");
+  if ((split || digits) && !byte_level)
+    return bad(path, "pre_tokenizer: a Split or Digits step without ByteLevel is not supported");
   return absl::OkStatus();
 }
 
@@ -455,7 +487,9 @@ void Tokenizer::Impl::encode_text(std::string_view text, size_t begin, size_t en
   }
   thread_local std::vector<std::pair<uint32_t, uint32_t>> pieces;
   pieces.clear();
-  if (split) {
+  if (split && digits) {
+    split_digits(input, *split, digits == 1, &pieces);
+  } else if (split) {
     tok::split_pattern(input, *split, &pieces);
   } else if (metaspace_words) {
     size_t start = 0;
