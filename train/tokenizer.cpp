@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "train/gguf_tokenizer.h"
 #include "train/tokenizer_internal.h"
 #include "train/unicode_nfc.h"
 
@@ -302,13 +303,21 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
     std::ifstream probe(path + "/tokenizer.json");
     if (probe.good()) path += "/tokenizer.json";
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f.good()) return absl::NotFoundError(absl::StrCat(path, ": cannot open tokenizer file"));
   json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    return bad(path, absl::StrCat("malformed JSON: ", e.what()));
+  if (path.size() > 5 && path.ends_with(".gguf")) {  // a llama.cpp file: its tokenizer.ggml.* metadata
+    auto gguf = GgufFile::open(path);
+    if (!gguf.ok()) return gguf.status();
+    auto files = gguf_hf_tokenizer(*gguf);
+    if (!files.ok()) return files.status();
+    j = std::move(files->tokenizer_json);
+  } else {
+    std::ifstream f(path, std::ios::binary);
+    if (!f.good()) return absl::NotFoundError(absl::StrCat(path, ": cannot open tokenizer file"));
+    try {
+      j = json::parse(f);
+    } catch (const json::exception& e) {
+      return bad(path, absl::StrCat("malformed JSON: ", e.what()));
+    }
   }
   Tokenizer tk;
   Impl& im = *tk.impl_;

@@ -19,7 +19,8 @@ class Tokenizer {
  public:
   enum class Kind { kByteLevelBpe, kSentencePieceBpe };
 
-  // Parses tokenizer.json (a file path, or a folder holding tokenizer.json). Unsupported models
+  // Parses tokenizer.json (a file path, or a folder holding tokenizer.json), or the tokenizer of a
+  // .gguf file (train/gguf_tokenizer.h). Unsupported models
   // (WordPiece, Unigram, ...), normalizers or pre-tokenizers are errors naming them.
   static absl::StatusOr<Tokenizer> load(const std::string& path);
 

@@ -61,6 +61,16 @@ TEST(GgufTokenizer, LoomEncodesWithTheConvertedFile) {
   EXPECT_EQ(tok->decode({22, 38, 54, 45}), "the cat");
 }
 
+TEST(GgufTokenizer, TokenizerLoadsAGgufDirectly) {
+  auto tok = Tokenizer::load(kDir + "tiny_llama.gguf");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(tok->encode("a12 the 0,1."), (std::vector<int32_t>{3, 35, 36, 39, 29, 34, 33, 35, 32}));
+  EXPECT_EQ(tok->vocab_size(), 66);
+  auto none = Tokenizer::load(kDir + "tiny_qwen2.gguf");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("tokenizer.ggml.model"), std::string::npos) << none.status();
+}
+
 TEST(GgufTokenizer, UnsupportedKindsAreNamed) {
   auto f = GgufFile::open(kDir + "tiny_qwen2.gguf");  // no tokenizer metadata at all
   ASSERT_TRUE(f.ok());
