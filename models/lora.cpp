@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/tensor_io.h"
+#include "models/gguf_model.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -247,9 +248,18 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
   for (const auto& [name, v] : model.named_weights()) tensors.emplace_back(name, v->value());
   if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), tensors, DType::bf16, {{"format", "pt"}}); !s.ok())
     return s;
-  std::ifstream cf(fs::path(model.source_dir()) / "config.json");
-  nlohmann::json config = nlohmann::json::parse(cf, nullptr, false);
-  if (config.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("cannot re-read ", model.source_dir(), "/config.json"));
+  nlohmann::json config;
+  if (is_gguf_path(model.source_dir())) {  // a model loaded from a .gguf: its config rebuilt from the metadata
+    auto gguf = GgufFile::open(model.source_dir());
+    if (!gguf.ok()) return gguf.status();
+    auto j = gguf_hf_config(*gguf);
+    if (!j.ok()) return j.status();
+    config = *std::move(j);
+  } else {
+    std::ifstream cf(fs::path(model.source_dir()) / "config.json");
+    config = nlohmann::json::parse(cf, nullptr, false);
+    if (config.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("cannot re-read ", model.source_dir(), "/config.json"));
+  }
   config["dtype"] = "bfloat16";
   if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";
   if (absl::Status s = write_text_atomic((tmp / "config.json").string(), config.dump(2) + "\n"); !s.ok()) return s;

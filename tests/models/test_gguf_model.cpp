@@ -12,6 +12,7 @@
 #include "engine/safetensors.h"
 #include "engine/tensor_io.h"
 #include "models/causal_lm.h"
+#include "models/lora.h"
 #include "tests/temp_dir.h"
 
 namespace loom {
@@ -139,6 +140,20 @@ TEST(GgufModel, CausalLmLoadsAGgufLikeTheSameWeightsInAFolder) {
   ASSERT_EQ(a.size(), 8u * 66);
   EXPECT_EQ(a, b);
   for (float x : a) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST(GgufModel, SavePretrainedFromAGgufWritesItsConfig) {
+  auto m = CausalLM::load(kDir + "tiny_qwen2.gguf", {DType::f32, Device::cpu()});
+  ASSERT_TRUE(m.ok()) << m.status();
+  test::TempDir dir("loom_gguf_save");
+  ASSERT_TRUE(save_pretrained(**m, dir.path()).ok());
+  auto folder = CausalLM::load(dir.path(), {DType::bf16, Device::cpu()});
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  auto direct = CausalLM::load(kDir + "tiny_qwen2.gguf", {DType::bf16, Device::cpu()});
+  ASSERT_TRUE(direct.ok());
+  const Tensor ids = Tensor::from_ints({3, 1, 4, 1, 5}, {1, 5});
+  EXPECT_EQ((*folder)->forward(ids).value().to_floats(), (*direct)->forward(ids).value().to_floats());
+  EXPECT_EQ((*folder)->config().model_type, "qwen2");
 }
 
 TEST(GgufModel, Errors) {
