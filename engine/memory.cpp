@@ -3,7 +3,9 @@
 
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "engine/cuda_context.h"
 #include "kernels/error.h"
@@ -37,6 +39,27 @@ void count_free(Device d, int64_t n) { counter(d).current.fetch_sub(n); }
 
 constexpr size_t kHostAlignment = 64;
 
+#if LOOM_WITH_CUDA
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(1 << 30));
+  return buf;
+}
+
+// What ran out, what Loom holds, and what to try.
+std::string out_of_memory_message(Device device, size_t nbytes, const char* cuda_error) {
+  const MemoryStats st = memory_stats(device);
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  cudaGetLastError();
+  return detail::cat("CUDA out of memory on cuda:", device.index, " allocating ", gib(double(nbytes)), " (", cuda_error,
+                     "): Loom holds ", gib(double(st.current_bytes)), " (peak ", gib(double(st.peak_bytes)),
+                     ") of the card's ", gib(double(total_b)), ", ", gib(double(free_b)),
+                     " free. Try a smaller --batch-size with a larger --grad-accum (same global batch), ",
+                     "a shorter --seq-len, or --dtype bf16; other processes on this GPU count too (nvidia-smi).");
+}
+#endif
+
 }  // namespace
 
 std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
@@ -56,10 +79,18 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
   void* p = nullptr;
   if (nbytes > 0) {
     cudaError_t err = cudaMallocAsync(&p, nbytes, ctx.stream);
+    if (err == cudaErrorMemoryAllocation) {
+      // The pool keeps freed blocks (a high release threshold): hand them back to the driver once
+      // and retry before giving up, so fragmentation alone never ends a run.
+      cudaGetLastError();
+      cudaMemPool_t pool;
+      if (cudaStreamSynchronize(ctx.stream) == cudaSuccess &&
+          cudaDeviceGetDefaultMemPool(&pool, device.index) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
+        err = cudaMallocAsync(&p, nbytes, ctx.stream);
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();
-      LOOM_CHECK(false, "CUDA out of memory on cuda:", device.index, " allocating ", nbytes, " bytes (",
-                 memory_stats(device).current_bytes, " bytes in use by Loom): ", cudaGetErrorString(err));
+      throw OutOfMemoryError(out_of_memory_message(device, nbytes, cudaGetErrorString(err)));
     }
   }
   count_alloc(device, static_cast<int64_t>(nbytes));

@@ -12,6 +12,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Device memory ran out: not a bug but a limit the user can act on (a smaller batch or sequence);
+// the message says what was being allocated, what is held, and what to try.
+class OutOfMemoryError : public Error {
+ public:
+  explicit OutOfMemoryError(const std::string& what) : Error(what) {}
+};
+
 namespace detail {
 [[noreturn]] inline void fail(const char* file, int line, const std::string& msg) {
   std::ostringstream os;

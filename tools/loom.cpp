@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/error.h"
 #include "tools/commands.h"
 
 namespace {
@@ -44,6 +45,9 @@ int main(int argc, char** argv) {
     if (name != c.name) continue;
     try {
       return c.run(args);
+    } catch (const loom::OutOfMemoryError& e) {  // a limit the user can act on, not a bug
+      std::fprintf(stderr, "loom %s: %s\n", c.name, e.what());
+      return 1;
     } catch (const std::exception& e) {  // misuse inside the engine: report, never abort
       std::fprintf(stderr, "loom %s: internal error: %s\n", c.name, e.what());
       return 1;

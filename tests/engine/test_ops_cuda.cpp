@@ -149,5 +149,23 @@ TEST(OpsCuda, AdamWAndRandomFills) {
   });
 }
 
+// Running out of device memory is a loom::OutOfMemoryError that names the request, what Loom
+// holds and what to try; the allocator keeps working afterwards.
+TEST(OpsCuda, OutOfMemoryIsAClearError) {
+  LOOM_REQUIRE_CUDA();
+  const Shape huge{int64_t(1) << 38, 1024};  // 1 PiB of f32: more than any card
+  try {
+    Tensor t = Tensor::empty(huge, DType::f32, Device::cuda(0));
+    FAIL() << "a 1 PiB allocation succeeded";
+  } catch (const OutOfMemoryError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("allocating 1048576.00 GiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("Loom holds"), std::string::npos) << m;
+    EXPECT_NE(m.find("--batch-size"), std::string::npos) << m;
+  }
+  Tensor ok = Tensor::zeros({1024}, DType::f32, Device::cuda(0));
+  EXPECT_EQ(ok.to(Device::cpu()).to_floats()[0], 0.f);
+}
+
 }  // namespace
 }  // namespace loom::test
