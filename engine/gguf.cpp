@@ -155,6 +155,11 @@ class GgufParser {
           return absl::InvalidArgumentError(absl::StrCat(label_, ": ", what, " at offset ", at, " claims ", count, " ",
                                                          gguf_type_name(elem), " elements, more than the ", left(),
                                                          " bytes left in the file can hold"));
+        if (count > items_left_)
+          return absl::InvalidArgumentError(absl::StrCat(label_, ": ", what, " at offset ", at, " claims ", count,
+                                                         " elements; Loom reads at most ", kGgufMaxMetadataItems,
+                                                         " metadata array elements per file"));
+        items_left_ -= count;
         v->elem_type = elem;
         v->items.resize(count);
         for (uint64_t k = 0; k < count; ++k)
@@ -229,7 +234,13 @@ class GgufParser {
     if (ti.ne[0] % tr->block_elems != 0)
       return absl::InvalidArgumentError(absl::StrCat(label_, ": ", what, " is ", tr->name, " with rows of ", ti.ne[0],
                                                      " elements, not a multiple of its ", tr->block_elems, "-element blocks"));
-    ti.nbytes = static_cast<uint64_t>(numel / tr->block_elems) * static_cast<uint64_t>(tr->block_bytes);
+    // Checked before multiplying: 2^62 f32 elements are 2^64 bytes, which would wrap to 0.
+    const uint64_t blocks = static_cast<uint64_t>(numel / tr->block_elems);
+    if (blocks > n_ / static_cast<uint64_t>(tr->block_bytes))
+      return absl::DataLossError(absl::StrCat(label_, ": ", what, " is ", tr->name, " with ", numel, " elements (",
+                                              blocks, " blocks of ", tr->block_bytes, " bytes), more than the ", n_,
+                                              " bytes of the whole file"));
+    ti.nbytes = blocks * static_cast<uint64_t>(tr->block_bytes);
     if (!u64(&ti.offset)) return truncated(absl::StrCat("the data offset of ", what), 8);
     if (f->tensor_index_.count(ti.name))
       return absl::InvalidArgumentError(absl::StrCat(label_, ": ", what, ": a second tensor of that name"));
@@ -246,8 +257,9 @@ class GgufParser {
         return absl::InvalidArgumentError(absl::StrCat(label_, ": ", what, " has data offset ", ti.offset,
                                                        ", not a multiple of the alignment ", f->alignment_));
       if (ti.offset > data_size || ti.nbytes > data_size - ti.offset)
-        return absl::DataLossError(absl::StrCat(label_, ": truncated or corrupt: ", what, " needs bytes [",
-                                                ti.offset, ", ", ti.offset + ti.nbytes, ") of the data section at offset ",
+        return absl::DataLossError(absl::StrCat(label_, ": truncated or corrupt: ", what, " needs bytes [", ti.offset,
+                                                ", ", ti.offset > ~0ull - ti.nbytes ? std::string("2^64+") : absl::StrCat(ti.offset + ti.nbytes),
+                                                ") of the data section at offset ",
                                                 f->data_offset_, ", which holds ", data_size, " bytes"));
       ti.offset += f->data_offset_;
     }
@@ -257,6 +269,7 @@ class GgufParser {
   const uint8_t* d_;
   uint64_t n_;
   uint64_t pos_ = 0;
+  uint64_t items_left_ = kGgufMaxMetadataItems;
   const std::string& label_;
 };
 

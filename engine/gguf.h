@@ -109,5 +109,9 @@ class GgufFile {
 inline constexpr uint32_t kGgufDefaultAlignment = 32;
 inline constexpr int kGgufMaxDims = 4;           // GGML_MAX_DIMS
 inline constexpr int kGgufMaxArrayNesting = 8;  // deeper arrays of arrays are refused
+// Array elements over all metadata. Each decodes to a GgufValue of ~90 bytes, so a file of one-byte
+// elements would cost ~90x its size without this cap (~0.8 GB at the cap); the largest real
+// tokenizers (262k tokens, scores, types, ~500k merges) hold under 1.5M.
+inline constexpr uint64_t kGgufMaxMetadataItems = 1ull << 23;
 
 }  // namespace loom

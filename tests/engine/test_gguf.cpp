@@ -256,6 +256,26 @@ TEST(GgufCorrupt, AbsurdCountsAreRefusedBeforeAllocating) {
   }
 }
 
+TEST(GgufCorrupt, TensorSizesTheFileCannotHoldAreRefused) {
+  // 2^31 x 2^31 f32 elements are 2^64 bytes: a byte count that wraps to 0 must not pass the bounds check.
+  for (uint32_t type : {0u, 28u}) {  // F32, F64
+    Builder g;
+    g.header(1, 0).str("w").u32(2).u64(1ull << 31).u64(1ull << 31).u32(type).u64(0).pad(32);
+    expect_error(parse(g.b), absl::StatusCode::kDataLoss, {"mem.gguf", "tensor 'w'", "bytes"});
+  }
+  Builder q;  // Q8_0 blocks whose total size overflows
+  q.header(1, 0).str("w").u32(2).u64(1ull << 35).u64(1ull << 27).u32(8).u64(0).pad(32);
+  expect_error(parse(q.b), absl::StatusCode::kDataLoss, {"tensor 'w'", "Q8_0"});
+}
+
+TEST(GgufCorrupt, MetadataElementsBeyondTheBudgetAreRefused) {
+  // 2^23 + 1 one-byte elements fit the file but would decode to ~0.8 GB of values: refused by count.
+  Builder g;
+  g.header(0, 1).str("big").u32(9).u32(0).u64(kGgufMaxMetadataItems + 1);
+  g.b.resize(g.b.size() + kGgufMaxMetadataItems + 1);
+  expect_error(parse(g.b), absl::StatusCode::kInvalidArgument, {"metadata 'big'", "8388609", "at most"});
+}
+
 TEST(GgufCorrupt, ArraysNestedTooDeep) {
   Builder g;
   g.header(0, 1).str("deep").u32(9);
