@@ -71,17 +71,9 @@ TEST(AdamW8bitBnb, DynamicMapsEqualBitsandbytes) {
     const auto want = get<float>(*fx, is_signed ? "qmap1" : "qmap2");
     ASSERT_EQ(want.size(), 256u);
     EXPECT_EQ(get<float>(*fx, is_signed ? "dynamic_map.signed" : "dynamic_map.unsigned"), want);
-    std::string matches;
-    for (int width : {16, 8, 0}) {
-      std::vector<float> got(256);
-      dynamic_map(is_signed, got.data(), width);
-      if (got == want) matches += " " + std::to_string(width);
-    }
     std::vector<float> got(256);
     dynamic_map(is_signed, got.data());
-    EXPECT_EQ(got, want) << "signed=" << is_signed << ": the reference was made with torch CPU capability " << cap
-                         << "; Loom's default assumes Vectorized<float> width 16 (AVX-512); widths that match:"
-                         << (matches.empty() ? " none" : matches);
+    EXPECT_EQ(got, want) << "signed=" << is_signed << " (reference made on a CPU with torch capability " << cap << ")";
   }
 }
 
@@ -121,9 +113,14 @@ void check_8bit_case(const Fixture& f, const std::string& c) {
     cpu::adamw8bit_step(p.data(), grad.data(), s1.data(), s2.data(), a1.data(), a2.data(), q1.data(), q2.data(), n,
                         hp, nullptr);
     const auto bp = get<float>(f, c + ".param" + at);
-    // The update (~lr) carries bitsandbytes' approximate __powf/__fdividef (a few ulp) and the
-    // parameter's rounding (2^-24 * |p| ~ 4e-9 against ~1e-3): 1e-5 relative L2 of the change.
-    EXPECT_LT(rel_error(change(p, before), change(bp, before)), 1e-5) << c << " param, step " << k;
+    // bitsandbytes' kernels are built with fast math: the bias correction sqrt(1 - beta2^t) comes
+    // from __powf = ex2.approx(t * lg2.approx(beta2)), and lg2.approx's absolute error (2^-22) is a
+    // relative error of 2^-22 / |log2 beta2| = 1.7e-4 in the exponent, which 1 - beta2^t ~ t (1 - beta2)
+    // turns into the same relative error of 1 - beta2^t, halved by the square root: every element of
+    // the update is scaled by up to 1 +- 8e-5 (measured: 2.7e-5 - 3.3e-5 on the H200 fixture, the
+    // same at each step, as that model predicts). Loom computes the correction exactly.
+    const double kBnbPowfBound = 0.5 * std::ldexp(1.0, -22) / std::abs(std::log2(double(f.hp.beta2))) + 1e-6;
+    EXPECT_LT(rel_error(change(p, before), change(bp, before)), kBnbPowfBound) << c << " param, step " << k;
     // absmax = max |m|: one rounding more or less (an FMA) than Loom: 1e-6 relative per block.
     expect_close(a1, get<float>(f, c + ".absmax1" + at), 1e-6, 0.0, c + " absmax1" + at);
     expect_close(a2, get<float>(f, c + ".absmax2" + at), 1e-6, 0.0, c + " absmax2" + at);
@@ -185,8 +182,9 @@ TEST(AdamW8bitBnb, SmallTensorsUseBitsandbytes32bitRule) {
     hp.step = k;
     const std::vector<float> before = p;
     cpu::adam32bit_step(p.data(), get<float>(*fx, "small.grad" + at).data(), m.data(), v.data(), n, hp, nullptr);
-    // Same f32 formula; bitsandbytes may fuse multiply-adds: a few ulp, as for the 8-bit case.
-    EXPECT_LT(rel_error(change(p, before), change(get<float>(*fx, "small.param" + at), before)), 1e-5) << k;
+    // Same f32 formula and the same fast-math bias correction as the 8-bit case (see there).
+    const double bound = 0.5 * std::ldexp(1.0, -22) / std::abs(std::log2(double(fx->hp.beta2))) + 1e-6;
+    EXPECT_LT(rel_error(change(p, before), change(get<float>(*fx, "small.param" + at), before)), bound) << k;
     EXPECT_LT(rel_error(m, get<float>(*fx, "small.state1" + at)), 1e-6) << k;
     EXPECT_LT(rel_error(v, get<float>(*fx, "small.state2" + at)), 1e-6) << k;
     p = get<float>(*fx, "small.param" + at);
