@@ -2,6 +2,8 @@
 // tensor bytes / f32 dequantisation through kernels/gguf_quant.h.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/gguf.h"
@@ -130,7 +132,15 @@ absl::StatusOr<Tensor> GgufFile::read_f32(const GgufTensorInfo& info) const {
         path_, ": tensor '", info.name, "' is ", ggml_type_name(info.type),
         ", which Loom cannot dequantise (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"));
   Tensor out = Tensor::empty(info.shape(), DType::f32);
-  const std::span<const uint8_t> src = bytes(info);
+  std::span<const uint8_t> src = bytes(info);
+  // Block fields are 2-byte halves; a file with general.alignment 1 can place a tensor at an odd
+  // address, so such a tensor is copied to an aligned buffer first (rows keep an even byte count).
+  std::vector<uint16_t> aligned;
+  if (reinterpret_cast<uintptr_t>(src.data()) % alignof(uint16_t) != 0) {
+    aligned.resize((src.size() + 1) / 2);
+    std::memcpy(aligned.data(), src.data(), src.size());
+    src = {reinterpret_cast<const uint8_t*>(aligned.data()), src.size()};
+  }
   // Rows of ne[0] elements: dequantise row by row in parallel (blocks never straddle rows).
   const int64_t row = info.ne[0], rows = row == 0 ? 0 : info.numel / row;
   const int64_t row_bytes = row / tr->block_elems * tr->block_bytes;

@@ -197,6 +197,23 @@ TEST(Gguf, AlignmentKeyMovesTheData) {
   EXPECT_EQ(t->data<float>()[7], 3.5f);
 }
 
+TEST(Gguf, AlignmentOneAllowsOddTensorAddresses) {
+  Builder g;  // one Q8_0 block at an odd file offset (alignment 1, as ggml permits)
+  g.header(1, 1).str("general.alignment").u32(4).u32(1);
+  g.str("ww").u32(1).u64(32).u32(8).u64(0);
+  const size_t data_at = g.b.size();
+  ASSERT_EQ(data_at % 2, 1u);
+  const uint16_t d = 0x3C00;  // 1.0
+  g.raw(&d, 2);
+  for (int j = 0; j < 32; ++j) g.b.push_back(static_cast<uint8_t>(j - 16));
+  auto f = parse(g.b);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(f->data_offset(), data_at);
+  auto t = f->read_f32(f->tensors()[0]);
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(t->data<float>()[j], static_cast<float>(j - 16)) << j;
+}
+
 // ---- corrupt files --------------------------------------------------------------------------------
 
 TEST(GgufCorrupt, BadMagicAndEmptyFile) {
