@@ -1,0 +1,52 @@
+// Fused linear + softmax cross-entropy (lm_head + loss) that never materialises the [n, vocab]
+// logits: rows go in chunks through logits = h W^T, a per-row log-sum-exp / loss / dlogits pass,
+// and dh = dlogits W, dW += dlogits^T h. Gradients are produced in the same pass as the loss.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common.h"
+#include "kernels/gemm.h"
+
+namespace loom {
+// Rows per chunk so that one chunk's f32 logits stay <= 512 MiB, a multiple of 128 (GEMM tiles)
+// when that allows more than 128 rows; at least 1.
+inline int64_t linear_cross_entropy_default_chunk_rows(int64_t vocab) {
+  const int64_t budget = (int64_t(512) << 20) / 4;
+  int64_t rows = vocab > 0 ? budget / vocab : 1;
+  if (rows >= 256) rows -= rows % 128;
+  return rows < 1 ? 1 : rows;
+}
+}  // namespace loom
+
+namespace loom::cpu {
+// h [n, hidden], w [vocab, hidden], targets [n]; z = softcap > 0 ? softcap * tanh(l / softcap) : l
+// with l = h w^T. *loss = mean over rows with t_i != ignore_index of lse_i - z[i, t_i] (0 when
+// every row is ignored). dh [n, hidden] (nullable) gets d loss / d h; dw [vocab, hidden] (nullable)
+// is ACCUMULATED with d loss / d w (the caller zeroes it). chunk_rows <= 0 picks the default.
+// A target outside [0, vocab) that is not ignore_index throws loom::Error naming the row.
+template <class T>
+void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>* loss, T* dh, Acc<T>* dw,
+                          int64_t n, int64_t vocab, int64_t hidden, float softcap, int32_t ignore_index,
+                          int64_t chunk_rows);
+// x[i] *= *scalar for i < n (the backward's upstream-gradient scale).
+template <class T>
+void scale_by_scalar(T* x, const Acc<T>* scalar, int64_t n);
+}  // namespace loom::cpu
+
+namespace loom::cuda {
+// Device scratch linear_cross_entropy needs: 256 B for the row scale, n floats of per-row losses
+// and chunk_rows * vocab f32 logits (dlogits overwrite them in place in T).
+size_t linear_cross_entropy_scratch_bytes(int64_t n, int64_t vocab, int64_t chunk_rows);
+// As the CPU version with T = float or bf16 (GEMMs: T in, f32 accumulate; dh in T, dw in f32),
+// except that a target outside [0, vocab) is treated as ignored. loss is one device float; the
+// row scale 1/count is counted on the device (no host synchronisation). scratch holds at least
+// linear_cross_entropy_scratch_bytes(n, vocab, chunk_rows) bytes, 256-byte aligned.
+template <class T>
+void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float* loss, T* dh, float* dw, int64_t n,
+                          int64_t vocab, int64_t hidden, float softcap, int32_t ignore_index, int64_t chunk_rows,
+                          void* scratch, cublasLtHandle_t handle, GemmWorkspace ws, Stream s);
+// x[i] *= *scalar (a device float) for i < n.
+template <class T>
+void scale_by_scalar(T* x, const float* scalar, int64_t n, Stream s);
+}  // namespace loom::cuda
