@@ -113,6 +113,26 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, float
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                               float softcap = 0.f, int32_t ignore_index = kIgnoreIndex);
 
+// Fused lm_head + cross-entropy: the mean over targets != ignore_index of the softmax
+// cross-entropy of z = softcap(h w^T), computed in row chunks without the [n, vocab] logits; the
+// gradients of that mean come out of the same pass. h [n, hidden], w [vocab, hidden] (same
+// float dtype), targets i32 [n]. CPU checks targets against vocab; CUDA treats others as ignored.
+struct LinearCrossEntropyOptions {
+  float softcap = 0.f;
+  int32_t ignore_index = kIgnoreIndex;
+  int64_t chunk_rows = 0;  // 0: rows whose f32 logits fit in 512 MiB
+  bool need_dh = true, need_dw = false;
+};
+struct LinearCrossEntropyOut {
+  Tensor loss;  // acc-dtype scalar []
+  Tensor dh;    // like h, when need_dh
+  Tensor dw;    // acc dtype [vocab, hidden], when need_dw
+};
+LinearCrossEntropyOut linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                           const LinearCrossEntropyOptions& options = {});
+// x *= scalar in place, scalar a one-element acc-dtype tensor on x's device (no host read).
+void scale_by_scalar_(Tensor& x, const Tensor& scalar);
+
 // ---- optimizer and random ----
 // param/exp_avg/exp_avg_sq f32, grad f32 or bf16, all the same numel; writes bf16 copy if given.
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWParams& p,

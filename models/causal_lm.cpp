@@ -156,9 +156,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   return m;
 }
 
-ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& options) const {
-  LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32, "CausalLM::forward: input_ids must be i32 ",
-             "[batch, seq], got ", input_ids.str());
+detail::LayerContext CausalLM::context_for(const Tensor& input_ids, const ForwardOptions& options) const {
   detail::LayerContext ctx;
   ctx.config = &config_;
   ctx.batch = input_ids.size(0);
@@ -172,11 +170,36 @@ ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& op
     ctx.positions = Tensor::from_ints(pos, {ctx.batch * ctx.seq}).to(device_);
   }
   if (options.segment_ids.defined()) ctx.segment_ids = options.segment_ids.to(device_);
+  return ctx;
+}
 
+ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& options) const {
+  LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32, "CausalLM::forward: input_ids must be i32 ",
+             "[batch, seq], got ", input_ids.str());
+  detail::LayerContext ctx = context_for(input_ids, options);
   return run(input_ids, ctx, nullptr);
 }
 
-ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache, bool last_only) const {
+ag::Variable CausalLM::loss(const Tensor& input_ids, const Tensor& labels, const ForwardOptions& options) const {
+  LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32 && labels.dtype() == DType::i32 &&
+                 labels.shape() == input_ids.shape(),
+             "CausalLM::loss: input_ids ", input_ids.str(), " and labels ", labels.str(),
+             " must both be i32 [batch, seq]");
+  detail::LayerContext ctx = context_for(input_ids, options);
+  ag::Variable h = hidden_states(input_ids, ctx, nullptr);
+  // A LoRA adapter or a bias on lm_head is not part of the fused product: take the plain path.
+  if (lm_head_.lora || lm_head_.bias.defined()) return causal_lm_loss(head(h), labels);
+  const int64_t batch = labels.size(0), seq = labels.size(1);
+  std::vector<int32_t> l = labels.to_ints(), targets(l.size(), ops::kIgnoreIndex);
+  for (int64_t b = 0; b < batch; ++b)  // position s predicts labels[s + 1], as in causal_lm_loss
+    for (int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = l[b * seq + s + 1];
+  const Tensor t = Tensor::from_ints(targets, {batch * seq}).to(device_);
+  return ag::linear_cross_entropy(ag::reshape(h, {batch * seq, h.size(2)}), lm_head_.weight, t,
+                                  config_.final_logit_softcapping);
+}
+
+ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache,
+                                     bool last_only) const {
   const ModelConfig& c = config_;
   ag::Variable x = ag::embedding(input_ids.to(device_), embed_tokens_);
   if (is_gemma(c)) {
@@ -193,9 +216,17 @@ ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, K
   }
   // A prompt's prefill needs only the last position's logits: [1, n, vocab] in f32 can be gigabytes.
   if (last_only && x.size(1) > 1) x = ag::narrow(x, 1, x.size(1) - 1, 1);
-  ag::Variable logits = lm_head_.forward(norm_.forward(x));
-  if (c.final_logit_softcapping > 0.f) logits = ag::softcap(logits, c.final_logit_softcapping);
+  return norm_.forward(x);
+}
+
+ag::Variable CausalLM::head(const ag::Variable& h) const {
+  ag::Variable logits = lm_head_.forward(h);
+  if (config_.final_logit_softcapping > 0.f) logits = ag::softcap(logits, config_.final_logit_softcapping);
   return ag::cast(logits, DType::f32);
+}
+
+ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache, bool last_only) const {
+  return head(hidden_states(input_ids, ctx, cache, last_only));
 }
 
 CausalLM::KvCache CausalLM::make_cache(int64_t capacity) const {

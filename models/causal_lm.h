@@ -44,6 +44,11 @@ class CausalLM {
 
   // input_ids i32 [batch, seq] (on any device; moved to the model's) -> logits f32 [batch, seq, vocab].
   ag::Variable forward(const Tensor& input_ids, const ForwardOptions& options = {}) const;
+  // causal_lm_loss(forward(input_ids, options), labels) without the [tokens, vocab] logits: the
+  // final norm's output goes through ag::linear_cross_entropy with lm_head's weight and
+  // config().final_logit_softcapping (the unfused path when lm_head has a LoRA adapter or a bias).
+  // labels i32 [batch, seq] (read on the host): position s is scored against labels[s + 1].
+  ag::Variable loss(const Tensor& input_ids, const Tensor& labels, const ForwardOptions& options = {}) const;
 
   // Generation with a KV cache (batch 1, no gradients): runs input_ids [1, n] at positions
   // start..start+n-1, appending their keys and values to the cache; returns logits f32 [1, 1, vocab]
@@ -69,6 +74,12 @@ class CausalLM {
   static absl::StatusOr<std::unique_ptr<CausalLM>> build(const ModelConfig& config, const std::string& source_dir,
                                                          const LoadOptions& options, const Checkpoint* ck,
                                                          uint64_t seed);
+  detail::LayerContext context_for(const Tensor& input_ids, const ForwardOptions& options) const;
+  // Embedding, decoder layers and the final norm: [batch, seq (or 1 with last_only), hidden].
+  ag::Variable hidden_states(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache,
+                             bool last_only = false) const;
+  // lm_head, the final soft-cap, and the cast to f32 logits.
+  ag::Variable head(const ag::Variable& h) const;
   ag::Variable run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache, bool last_only = false) const;
 
   ModelConfig config_;

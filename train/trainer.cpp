@@ -289,8 +289,8 @@ absl::Status Trainer::run() {
         if (l->lora) l->lora->dropout_offset = static_cast<uint64_t>(micro) << 36;
       ++micro;
       if (b.target_tokens == 0) continue;
-      ag::Variable logits = s.model->forward(b.input_ids, {b.positions, b.segment_ids});
-      ag::Variable loss = causal_lm_loss(logits, b.labels.to(s.device));
+      // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels are shifted on the host).
+      ag::Variable loss = s.model->loss(b.input_ids, b.labels, {b.positions, b.segment_ids});
       const float weight = static_cast<float>(b.target_tokens) / static_cast<float>(targets);
       loss_sum += static_cast<double>(loss.value().item()) * weight;
       ag::backward(ag::scale(loss, weight));
