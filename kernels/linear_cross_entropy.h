@@ -23,7 +23,8 @@ namespace loom::cpu {
 // h [n, hidden], w [vocab, hidden], targets [n]; z = softcap > 0 ? softcap * tanh(l / softcap) : l
 // with l = h w^T. *loss = mean over rows with t_i != ignore_index of lse_i - z[i, t_i] (0 when
 // every row is ignored). dh [n, hidden] (nullable) gets d loss / d h; dw [vocab, hidden] (nullable)
-// is ACCUMULATED with d loss / d w (the caller zeroes it). chunk_rows <= 0 picks the default.
+// gets d loss / d w (overwritten: the first chunk's GEMM has beta 0, later ones accumulate in
+// Acc<T>, so no zero-fill pass is needed). chunk_rows <= 0 picks the default.
 // A target outside [0, vocab) that is not ignore_index throws loom::Error naming the row.
 template <class T>
 void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>* loss, T* dh, Acc<T>* dw,

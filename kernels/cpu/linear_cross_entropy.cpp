@@ -36,7 +36,10 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
     count += t != ignore_index;
   }
   *loss = A(0);
-  if (n == 0) return;
+  if (n == 0) {
+    if (dw) std::fill(dw, dw + vocab * hidden, A(0));
+    return;
+  }
   const A row_scale = count > 0 ? A(1) / A(count) : A(0);
   const int64_t rows_max = std::min(n, chunk_rows > 0 ? chunk_rows : linear_cross_entropy_default_chunk_rows(vocab));
   std::vector<A> logits(static_cast<size_t>(rows_max * vocab));
@@ -90,7 +93,8 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
       gemm(d);
     }
     if (dw) {
-      // dw [vocab, hidden] += dlogits^T [vocab, rows] * h[r0:r0+rows] [rows, hidden]
+      // dw [vocab, hidden] (+)= dlogits^T [vocab, rows] * h[r0:r0+rows] [rows, hidden]; the first
+      // chunk overwrites
       GemmArgs d;
       d.m = vocab, d.n = hidden, d.k = rows, d.trans_a = true;
       d.a = dlogits.data(), d.lda = vocab;
@@ -98,7 +102,7 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
       d.c = dw, d.ldc = hidden;
       d.ab_type = gemm_type<T>();
       d.c_type = std::is_same_v<T, double> ? GemmType::kF64 : GemmType::kF32;
-      d.beta = 1.f;
+      d.beta = r0 == 0 ? 0.f : 1.f;
       gemm(d);
     }
   }

@@ -47,15 +47,28 @@ __global__ void __launch_bounds__(kReduceThreads)
   if (threadIdx.x == 0) *loss = s * *row_scale;
 }
 
-// Grid rows blocks of kThreads. logits [rows, vocab] f32 (row stride vocab); dlogits aliases it:
+// Online (max, sum of exp) update with one more capped logit z.
+__device__ __forceinline__ void online_add(float& m, float& l, float z) {
+  if (z > m) {
+    l = l * expf(m - z) + 1.f;  // expf(-inf) = 0 on the first element
+    m = z;
+  } else if (z != -INFINITY) {  // NaN still enters the sum and poisons it, as it should
+    l += expf(z - m);
+  }
+}
+
+// Grid rows blocks of kThreads; each thread takes V consecutive elements at a time (V = 4: 16-byte
+// loads, needs vocab % 4 == 0). logits [rows, vocab] f32 (row stride vocab); dlogits aliases it:
 // row r of dlogits starts at the same byte as row r of logits, element stride sizeof(T), so for
-// bf16 a row's gradients fill the first half of its own f32 row. Pass 2 walks tiles of kThreads
-// elements with a barrier between reading a tile and writing it: a tile's T outputs land at or
-// before f32 elements already read, never on ones still to be read.
-template <class T>
+// bf16 a row's gradients fill the first half of its own f32 row. Pass 2 walks tiles of
+// kThreads * V elements with a barrier between reading a tile and writing it: tile [b, b + K)
+// writes bf16 over f32 elements [b / 2, b / 2 + K / 2), all below b + K, so it only overwrites
+// elements of its own tile (already read, behind the barrier) or of earlier tiles.
+template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
     row_kernel(float* logits, const int32_t* targets, float* row_loss, const float* row_scale, int64_t vocab,
                float softcap, int32_t ignore_index) {
+  constexpr int64_t kTile = int64_t(kThreads) * V;
   const int64_t r = blockIdx.x;
   const float* row = logits + r * vocab;
   T* grad = reinterpret_cast<T*>(logits + r * vocab);
@@ -66,14 +79,11 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   float m = -INFINITY, l = 0.f;
-  for (int64_t v = threadIdx.x; v < vocab; v += kThreads) {
-    const float z = capped(row[v], softcap);
-    if (z > m) {
-      l = l * expf(m - z) + 1.f;
-      m = z;
-    } else if (z != -INFINITY) {
-      l += expf(z - m);
-    }
+  for (int64_t v0 = int64_t(threadIdx.x) * V; v0 < vocab; v0 += kTile) {
+    float x[V];
+    load_vec<V>(row + v0, x);
+#pragma unroll
+    for (int k = 0; k < V; ++k) online_add(m, l, capped(x[k], softcap));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -94,21 +104,27 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   const float lse = shared_lse, scale = *row_scale;
-  for (int64_t base = 0; base < vocab; base += kThreads) {
-    const int64_t v = base + threadIdx.x;
-    float x = 0.f;
-    if (v < vocab) x = row[v];
+  for (int64_t base = 0; base < vocab; base += kTile) {
+    const int64_t v0 = base + int64_t(threadIdx.x) * V;
+    const bool active = v0 < vocab;  // vocab % V == 0: a thread's V elements are all in or all out
+    float x[V];
+    if (active) load_vec<V>(row + v0, x);
     if constexpr (sizeof(T) < sizeof(float)) __syncthreads();  // the tile is read before it is overwritten
-    if (v < vocab) {
-      float z = x, dz = 1.f;
+    if (!active) continue;
+    float g[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float z = x[k], dz = 1.f;
       if (softcap > 0.f) {
-        const float th = tanhf(x / softcap);
+        const float th = tanhf(x[k] / softcap);
         z = softcap * th;
         dz = 1.f - th * th;
       }
-      if (v == t) row_loss[r] = lse - z;
-      store(grad + v, (expf(z - lse) - (v == t ? 1.f : 0.f)) * dz * scale);
+      const bool hit = v0 + k == t;
+      if (hit) row_loss[r] = lse - z;
+      g[k] = (expf(z - lse) - (hit ? 1.f : 0.f)) * dz * scale;
     }
+    store_vec<V>(grad + v0, g);
   }
 }
 
@@ -152,6 +168,7 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float*
   T* dlogits = reinterpret_cast<T*>(logits);
   const int64_t ld_d = vocab * int64_t(sizeof(float) / sizeof(T));  // dlogits row stride, in T elements
 
+  if (n == 0 && dw) LOOM_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(vocab) * size_t(hidden) * sizeof(float), s));
   count_kernel<<<1, kReduceThreads, 0, s>>>(targets, n, vocab, ignore_index, row_scale);
   LOOM_CUDA_LAUNCH_CHECK();
   for (int64_t r0 = 0; r0 < n; r0 += rows_max) {
@@ -164,8 +181,13 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float*
     g.c = logits, g.ldc = vocab;
     g.ab_type = gemm_type<T>(), g.c_type = GemmType::kF32;
     gemm(g, handle, ws, s);
-    row_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, targets + r0, row_loss + r0, row_scale,
-                                                                    vocab, softcap, ignore_index);
+    // Rows start 16-byte aligned when vocab % 4 == 0 (the logits buffer is 256-byte aligned).
+    if (vocab % 4 == 0)
+      row_kernel<T, 4><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, targets + r0, row_loss + r0,
+                                                                         row_scale, vocab, softcap, ignore_index);
+    else
+      row_kernel<T, 1><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(logits, targets + r0, row_loss + r0,
+                                                                         row_scale, vocab, softcap, ignore_index);
     LOOM_CUDA_LAUNCH_CHECK();
     if (dh) {
       // dh[r0:r0+rows] [rows, hidden] (T) = dlogits [rows, vocab] (ld ld_d) * w [vocab, hidden]
@@ -178,14 +200,15 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float*
       gemm(d, handle, ws, s);
     }
     if (dw) {
-      // dw [vocab, hidden] f32 += dlogits^T [vocab, rows] * h[r0:r0+rows] [rows, hidden]
+      // dw [vocab, hidden] f32 (+)= dlogits^T [vocab, rows] * h[r0:r0+rows] [rows, hidden]; the
+      // first chunk overwrites (beta 0), so dw needs no zero-fill
       GemmArgs d;
       d.m = vocab, d.n = hidden, d.k = rows, d.trans_a = true;
       d.a = dlogits, d.lda = ld_d;
       d.b = h + r0 * hidden, d.ldb = hidden;
       d.c = dw, d.ldc = hidden;
       d.ab_type = gemm_type<T>(), d.c_type = GemmType::kF32;
-      d.beta = 1.f;
+      d.beta = r0 == 0 ? 0.f : 1.f;
       gemm(d, handle, ws, s);
     }
   }

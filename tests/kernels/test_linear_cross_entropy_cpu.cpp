@@ -73,7 +73,8 @@ Result<T> unfused(const std::vector<T>& h, const std::vector<T>& w, const std::v
 
 template <class T>
 Result<T> fused(const std::vector<T>& h, const std::vector<T>& w, const std::vector<int32_t>& t, const Case& c) {
-  Result<T> r{0, std::vector<T>(c.n * c.hidden), std::vector<T>(c.vocab * c.hidden, T(0))};
+  // dw starts as NaN: the kernel must overwrite it, not accumulate into it.
+  Result<T> r{0, std::vector<T>(c.n * c.hidden), std::vector<T>(c.vocab * c.hidden, T(NAN))};
   T loss = 0;
   cpu::linear_cross_entropy(h.data(), w.data(), t.data(), &loss, r.dh.data(), r.dw.data(), c.n, c.vocab, c.hidden,
                             c.softcap, kIgnoreIndex, c.chunk);
@@ -111,7 +112,7 @@ TEST(LinearCrossEntropyCpu, Bf16CloseToF64) {
   for (size_t i = 0; i < w.size(); ++i) w[i] = to_acc(wb[i]);
   const Result<double> ref = fused(h, w, t, c);
   std::vector<bf16> dh(c.n * c.hidden);
-  std::vector<float> dw(c.vocab * c.hidden, 0.f);
+  std::vector<float> dw(c.vocab * c.hidden, NAN);
   float loss = 0;
   cpu::linear_cross_entropy(hb.data(), wb.data(), t.data(), &loss, dh.data(), dw.data(), c.n, c.vocab, c.hidden,
                             c.softcap, kIgnoreIndex, c.chunk);
