@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
   register_gemm();
   register_nn();
   register_attention();
+  register_loss();
   register_optim();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -98,6 +98,7 @@ void register_elementwise();
 void register_gemm();
 void register_nn();         // rms_norm, rope, swiglu/geglu, embedding
 void register_attention();  // attention, cross_entropy
+void register_loss();       // fused linear + cross-entropy
 void register_optim();      // adamw, uniform/normal fills
 
 }  // namespace loom::bench

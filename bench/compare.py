@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Prints one table from loom_bench's Google Benchmark JSON and (optionally) peer_torch.py's JSON:
 name, Loom time per launch, PyTorch time, speed-up (torch time / Loom time: above 1 means Loom is
-faster), Loom's achieved GB/s or TFLOP/s and its % of the roofline measured at loom_bench start-up.
+faster), Loom's achieved GB/s or TFLOP/s and its % of the roofline measured at loom_bench start-up,
+and, for cases that measure it, the device memory each side took (Loom's peak_GiB or device_GiB
+counter, PyTorch's peak_bytes; each case's peer says what its figure covers).
 
     python3 bench/compare.py OUTDIR/bench.json [OUTDIR/torch.json] [--markdown]
 
@@ -38,6 +40,7 @@ def load_loom(path):
                 flops_ps=b.get("flops_per_second"),
                 pct=b.get("pct_of_roofline"),
                 bound=b.get("label", ""),
+                mem_gib=b.get("peak_GiB", b.get("device_GiB")),
             )
         run_type = b.get("run_type", "iteration")
         if run_type == "aggregate":
@@ -59,6 +62,8 @@ def load_torch(path):
         e = {"variant": b.get("variant", ""), "error": b.get("error")}
         if not e["error"]:
             e["time_s"] = float(b["median_s"])
+            if "peak_bytes" in b:
+                e["mem_gib"] = float(b["peak_bytes"]) / 2**30
         out.setdefault(b["name"], []).append(e)
     return out, doc.get("context", {})
 
@@ -83,6 +88,10 @@ def achieved(e):
     return "-"
 
 
+def fmt_mem(e):
+    return f"{e['mem_gib']:.2f} GiB" if (e and e.get("mem_gib") is not None and not e.get("error")) else "-"
+
+
 def build_rows(loom, torch_res):
     rows = []
     names = list(loom) + [n for n in torch_res if n not in loom]
@@ -104,18 +113,19 @@ def build_rows(loom, torch_res):
             ratio = f"{t_time / l_time:.2f}x" if (l_time and t_time) else "-"
             ach = achieved(le) if (le and not le.get("error")) else "-"
             pct = f"{le['pct']:.1f}%" if (le and le.get("pct") is not None and not le.get("error")) else "-"
-            rows.append([name, variant, l_col, t_col, ratio, ach, pct])
+            rows.append([name, variant, l_col, t_col, ratio, ach, pct, fmt_mem(le), fmt_mem(te)])
     return rows
 
 
 def render(rows, markdown):
-    header = ["benchmark", "torch variant", "loom", "torch", "torch/loom", "loom achieved", "% roofline"]
+    header = ["benchmark", "torch variant", "loom", "torch", "torch/loom", "loom achieved", "% roofline", "loom mem",
+              "torch mem"]
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(lines)
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    right = {2, 3, 4, 5, 6}
+    right = {2, 3, 4, 5, 6, 7, 8}
 
     def line(r):
         return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
