@@ -83,4 +83,46 @@ inline void check_merged(const std::string& variant, const LoadOptions& opt, con
   EXPECT_LT(rel_err((*model)->forward(in["input_ids"]).value(), ref["merged_logits"]), tol.logits) << variant << " merged";
 }
 
+// CausalLM::loss (the fused lm_head + cross-entropy; the fixtures' adapters leave lm_head alone,
+// so the fused path runs, with the soft-cap on gemma2) against PEFT's loss and LoRA gradients,
+// under the same bounds as check_lora. Then, with every base weight trainable (full fine-tuning:
+// lm_head's own weight gets dW, tied to the embedding on gemma and llama_tied_bf16), every weight
+// gradient against the unfused causal_lm_loss(forward(...)) on the same model, in f32 only.
+inline void check_fused_loss(const std::string& variant, const LoadOptions& opt, const Tolerances& tol) {
+  auto model = CausalLM::load(fixture_dir(variant), opt);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(load_adapter(**model, fixture_dir(variant) + "/adapter").ok());
+  auto in = read_all(fixture_dir(variant) + "/inputs.safetensors");
+  auto ref = read_all(fixture_dir(variant) + "/reference_lora.safetensors");
+  auto bf = read_all(fixture_dir(variant) + "/reference_lora_bf16.safetensors");
+  ag::Variable loss = (*model)->loss(in["input_ids"], in["labels"]);
+  ASSERT_EQ(loss.value().numel(), 1);
+  EXPECT_LT(rel_err(loss.value().to(DType::f32), ref["loss"]), bound(tol, tol.loss, bf["loss"], ref["loss"]))
+      << variant << " fused loss";
+  ag::backward(loss);
+  for (auto& [name, v] : lora_parameters(**model)) {
+    ASSERT_TRUE(v->grad().defined()) << name;
+    EXPECT_LT(rel_err(v->grad(), ref["grad." + name]), bound(tol, tol.grads, bf["grad." + name], ref["grad." + name]))
+        << variant << " fused-loss grad of " << name;
+  }
+  if (tol.relative_to_torch_bf16) return;
+  auto full = CausalLM::load(fixture_dir(variant), opt);
+  ASSERT_TRUE(full.ok()) << full.status();
+  (*full)->set_weights_trainable(true);
+  auto weights = (*full)->named_weights();
+  ag::backward(causal_lm_loss((*full)->forward(in["input_ids"]), in["labels"]));
+  std::vector<Tensor> unfused;
+  for (auto& [name, w] : weights) {
+    ASSERT_TRUE(w->grad().defined()) << name;
+    unfused.push_back(w->grad().clone());
+    w->zero_grad();
+  }
+  ag::backward((*full)->loss(in["input_ids"], in["labels"]));
+  for (size_t i = 0; i < weights.size(); ++i) {
+    ASSERT_TRUE(weights[i].second->grad().defined()) << weights[i].first;
+    EXPECT_LT(rel_err(weights[i].second->grad(), unfused[i]), tol.grads)
+        << variant << " full fine-tuning grad of " << weights[i].first;
+  }
+}
+
 }  // namespace loom::test

@@ -72,6 +72,8 @@ TEST_P(Family, SavedMergedCheckpointReloads) {
   EXPECT_LT(rel_err((*reloaded)->forward(in["input_ids"]).value(), ref["merged_logits"]), 3e-2) << v;
 }
 
+TEST_P(Family, FusedLossAndGradientsMatchPeft) { check_fused_loss(GetParam(), {DType::f32, Device::cpu()}, kF32); }
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Family, ::testing::ValuesIn(fixture_variants()),
                          [](const auto& info) { return info.param; });
 

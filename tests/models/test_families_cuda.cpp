@@ -22,6 +22,8 @@ TEST_P(FamilyCuda, BaseF32) { check_base_logits(GetParam(), {DType::f32, Device:
 TEST_P(FamilyCuda, BaseBf16) { check_base_logits(GetParam(), {DType::bf16, Device::cuda(0)}, kBf16); }
 TEST_P(FamilyCuda, LoraF32) { check_lora(GetParam(), {DType::f32, Device::cuda(0)}, kF32); }
 TEST_P(FamilyCuda, LoraBf16) { check_lora(GetParam(), {DType::bf16, Device::cuda(0)}, kBf16); }
+TEST_P(FamilyCuda, FusedLossF32) { check_fused_loss(GetParam(), {DType::f32, Device::cuda(0)}, kF32); }
+TEST_P(FamilyCuda, FusedLossBf16) { check_fused_loss(GetParam(), {DType::bf16, Device::cuda(0)}, kBf16); }
 TEST_P(FamilyCuda, MergedF32) { check_merged(GetParam(), {DType::f32, Device::cuda(0)}, kF32); }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FamilyCuda, ::testing::ValuesIn(fixture_variants()),
