@@ -78,7 +78,9 @@ class LinearCrossEntropyCuda : public ::testing::Test {
       const float got_loss = loss.to_host()[0];
       EXPECT_NEAR(got_loss, ref_loss, tol_loss * std::max(1.f, std::abs(ref_loss)));
       EXPECT_LT(rel_error(dh.to_host(), ref_dh), tol_grad);
-      if (c.dw) EXPECT_LT(rel_error(dw.to_host(), ref_dw), tol_grad);
+      if (c.dw) {
+        EXPECT_LT(rel_error(dw.to_host(), ref_dw), tol_grad);
+      }
     }
   }
 
