@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run every CTest label (cuda included), then the kernel
 # benchmarks against the PyTorch peer. Logs go to ${OUT:-gpu-out} (build.log, ctest.log,
-# compare.txt, bench.json, torch.json). Stages: LOOM_STAGES="build test bench" (default: all).
+# compare.txt, bench.json, torch.json). Stages: LOOM_STAGES="build test bench train" (default: the
+# first three; train = the 1B-shape LoRA training benchmark against transformers + PEFT).
+# LOOM_BENCH_ARGS / LOOM_PEER_ARGS pass through to bench/run_all.sh (e.g. a --benchmark_filter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
@@ -29,4 +31,8 @@ if [[ $stages == *bench* ]]; then
   cp "$tmp/compare.txt" "$tmp/bench.json" "$out/" 2>/dev/null
   cp "$tmp/torch.json" "$out/" 2>/dev/null
   [ -f "$tmp/compare.txt" ] && cat "$tmp/compare.txt" || tail -40 "$tmp/run.log"
+fi
+if [[ $stages == *train* ]]; then
+  LOOM_TRAIN_SHAPE=${LOOM_TRAIN_SHAPE:-1b} LOOM_TRAIN_STEPS=${LOOM_TRAIN_STEPS:-20} timeout "${LOOM_TRAIN_TIMEOUT:-300}" \
+    tools/gpu_train_bench.sh 2>&1 | tail -3
 fi
