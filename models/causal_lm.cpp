@@ -187,8 +187,10 @@ ag::Variable CausalLM::loss(const Tensor& input_ids, const Tensor& labels, const
              " must both be i32 [batch, seq]");
   detail::LayerContext ctx = context_for(input_ids, options);
   ag::Variable h = hidden_states(input_ids, ctx, nullptr);
-  // A LoRA adapter or a bias on lm_head is not part of the fused product: take the plain path.
-  if (lm_head_.lora || lm_head_.bias.defined()) return causal_lm_loss(head(h), labels);
+  // A LoRA adapter or a bias on lm_head is not part of the fused product, and a weight stored in
+  // another dtype than the activations (a quantized head) is not a plain GEMM: take the plain path.
+  if (lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype())
+    return causal_lm_loss(head(h), labels);
   const int64_t batch = labels.size(0), seq = labels.size(1);
   std::vector<int32_t> l = labels.to_ints(), targets(l.size(), ops::kIgnoreIndex);
   for (int64_t b = 0; b < batch; ++b)  // position s predicts labels[s + 1], as in causal_lm_loss
