@@ -19,14 +19,7 @@ class AdamW : public UpdateRule {
   void update(Tensor& master, const Tensor& grad, std::vector<Tensor>& state, const StepArgs& a,
               Tensor* compute) override {
     LOOM_CHECK(state.size() == 2, "adamw update: expected 2 state tensors, got ", state.size());
-    AdamWParams p;
-    p.lr = a.lr;
-    p.beta1 = c_.beta1;
-    p.beta2 = c_.beta2;
-    p.eps = c_.eps;
-    p.weight_decay = a.weight_decay;
-    p.step = a.step;
-    p.grad_scale = a.grad_scale;
+    const AdamWParams p = adamw_params(c_, a);
     const bool bf16_copy = compute && compute->dtype() == DType::bf16;
     ops::adamw_step(master, grad, state[0], state[1], p, bf16_copy ? compute : nullptr);
     if (compute && !bf16_copy) compute->copy_(master);

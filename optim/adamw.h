@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/adamw.h"
 #include "optim/optimizer.h"
 
 namespace loom::optim {
@@ -12,6 +13,20 @@ namespace loom::optim {
 struct AdamConfig {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
 };
+
+// The kernels' hyper-parameters for one update: the rule's betas and eps, the step's lr, decay,
+// gradient scale and step count.
+inline AdamWParams adamw_params(const AdamConfig& c, const StepArgs& a) {
+  AdamWParams p;
+  p.lr = a.lr;
+  p.beta1 = c.beta1;
+  p.beta2 = c.beta2;
+  p.eps = c.eps;
+  p.weight_decay = a.weight_decay;
+  p.step = a.step;
+  p.grad_scale = a.grad_scale;
+  return p;
+}
 
 // torch.optim.AdamW (kernels/adamw.h): state "exp_avg", "exp_avg_sq" (f32).
 std::unique_ptr<UpdateRule> make_adamw(const AdamConfig& config);

@@ -48,14 +48,7 @@ class AdamW8bit : public UpdateRule {
     if (compute) LOOM_CHECK(compute->numel() == n && compute->device() == master.device() && compute->is_contiguous(),
                             op, ": compute copy ", compute->str(), " vs ", master.str());
     Tensor grad = grad_in.contiguous();
-    AdamWParams p;
-    p.lr = a.lr;
-    p.beta1 = c_.beta1;
-    p.beta2 = c_.beta2;
-    p.eps = c_.eps;
-    p.weight_decay = a.weight_decay;
-    p.step = a.step;
-    p.grad_scale = a.grad_scale;
+    const AdamWParams p = adamw_params(c_, a);
     bf16* copy = bf16_copy ? compute->data<bf16>() : nullptr;
     auto run = [&](auto tag) {
       using G = decltype(tag);

@@ -3,28 +3,17 @@
 // recomputes softmax from the saved lse. Targets outside [0, vocab) are treated as ignored.
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/softmax_common.cuh"
 
 namespace loom::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float capped(float x, float softcap) {
-  return softcap > 0.f ? softcap * tanhf(x / softcap) : x;
-}
-
-__device__ __forceinline__ bool counts(int32_t t, int64_t vocab, int32_t ignore_index) {
-  return t != ignore_index && t >= 0 && t < vocab;
-}
-
-// (m, l) <- the pair describing both sets: l = sum exp(z - m) with m the larger maximum. Symmetric
-// in its arguments bit for bit, so every lane of a butterfly ends with the same pair.
-__device__ __forceinline__ void merge(float& m, float& l, float m2, float l2) {
-  const float mn = fmaxf(m, m2);
-  if (mn == -INFINITY) return;  // both sets empty (or all -inf): keep l = 0
-  l = l * expf(m - mn) + l2 * expf(m2 - mn);
-  m = mn;
-}
+using softmax::capped;
+using softmax::counts;
+using softmax::merge;
+using softmax::online_add;
 
 // Grid n blocks of kThreads. lse[i] for every row; loss[i] = lse[i] - z[i, t] or 0.
 template <class T>
@@ -35,13 +24,7 @@ __global__ void __launch_bounds__(kThreads)
   const T* row = logits + i * vocab;
   float m = -INFINITY, l = 0.f;
   for (int64_t v = threadIdx.x; v < vocab; v += kThreads) {
-    const float z = capped(load(row + v), softcap);
-    if (z > m) {
-      l = l * expf(m - z) + 1.f;  // expf(-inf) = 0 on the first element
-      m = z;
-    } else if (z != -INFINITY) {  // NaN still enters the sum and poisons it, as it should
-      l += expf(z - m);
-    }
+    online_add(m, l, capped(load(row + v), softcap));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {

@@ -2,6 +2,7 @@
 // one block per row for log-sum-exp, loss and dlogits (written in T over the f32 logits), then the
 // dh and dW GEMMs. The row scale 1/count is counted on the device; the loss sum is deterministic.
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/softmax_common.cuh"
 #include "kernels/linear_cross_entropy.h"
 
 #include <algorithm>
@@ -13,21 +14,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kReduceThreads = 1024;
 
-__device__ __forceinline__ float capped(float x, float softcap) {
-  return softcap > 0.f ? softcap * tanhf(x / softcap) : x;
-}
-
-__device__ __forceinline__ bool counts(int32_t t, int64_t vocab, int32_t ignore_index) {
-  return t != ignore_index && t >= 0 && t < vocab;
-}
-
-// (m, l) <- the pair describing both sets (as in cross_entropy.cu): symmetric bit for bit.
-__device__ __forceinline__ void merge(float& m, float& l, float m2, float l2) {
-  const float mn = fmaxf(m, m2);
-  if (mn == -INFINITY) return;
-  l = l * expf(m - mn) + l2 * expf(m2 - mn);
-  m = mn;
-}
+using softmax::capped;
+using softmax::counts;
+using softmax::merge;
+using softmax::online_add;
 
 // One block: *row_scale = 1 / #{i : counts(t_i)} (0 when none).
 __global__ void __launch_bounds__(kReduceThreads)
@@ -45,16 +35,6 @@ __global__ void __launch_bounds__(kReduceThreads)
   for (int64_t i = threadIdx.x; i < n; i += kReduceThreads) s += row_loss[i];
   s = block_sum(s);
   if (threadIdx.x == 0) *loss = s * *row_scale;
-}
-
-// Online (max, sum of exp) update with one more capped logit z.
-__device__ __forceinline__ void online_add(float& m, float& l, float z) {
-  if (z > m) {
-    l = l * expf(m - z) + 1.f;  // expf(-inf) = 0 on the first element
-    m = z;
-  } else if (z != -INFINITY) {  // NaN still enters the sum and poisons it, as it should
-    l += expf(z - m);
-  }
 }
 
 // Grid rows blocks of kThreads; each thread takes V consecutive elements at a time (V = 4: 16-byte

@@ -13,41 +13,14 @@
 #include "models/lora.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/cli.h"
+#include "tests/e2e/train_dirs.h"
 #include "train/trainer.h"
 
 namespace loom::test {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kSrc = LOOM_SOURCE_DIR;
 const std::string kData = kSrc + "/examples/demo/weaving.jsonl";
-
-// A small initialised model with the demo tokenizer, made once per test binary.
-const std::string& base_model() {
-  static const std::string dir = [] {
-    // Per process: CTest runs the tests of this file in parallel processes.
-    const std::string d = ::testing::TempDir() + "loom_e2e_base_" + std::to_string(getpid());
-    fs::remove_all(d);
-    RunResult r = run_loom("init --from " + kSrc + "/examples/demo/model-config --out " + d + " --seed 3");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return d;
-  }();
-  return dir;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "loom_e2e_" + name + "_" + std::to_string(getpid());
-  fs::remove_all(d);
-  return d;
-}
-
-std::vector<double> metric_losses(const std::string& out) {
-  std::vector<double> losses;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  return losses;
-}
 
 std::string train_args(const std::string& out, int steps) {
   return "train --model " + base_model() + " --data " + kData + " --out " + out + " --seq-len 64 --batch-size 2" +

@@ -10,37 +10,11 @@
 #include "engine/tensor_io.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/cli.h"
+#include "tests/e2e/train_dirs.h"
 
 namespace loom::test {
 namespace {
 namespace fs = std::filesystem;
-
-const std::string kSrc = LOOM_SOURCE_DIR;
-
-const std::string& base_model() {
-  static const std::string dir = [] {
-    const std::string d = ::testing::TempDir() + "loom_e2e_optim_base_" + std::to_string(getpid());
-    fs::remove_all(d);
-    RunResult r = run_loom("init --from " + kSrc + "/examples/demo/model-config --out " + d + " --seed 3");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    return d;
-  }();
-  return dir;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "loom_e2e_optim_" + name + "_" + std::to_string(getpid());
-  fs::remove_all(d);
-  return d;
-}
-
-std::vector<double> metric_losses(const std::string& out) {
-  std::vector<double> losses;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  return losses;
-}
 
 std::string args(const std::string& out, const std::string& mode) {
   return "train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " + out +

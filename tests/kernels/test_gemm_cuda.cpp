@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernels/gemm.h"
+#include "tests/kernels/cublaslt_test.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace loom::test {
@@ -21,17 +22,8 @@ struct Case {
 template <class T>
 GemmType type_of() { return std::is_same_v<T, bf16> ? GemmType::kBF16 : GemmType::kF32; }
 
-class GemmCudaTest : public ::testing::Test {
+class GemmCudaTest : public CublasLtTest {
  protected:
-  void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cublasLtCreate(&handle_), CUBLAS_STATUS_SUCCESS);
-    ws_ = std::make_unique<DeviceBuffer<unsigned char>>(kGemmWorkspaceBytes);
-  }
-  void TearDown() override {
-    if (handle_) cublasLtDestroy(handle_);
-  }
-
   // Runs one case on both backends; returns the relative L2 error of the [m, n] blocks of C.
   template <class AB, class C>
   double run(const Case& cs, uint32_t seed, bool with_workspace = true) {
@@ -91,9 +83,6 @@ class GemmCudaTest : public ::testing::Test {
               << " tb=" << cs.tb << " pad=" << pad << " offset=" << offset << " beta=" << cs.beta;
       }
   }
-
-  cublasLtHandle_t handle_ = nullptr;
-  std::unique_ptr<DeviceBuffer<unsigned char>> ws_;
 };
 
 // Tolerances (relative L2 vs the CPU): f32 differs only in summation order (CUBLAS_COMPUTE_32F

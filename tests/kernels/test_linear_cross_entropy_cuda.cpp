@@ -9,6 +9,7 @@
 
 #include "kernels/cross_entropy.h"  // kIgnoreIndex
 #include "kernels/linear_cross_entropy.h"
+#include "tests/kernels/cublaslt_test.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace loom::test {
@@ -37,17 +38,8 @@ std::vector<int32_t> make_targets(int64_t n, int64_t vocab, uint32_t seed, bool 
   return t;
 }
 
-class LinearCrossEntropyCuda : public ::testing::Test {
+class LinearCrossEntropyCuda : public CublasLtTest {
  protected:
-  void SetUp() override {
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cublasLtCreate(&handle_), CUBLAS_STATUS_SUCCESS);
-    ws_ = std::make_unique<DeviceBuffer<unsigned char>>(kGemmWorkspaceBytes);
-  }
-  void TearDown() override {
-    if (handle_) cublasLtDestroy(handle_);
-  }
-
   // Tolerances (relative L2 unless said otherwise), CUDA against the CPU reference on the same
   // rounded inputs: f32 differs only in GEMM and reduction order (~1e-6; 1e-4 leaves margin for
   // exp amplifying logit differences). bf16: both sides compute f32 logits and round dlogits to
@@ -83,9 +75,6 @@ class LinearCrossEntropyCuda : public ::testing::Test {
       }
     }
   }
-
-  cublasLtHandle_t handle_ = nullptr;
-  std::unique_ptr<DeviceBuffer<unsigned char>> ws_;
 };
 
 TEST_F(LinearCrossEntropyCuda, F32MatchesCpu) { run<float>(1e-4, 1e-5); }
