@@ -91,10 +91,11 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
     if (!matches(l->name, config, l->name == "lm_head")) continue;
     ++matched;
     const int64_t in = l->in_features(), out = l->out_features();
-    Tensor a = Tensor::empty({config.r, in}, DType::f32, model.device());
+    const DType adapter = model.precision().adapter;  // f32 next to a bf16 model, as PEFT
+    Tensor a = Tensor::empty({config.r, in}, adapter, model.device());
     const float bound = 1.f / std::sqrt(static_cast<float>(in));
     ops::uniform_(a, seed, index << 32, -bound, bound);
-    attach(*l, a, Tensor::zeros({out, config.r}, DType::f32, model.device()), config);
+    attach(*l, a, Tensor::zeros({out, config.r}, adapter, model.device()), config);
     l->lora->dropout_seed = seed ^ 0x9E3779B97F4A7C15ull;
     l->lora->dropout_offset = index << 40;
   }
@@ -212,7 +213,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (!is_float(info->dtype))
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " is not a float tensor"));
     used.insert(name);
-    return read_tensor(*st, *info).to(model.device(), DType::f32);
+    return read_tensor(*st, *info).to(model.device(), model.precision().adapter);
   };
   for (Linear* l : model.linears()) {
     if (!matches(l->name, c, l->name == "lm_head")) continue;

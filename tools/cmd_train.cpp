@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/precision.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "train/trainer.h"
@@ -39,6 +40,11 @@ const std::vector<FlagSpec> kFlags = {
     {"save-every", false, "checkpoint every N steps (0 = only at the end)", "0"},
     {"device", false, "cpu, cuda or cuda:N", "cpu"},
     {"dtype", false, "compute dtype: bf16 or f32", "bf16"},
+    {"checkpointing", false,
+     "none (keep every activation: fastest, most memory), recompute (keep each layer's input, "
+     "recompute the layer in backward: about a third more compute, activation memory of one layer), "
+     "offload (as recompute, with the layer inputs in pinned host memory, copied on a side stream: "
+     "the least GPU memory, host memory instead)", "none"},
     {"chat-template", false, "chatml, llama3 or gemma (default: detected from the model)", ""},
     {"skip-bad-lines", true, "skip and count malformed JSONL lines instead of stopping", ""},
     {"resume", false, "an earlier --out folder (its latest checkpoint) or one checkpoint folder", ""},
@@ -105,8 +111,15 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.lora.target_modules = absl::StrSplit(args->str("lora-targets"), ',', absl::SkipEmpty());
   c.schedule = args->str("schedule");
   c.optim = args->str("optim");
-  c.device = args->str("device");
-  c.dtype = args->str("dtype");
+  auto device = parse_device(args->str("device"));
+  if (!device.ok()) return fail(device.status());
+  c.device = *device;
+  auto dtype = parse_model_dtype(args->str("dtype"));
+  if (!dtype.ok()) return fail(dtype.status());
+  c.dtype = *dtype;
+  auto checkpointing = parse_checkpointing(args->str("checkpointing"));
+  if (!checkpointing.ok()) return fail(checkpointing.status());
+  c.checkpointing = *checkpointing;
   c.chat_template = args->str("chat-template");
   c.skip_bad_lines = args->flag("skip-bad-lines");
   c.resume = args->str("resume");

@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/str_format.h"
 #include "dist/launch_env.h"
+#include "engine/offload.h"
 #include "engine/status_macros.h"
 #include "optim/adamw.h"
 #include "train/metrics.h"
@@ -36,6 +38,35 @@ uint64_t mix(uint64_t x) {  // splitmix64 finalizer: distinct dropout streams pe
 std::string format_duration(double s) {
   const int64_t t = static_cast<int64_t>(s + 0.5);
   return t >= 3600 ? absl::StrCat(t / 3600, "h", (t % 3600) / 60, "m") : absl::StrCat(t / 60, "m", t % 60, "s");
+}
+
+// A micro-batch on the training device. The host side is staged in pinned memory and copied
+// asynchronously (pageable copies would block the host on every micro-batch); the pinned blocks
+// stay alive with the batch until the step has read its loss back, so no copy outlives them.
+struct DeviceBatch {
+  Tensor input_ids, targets, positions, segment_ids;  // i32 [b, s], [b*s], [b*s], [b, s]
+  std::vector<Tensor> staging;
+};
+
+Tensor stage(const Tensor& host, Device device, std::vector<Tensor>& staging) {
+  if (!host.defined() || device.is_cpu()) return host;
+  Tensor pinned = Tensor::empty_pinned(host.shape(), host.dtype());
+  pinned.copy_(host);
+  staging.push_back(pinned);
+  return pinned.to(device);
+}
+
+std::vector<DeviceBatch> upload(const std::vector<Batch>& batches, Device device) {
+  std::vector<DeviceBatch> out(batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const Batch& b = batches[i];
+    DeviceBatch& d = out[i];
+    d.input_ids = stage(b.input_ids, device, d.staging);
+    d.targets = stage(shift_labels(b.labels), device, d.staging);
+    d.positions = stage(b.positions, device, d.staging);
+    d.segment_ids = stage(b.segment_ids, device, d.staging);
+  }
+  return out;
 }
 
 }  // namespace
@@ -107,13 +138,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     return absl::UnimplementedError(absl::StrCat(
         "launched as rank ", launch.rank, " of ", launch.world_size, " (", launch.launcher, "): multi-process data ",
         "parallelism needs loom_dist's NCCL Communicator, which is not built yet; run a single process"));
-  LOOM_ASSIGN_OR_RETURN(s->device, parse_device(cfg.device));
+  s->device = cfg.device;
   if (s->device.is_cuda() && s->device.index >= cuda_device_count())
-    return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device, ": no such CUDA device (",
+    return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device.str(), ": no such CUDA device (",
                                                    cuda_device_count(), " visible)"));
-  if (cfg.dtype != "bf16" && cfg.dtype != "f32")
-    return absl::InvalidArgumentError(absl::StrCat("--dtype must be bf16 or f32, got '", cfg.dtype, "'"));
-  s->dtype = cfg.dtype == "bf16" ? DType::bf16 : DType::f32;
+  if (cfg.dtype != DType::bf16 && cfg.dtype != DType::f32)
+    return absl::InvalidArgumentError(absl::StrCat("--dtype must be bf16 or f32, got ", std::string(name(cfg.dtype))));
+  s->dtype = cfg.dtype;
   if (cfg.seq_len < 2 || cfg.batch_size < 1 || cfg.grad_accum < 1 || cfg.epochs < 1 || cfg.max_steps < 0)
     return absl::InvalidArgumentError("--seq-len must be >= 2 and --batch-size, --grad-accum, --epochs >= 1");
   if (!(cfg.lr > 0.f)) return absl::InvalidArgumentError(absl::StrCat("--lr must be positive, got ", cfg.lr));
@@ -128,6 +159,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   fs::remove(probe, ec);
 
   LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, {s->dtype, s->device}));
+  s->model->set_checkpointing(cfg.checkpointing);
   const ModelConfig& mc = s->model->config();
   if (cfg.seq_len > mc.max_position_embeddings)
     return absl::InvalidArgumentError(absl::StrCat("--seq-len ", cfg.seq_len, " exceeds the model's max_position_embeddings ",
@@ -205,7 +237,7 @@ nlohmann::json Trainer::State::describe() const {
           {"batch_size", cfg.batch_size},
           {"grad_accum", cfg.grad_accum},
           {"seed", cfg.seed},
-          {"dtype", cfg.dtype},
+          {"dtype", std::string(name(cfg.dtype))},
           {"optim", cfg.optim}};
 }
 
@@ -282,18 +314,23 @@ absl::Status Trainer::run() {
       continue;
     }
     empty_steps = 0;
-    // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46).
-    double loss_sum = 0;
-    for (const Batch& b : batches) {
+    // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46),
+    // summed on the device: the step reads nothing back until its end.
+    const std::vector<DeviceBatch> uploaded = upload(batches, s.device);
+    Tensor loss_total;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const Batch& b = batches[i];
       for (Linear* l : s.model->linears())
         if (l->lora) l->lora->dropout_offset = static_cast<uint64_t>(micro) << 36;
       ++micro;
       if (b.target_tokens == 0) continue;
       // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels are shifted on the host).
-      ag::Variable loss = s.model->loss(b.input_ids, b.labels, {b.positions, b.segment_ids});
+      const DeviceBatch& d = uploaded[i];
+      ag::Variable loss = s.model->loss_from_targets(d.input_ids, d.targets, {d.positions, d.segment_ids});
       const float weight = static_cast<float>(b.target_tokens) / static_cast<float>(targets);
-      loss_sum += static_cast<double>(loss.value().item()) * weight;
-      ag::backward(ag::scale(loss, weight));
+      ag::Variable weighted = ag::scale(loss, weight);
+      loss_total = loss_total.defined() ? ops::add(loss_total, weighted.value()) : weighted.value();
+      ag::backward(weighted);
     }
     std::vector<Tensor> grads;
     for (const auto& p : s.optimizer->params())
@@ -303,6 +340,7 @@ absl::Status Trainer::run() {
     s.optimizer->step(lr, gn.coef);  // the clipping factor scales the gradients inside the update
     s.optimizer->zero_grad();
     ++s.step;
+    const double loss_sum = loss_total.to_doubles()[0];  // the step's one read-back (with the grad norm's)
     s.losses.push_back(static_cast<float>(loss_sum));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepMetrics m;
@@ -315,13 +353,16 @@ absl::Status Trainer::run() {
     m.tokens = targets;
     m.tokens_per_s = static_cast<double>(tokens) / dt;
     m.mem_bytes = memory_stats(s.device).peak_bytes;
+    if (s.cfg.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
     LOOM_RETURN_IF_ERROR(s.metrics->write(m));
     if (!s.cfg.quiet && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(s.total_steps - s.step);
       std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB | ETA %s%s",
                   tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
-                  lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9, format_duration(eta).c_str(),
+                  lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9,
+                  m.host_mem_bytes >= 0 ? absl::StrFormat(" (+%.2f GB host)", static_cast<double>(m.host_mem_bytes) / 1e9).c_str() : "",
+                  format_duration(eta).c_str(),
                   tty ? "" : "\n");
       std::fflush(stdout);
     }

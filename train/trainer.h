@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/causal_lm.h"
 #include "models/lora.h"
 #include "train/data.h"
 
@@ -25,8 +26,9 @@ struct TrainConfig {
   int64_t epochs = 1, max_steps = 0;  // max_steps > 0 overrides epochs
   uint64_t seed = 42;
   int64_t save_every = 0;  // 0: only at the end
-  std::string device = "cpu";
-  std::string dtype = "bf16";      // compute dtype: bf16 or f32
+  Device device = Device::cpu();
+  DType dtype = DType::bf16;       // storage and compute dtype of the model: bf16 or f32 (see Precision)
+  Checkpointing checkpointing = Checkpointing::kNone;
   std::string chat_template;       // "" = detect from the model folder
   bool skip_bad_lines = false;
   std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder
