@@ -189,6 +189,20 @@ __device__ __forceinline__ TileKind classify(const AttentionParams& p, int64_t q
   return causal_ok && window_ok && seg_ok && in_range ? TileKind::kFull : TileKind::kMasked;
 }
 
+// First key tile (of kBc keys) at or after t that is not skipped for queries [q0, q0 + kBr); its
+// kind in *kind. Returns t_end when there is none.
+template <int kBr, int kBc>
+__device__ __forceinline__ int next_key_tile(const AttentionParams& p, const int32_t* seg, int t, int t_end, int64_t q0,
+                                             int32_t qs_lo, int32_t qs_hi, int lane, TileKind* kind) {
+  for (; t < t_end; ++t) {
+    int32_t lo = 0, hi = 0;
+    if (seg) warp_seg_range(seg, int64_t(t) * kBc, kBc, p.seq, lane, &lo, &hi);
+    *kind = classify(p, q0, kBr, int64_t(t) * kBc, kBc, qs_lo, qs_hi, lo, hi);
+    if (*kind != TileKind::kSkip) break;
+  }
+  return t;
+}
+
 // Soft-capping in the units of the raw q.k dot product, so that the kernels keep multiplying by
 // scale * log2(e) afterwards: returns dot' with scale * dot' = softcap * tanh(scale * dot / softcap)
 // and sets *dcap = d(capped) / d(scaled) = 1 - tanh^2. Without a cap: dot unchanged, dcap = 1.
