@@ -3,13 +3,13 @@
 # for every flash-kernel variant (LOOM_FLASH_FWD / LOOM_FLASH_BWD), then times each variant on the
 # issue's shapes (b4 s2048, 32/8 heads at head_dim 64 and 128, 16/8 at 256) beside PyTorch SDPA.
 # Logs and JSON go to ${OUT:-gpu-out}; the last lines printed are the comparison tables.
-#   FWD_VARIANTS="0 3 4" BWD_VARIANTS="0 3" tools/gpu_attn_check.sh
+#   FWD_VARIANTS="0 3 4" BWD_VARIANTS="0 3" FWD_FOR_BWD=3 tools/gpu_attn_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 fwd_variants=${FWD_VARIANTS:-0 3 4}
-bwd_variants=${BWD_VARIANTS:-0}
+bwd_variants=${BWD_VARIANTS:-0 3}
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/build.log"
 
