@@ -197,17 +197,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence_regs(dqa);
       wgmma::fence_regs(dva);
       wgmma::fence_regs(dka);
-      const int64_t i0 = q0 + 16 * (warp & 3) + (lane >> 2);
-      float* base = dq_acc + (b * p.seq * p.heads + h) * p.head_dim;
+      // Lane pairs swap halves so that each adds 4 consecutive columns of one row: the even lane row
+      // i0 at columns col0 .. col0 + 3, the odd lane row i0 + 8 at col0 - 2 .. col0 + 1 (16-byte
+      // aligned: head_dim % 8 == 0 and the accumulator is 256-byte aligned).
+      const bool odd = lane & 1;
+      const int64_t i = q0 + 16 * (warp & 3) + (lane >> 2) + (odd ? 8 : 0);
+      float* row = dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim;
 #pragma unroll
       for (int n = 0; n < kNq / 8; ++n) {
-        const int col = n0 + n * 8 + col0;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t i = i0 + 8 * r;
-          if (i < p.seq && col < hd)
-            atomicAdd(reinterpret_cast<float2*>(base + i * q_stride + col), make_float2(dqa[4 * n + 2 * r], dqa[4 * n + 2 * r + 1]));
-        }
+        const float* a = dqa + 4 * n;
+        const float x = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+        const float y = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+        const int col = n0 + n * 8 + col0 - (odd ? 2 : 0);
+        if (i < p.seq && col < hd)
+          atomicAdd(reinterpret_cast<float4*>(row + col), odd ? make_float4(x, y, a[2], a[3]) : make_float4(a[0], a[1], x, y));
       }
     }
     stage ^= 1;
