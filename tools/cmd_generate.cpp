@@ -7,7 +7,7 @@
 #include "models/lora.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom::cli {
 namespace {
