@@ -17,7 +17,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 
 # Only what `cmake --install` copies, not the tests: cheap when the folder is already built.
-targets=(loom_kernels loom_engine loom_autograd loom_models loom)
+targets=(loom_kernels loom_engine loom_autograd loom_models loom_text loom)
 cmake --build "$build" --target help | grep -qw loom_train && targets+=(loom_train)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 cmake --install "$build" --prefix "$work/prefix" >/dev/null

@@ -13,7 +13,7 @@
 #include "models/gguf_model.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
-#include "train/gguf_tokenizer.h"
+#include "text/gguf_tokenizer.h"
 
 namespace loom::cli {
 namespace {

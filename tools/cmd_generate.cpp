@@ -12,7 +12,7 @@
 #include "train/data.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom::cli {
 namespace {

@@ -8,7 +8,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom::cli {
 namespace {

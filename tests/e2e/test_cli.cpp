@@ -8,7 +8,7 @@
 
 #include "tests/e2e/cli.h"
 #include "tests/models/fixtures.h"
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom::test {
 namespace {

@@ -14,7 +14,7 @@
 #include "engine/tensor_io.h"
 #include "models/causal_lm.h"
 #include "nlohmann/json.hpp"
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom {
 namespace {

@@ -1,15 +1,15 @@
 // Tokenizer: loads tokenizer.json and runs the `tokenizers` pipeline — added-token split,
 // normalizers, pre-tokenizer, BPE model, post-processor — and the decoder chain.
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "train/gguf_tokenizer.h"
-#include "train/tokenizer_internal.h"
-#include "train/unicode_nfc.h"
+#include "text/gguf_tokenizer.h"
+#include "text/tokenizer_internal.h"
+#include "text/unicode_nfc.h"
 
 namespace loom {
 
@@ -23,7 +23,7 @@ struct AddedToken {
   bool special = false, single_word = false, lstrip = false, rstrip = false, normalized = false;
 };
 
-// Normalizer steps. NFC (train/unicode_nfc.h) is skipped when the quick check says the text is NFC.
+// Normalizer steps. NFC (text/unicode_nfc.h) is skipped when the quick check says the text is NFC.
 enum class NormKind { kPrepend, kReplace, kNfc };
 struct NormStep {
   NormKind kind;

@@ -1,4 +1,4 @@
-// Internals of the tokenizer shared by train/tokenizer*.cpp: UTF-8 helpers, Unicode classes, the
+// Internals of the tokenizer shared by text/tokenizer*.cpp: UTF-8 helpers, Unicode classes, the
 // hand-written matcher for the Llama 3 / Qwen2 / GPT-2 split regexes, and the BPE model.
 #pragma once
 #include <cstddef>

@@ -1,8 +1,8 @@
 // Unicode NFC (UAX #15): decompose, order marks by combining class, recompose; plus the quick check.
 // Alignment follows the Hugging Face `tokenizers` convention (see NfcSpan in unicode_nfc.h).
-#include "train/unicode_nfc.h"
+#include "text/unicode_nfc.h"
 
-#include "train/tokenizer_internal.h"
+#include "text/tokenizer_internal.h"
 
 #include <algorithm>
 #include <cstring>

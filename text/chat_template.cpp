@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
-#include "train/data.h"
+#include "text/chat_template.h"
 
 namespace loom {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "train/tokenizer_internal.h"
+#include "text/tokenizer_internal.h"
 
 namespace loom::tok {
 namespace {

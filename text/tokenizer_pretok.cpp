@@ -3,7 +3,7 @@
 // to the Llama 3, Qwen2 and GPT-2 pre-tokenizer regexes.
 #include <algorithm>
 
-#include "train/tokenizer_internal.h"
+#include "text/tokenizer_internal.h"
 
 namespace loom::tok {
 

@@ -8,8 +8,8 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "train/tokenizer.h"
-#include "train/unicode_nfc.h"
+#include "text/tokenizer.h"
+#include "text/unicode_nfc.h"
 
 namespace loom {
 namespace {

@@ -2,14 +2,14 @@
 // control tokens become special added tokens, the chat template and special tokens carry over, and
 // Loom's own Tokenizer encodes with the result as BPE over the file's merges does (ids worked out by
 // hand from tools/make_gguf_fixtures.py's tiny vocabulary, and from the tokenizers library).
-#include "train/gguf_tokenizer.h"
+#include "text/gguf_tokenizer.h"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 
 #include "tests/temp_dir.h"
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom {
 namespace {

@@ -2,7 +2,7 @@
 // tokenizer.ggml.pre is the one llama.cpp's convert_hf_to_gguf.py recognised it from (its
 // get_vocab_base_pre hashes the tokenizer.json pre-tokenizer); token types 3 (control) and 4
 // (user-defined) are the tokenizer.json added tokens.
-#include "train/gguf_tokenizer.h"
+#include "text/gguf_tokenizer.h"
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"

@@ -12,7 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "train/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom {
 namespace {

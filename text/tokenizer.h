@@ -20,7 +20,7 @@ class Tokenizer {
   enum class Kind { kByteLevelBpe, kSentencePieceBpe };
 
   // Parses tokenizer.json (a file path, or a folder holding tokenizer.json), or the tokenizer of a
-  // .gguf file (train/gguf_tokenizer.h). Unsupported models
+  // .gguf file (text/gguf_tokenizer.h). Unsupported models
   // (WordPiece, Unigram, ...), normalizers or pre-tokenizers are errors naming them.
   static absl::StatusOr<Tokenizer> load(const std::string& path);
 
