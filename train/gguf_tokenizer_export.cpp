@@ -12,7 +12,7 @@
 #include "engine/status_macros.h"
 #include "models/gguf_model.h"
 #include "nlohmann/json.hpp"
-#include "train/gguf_tokenizer.h"
+#include "text/gguf_tokenizer.h"
 
 namespace loom {
 namespace {
