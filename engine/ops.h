@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "engine/tensor.h"
@@ -49,6 +50,11 @@ void matmul_into(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool
                  float beta = 0.f);
 // x [..., in] times w [out, in]^T -> [..., out]   (torch.nn.functional.linear without bias)
 Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype = std::nullopt);
+// f32 x [rows, k] -> bf16 [rows, len(pattern) * k]: block p holds x's hi ('h': bf16(x)) or lo ('l':
+// bf16(x - hi)) part (kernels/bf16_split.h), for products at nearly f32 precision through bf16 GEMMs.
+Tensor bf16_split(const Tensor& x, const std::string& pattern);
+// f32 in [rows, m * k] -> f32 [rows, k]: alpha times the sum of the m blocks of each row.
+Tensor block_sum(const Tensor& in, int m, float alpha = 1.f);
 
 // ---- normalization, position, activation, lookup ----
 struct RmsNormOut {
