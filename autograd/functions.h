@@ -40,8 +40,13 @@ struct LoraArgs {
 // x's dtype with f32 accumulation; A and B (f32 masters) are used in that dtype and their gradients
 // come back in their own. W may be frozen (LoRA) or trained. The bias [out] (optional) is added to
 // the base product before the adapter's, as PEFT adds the adapter to the base layer's output.
+// A frozen weight that backward materialises again instead of keeping it alive (a dequantised
+// NF4 weight): empty = keep the forward's tensor.
+using WeightFn = std::function<Tensor()>;
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
-                     const Variable* bias = nullptr);
+                     const Variable* bias = nullptr, const WeightFn& rematerialize = {});
+// x W^T (+ bias) with W frozen (no gradient) and re-materialised by `rematerialize` for backward.
+Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr);
 
 // ---- normalization, position, activation, lookup (fn_nn.cpp) ----
 Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one = false);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "models/bnb_checkpoint.h"
 #include "models/checkpoint.h"
 #include "models/family.h"
 #include "models/gguf_model.h"
@@ -18,8 +19,9 @@ namespace {
 // checkpoint it initialises instead: N(0, 0.02) matrices, zero biases, unit norms ((1 + w) norms: 0).
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint* ck, DType dtype, Device device, uint64_t seed)
-      : ck_(ck), dtype_(dtype), device_(device), seed_(seed) {}
+  WeightLoader(const Checkpoint* ck, DType dtype, Device device, uint64_t seed, bool quantize_4bit,
+               std::optional<BnbQuantConfig> bnb)
+      : ck_(ck), dtype_(dtype), device_(device), seed_(seed), quantize_4bit_(quantize_4bit), bnb_(std::move(bnb)) {}
 
   absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape, float init_fill = NAN) {
     if (!ck_) {
@@ -36,9 +38,22 @@ class WeightLoader {
   }
   absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias) {
     l.name = name;
-    auto w = get(name + ".weight", {out, in});
-    if (!w.ok()) return w.status();
-    l.weight = *std::move(w);
+    const std::string wname = name + ".weight";
+    if (ck_ && is_nf4(*ck_, wname)) {  // stored in 4 bits by transformers + bitsandbytes: kept so
+      auto q = load_nf4(*ck_, wname, {out, in}, device_);
+      if (!q.ok()) return q.status();
+      for (const auto& [n, t] : nf4_state_tensors(wname, *q)) consumed_.insert(n);
+      l.nf4 = std::make_shared<const Nf4Weight>(*std::move(q));
+    } else {
+      auto w = get(wname, {out, in});
+      if (!w.ok()) return w.status();
+      if (quantize_4bit_ && bnb_quantizes(wname, bnb_ ? &*bnb_ : nullptr)) {
+        // QLoRA from a full-precision checkpoint: only this one weight is ever dense on the device.
+        l.nf4 = std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w->value()));
+      } else {
+        l.weight = *std::move(w);
+      }
+    }
     if (bias) {
       auto b = get(name + ".bias", {out}, 0.f);
       if (!b.ok()) return b.status();
@@ -69,6 +84,8 @@ class WeightLoader {
   DType dtype_;
   Device device_;
   uint64_t seed_;
+  bool quantize_4bit_;
+  std::optional<BnbQuantConfig> bnb_;
   std::set<std::string> consumed_;
 };
 
@@ -124,7 +141,13 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   m->device_ = options.device;
   m->source_dir_ = source_dir;
   const ModelConfig& c = m->config_;
-  WeightLoader w(ck, options.dtype, options.device, seed);
+  std::optional<BnbQuantConfig> bnb;
+  if (ck && !is_gguf_path(source_dir)) {
+    auto q = read_bnb_quant_config(source_dir);
+    if (!q.ok() && !absl::IsNotFound(q.status())) return q.status();
+    if (q.ok()) bnb = *q;
+  }
+  WeightLoader w(ck, options.dtype, options.device, seed, options.quantize_4bit, bnb);
 
   auto embed = w.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (!embed.ok()) return embed.status();
@@ -315,7 +338,7 @@ std::vector<std::pair<std::string, const ag::Variable*>> CausalLM::named_weights
   out.emplace_back("model.embed_tokens.weight", &embed_tokens_);
   auto add_norm = [&](const RmsNorm& n) { out.emplace_back(n.name + ".weight", &n.weight); };
   auto add_linear = [&](const Linear& l) {
-    out.emplace_back(l.name + ".weight", &l.weight);
+    if (!l.quantized()) out.emplace_back(l.name + ".weight", &l.weight);  // 4-bit weights are not Variables
     if (l.bias.defined()) out.emplace_back(l.name + ".bias", &l.bias);
   };
   for (const DecoderLayer& L : layers_) {

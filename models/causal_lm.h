@@ -30,6 +30,9 @@ const char* checkpointing_name(Checkpointing c);
 struct LoadOptions {
   DType dtype = DType::bf16;  // weights and activations (f32 or bf16)
   Device device = Device::cpu();
+  // QLoRA: quantise the decoder Linear weights to NF4 as they load (one weight at a time, on the
+  // device). A checkpoint that is already bitsandbytes 4-bit loads as it is stored, either way.
+  bool quantize_4bit = false;
 };
 
 struct ForwardOptions {
@@ -78,7 +81,8 @@ class CausalLM {
   // Every Linear in model order (LoRA injection walks these).
   std::vector<Linear*> linears();
   std::vector<const Linear*> linears() const;
-  // Every weight by its Hugging Face name; a tied lm_head appears only as the embedding.
+  // Every weight by its Hugging Face name; a tied lm_head appears only as the embedding, and 4-bit
+  // (NF4) Linear weights not at all.
   std::vector<std::pair<std::string, const ag::Variable*>> named_weights() const;
   std::vector<std::pair<std::string, ag::Variable*>> named_weights();
   // Makes every base weight a leaf that collects gradients (full fine-tuning), or freezes them.

@@ -3,13 +3,21 @@
 
 namespace loom {
 
+Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dtype) : weight.value().to(dtype); }
+
 ag::Variable Linear::forward(const ag::Variable& x) const {
-  if (!lora) return ag::linear(x, weight, bias.defined() ? &bias : nullptr);
+  const ag::Variable* b = bias.defined() ? &bias : nullptr;
+  ag::WeightFn rematerialize;
+  ag::Variable w = weight;
+  if (nf4) {  // dequantised in the compute dtype for this product; again in backward
+    rematerialize = [q = nf4, dtype = x.dtype()] { return q->dequantize(dtype); };
+    w = ag::Variable(rematerialize(), false);
+  }
+  if (!lora) return nf4 ? ag::frozen_linear(x, w, rematerialize, b) : ag::linear(x, weight, b);
   // One fused function: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
-  // output by the GEMM (PEFT computes the adapter in f32 and adds it to the cast base output; the
-  // family fixtures bound the difference by PyTorch's own bf16 error).
+  // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
   ag::LoraArgs args{lora->scale, lora->dropout, lora->dropout_seed, lora->dropout_offset};
-  return ag::lora_linear(x, weight, lora->A, lora->B, args, bias.defined() ? &bias : nullptr);
+  return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize);
 }
 
 ag::Variable Mlp::forward(const ag::Variable& x) const {

@@ -232,11 +232,19 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
 
 void merge_lora(CausalLM& model) {
   for (Linear* l : model.linears()) {
-    if (!l->lora) continue;
+    if (!l->lora && !l->quantized()) continue;
+    // A 4-bit weight is dequantised (QLoRA merges into a dense model in the model's dtype).
+    const DType dtype = l->quantized() ? model.dtype() : l->weight.dtype();
+    Tensor base = l->dense_weight(DType::f32);
+    l->nf4.reset();
+    if (!l->lora) {
+      l->weight = ag::Variable(base.to(dtype), false);
+      continue;
+    }
     // [out, in] = scale * B [out, r] x A [r, in], added in f32, rounded once to the weight dtype.
     Tensor delta = ops::matmul(l->lora->B.value(), l->lora->A.value());
-    Tensor merged = ops::axpby(l->weight.value().to(DType::f32), delta, 1.f, l->lora->scale);
-    l->weight = ag::Variable(merged.to(l->weight.dtype()), false);
+    Tensor merged = ops::axpby(base, delta, 1.f, l->lora->scale);
+    l->weight = ag::Variable(merged.to(dtype), false);
     l->lora.reset();
   }
 }
@@ -245,6 +253,10 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
   const fs::path tmp(out_dir);  // each file below is written to a temporary name and renamed
   std::error_code ec;
   if (absl::Status s = ensure_dir(tmp.string()); !s.ok()) return s;
+  for (const Linear* l : model.linears())
+    if (l->quantized())
+      return absl::FailedPreconditionError(absl::StrCat(l->name, " is 4-bit: merge_lora() dequantises before saving a ",
+                                                        "full-precision model (loom merge does)"));
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [name, v] : model.named_weights()) tensors.emplace_back(name, v->value());
   if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), tensors, DType::bf16, {{"format", "pt"}}); !s.ok())

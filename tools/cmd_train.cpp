@@ -25,6 +25,10 @@ const std::vector<FlagSpec> kFlags = {
     {"lora-targets", false, "comma-separated module names, or all-linear",
      "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},
     {"rslora", true, "rank-stabilised LoRA: scale alpha/sqrt(r)", ""},
+    {"qlora", true,
+     "QLoRA: quantise the decoder Linear weights to NF4 (bitsandbytes' format, double quantisation) as "
+     "they load and train LoRA on them (a checkpoint saved in 4 bits by transformers + bitsandbytes is "
+     "used as stored, with or without this flag)", ""},
     {"seq-len", false, "tokens per packed row", "1024"},
     {"batch-size", false, "rows per device per micro-batch", "1"},
     {"grad-accum", false, "micro-batches per optimizer step", "1"},
@@ -81,6 +85,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.data_path = args->str("data");
   c.out_dir = args->str("out");
   c.full = args->flag("full");
+  c.qlora = args->flag("qlora");
   if (c.full && (args->has("lora-r") || args->has("lora-targets")))
     return fail(absl::InvalidArgumentError("--full trains every weight; --lora-* flags do not apply"));
   struct Int {

@@ -158,7 +158,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (ec || !std::ofstream(probe)) return absl::PermissionDeniedError(absl::StrCat("output folder ", cfg.out_dir, " is not writable"));
   fs::remove(probe, ec);
 
-  LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, {s->dtype, s->device}));
+  if (cfg.qlora && cfg.full)
+    return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
+  LoadOptions load;
+  load.dtype = s->dtype;
+  load.device = s->device;
+  load.quantize_4bit = cfg.qlora;
+  LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, load));
+  if (cfg.full)
+    for (const Linear* l : s->model->linears())
+      if (l->quantized())
+        return absl::InvalidArgumentError(absl::StrCat(cfg.model_dir, " is a 4-bit checkpoint (", l->name,
+                                                       "): full fine-tuning needs full-precision weights; use LoRA"));
   s->model->set_checkpointing(cfg.checkpointing);
   const ModelConfig& mc = s->model->config();
   if (cfg.seq_len > mc.max_position_embeddings)
@@ -231,7 +242,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
 nlohmann::json Trainer::State::describe() const {
   return {{"model", model->config().summary()},
           {"total_steps", total_steps},
-          {"mode", cfg.full ? "full" : "lora"},
+          {"mode", cfg.full ? "full" : cfg.qlora ? "qlora" : "lora"},
           {"lora_r", cfg.full ? 0 : cfg.lora.r},
           {"seq_len", cfg.seq_len},
           {"batch_size", cfg.batch_size},
@@ -358,7 +369,7 @@ absl::Status Trainer::run() {
     if (!s.cfg.quiet && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(s.total_steps - s.step);
-      std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB | ETA %s%s",
+      std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB%s | ETA %s%s",
                   tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
                   lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9,
                   m.host_mem_bytes >= 0 ? absl::StrFormat(" (+%.2f GB host)", static_cast<double>(m.host_mem_bytes) / 1e9).c_str() : "",

@@ -17,6 +17,7 @@ namespace loom {
 struct TrainConfig {
   std::string model_dir, data_path, out_dir;
   bool full = false;  // full fine-tuning instead of LoRA
+  bool qlora = false;  // LoRA on NF4 base weights quantised as they load (a 4-bit checkpoint is 4-bit anyway)
   LoraConfig lora;
   int64_t seq_len = 1024, batch_size = 1, grad_accum = 1;
   float lr = 2e-4f, weight_decay = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, max_grad_norm = 1.f;
