@@ -209,19 +209,21 @@ std::tuple<int, double, std::string> interrupt_rank1(const std::string& name, in
 
 TEST(MpiTrain, AHungRankMakesTheOthersExitWithinTheDeadline) {
   // A stopped process neither answers nor dies: only the deadline can end the job. Rank 0 waits in
-  // a collective, passes the 5 s deadline, names itself and aborts the job.
-  auto [code, waited, log] = interrupt_rank1("dist_hung", SIGSTOP, 5);
+  // a collective, passes the 10 s deadline, names itself and aborts the job (the slack covers the
+  // launcher's teardown on a loaded 2-core machine).
+  auto [code, waited, log] = interrupt_rank1("dist_hung", SIGSTOP, 10);
   EXPECT_NE(code, 0) << log;
-  EXPECT_LT(waited, 5 + 15) << log;
+  EXPECT_GE(waited, 4) << "ended well before the deadline: something else stopped the job\n" << log;
+  EXPECT_LT(waited, 10 + 20) << log;
   EXPECT_NE(log.find("rank 0 of 2"), std::string::npos) << log;
   EXPECT_NE(log.find("deadline"), std::string::npos) << log;
 }
 
 TEST(MpiTrain, AKilledRankMakesTheOthersExitWithinTheDeadline) {
   // Open MPI's launcher itself ends the job when a rank dies; the deadline is the fallback.
-  auto [code, waited, log] = interrupt_rank1("dist_killed", SIGKILL, 5);
+  auto [code, waited, log] = interrupt_rank1("dist_killed", SIGKILL, 10);
   EXPECT_NE(code, 0) << log;
-  EXPECT_LT(waited, 5 + 15) << log;
+  EXPECT_LT(waited, 10 + 20) << log;
 }
 
 }  // namespace
