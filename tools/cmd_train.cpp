@@ -55,6 +55,8 @@ const std::vector<FlagSpec> kFlags = {
     {"log-every", false, "progress line every N steps when not on a terminal", "1"},
     {"stop-after", false, "stop after N steps of this run as if interrupted (checkpoint, exit 0)", "0"},
     {"quiet", true, "no progress output", ""},
+    {"dist", false, "data parallelism over the MPI ranks (mpirun -np N loom train ...): ddp or zero2", ""},
+    {"dist-timeout", false, "seconds a collective may take before the job is aborted (a rank died or hangs)", "300"},
     {"help", true, "show this help", ""},
 };
 
@@ -129,6 +131,10 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.skip_bad_lines = args->flag("skip-bad-lines");
   c.resume = args->str("resume");
   c.quiet = args->flag("quiet");
+  c.dist = args->str("dist");
+  auto timeout = args->number("dist-timeout");
+  if (!timeout.ok()) return fail(timeout.status());
+  c.dist_timeout = *timeout;
 
   auto trainer = Trainer::create(c);
   if (!trainer.ok()) return fail(trainer.status());

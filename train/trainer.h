@@ -36,6 +36,8 @@ struct TrainConfig {
   int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
   int64_t stop_after = 0;          // > 0: stop (save, return) after this many steps of this run, as if interrupted
   bool quiet = false;
+  std::string dist;                // "" (one process), "ddp" or "zero2": data parallel over the MPI ranks
+  double dist_timeout = 300;       // seconds a collective may take before the job is aborted
 };
 
 // Parses flags in `loom train` form from a config file: one `key = value` or `key: value` per line
