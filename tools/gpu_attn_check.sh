@@ -40,7 +40,7 @@ done
 
 # Timing: the PyTorch peer once, then Loom per variant (fwd cases per forward variant; bwd and
 # fwd+bwd per backward variant, with the default forward unless FWD_FOR_BWD is set).
-shapes='b4_s2048_h32_kv8_d(64|128)$|b4_s2048_h16_kv8_d256$'
+shapes='b4_s2048_h32_kv8_d(64|128)(/|$)|b4_s2048_h16_kv8_d256(/|$)'  # not _doc512; loom's names end in /manual_time
 python3 bench/peer_torch.py --out "$out/torch.json" --filter "attention_(fwd|bwd|fwdbwd)/bf16/($shapes)" \
   > "$out/torch.log" 2>&1
 echo "peer: exit $?"
