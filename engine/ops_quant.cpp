@@ -13,9 +13,10 @@ using namespace detail;
 
 Tensor nf4_nested_code(Device device) {
   static std::mutex mu;
-  static std::map<std::pair<int, int>, Tensor> cache;
+  // Never destroyed: freeing device memory while the CUDA runtime shuts down at exit is an error.
+  static auto* cache = new std::map<std::pair<int, int>, Tensor>;
   std::lock_guard<std::mutex> lock(mu);
-  Tensor& t = cache[{static_cast<int>(device.type), device.index}];
+  Tensor& t = (*cache)[{static_cast<int>(device.type), device.index}];
   if (!t.defined()) {
     std::vector<float> code(256);
     dynamic_map(true, code.data());

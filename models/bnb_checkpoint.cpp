@@ -149,6 +149,14 @@ bool is_nf4(const Checkpoint& ckpt, const std::string& weight_name) {
   return false;
 }
 
+std::vector<std::string> nf4_companion_names(const std::string& weight_name) {
+  std::vector<std::string> out;
+  for (const char* suffix : {".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map",
+                             ".quant_state.bitsandbytes__nf4", ".quant_state.bitsandbytes__fp4"})
+    out.push_back(weight_name + suffix);
+  return out;
+}
+
 absl::StatusOr<Nf4Weight> load_nf4(const Checkpoint& ckpt, const std::string& weight_name, const Shape& expected,
                                    Device device) {
   const std::string qs_name = weight_name + ".quant_state.bitsandbytes__nf4";

@@ -47,6 +47,11 @@ bool bnb_quantizes(const std::string& name, const BnbQuantConfig* config = nullp
 // is U8 and it has a `.quant_state.bitsandbytes__*` or `.absmax` companion).
 bool is_nf4(const Checkpoint& ckpt, const std::string& weight_name);
 
+// The tensors besides `weight_name` itself that a 4-bit weight may own in a checkpoint (for
+// Checkpoint::check_unexpected's consumed set): .absmax, .quant_map, .nested_absmax,
+// .nested_quant_map, .quant_state.bitsandbytes__nf4 / __fp4.
+std::vector<std::string> nf4_companion_names(const std::string& weight_name);
+
 // Loads the 4-bit weight `weight_name` onto `device` as it is stored (no dequantisation). Checks
 // every companion tensor's presence, dtype and shape against the quant_state JSON and `expected`
 // ([out, in]; empty: take the JSON's shape) and refuses what Loom cannot compute (fp4, a block size

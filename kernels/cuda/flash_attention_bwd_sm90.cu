@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sStat0 = reinterpret_cast<float*>(sdS + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int64_t k0 = int64_t(blockIdx.x) * kBc, g = blockIdx.y, b = blockIdx.z;
+  // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
+  const int64_t k0 = int64_t(blockIdx.z) * kBc, g = blockIdx.x, b = blockIdx.y;
   const int64_t group = p.heads / p.kv_heads;
   const int hd = int(p.head_dim);
   const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
@@ -248,7 +249,7 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
     return true;
   }();
   (void)attr_set;
-  const dim3 grid(unsigned((p.seq + kBc - 1) / kBc), unsigned(p.kv_heads), unsigned(p.batch));
+  const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
   kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();
 }

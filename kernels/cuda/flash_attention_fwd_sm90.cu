@@ -34,8 +34,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* sV0 = sK0 + 2 * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBr;  // the longest rows start first
-  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (p.heads / p.kv_heads);
+  // Query tiles are the slowest grid dimension, last tile first: the longest causal rows of every
+  // head start before any shorter ones.
+  const int64_t q0 = int64_t(gridDim.z - 1 - blockIdx.z) * kBr;
+  const int64_t h = blockIdx.x, b = blockIdx.y, g = h / (p.heads / p.kv_heads);
   const int hd = int(p.head_dim);
   const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
   const bf16* qb = q + (b * p.seq * p.heads + h) * p.head_dim;
@@ -240,7 +242,7 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
     return true;
   }();
   (void)attr_set;
-  const dim3 grid(unsigned((p.seq + kBr - 1) / kBr), unsigned(p.heads), unsigned(p.batch));
+  const dim3 grid(unsigned(p.heads), unsigned(p.batch), unsigned((p.seq + kBr - 1) / kBr));
   kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, out, lse);
   LOOM_CUDA_LAUNCH_CHECK();
 }

@@ -49,10 +49,10 @@ TYPED_TEST(Nf4Cuda, QuantiseAndDequantiseMatchCpu) {
     cuda::nf4_quantize(dx.get(), n, dpacked.get(), dabsmax.get(), nullptr);
     cuda::nf4_absmax_mean(dabsmax.get(), blocks, doffset.get(), nullptr);
     cuda::nf4_double_quantize(dabsmax.get(), blocks, doffset.get(), dcode.get(), dq.get(), dnabs.get(), nullptr);
-    EXPECT_EQ(dpacked.to_host(), packed) << "packed n=" << n;
+    EXPECT_EQ(bit_mismatches(dpacked.to_host(), packed), 0) << "packed n=" << n;
     EXPECT_EQ(bit_mismatches(dabsmax.to_host(), absmax), 0) << "absmax n=" << n;
     EXPECT_EQ(bit_mismatches(doffset.to_host(), std::vector<float>{offset}), 0) << "offset n=" << n;
-    EXPECT_EQ(dq.to_host(), q) << "qabsmax n=" << n;
+    EXPECT_EQ(bit_mismatches(dq.to_host(), q), 0) << "qabsmax n=" << n;
     EXPECT_EQ(bit_mismatches(dnabs.to_host(), nabs), 0) << "nested absmax n=" << n;
 
     for (bool nested_state : {true, false}) {

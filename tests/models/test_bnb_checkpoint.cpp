@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "engine/safetensors.h"
 #include "engine/tensor_io.h"
@@ -106,6 +107,9 @@ TEST(BnbCheckpoint, WriteAndLoadBack) {
   EXPECT_EQ(packed->shape, (std::vector<int64_t>{40 * 64, 1}));
   EXPECT_TRUE(is_nf4(*ckpt, kW));
   EXPECT_FALSE(is_nf4(*ckpt, kW + ".absmax"));
+  std::set<std::string> consumed = {kW};
+  for (const auto& c : nf4_companion_names(kW)) consumed.insert(c);
+  EXPECT_TRUE(ckpt->check_unexpected(consumed).ok()) << "the companions cover every tensor written";
   auto back = load_nf4(*ckpt, kW, {40, 128}, Device::cpu());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->offset, w.offset);
