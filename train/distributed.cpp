@@ -36,7 +36,7 @@ absl::Status DistContext::agree(const TrainConfig& cfg, const std::string& model
   std::vector<std::pair<std::string, std::string>> fields = {
       {"--dist", mode_},
       {"model", model_summary},
-      {"mode (--full or LoRA)", cfg.full ? "full" : "lora"},
+      {"mode (--full, --qlora or LoRA)", cfg.full ? "full" : cfg.qlora ? "qlora" : "lora"},
       {"LoRA config", cfg.full ? "" : absl::StrCat("r=", cfg.lora.r, " alpha=", cfg.lora.alpha, " dropout=", cfg.lora.dropout,
                                                     " rslora=", cfg.lora.use_rslora, " targets=",
                                                     absl::StrJoin(cfg.lora.target_modules, ","))},
