@@ -1,9 +1,9 @@
 // The six tiny families saved in 4 bits by transformers + bitsandbytes (tests/fixtures/bnb/models,
 // made by tools/make_bnb_model_reference.py on an H200) load in Loom as they are stored and give
 // bitsandbytes' dequantised weights exactly, transformers' 4-bit logits and PEFT's LoRA loss and
-// gradients on the 4-bit model (f32 compute on the CPU, as the references were made); quantising
-// the unquantised fixture gives bitsandbytes' bytes; QLoRA loading of the dense fixture is the
-// same model.
+// gradients on the 4-bit model (f32 compute on the CPU, as the references were made); QLoRA
+// loading of the dense fixture is the same model. (`loom quantize` against bitsandbytes' bytes:
+// tests/e2e/test_quantize.cpp.)
 #include "models/bnb_checkpoint.h"
 #include "models/causal_lm.h"
 #include "models/checkpoint.h"
@@ -17,12 +17,6 @@ const std::vector<std::string> kFamilies = {"llama", "mistral", "qwen2", "qwen3"
 
 std::string bnb_dir(const std::string& family) {
   return std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/bnb/models/" + family;
-}
-
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor c = t.to(Device::cpu()).contiguous();
-  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-  return {p, p + c.nbytes()};
 }
 
 class BnbFamily : public ::testing::TestWithParam<std::string> {};
@@ -65,24 +59,6 @@ TEST_P(BnbFamily, LogitsLoraLossAndGradientsMatchPeft) {
     ++grads;
   }
   EXPECT_GT(grads, 0);
-}
-
-TEST_P(BnbFamily, QuantisingTheDenseFixtureGivesBitsandbytesBytes) {
-  auto dense = Checkpoint::open(fixture_dir(GetParam()));
-  auto stored = Checkpoint::open(bnb_dir(GetParam()));
-  ASSERT_TRUE(dense.ok() && stored.ok());
-  for (const std::string& name : stored->names()) {
-    if (!is_nf4(*stored, name)) continue;
-    auto w = dense->load(name, DType::f32, Device::cpu(), {});
-    ASSERT_TRUE(w.ok()) << w.status();
-    auto want = load_nf4(*stored, name, w->shape(), Device::cpu());
-    ASSERT_TRUE(want.ok()) << want.status();
-    const Nf4Weight got = Nf4Weight::quantize(*w);
-    EXPECT_EQ(bytes_of(got.packed), bytes_of(want->packed)) << name << " packed";
-    EXPECT_EQ(bytes_of(got.absmax), bytes_of(want->absmax)) << name << " absmax";
-    EXPECT_EQ(got.nested_absmax.to_floats(), want->nested_absmax.to_floats()) << name << " nested_absmax";
-    EXPECT_EQ(got.offset, want->offset) << name << " offset";
-  }
 }
 
 TEST_P(BnbFamily, QloraLoadingOfTheDenseFixtureIsTheStoredModel) {
