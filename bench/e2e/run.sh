@@ -6,7 +6,8 @@
 # sequence, LoRA r16 on all seven projections, bf16. Prints one table (tokens/s, peak GPU memory,
 # MFU, ratios) and writes every raw JSON line to $OUT/e2e.jsonl.
 #   bench/e2e/run.sh [1b|8b ...]            (default: 1b)
-# Env: LOOM_E2E_MODES (default "none recompute offload"), LOOM_E2E_PEERS (default "peft peft-gc";
+# Env: LOOM_E2E_MODES (default "none recompute offload"), LOOM_E2E_QLORA_MODES (the same with
+# --qlora, default none), LOOM_E2E_PEERS (default "peft peft-gc";
 # add "bnb unsloth" to run those too), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST).
 set -uo pipefail
@@ -44,18 +45,18 @@ data_file() {  # enough packed tokens for the run: the demo paragraphs repeated
   echo "$f"
 }
 
-loom_run() {  # shape mode batch seq -> one JSON line
-  local shape=$1 mode=$2 batch=$3 seq=$4 m d run
+loom_run() {  # shape mode batch seq [extra flags, e.g. --qlora] -> one JSON line
+  local shape=$1 mode=$2 batch=$3 seq=$4 extra=${5:-} m d run
   m=$(model_dir "$shape") && d=$(data_file) || return 1
-  run="$work/run-$shape-$mode-$seq"
+  run="$work/run-$shape-$mode-$seq${extra// /}"
   timeout "${LOOM_E2E_RUN_TIMEOUT:-300}" "$loom" train --model "$m" --data "$d" --out "$run" --device cuda --dtype bf16 \
     --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --lora-r 16 --lora-alpha 16 --lr 2e-4 \
-    --checkpointing "$mode" --quiet > "$run.log" 2>&1
+    --checkpointing "$mode" $extra --quiet > "$run.log" 2>&1
   local rc=$?
-  python3 - "$run/metrics.jsonl" "$shape" "$mode" "$batch" "$seq" "$rc" "$run.log" <<'PY'
+  python3 - "$run/metrics.jsonl" "$shape" "$mode" "$batch" "$seq" "$rc" "$run.log" "$extra" <<'PY'
 import json, statistics, sys
-path, shape, mode, batch, seq, rc, log = sys.argv[1:]
-who = f"loom --checkpointing {mode}"
+path, shape, mode, batch, seq, rc, log, extra = sys.argv[1:]
+who = f"loom {extra + ' ' if extra else ''}--checkpointing {mode}"
 try:
     rows = [json.loads(l) for l in open(path)]
 except OSError:
@@ -83,6 +84,7 @@ peft_run() {  # shape gc batch seq
 for shape in ${@:-1b}; do
   if [ "$shape" = 8b ]; then batch=4; else batch=8; fi
   for mode in $modes; do emit "$(loom_run "$shape" "$mode" "$batch" 2048)"; done
+  for mode in ${LOOM_E2E_QLORA_MODES:-}; do emit "$(loom_run "$shape" "$mode" "$batch" 2048 --qlora)"; done
   for p in $peers; do
     case $p in
       peft) emit "$(peft_run "$shape" 0 "$batch" 2048)" ;;
