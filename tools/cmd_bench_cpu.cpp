@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,13 @@ int fail(const absl::Status& s) {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+// CPU seconds used by every thread of this process: on a machine others are also using, CPU time /
+// threads is what the step would take with the cores to itself.
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 // Best-of-5 rate of C = A B (f32, row-major as Loom stores activations and weights) in GFLOP/s.
 double sgemm_gflops(int64_t m, int64_t k, int64_t n) {
@@ -108,23 +116,28 @@ int run_bench_cpu(const std::vector<std::string>& argv) {
   }
   const Tensor input = Tensor::from_ints(ids, {*batch, *seq});
   const double flops = step_flops(c, tokens, *seq, *r);
-  double total = 0;
+  double total = 0, total_cpu = 0;
   for (int64_t step = 0; step <= *steps; ++step) {
     const auto t = Clock::now();
+    const double c0 = cpu_seconds();
     ag::Variable loss = (*model)->loss(input, input);
     ag::backward(loss);
     adamw.step(1e-4f);
     adamw.zero_grad();
-    const double dt = seconds_since(t);
-    if (step > 0) total += dt;
-    std::printf("step %lld%s: %.2f s, loss %.4f, %.1f tokens/s, %.1f GFLOP/s\n", static_cast<long long>(step),
-                step == 0 ? " (warm-up)" : "", dt, loss.value().item(), tokens / dt, flops / dt * 1e-9);
+    const double dt = seconds_since(t), cpu = cpu_seconds() - c0;
+    if (step > 0) total += dt, total_cpu += cpu;
+    std::printf("step %lld%s: %.2f s (%.2f CPU s), loss %.4f, %.1f tokens/s, %.1f GFLOP/s\n", static_cast<long long>(step),
+                step == 0 ? " (warm-up)" : "", dt, cpu, loss.value().item(), tokens / dt, flops / dt * 1e-9);
   }
   const double per_step = total / static_cast<double>(*steps);
-  std::printf("LoRA r%lld training step, batch %lld x %lld, f32: %.2f s/step, %.1f tokens/s, %.1f GFLOP/s "
-              "(%.2f GFLOP per step)\n",
-              static_cast<long long>(*r), static_cast<long long>(*batch), static_cast<long long>(*seq), per_step,
-              tokens / per_step, flops / per_step * 1e-9, flops * 1e-9);
+  const double threads = omp_get_max_threads(), per_step_cpu = total_cpu / static_cast<double>(*steps) / threads;
+  std::printf("LoRA r%lld training step, batch %lld x %lld, f32 (%.2f GFLOP per step):\n"
+              "  wall:     %.2f s/step, %.1f tokens/s, %.1f GFLOP/s\n"
+              "  CPU / %d: %.2f s/step, %.1f tokens/s, %.1f GFLOP/s (the cores to itself; wall > this when "
+              "others use them)\n",
+              static_cast<long long>(*r), static_cast<long long>(*batch), static_cast<long long>(*seq), flops * 1e-9,
+              per_step, tokens / per_step, flops / per_step * 1e-9, static_cast<int>(threads), per_step_cpu,
+              tokens / per_step_cpu, flops / per_step_cpu * 1e-9);
   return 0;
 }
 

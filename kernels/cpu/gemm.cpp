@@ -1,7 +1,11 @@
 // CPU reference GEMM (kernels/gemm.h) through Eigen, plus the argument checks both backends share.
 #include "kernels/gemm.h"
 
+#include <omp.h>
+
 #include <Eigen/Core>
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
 namespace loom {
@@ -70,29 +74,64 @@ ConstMap<S> operand(const void* base, GemmType type, int64_t offset, int64_t row
   return ConstMap<S>(p, rows, cols, Eigen::OuterStride<>(ld));
 }
 
+// Products smaller than this many multiply-adds run on one thread (a parallel region costs more).
+constexpr int64_t kParallelWork = int64_t{1} << 18;
+
+// Threads split C into row blocks (or column blocks when n > m) and each runs a single-threaded
+// Eigen product on its block, writing C directly: one parallel region and one barrier per GEMM.
+// Eigen's own OpenMP GEMM shares packed panels between threads and busy-waits on them at every
+// block, which on 2 cores spent most of a LoRA training step spinning, not multiplying.
 template <class S, class CT>
 void gemm_typed(const GemmArgs& g) {
   std::vector<S> sa, sb;
-  RowMat<S> prod(g.m, g.n);
   const S alpha = static_cast<S>(g.alpha), beta = static_cast<S>(g.beta);
+  const int threads = g.m * g.n * g.k >= kParallelWork && !omp_in_parallel() ? omp_get_max_threads() : 1;
+  const bool split_rows = g.m >= g.n;
   for (int64_t bi = 0; bi < g.batch; ++bi) {
     // A stored [m, k] or [k, m]; B stored [k, n] or [n, k].
     auto a = operand<S>(g.a, g.ab_type, bi * g.stride_a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, sa);
     auto b = operand<S>(g.b, g.ab_type, bi * g.stride_b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, sb);
-    // prod [m, n] = op(A) [m, k] * op(B) [k, n], accumulated in S.
-    if (!g.trans_a && !g.trans_b) prod.noalias() = a * b;
-    else if (g.trans_a && !g.trans_b) prod.noalias() = a.transpose() * b;
-    else if (!g.trans_a && g.trans_b) prod.noalias() = a * b.transpose();
-    else prod.noalias() = a.transpose() * b.transpose();
     CT* c = static_cast<CT*>(g.c) + bi * g.stride_c;
-#pragma omp parallel for if (g.m * g.n > 65536)
-    for (int64_t r = 0; r < g.m; ++r)
-      for (int64_t j = 0; j < g.n; ++j) {
-        CT& out = c[r * g.ldc + j];
-        S v = alpha * prod(r, j);
-        if (g.beta != 0.f) v += beta * static_cast<S>(to_acc(out));  // beta == 0 never reads C
-        out = from_acc<CT>(v);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      // Block edges on multiples of 16 (an AVX-512 register of f32) so every block but the last is
+      // whole vectors wide.
+      const int64_t extent = split_rows ? g.m : g.n;
+      const int64_t step = (extent + nt - 1) / nt, per = (step + 15) / 16 * 16;
+      const int64_t lo = std::min(extent, t * per), hi = std::min(extent, lo + per);
+      const int64_t r0 = split_rows ? lo : 0, rows = split_rows ? hi - lo : g.m;
+      const int64_t c0 = split_rows ? 0 : lo, cols = split_rows ? g.n : hi - lo;
+      if (rows > 0 && cols > 0) {
+        // op(A) rows [r0, r0 + rows) times op(B) columns [c0, c0 + cols), accumulated in S.
+        auto product = [&](auto&& out) {
+          if (!g.trans_a && !g.trans_b) out.noalias() = a.middleRows(r0, rows) * b.middleCols(c0, cols);
+          else if (g.trans_a && !g.trans_b) out.noalias() = a.middleCols(r0, rows).transpose() * b.middleCols(c0, cols);
+          else if (!g.trans_a && g.trans_b) out.noalias() = a.middleRows(r0, rows) * b.middleRows(c0, cols).transpose();
+          else out.noalias() = a.middleCols(r0, rows).transpose() * b.middleRows(c0, cols).transpose();
+        };
+        bool direct = false;  // the common case: straight into C
+        if constexpr (std::is_same_v<S, CT>) {
+          direct = g.alpha == 1.f && g.beta == 0.f;
+          if (direct) {
+            Eigen::Map<RowMat<S>, Eigen::Unaligned, Eigen::OuterStride<>> out(c + r0 * g.ldc + c0, rows, cols,
+                                                                               Eigen::OuterStride<>(g.ldc));
+            product(out);
+          }
+        }
+        if (!direct) {
+          RowMat<S> prod(rows, cols);
+          product(prod);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < cols; ++j) {
+              CT& out = c[(r0 + r) * g.ldc + c0 + j];
+              S v = alpha * prod(r, j);
+              if (g.beta != 0.f) v += beta * static_cast<S>(to_acc(out));  // beta == 0 never reads C
+              out = from_acc<CT>(v);
+            }
+        }
       }
+    }
   }
 }
 

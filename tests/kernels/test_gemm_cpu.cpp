@@ -82,7 +82,10 @@ std::vector<double> naive(const Problem<AB, C>& p) {
 
 std::vector<Case> cases() {
   std::vector<Case> cs;
-  const int64_t sizes[][3] = {{1, 1, 1}, {7, 33, 129}, {129, 7, 33}, {33, 129, 7}, {64, 48, 80}, {1, 129, 33}};
+  // The last two are above the CPU GEMM's threading threshold (2^18 multiply-adds): C split into row
+  // blocks (m >= n) or column blocks, with a ragged last block.
+  const int64_t sizes[][3] = {{1, 1, 1},     {7, 33, 129},  {129, 7, 33},  {33, 129, 7},
+                              {64, 48, 80},  {1, 129, 33},  {301, 37, 70}, {37, 301, 70}};
   int idx = 0;
   for (const auto& s : sizes)
     for (int t = 0; t < 4; ++t, ++idx) {
