@@ -3,7 +3,8 @@
 #include <cmath>
 
 #include "dist/ddp.h"
-#include "tests/dist/mpi_main_cuda.h"
+#define LOOM_MPI_TEST_CUDA
+#include "tests/dist/mpi_main.h"
 
 namespace loom::test {
 namespace {

@@ -1,6 +1,7 @@
 // main() of the `mpi` test programs: one ProcessGroup for the whole run (MPI is initialised once
 // per process), a short deadline so that a rank failing alone cannot hang CTest, and only rank 0's
-// GoogleTest output unless a rank fails (the exit status is the worst over the ranks).
+// GoogleTest output unless a rank fails (the exit status is the worst over the ranks). Define
+// LOOM_MPI_TEST_CUDA before including it to build the NCCL communicator too (tests/dist/cuda_*).
 #pragma once
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -16,7 +17,11 @@ inline dist::ProcessGroup& group() { return *g_group; }
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+#ifdef LOOM_MPI_TEST_CUDA
+  auto g = loom::dist::ProcessGroup::init({/*timeout_s=*/120, /*cuda=*/true});
+#else
   auto g = loom::dist::ProcessGroup::init({/*timeout_s=*/60, /*cuda=*/false});
+#endif
   if (!g.ok()) {
     std::fprintf(stderr, "%s\n", std::string(g.status().message()).c_str());
     return 2;
