@@ -275,6 +275,7 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
   }
   config["dtype"] = "bfloat16";
   if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";
+  config.erase("quantization_config");  // the weights written here are dense (a 4-bit source was dequantised)
   if (absl::Status s = write_text_atomic((tmp / "config.json").string(), config.dump(2) + "\n"); !s.ok()) return s;
   // The files that make the folder a complete Hugging Face model besides the weights.
   for (const char* extra : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {

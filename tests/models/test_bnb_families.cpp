@@ -4,10 +4,16 @@
 // gradients on the 4-bit model (f32 compute on the CPU, as the references were made); QLoRA
 // loading of the dense fixture is the same model. (`loom quantize` against bitsandbytes' bytes:
 // tests/e2e/test_quantize.cpp.)
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "models/bnb_checkpoint.h"
 #include "models/causal_lm.h"
 #include "models/checkpoint.h"
 #include "models/lora.h"
+#include "nlohmann/json.hpp"
 #include "tests/models/fixtures.h"
 
 namespace loom::test {
@@ -69,6 +75,24 @@ TEST_P(BnbFamily, QloraLoadingOfTheDenseFixtureIsTheStoredModel) {
   auto in = read_all(fixture_dir(GetParam()) + "/inputs.safetensors");
   auto ref = read_all(bnb_dir(GetParam()) + "/reference_4bit.safetensors");
   EXPECT_LT(rel_err((*quantized)->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
+}
+
+TEST_P(BnbFamily, MergeDequantisesIntoADenseModel) {
+  auto model = CausalLM::load(bnb_dir(GetParam()), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_TRUE(load_adapter(**model, fixture_dir(GetParam()) + "/adapter").ok());
+  auto in = read_all(fixture_dir(GetParam()) + "/inputs.safetensors");
+  const Tensor adapted = (*model)->forward(in["input_ids"]).value();
+  merge_lora(**model);
+  for (const Linear* l : (*model)->linears()) EXPECT_FALSE(l->quantized() || l->lora) << l->name;
+  // The merged weights are B A added to bitsandbytes' dequantised values: the adapted logits again.
+  EXPECT_LT(rel_err((*model)->forward(in["input_ids"]).value(), adapted), 1e-5);
+  const std::string out = ::testing::TempDir() + "loom_bnb_merged_" + GetParam() + "_" + std::to_string(getpid());
+  ASSERT_TRUE(save_pretrained(**model, out).ok());
+  std::ifstream cf(out + "/config.json");
+  const auto config = nlohmann::json::parse(cf);
+  EXPECT_FALSE(config.contains("quantization_config")) << "a dense model must not claim to be 4-bit";
+  std::filesystem::remove_all(out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BnbFamily, ::testing::ValuesIn(kFamilies),
