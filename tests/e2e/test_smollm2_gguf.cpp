@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/gguf.h"
 #include "engine/safetensors.h"
+#include "tests/temp_dir.h"
 #include "tests/e2e/cli.h"
 #include "engine/tensor_io.h"
 #include "models/causal_lm.h"
@@ -114,6 +116,44 @@ TEST(SmolLM2Gguf, ChatGenerateMatchesTransformers) {
     EXPECT_NE(r.output.find("tokens/s", stats), std::string::npos);
     EXPECT_EQ(r.output.substr(0, stats), want + "\n");
   }
+}
+
+bool same_value(const GgufValue& a, const GgufValue& b) {
+  if (a.type != b.type || a.u != b.u || a.i != b.i || a.f != b.f || a.str != b.str || a.items.size() != b.items.size())
+    return false;
+  for (size_t k = 0; k < a.items.size(); ++k)
+    if (!same_value(a.items[k], b.items[k])) return false;
+  return true;
+}
+
+// GGUF out on the real model, against llama.cpp's own conversion of it: SmolLM2's GGUF converted to a
+// Hugging Face folder and exported again gives back every llama.* hyper-parameter and every
+// tokenizer.* key that llama.cpp's convert_hf_to_gguf.py wrote (tokens, types, merges, special ids,
+// pre-tokenizer, chat template), value for value; add_space_prefix (a SentencePiece setting,
+// false here) is the one key Loom leaves out.
+TEST(SmolLM2Gguf, ExportGivesBackLlamaCppsMetadata) {
+  const char* gguf = std::getenv("LOOM_SMOLLM2_GGUF");
+  if (!gguf) GTEST_SKIP() << "set LOOM_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf";
+  test::TempDir dir;
+  auto r = test::run_loom(std::string("convert --gguf ") + gguf + " --out " + dir.file("hf") + " --dtype f32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_loom("export --model " + dir.file("hf") + " --out " + dir.file("out.gguf") + " --type q8_0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto orig = GgufFile::open(gguf);
+  auto back = GgufFile::open(dir.file("out.gguf"));
+  ASSERT_TRUE(orig.ok() && back.ok());
+  int compared = 0;
+  for (const GgufKv& kv : orig->metadata()) {
+    if (!(kv.key.starts_with("tokenizer.") || kv.key.starts_with("llama.")) || kv.key == "tokenizer.ggml.add_space_prefix")
+      continue;
+    const GgufKv* got = back->find(kv.key);
+    ASSERT_NE(got, nullptr) << kv.key;
+    EXPECT_TRUE(same_value(got->value, kv.value)) << kv.key;
+    ++compared;
+  }
+  EXPECT_GE(compared, 20);
+  EXPECT_EQ(back->find_tensor("blk.0.attn_q.weight")->type, GgmlType::Q8_0);
+  EXPECT_EQ(back->find_tensor("blk.0.attn_norm.weight")->type, GgmlType::F32);
 }
 
 }  // namespace
