@@ -1,0 +1,67 @@
+// --checkpointing on CUDA: recompute and offload (layer inputs through pinned host memory on a side
+// stream, copied back one layer ahead) give the loss and LoRA gradients of keeping everything, for
+// every family fixture with its PEFT adapter, over two micro-batches (the offload buffers are
+// reused). f32 runs the same deterministic kernels again: equal to 1e-6. bf16 goes through flash
+// attention, whose backward sums dQ with f32 atomics in a varying order: within 1e-2, far below
+// the 4-bit or bf16 error budgets of the fixture tests (and checked against none, not PEFT).
+#include <map>
+
+#include "models/causal_lm.h"
+#include "models/lora.h"
+#include "engine/offload.h"
+#include "tests/models/fixtures.h"
+
+namespace loom::test {
+namespace {
+
+struct ModeRun {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> grads;
+};
+
+ModeRun train_two_micro_batches(const std::string& variant, DType dtype, Checkpointing mode) {
+  ModeRun out;
+  auto model = CausalLM::load(fixture_dir(variant), {dtype, Device::cuda(0)});
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return out;
+  EXPECT_TRUE(load_adapter(**model, fixture_dir(variant) + "/adapter").ok());
+  (*model)->set_checkpointing(mode);
+  auto in = read_all(fixture_dir(variant) + "/inputs.safetensors");
+  for (int micro = 0; micro < 2; ++micro) {
+    ag::Variable loss = (*model)->loss(in["input_ids"], in["labels"]);
+    out.losses.push_back(loss.value().to_doubles()[0]);
+    ag::backward(loss);
+  }
+  for (auto& [name, v] : lora_parameters(**model)) out.grads[name] = v->grad().to(Device::cpu());
+  return out;
+}
+
+class CheckpointingCuda : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(CheckpointingCuda, ModesGiveTheSameLossAndGradients) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const double tol = dtype == DType::f32 ? 1e-6 : 1e-2;
+    const ModeRun none = train_two_micro_batches(GetParam(), dtype, Checkpointing::kNone);
+    ASSERT_FALSE(none.grads.empty());
+    for (Checkpointing mode : {Checkpointing::kRecompute, Checkpointing::kOffload}) {
+      const ModeRun r = train_two_micro_batches(GetParam(), dtype, mode);
+      ASSERT_EQ(r.losses.size(), none.losses.size());
+      for (size_t i = 0; i < r.losses.size(); ++i)
+        EXPECT_NEAR(r.losses[i], none.losses[i], tol * std::abs(none.losses[i])) << checkpointing_name(mode);
+      for (auto& [param, g] : none.grads)
+        EXPECT_LT(rel_err(r.grads.at(param), g), tol) << checkpointing_name(mode) << " " << name(dtype) << " " << param;
+    }
+  }
+  EXPECT_EQ(offload_stats().host_bytes, 0) << "every offloaded layer input came back";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CheckpointingCuda, ::testing::ValuesIn(fixture_variants()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace loom::test
