@@ -5,7 +5,7 @@
 //   P^T and dS^T = P^T (dP^T - D) in registers, dS^T also to shared memory;
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO or Q read N-major): f32 in registers;
 //   dQ += dS K (A = dS^T read M-major, B = K read N-major), added to the f32 accumulator with
-//   atomics: at head_dim 128 each warpgroup takes 64 of the columns over all 128 keys; at 64 each
+//   16-byte atomics or (bulk_dq) the copy engine's bulk reductions from shared memory: at head_dim 128 each warpgroup takes 64 of the columns over all 128 keys; at 64 each
 //   takes all columns over its own 64 keys.
 // dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention_bwd.cu.
 #include "kernels/cuda/flash_attention.cuh"
@@ -19,14 +19,35 @@ using wgmma::Wgmma;
 
 constexpr int kBr = 64, kBc = 128, kThreads = 256;
 
-template <int kD>
+constexpr int kDqStride = 72;  // floats per row of a dQ staging tile: 16-byte rows, 2-way banks at most
+
+template <int kD, bool kBulk>
 constexpr size_t sm90_bwd_smem() {
-  // K, V; Q and dO in two stages; dS^T; lse and D for two stages; slack for 1024-byte alignment.
+  // K, V; Q and dO in two stages; dS^T; lse and D for two stages; with kBulk a 64 x 64 f32 dQ
+  // tile per warpgroup; slack for 1024-byte alignment.
   return size_t(2 * kBc + 4 * kBr) * kD * sizeof(bf16) + size_t(kBc) * kBr * sizeof(bf16) + 2 * 2 * kBr * sizeof(float) +
-         1024;
+         (kBulk ? 2 * kBr * kDqStride * sizeof(float) : 0) + 1024;
 }
 
-template <int kD>
+// Bulk (copy engine) reduction of `bytes` f32 from shared to global memory, added element-wise.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until this thread's bulk operations have read their shared-memory source (kRead) or completed.
+template <bool kRead>
+__device__ __forceinline__ void bulk_wait_all() {
+  if constexpr (kRead) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Barrier `id` (1 + warpgroup) over the 128 threads of one warpgroup.
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+// kBulk: dQ goes through a shared-memory tile and the copy engine's bulk reductions; otherwise
+// 16-byte atomics from registers.
+template <int kD, bool kBulk>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                           const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
@@ -43,6 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* sdO0 = sQ0 + 2 * kBr * kD;  // likewise
   bf16* sdS = sdO0 + 2 * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled
   float* sStat0 = reinterpret_cast<float*>(sdS + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
+  float* sdQ = sStat0 + 2 * 2 * kBr;  // kBulk: warpgroup w's [kBr][kDqStride] tile at w * kBr * kDqStride
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
@@ -198,6 +220,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence_regs(dqa);
       wgmma::fence_regs(dva);
       wgmma::fence_regs(dka);
+      if constexpr (kBulk) {
+        // Rows of 64 columns into this warpgroup's tile (once the previous item's reductions have
+        // read it), then one bulk reduction per query row, issued by threads 0-63 of the warpgroup.
+        const int wtid = tid & 127;
+        float* tile = sdQ + wg * kBr * kDqStride;
+        if (wtid < kBr) bulk_wait_all<true>();
+        warpgroup_sync(1 + wg);
+        const int r0 = 16 * (warp & 3) + (lane >> 2);
+#pragma unroll
+        for (int n = 0; n < kNq / 8; ++n)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<float2*>(tile + (r0 + 8 * r) * kDqStride + n * 8 + col0) =
+                make_float2(dqa[4 * n + 2 * r], dqa[4 * n + 2 * r + 1]);
+        wgmma::fence_proxy_async();
+        warpgroup_sync(1 + wg);
+        if (wtid < kBr) {
+          const int64_t i = q0 + wtid;
+          const int cols = hd - n0 < kNq ? hd - n0 : kNq;  // > 0, a multiple of 8
+          if (i < p.seq)
+            bulk_reduce_add_f32(dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim + n0, tile + wtid * kDqStride,
+                                uint32_t(cols) * 4u);
+          bulk_commit();
+        }
+      } else {
       // Lane pairs swap halves so that each adds 4 consecutive columns of one row: the even lane row
       // i0 at columns col0 .. col0 + 3, the odd lane row i0 + 8 at col0 - 2 .. col0 + 1 (16-byte
       // aligned: head_dim % 8 == 0 and the accumulator is 256-byte aligned).
@@ -213,12 +260,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (i < p.seq && col < hd)
           atomicAdd(reinterpret_cast<float4*>(row + col), odd ? make_float4(x, y, a[2], a[3]) : make_float4(a[0], a[1], x, y));
       }
+      }
     }
     stage ^= 1;
     item = next;
     kind = next_kind;
   }
   flash::cp_async_wait<0>();
+  if constexpr (kBulk) {
+    if ((tid & 127) < kBr) bulk_wait_all<false>();
+  }
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -239,11 +290,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kD>
+template <int kD, bool kBulk>
 void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
             const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
-  auto* kernel = flash_bwd_sm90_kernel<kD>;
-  constexpr size_t kSmem = sm90_bwd_smem<kD>();
+  auto* kernel = flash_bwd_sm90_kernel<kD, kBulk>;
+  constexpr size_t kSmem = sm90_bwd_smem<kD, kBulk>();
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
@@ -257,10 +308,15 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
 }  // namespace
 
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, Stream s) {
   LOOM_CHECK(p.head_dim <= 128, "flash backward_sm90: head_dim ", p.head_dim, " > 128");
-  if (p.head_dim <= 64) launch<64>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  else launch<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  if (bulk_dq) {
+    if (p.head_dim <= 64) launch<64, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch<128, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  } else {
+    if (p.head_dim <= 64) launch<64, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch<128, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  }
 }
 
 }  // namespace loom::cuda::flash
