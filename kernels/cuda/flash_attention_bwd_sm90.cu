@@ -47,7 +47,9 @@ __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync 
 
 // kBulk: dQ goes through a shared-memory tile and the copy engine's bulk reductions; otherwise
 // 16-byte atomics from registers.
-template <int kD, bool kBulk>
+// kOverlap (no soft-cap): the exponentials run while dP^T is still being computed, and dQ is
+// issued before dV and dK so that its reduction runs while they are computed.
+template <int kD, bool kBulk, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                           const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
@@ -119,6 +121,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   while (item < n_items) {
     TileKind next_kind = TileKind::kSkip;
     const int next = next_item<kBr, kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
+    if constexpr (kOverlap) {  // the previous item's dV, dK (reading its Q, dO stage) are done
+      wgmma::wait<0>();
+      wgmma::fence_regs(dva);
+      wgmma::fence_regs(dka);
+    }
     // This item's tiles have landed; every warp is done with the other stage and with sdS.
     flash::cp_async_wait<0>();
     wgmma::fence_proxy_async();
@@ -139,14 +146,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kD / 16; ++kk)
         Wgmma<kBr>::template ss<0, 0>(st, wgmma::desc_k_major<kBc>(dK, 64 * wg, kk), wgmma::desc_k_major<kBr>(dQ, 0, kk),
                                       kk > 0);
+      if constexpr (kOverlap) wgmma::commit();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         Wgmma<kBr>::template ss<0, 0>(dpt, wgmma::desc_k_major<kBc>(dV, 64 * wg, kk),
                                       wgmma::desc_k_major<kBr>(ddO, 0, kk), kk > 0);
       wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_regs(st);
-      wgmma::fence_regs(dpt);
+      if constexpr (kOverlap) {
+        wgmma::wait<1>();  // S^T; dP^T may still run
+        wgmma::fence_regs(st);
+      } else {
+        wgmma::wait<0>();
+        wgmma::fence_regs(st);
+        wgmma::fence_regs(dpt);
+      }
     }
 
     // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, per element.
@@ -160,20 +173,36 @@ __global__ void __launch_bounds__(kThreads, 1)
         bits[1] |= uint32_t(vis(i, k0 + jl + 8)) << c;
       }
     }
+    if constexpr (kOverlap) {  // no soft-cap: P^T first, then dS^T once dP^T has landed
 #pragma unroll
-    for (int n = 0; n < kBr / 8; ++n) {
+      for (int n = 0; n < kBr / 8; ++n)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int il = n * 8 + col0 + c;
-        const float lse2 = cStat[il] * kLog2e, dsv = cStat[kBr + il];
+        for (int e = 0; e < 4; ++e) {
+          const float lse2 = cStat[n * 8 + col0 + (e & 1)] * kLog2e;
+          st[4 * n + e] = (bits[e >> 1] >> (2 * n + (e & 1))) & 1u ? fast_exp2(fmaf(st[4 * n + e], scale_log2, -lse2)) : 0.f;
+        }
+      wgmma::wait<0>();
+      wgmma::fence_regs(dpt);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int e = 2 * r + c;
-          float dcap = 1.f;
-          const float s = cap_dot(st[4 * n + e], p.scale, p.softcap, &dcap);
-          const float pv = (bits[r] >> (2 * n + c)) & 1u ? fast_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
-          st[4 * n + e] = pv;
-          dpt[4 * n + e] = pv * (dpt[4 * n + e] - dsv) * dcap;
+      for (int n = 0; n < kBr / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dpt[4 * n + e] = st[4 * n + e] * (dpt[4 * n + e] - cStat[kBr + n * 8 + col0 + (e & 1)]);
+    } else {
+#pragma unroll
+      for (int n = 0; n < kBr / 8; ++n) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int il = n * 8 + col0 + c;
+          const float lse2 = cStat[il] * kLog2e, dsv = cStat[kBr + il];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int e = 2 * r + c;
+            float dcap = 1.f;
+            const float s = cap_dot(st[4 * n + e], p.scale, p.softcap, &dcap);
+            const float pv = (bits[r] >> (2 * n + c)) & 1u ? fast_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+            st[4 * n + e] = pv;
+            dpt[4 * n + e] = pv * (dpt[4 * n + e] - dsv) * dcap;
+          }
         }
       }
     }
@@ -192,8 +221,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::fence_proxy_async();
 
-    // dV += P^T dO, dK += dS^T Q (in flight while dS^T is exchanged).
-    {
+    // dV += P^T dO, dK += dS^T Q: issued before the dS^T exchange, or (kOverlap) after dQ.
+    auto issue_dkv = [&] {
       const uint64_t ddO = wgmma::tile_desc(cdO, kBr * 128), dQ = wgmma::tile_desc(cQ, kBr * 128);
       wgmma::fence();
 #pragma unroll
@@ -201,7 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dka, dst[kk], wgmma::desc_mn_major<kBr>(dQ, kk), 1);
       wgmma::commit();
-    }
+    };
+    if constexpr (!kOverlap) issue_dkv();
     __syncthreads();  // every warpgroup's dS^T is in shared memory
 
     // dQ (64 queries x kNq columns from n0) = dS K over keys [kk0 * 16, ...).
@@ -216,10 +246,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk),
                                       wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
       wgmma::commit();
-      wgmma::wait<0>();  // dV, dK and dQ
-      wgmma::fence_regs(dqa);
-      wgmma::fence_regs(dva);
-      wgmma::fence_regs(dka);
+      if constexpr (kOverlap) {
+        issue_dkv();
+        wgmma::wait<1>();  // dQ; dV and dK may still run
+        wgmma::fence_regs(dqa);
+      } else {
+        wgmma::wait<0>();  // dV, dK and dQ
+        wgmma::fence_regs(dqa);
+        wgmma::fence_regs(dva);
+        wgmma::fence_regs(dka);
+      }
       if constexpr (kBulk) {
         // Rows of 64 columns into this warpgroup's tile (once the previous item's reductions have
         // read it), then one bulk reduction per query row, issued by threads 0-63 of the warpgroup.
@@ -267,6 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     kind = next_kind;
   }
   flash::cp_async_wait<0>();
+  wgmma::wait<0>();
+  wgmma::fence_regs(dva);
+  wgmma::fence_regs(dka);
   if constexpr (kBulk) {
     if ((tid & 127) < kBr) bulk_wait_all<false>();
   }
@@ -290,10 +329,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kD, bool kBulk>
+template <int kD, bool kBulk, bool kOverlap = false>
 void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
             const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
-  auto* kernel = flash_bwd_sm90_kernel<kD, kBulk>;
+  auto* kernel = flash_bwd_sm90_kernel<kD, kBulk, kOverlap>;
   constexpr size_t kSmem = sm90_bwd_smem<kD, kBulk>();
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
@@ -308,9 +347,13 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
 }  // namespace
 
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, Stream s) {
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
+                   Stream s) {
   LOOM_CHECK(p.head_dim <= 128, "flash backward_sm90: head_dim ", p.head_dim, " > 128");
-  if (bulk_dq) {
+  if (overlap && p.softcap <= 0.f) {
+    if (p.head_dim <= 64) launch<64, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch<128, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  } else if (bulk_dq || overlap) {
     if (p.head_dim <= 64) launch<64, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
     else launch<128, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
   } else {
