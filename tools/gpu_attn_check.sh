@@ -58,3 +58,17 @@ for v in $bwd_variants; do
   echo "== backward variant $v, forward ${FWD_FOR_BWD:-0} (exit $?)"
   python3 bench/compare.py "$out/bench_bwd$v.json" "$out/torch.json" | grep -E "attention_(bwd|fwdbwd)/|name"
 done
+
+# PROFILE=1: one ncu report per Hopper kernel (first forward and backward launch of the d128 case),
+# with the stall reasons; FWD_FOR_BWD / PROFILE_BWD pick the variants.
+if [ "${PROFILE:-0}" = 1 ] && command -v ncu > /dev/null; then
+  LOOM_FLASH_FWD=${FWD_FOR_BWD:-3} LOOM_FLASH_BWD=${PROFILE_BWD:-3} timeout 300 ncu --clock-control none \
+    -k regex:'flash_(fwd|bwd)_sm90' -c 2 --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    --section ComputeWorkloadAnalysis \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op.*cycles_active\.avg\.pct_of_peak_sustained_active' \
+    "$bench_bin" --benchmark_filter='attention_fwdbwd/bf16/b4_s2048_h32_kv8_d128(/|$)' \
+    > "$out/ncu.txt" 2>&1
+  echo "== ncu (exit $?)"
+  grep -E "flash_|Duration|Throughput|Issue Slots|Eligible|Active Warps|Achieved Occupancy|Executed Ipc|pipe_tensor|stalled" \
+    "$out/ncu.txt" | grep -v "^==PROF" | awk '!/stalled/ || $NF+0 >= 0.05' | head -90
+fi

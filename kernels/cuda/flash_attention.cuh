@@ -15,15 +15,18 @@ void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16*
 
 // Hopper kernels (wgmma, flash_attention_*_sm90.cu): sm90_ready() says whether the current device is
 // compute capability 9.0 and the binary holds sm_90a machine code for them (asked once, with a
-// synchronous probe launch). tile_keys: 64 keys per step at head_dim 128 and 256, else 128 (32 at
-// head_dim 256).
+// synchronous probe launch). forward_sm90: warpgroups (of 64 query rows) per block, 2 (128 keys per
+// step, 32 at head_dim 256; one block per SM) or 1 (64 keys at head_dim 128; two blocks per SM).
 bool sm90_ready();
 void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                  int tile_keys, Stream s);
+                  int warpgroups, Stream s);
 // The backward's main kernel for head_dim <= 128 (flash_attention_bwd_sm90.cu); dsum and dq_acc as
 // backward() prepares them (dq_acc zeroed; the caller scales and rounds it into dq afterwards).
+// bulk_dq: dQ is added through shared memory with bulk reductions instead of atomics; overlap (with
+// bulk_dq; ignored under soft-capping): exponentials overlap dP^T and the dQ reduction dV, dK.
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
+                   Stream s);
 
 // Workspace: D_i = dout_i . out_i per (batch, head, query) and an f32 dq accumulator.
 size_t backward_workspace_bytes(const AttentionParams& p);

@@ -309,7 +309,10 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 //   0: 128 keys per block, 8 warps of 32 keys x half the queries / head_dim, so each Q and dO
 //      fragment serves two key tiles (64 keys and 16 warps of 16 at head_dim 256);
 //   1: 64 keys, 8 warps of 16;  2: 128 keys, 8 warps of 16;
-//   3: Hopper wgmma (flash_attention_bwd_sm90.cu) at head_dim <= 128 on sm_90a, else 0.
+//   3: Hopper wgmma (flash_attention_bwd_sm90.cu) at head_dim <= 128 on sm_90a, else 0;
+//   4: the same with dQ added by bulk reductions from shared memory instead of atomics;
+//   5: 4 with the exponentials overlapping dP^T and the dQ reduction overlapping dV, dK (as 4
+//      under soft-capping).
 // H200, b4 s2048 h32/8: head_dim 128 2567 us (variant 2: 2942), head_dim 64 1664 us (2007).
 int bwd_variant() {
   static const int v = [] {
@@ -337,8 +340,8 @@ void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16
   dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, out, dout, dsum);
   LOOM_CUDA_LAUNCH_CHECK();
   const int variant = bwd_variant();
-  if (variant == 3 && p.head_dim <= 128 && sm90_ready()) {
-    backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  if (variant >= 3 && variant <= 5 && p.head_dim <= 128 && sm90_ready()) {
+    backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, variant >= 4, variant == 5, s);
   } else if (p.head_dim <= 64) {
     if (variant == 1) launch_bwd<64, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
     else if (variant == 2) launch_bwd<64, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);

@@ -1,5 +1,5 @@
-// Flash attention forward on Hopper (sm_90a wgmma): one block of two warpgroups per (128 query
-// rows, head, batch row), each warpgroup owning 64 rows. Q stays in shared memory as the A operand
+// Flash attention forward on Hopper (sm_90a wgmma): one block of one or two warpgroups per (64 or
+// 128 query rows, head, batch row), each warpgroup owning 64 rows. Q stays in shared memory as the A operand
 // of S = Q K^T; P goes from the S accumulators straight into registers as the A operand of O += P V
 // (no shared-memory round trip). K and V tiles of 128 keys (32 at head_dim 256) are double-buffered through cp.async into
 // 128-byte-swizzled shared memory. Per key tile t the warpgroup runs the softmax of S(t) while the
@@ -15,18 +15,19 @@ namespace {
 
 using wgmma::Wgmma;
 
-constexpr int kWarpgroups = 2, kBr = 64 * kWarpgroups, kThreads = 128 * kWarpgroups;
-
-template <int kD, int kBc>
+template <int kD, int kBc, int kWG>
 constexpr size_t sm90_fwd_smem() {
-  return size_t(kBr + 4 * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align the tiles to 1024 bytes
+  return size_t(64 * kWG + 4 * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align the tiles to 1024 bytes
 }
 
-template <int kD, int kBc>
-__global__ void __launch_bounds__(kThreads, 1)
+// kWG warpgroups of 64 query rows per block: 2 (one block per SM), or 1 with two blocks per SM,
+// which then overlap one's softmax and barriers with the other's matrix products.
+template <int kD, int kBc, int kWG>
+__global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
     flash_fwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                           const bf16* __restrict__ v, bf16* __restrict__ out, float* __restrict__ lse) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBr = 64 * kWG, kThreads = 128 * kWG;
   constexpr int kNs = kBc / 8, kNo = kD / 8;  // 8-column groups of S and of O
   extern __shared__ unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
@@ -233,17 +234,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kD, int kBc>
+template <int kD, int kBc, int kWG = 2>
 void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s) {
-  auto* kernel = flash_fwd_sm90_kernel<kD, kBc>;
-  constexpr size_t kSmem = sm90_fwd_smem<kD, kBc>();
+  auto* kernel = flash_fwd_sm90_kernel<kD, kBc, kWG>;
+  constexpr size_t kSmem = sm90_fwd_smem<kD, kBc, kWG>();
+  constexpr int kBr = 64 * kWG;
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
   }();
   (void)attr_set;
   const dim3 grid(unsigned(p.heads), unsigned(p.batch), unsigned((p.seq + kBr - 1) / kBr));
-  kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, out, lse);
+  kernel<<<grid, 128 * kWG, kSmem, s>>>(p, q, k, v, out, lse);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -279,12 +281,18 @@ bool sm90_ready() {
 }
 
 void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                  int tile_keys, Stream s) {
-  if (p.head_dim <= 64) launch<64, 128>(p, q, k, v, out, lse, s);
-  else if (p.head_dim <= 128 && tile_keys == 64) launch<128, 64>(p, q, k, v, out, lse, s);
-  else if (p.head_dim <= 128) launch<128, 128>(p, q, k, v, out, lse, s);
-  else if (tile_keys == 64) launch<256, 64>(p, q, k, v, out, lse, s);  // spills ~150 bytes
-  else launch<256, 32>(p, q, k, v, out, lse, s);
+                  int warpgroups, Stream s) {
+  if (warpgroups == 1) {  // two blocks per SM: at most ~113 KB of shared memory each
+    if (p.head_dim <= 64) launch<64, 128, 1>(p, q, k, v, out, lse, s);
+    else if (p.head_dim <= 128) launch<128, 64, 1>(p, q, k, v, out, lse, s);
+    else launch<256, 32, 1>(p, q, k, v, out, lse, s);
+  } else if (p.head_dim <= 64) {
+    launch<64, 128>(p, q, k, v, out, lse, s);
+  } else if (p.head_dim <= 128) {
+    launch<128, 128>(p, q, k, v, out, lse, s);
+  } else {
+    launch<256, 32>(p, q, k, v, out, lse, s);
+  }
 }
 
 }  // namespace loom::cuda::flash
