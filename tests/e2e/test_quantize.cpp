@@ -142,6 +142,9 @@ TEST(Quantize, MatchesTransformersBitsandbytes) {
       const TensorInfo* o = ours->find(name);
       if (!o) continue;  // reported by the names check
       EXPECT_EQ(o->dtype, t->dtype) << family << " " << name;
+      // The quant_state JSON's length follows nested_offset's digits, which may differ in the last
+      // place (torch's CUDA mean): its fields are compared through load_nf4 below.
+      if (name.ends_with(".quant_state.bitsandbytes__nf4")) continue;
       EXPECT_EQ(o->shape, t->shape) << family << " " << name;
       // Dense tensors here; the 4-bit weights and their companions per weight below.
       if (!is_nf4(*theirs, name) && name.find(".weight.") == std::string::npos) {
