@@ -32,7 +32,11 @@ Zero2::Zero2(Communicator& comm, optim::Optimizer& opt, int64_t bucket_bytes) : 
 
   const int me = comm.rank();
   const int64_t base = me * layout_.shard;
-  master_ = Tensor::zeros({layout_.shard}, DType::f32, device_);
+  // Offloaded, masters and state go to pinned host memory; gradients are reduced on the device.
+  const bool host = opt.offloaded();
+  const Device state_device = host ? Device::cpu() : device_;
+  master_ = host ? optim::pinned_copy(Tensor::zeros({layout_.shard}, DType::f32), DType::f32)
+                 : Tensor::zeros({layout_.shard}, DType::f32, device_);
   grad_ = Tensor::zeros({layout_.shard}, DType::f32, device_);
   compute_ = Tensor::zeros({layout_.shard}, dtype_, device_);
   for (const ShardPiece& sp : layout_.pieces(me)) {
@@ -42,9 +46,9 @@ Zero2::Zero2(Communicator& comm, optim::Optimizer& opt, int64_t bucket_bytes) : 
     const int64_t len = sp.end - sp.begin;
     Tensor src = params[p.param].var.value().reshape({-1}).narrow(0, sp.begin, len);
     master_.narrow(0, sp.flat - base, len).copy_(src);
-    for (auto& [state_name, t] : opt.rule().init_state_range(len, numels[sp.param], device_)) {
+    for (auto& [state_name, t] : opt.rule().init_state_range(len, numels[sp.param], state_device)) {
       p.state_names.push_back(state_name);
-      p.state.push_back(std::move(t));
+      p.state.push_back(host ? optim::pinned_copy(t, t.dtype()) : std::move(t));
     }
     pieces_.push_back(std::move(p));
   }
@@ -140,6 +144,7 @@ ClipResult Zero2::step(float lr, float max_norm) {
     c.coef = std::isnan(coef) ? coef : std::min(coef, 1.f);  // as train/schedule.h's clip_grad_norm
   }
   const int64_t base = comm_.rank() * layout_.shard;
+  std::vector<optim::HostRange> offloaded;
   for (Piece& p : pieces_) {
     const optim::ParamGroup& g = opt_.groups()[opt_.params()[p.param].group];
     const int64_t off = p.at.flat - base, len = p.at.end - p.at.begin;
@@ -150,8 +155,12 @@ ClipResult Zero2::step(float lr, float max_norm) {
     a.step = steps_[p.param] + 1;
     Tensor master = master_.narrow(0, off, len);
     Tensor compute = compute_.narrow(0, off, len);
-    opt_.rule().update(master, grad_.narrow(0, off, len), p.state, a, &compute);
+    if (opt_.offloaded())
+      offloaded.push_back({master, &p.state, grad_.narrow(0, off, len), compute, a});
+    else
+      opt_.rule().update(master, grad_.narrow(0, off, len), p.state, a, &compute);
   }
+  if (opt_.offloaded()) host_.run(opt_.rule(), offloaded);
   for (int64_t& s : steps_) ++s;
   Tensor gathered = Tensor::empty({layout_.total()}, dtype_, device_);
   comm_.all_gather(compute_, gathered);

@@ -5,7 +5,9 @@
 // shard's pieces, nothing is re-implemented) and of the gradients. Gradients are reduce-scattered
 // bucket by bucket as backward produces them (the leaf gradients are released once copied), kept
 // in f32 on the owner, clipped by the global norm across shards, the shard is stepped and the
-// updated weights are all-gathered in the compute dtype into the parameters.
+// updated weights are all-gathered in the compute dtype into the parameters. With an Optimizer of
+// placement kHost (CPU offload) the shard's masters and state live in pinned host memory and the
+// shard is stepped on the CPU (optim/host_update.h): each rank offloads only its shard.
 #pragma once
 #include <map>
 #include <string>
@@ -15,6 +17,7 @@
 #include "dist/ddp.h"
 #include "dist/reducer.h"
 #include "dist/shard_layout.h"
+#include "optim/host_update.h"
 #include "optim/optimizer.h"
 
 namespace loom::dist {
@@ -37,8 +40,11 @@ class Zero2 : public Reducer {
   ClipResult step(float lr, float max_norm);
 
   const ShardLayout& layout() const { return layout_; }
-  // Bytes this rank holds for the optimizer: f32 masters and rule state of its shard.
+  // Bytes this rank holds for the optimizer: f32 masters and rule state of its shard (on the host
+  // when the Optimizer is offloaded).
   int64_t shard_bytes() const;
+  // Bytes of this rank's f32 masters (part of shard_bytes()).
+  int64_t master_bytes() const { return master_.nbytes(); }
   // What one unsharded rank would hold for the same (masters counted where the Optimizer keeps them).
   int64_t unsharded_bytes() const;
 
@@ -73,7 +79,8 @@ class Zero2 : public Reducer {
   ShardLayout layout_;
   DType dtype_;
   Device device_;
-  Tensor master_, grad_, compute_;  // this rank's shard: f32, f32, parameter dtype
+  Tensor master_, grad_, compute_;  // this rank's shard: f32 (pinned host when offloaded), f32, parameter dtype
+  optim::HostUpdater host_;         // offloaded: the shard's CPU step
   std::vector<Piece> pieces_;
   std::vector<int64_t> steps_;  // per registered parameter
   std::vector<Bucket> buckets_;

@@ -5,12 +5,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/error.h"
+#include "optim/host_update.h"
 
 namespace loom::optim {
 
-Optimizer::Optimizer(std::unique_ptr<UpdateRule> rule, bool sharded) : rule_(std::move(rule)), sharded_(sharded) {
+namespace {
+// Where an f32 parameter is its own master (kDevice) the master is the value itself.
+bool separate_master(const Optimizer::Param& p) { return p.master.storage() != p.var.value().storage(); }
+}  // namespace
+
+Optimizer::Optimizer(std::unique_ptr<UpdateRule> rule, bool sharded, Placement placement)
+    : rule_(std::move(rule)), sharded_(sharded), placement_(placement) {
   LOOM_CHECK(rule_ != nullptr, "Optimizer: null update rule");
+  if (offloaded()) {
+    for (auto& [name, t] : rule_->shared_state())
+      LOOM_CHECK(t.is_cpu(), "Optimizer: CPU offload runs the ", rule_->name(), " rule on the host, but its ", name,
+                 " is ", t.str(), " (make the rule for Device::cpu())");
+    host_ = std::make_unique<HostUpdater>();
+  }
 }
+
+Optimizer::~Optimizer() = default;
 
 int Optimizer::add_group(ParamGroup group) {
   groups_.push_back(std::move(group));
@@ -34,16 +49,21 @@ void Optimizer::add_param(const std::string& name, const ag::Variable& var, int 
     params_.push_back(std::move(p));
     return;
   }
-  p.master = var.dtype() == DType::f32 ? var.value() : var.value().to(DType::f32);
+  if (offloaded()) {
+    p.master = pinned_copy(var.value(), DType::f32);
+  } else {
+    p.master = var.dtype() == DType::f32 ? var.value() : var.value().to(DType::f32);
+  }
   for (auto& [state_name, t] : rule_->init_state(p.master.numel(), p.master.device())) {
     p.state_names.push_back(state_name);
-    p.state.push_back(std::move(t));
+    p.state.push_back(offloaded() ? pinned_copy(t, t.dtype()) : std::move(t));
   }
   params_.push_back(std::move(p));
 }
 
 void Optimizer::step(float lr, float grad_scale) {
   LOOM_CHECK(!sharded_, "Optimizer::step on a sharded optimizer: dist::Zero2 steps its shard");
+  if (offloaded()) return step_on_host(lr, grad_scale);
   for (Param& p : params_) {
     const Tensor& grad = p.var.grad();
     if (!grad.defined()) continue;
@@ -59,6 +79,26 @@ void Optimizer::step(float lr, float grad_scale) {
   }
 }
 
+void Optimizer::step_on_host(float lr, float grad_scale) {
+  std::vector<HostRange> ranges;
+  for (Param& p : params_) {
+    const Tensor& grad = p.var.grad();
+    if (!grad.defined()) continue;
+    const ParamGroup& g = groups_[p.group];
+    HostRange r;
+    r.master = p.master.reshape({-1});
+    r.state = &p.state;
+    r.grad = grad.reshape({-1});
+    r.compute = p.var.value().reshape({-1});
+    r.args.lr = lr * g.lr_scale;
+    r.args.weight_decay = g.weight_decay;
+    r.args.grad_scale = grad_scale;
+    r.args.step = ++p.step;
+    ranges.push_back(std::move(r));
+  }
+  host_->run(*rule_, ranges);
+}
+
 void Optimizer::zero_grad() {
   for (Param& p : params_) p.var.zero_grad();
 }
@@ -69,7 +109,7 @@ std::map<std::string, Tensor> Optimizer::state_dict(bool all_masters) const {
   for (auto& [name, t] : rule_->shared_state()) out[name] = t;
   for (const Param& p : params_) {
     for (size_t i = 0; i < p.state.size(); ++i) out[p.state_names[i] + "." + p.name] = p.state[i];
-    if (all_masters || p.master.storage() != p.var.value().storage()) out["master." + p.name] = p.master;
+    if (all_masters || p.var.dtype() != DType::f32) out["master." + p.name] = p.master;
     Tensor step = Tensor::zeros({1}, DType::i64);
     *step.data<int64_t>() = p.step;
     out["step." + p.name] = step;
@@ -95,15 +135,16 @@ absl::Status Optimizer::load_state_dict(const std::map<std::string, Tensor>& ten
       if (!t.ok()) return t.status();
       p.state[i].copy_(t->reshape(p.state[i].shape()));
     }
-    const bool separate = p.master.storage() != p.var.value().storage();
-    if (separate || tensors.contains("master." + p.name)) {
+    if (p.var.dtype() != DType::f32 || tensors.contains("master." + p.name)) {
       auto t = find("master." + p.name, p.master);
       if (!t.ok()) return t.status();
       p.master.copy_(t->reshape(p.master.shape()));
-      if (separate) {
+      if (separate_master(p)) {
         Tensor compute = p.var.value();
         compute.copy_(p.master);  // compute weights are the master rounded once
       }
+    } else if (separate_master(p)) {
+      p.master.copy_(p.var.value());  // saved without masters (LoRA): the loaded f32 value is the master
     }
     if (default_step >= 0 && !tensors.contains("step." + p.name)) {
       p.step = default_step;  // written before per-parameter steps were saved
@@ -115,6 +156,15 @@ absl::Status Optimizer::load_state_dict(const std::map<std::string, Tensor>& ten
   }
   return absl::OkStatus();
 }
+
+int64_t Optimizer::master_bytes() const {
+  int64_t n = 0;
+  for (const Param& p : params_)
+    if (p.master.defined() && p.var.dtype() != DType::f32) n += p.master.nbytes();
+  return n;
+}
+
+int64_t Optimizer::staging_bytes() const { return host_ ? host_->staging_bytes() : 0; }
 
 int64_t Optimizer::state_bytes() const {
   int64_t n = 0;

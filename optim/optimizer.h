@@ -1,7 +1,8 @@
 // The Optimizer: parameter groups (learning-rate multiplier, weight decay), step/zero_grad over
 // autograd leaves, f32 master weights for non-f32 compute weights, and named state tensors for
 // checkpoints. The arithmetic lives in an UpdateRule over one flat contiguous f32 range, so that
-// ZeRO-2 and CPU offload (dist/) can run the same rule on a shard or a host copy.
+// ZeRO-2 (dist/) and CPU offload (placement kHost, host_update.h) run the same rule on a shard or a
+// host copy.
 #pragma once
 #include <map>
 #include <memory>
@@ -56,17 +57,32 @@ struct ParamGroup {
   float weight_decay = 0.f;
 };
 
+class HostUpdater;
+
+// Where the f32 masters and the rule's state live and where the update runs.
+enum class Placement {
+  kDevice,  // with the parameters (on the GPU for a CUDA model)
+  // CPU optimizer offload (DeepSpeed's offload_optimizer: cpu): f32 masters (of f32 parameters too)
+  // and state in pinned host memory, updated on the CPU; gradients are copied down at step() and the
+  // new weights copied up in the parameters' dtype (host_update.h). The rule's shared state (8-bit
+  // code books) must be on the CPU.
+  kHost,
+};
+
 class Optimizer {
  public:
   // sharded: parameters are only registered (no masters, no state): dist::Zero2 owns a shard of
-  // those and runs the rule on it; step() and the state_dict functions are then not available.
-  explicit Optimizer(std::unique_ptr<UpdateRule> rule, bool sharded = false);
+  // those and runs the rule on it (where placement() says); step() and the state_dict functions are
+  // then not available.
+  explicit Optimizer(std::unique_ptr<UpdateRule> rule, bool sharded = false, Placement placement = Placement::kDevice);
+  ~Optimizer();
 
   // Returns the group's index for add_param.
   int add_group(ParamGroup group);
   // A leaf that requires grad, under a unique name. An f32 value is the master and is updated in
   // place; a bf16 value gets an f32 master copy (made here) and receives the rounded master after
-  // each step, so the f32 master carries the small updates that bf16 would lose.
+  // each step, so the f32 master carries the small updates that bf16 would lose. With kHost every
+  // value gets a host master and receives it (rounded to its dtype) after each step.
   void add_param(const std::string& name, const ag::Variable& var, int group = 0);
 
   // One update of every parameter that has a gradient; the others are skipped and their step
@@ -75,13 +91,13 @@ class Optimizer {
   void zero_grad();
 
   // Named tensors that restore this optimizer exactly: "<state>.<param>" per parameter,
-  // "master.<param>" where master and compute weight differ (for every parameter with
+  // "master.<param>" where the parameter is not f32 (for every parameter with
   // all_masters: then the f32 weights themselves travel with the state, as full fine-tuning
   // checkpoints need), "step.<param>" (i64 [1]), and the rule's shared tensors.
   std::map<std::string, Tensor> state_dict(bool all_masters = false) const;
   // Copies a state_dict() back (any device; state tensors may have any shape of the right numel
-  // and dtype), masters included where present (required where separate); refreshes the compute
-  // weights from the masters. `where` names the source in
+  // and dtype), masters included where present (required for non-f32 parameters; else an f32
+  // parameter's own value is its master); refreshes the compute weights from the masters. `where` names the source in
   // errors (a file). A missing "step.<param>" is an error unless default_step >= 0 is given.
   absl::Status load_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& where,
                                int64_t default_step = -1);
@@ -89,15 +105,22 @@ class Optimizer {
   const UpdateRule& rule() const { return *rule_; }
   UpdateRule& rule() { return *rule_; }
   bool sharded() const { return sharded_; }
+  Placement placement() const { return placement_; }
+  bool offloaded() const { return placement_ == Placement::kHost; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // Bytes of optimizer state (moments, absmax, code books; not master copies).
   int64_t state_bytes() const;
+  // Bytes of f32 masters kept apart from non-f32 parameters (what a GPU would hold besides the
+  // state; with kHost the f32 parameters' host masters are not counted: the GPU keeps those weights).
+  int64_t master_bytes() const;
+  // kHost: pinned bytes of the gradient and weight staging buffers (0 before the first step).
+  int64_t staging_bytes() const;
 
   struct Param {
     std::string name;
     ag::Variable var;
     int group = 0;
-    Tensor master;  // f32; shares storage with var.value() when that is f32
+    Tensor master;  // f32; shares storage with var.value() when that is f32 (kDevice)
     std::vector<Tensor> state;
     std::vector<std::string> state_names;
     int64_t step = 0;
@@ -105,8 +128,12 @@ class Optimizer {
   const std::vector<Param>& params() const { return params_; }
 
  private:
+  void step_on_host(float lr, float grad_scale);
+
   std::unique_ptr<UpdateRule> rule_;
   bool sharded_ = false;
+  Placement placement_ = Placement::kDevice;
+  std::unique_ptr<HostUpdater> host_;  // kHost
   std::vector<ParamGroup> groups_;
   std::vector<Param> params_;
 };

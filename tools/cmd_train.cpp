@@ -57,6 +57,10 @@ const std::vector<FlagSpec> kFlags = {
     {"quiet", true, "no progress output", ""},
     {"dist", false, "data parallelism over the MPI ranks (mpirun -np N loom train ...): ddp or zero2", ""},
     {"dist-timeout", false, "seconds a collective may take before the job is aborted (a rank died or hangs)", "300"},
+    {"offload-optimizer", true,
+     "CPU optimizer offload (DeepSpeed's offload_optimizer: cpu): f32 master weights and optimizer "
+     "state in pinned host memory, the update on the CPU; saves their GPU memory, costs a gradient "
+     "copy down and a weight copy up per step and the CPU update's time", ""},
     {"help", true, "show this help", ""},
 };
 
@@ -135,6 +139,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   auto timeout = args->number("dist-timeout");
   if (!timeout.ok()) return fail(timeout.status());
   c.dist_timeout = *timeout;
+  c.offload_optimizer = args->flag("offload-optimizer");
 
   auto trainer = Trainer::create(c);
   if (!trainer.ok()) return fail(trainer.status());

@@ -12,6 +12,7 @@
 #include "dist/zero2.h"
 #include "engine/status_macros.h"
 #include "engine/tensor_io.h"
+#include "train/optimizer_memory.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -50,6 +51,7 @@ absl::Status DistContext::agree(const TrainConfig& cfg, const std::string& model
       {"schedule", absl::StrCat(cfg.schedule, " lr=", cfg.lr, " warmup=", cfg.warmup_steps, " wd=", cfg.weight_decay,
                                 " clip=", cfg.max_grad_norm, " steps=", cfg.max_steps, " epochs=", cfg.epochs)},
       {"resume", cfg.resume},
+      {"offload-optimizer", cfg.offload_optimizer ? "on" : "off"},
   };
   return dist::check_agreement(group_->cpu(), fields);
 }
@@ -67,9 +69,7 @@ void DistContext::attach(optim::Optimizer& opt, bool quiet) {
   }
   dist::attach_grad_hooks(*reducer_, params_);
   if (root() && !quiet) {
-    int64_t masters = 0;
-    for (const auto& p : opt.params())
-      if (p.master.defined() && p.master.storage() != p.var.value().storage()) masters += p.master.nbytes();
+    const int64_t masters = opt.master_bytes();
     const double mb = 1.0 / (1 << 20);
     if (zero2_)
       std::printf("loom dist: zero2 on %d ranks (%s): optimizer state + f32 masters %.1f MiB per rank (%.1f MiB unsharded)\n",
@@ -78,6 +78,12 @@ void DistContext::attach(optim::Optimizer& opt, bool quiet) {
     else
       std::printf("loom dist: ddp on %d ranks (%s): optimizer state + f32 masters %.1f MiB per rank\n", world(),
                   group_->for_device(device()).backend().c_str(), (opt.state_bytes() + masters) * mb);
+    if (opt.offloaded() && zero2_) {  // the whole shard (masters and state) lives on the host
+      std::printf("%s\n", offload_summary(zero2_->shard_bytes(), zero2_->shard_bytes() - zero2_->master_bytes(),
+                                          zero2_->master_bytes(), 0).c_str());
+    } else if (opt.offloaded()) {
+      print_offload_summary(opt);
+    }
     std::fflush(stdout);
   }
 }

@@ -20,6 +20,7 @@
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/distributed.h"
+#include "train/optimizer_memory.h"
 #include "train/train_checkpoint.h"
 
 namespace loom {
@@ -216,8 +217,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     LOOM_RETURN_IF_ERROR(s->check_compatible(d, resume_from.state));  // before touching its adapter
   }
   std::unique_ptr<optim::UpdateRule> rule;
-  LOOM_ASSIGN_OR_RETURN(rule, optim::make_update_rule(cfg.optim, {cfg.beta1, cfg.beta2, cfg.eps}, s->device));
-  s->optimizer = std::make_unique<optim::Optimizer>(std::move(rule), /*sharded=*/s->dist && s->dist->zero2());
+  // --offload-optimizer: masters and state in pinned host memory, the update on the CPU.
+  const Device state_device = cfg.offload_optimizer ? Device::cpu() : s->device;
+  LOOM_ASSIGN_OR_RETURN(rule, optim::make_update_rule(cfg.optim, {cfg.beta1, cfg.beta2, cfg.eps}, state_device));
+  s->optimizer = std::make_unique<optim::Optimizer>(
+      std::move(rule), /*sharded=*/s->dist && s->dist->zero2(),
+      cfg.offload_optimizer ? optim::Placement::kHost : optim::Placement::kDevice);
   const int decay = s->optimizer->add_group({"decay", 1.f, cfg.weight_decay});
   if (cfg.full) {
     // Norms and biases get no weight decay, as transformers' Trainer excludes them.
@@ -241,6 +246,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     for (auto& [name, v] : lora_parameters(*s->model)) s->optimizer->add_param(name, *v, decay);
   }
   if (s->dist) s->dist->attach(*s->optimizer, cfg.quiet);
+  else if (cfg.offload_optimizer && !cfg.quiet) print_offload_summary(*s->optimizer);
   if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir, resume_from));
   if (s->dist && !s->dist->root()) return std::unique_ptr<Trainer>(new Trainer(std::move(s)));  // rank 0 writes
   auto metrics = MetricsWriter::open(cfg.out_dir, resume_dir ? std::optional<int64_t>(s->step) : std::nullopt);

@@ -38,6 +38,7 @@ struct TrainConfig {
   bool quiet = false;
   std::string dist;                // "" (one process), "ddp" or "zero2": data parallel over the MPI ranks
   double dist_timeout = 300;       // seconds a collective may take before the job is aborted
+  bool offload_optimizer = false;  // f32 masters and optimizer state in pinned host memory, updated on the CPU
 };
 
 // Parses flags in `loom train` form from a config file: one `key = value` or `key: value` per line

@@ -59,6 +59,28 @@ void adamw8bit_step(float* param, const G* grad, uint8_t* state1, uint8_t* state
   }
 }
 
+namespace {
+template <bool kDecay, bool kCopy, class G>
+void adam32bit_loop(float* param, const G* grad, float* state1, float* state2, int64_t n, const Adam8bitScalars& k,
+                    bf16* param_bf16) {
+  const float scale = k.grad_scale, beta1 = k.beta1, beta2 = k.beta2, w1 = k.w1, w2 = k.w2;
+  const float step_size = k.step_size, eps_c2 = k.eps_c2, decay = k.decay;
+#pragma omp parallel for simd if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = to_acc(grad[i]) * scale;
+    const float m = state1[i] * beta1 + w1 * g;
+    const float v = state2[i] * beta2 + w2 * (g * g);
+    float out = param[i] + step_size * (m / (std::sqrt(v) + eps_c2));
+    if constexpr (kDecay) out = out * decay;
+    state1[i] = m;
+    state2[i] = v;
+    param[i] = out;
+    if constexpr (kCopy) param_bf16[i] = float_to_bf16(out);
+  }
+}
+}  // namespace
+
+// Branch-free instances (decay on or off, bf16 copy or not) so that the loop vectorises.
 template <class G>
 void adam32bit_step(float* param, const G* grad, float* state1, float* state2, int64_t n, const AdamWParams& p,
                     bf16* param_bf16) {
@@ -67,18 +89,10 @@ void adam32bit_step(float* param, const G* grad, float* state1, float* state2, i
   if (n == 0) return;
   LOOM_CHECK(param && grad && state1 && state2, "adam32bit_step: null pointer");
   const Adam8bitScalars k = adam8bit_scalars(p);
-#pragma omp parallel for if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = to_acc(grad[i]) * k.grad_scale;
-    const float m = state1[i] * k.beta1 + k.w1 * g;
-    const float v = state2[i] * k.beta2 + k.w2 * (g * g);
-    float out = param[i] + k.step_size * (m / (std::sqrt(v) + k.eps_c2));
-    if (k.decay_on) out = out * k.decay;
-    state1[i] = m;
-    state2[i] = v;
-    param[i] = out;
-    if (param_bf16) param_bf16[i] = float_to_bf16(out);
-  }
+  if (k.decay_on && param_bf16) adam32bit_loop<true, true>(param, grad, state1, state2, n, k, param_bf16);
+  else if (k.decay_on) adam32bit_loop<true, false>(param, grad, state1, state2, n, k, param_bf16);
+  else if (param_bf16) adam32bit_loop<false, true>(param, grad, state1, state2, n, k, param_bf16);
+  else adam32bit_loop<false, false>(param, grad, state1, state2, n, k, param_bf16);
 }
 
 template void adamw8bit_step<float>(float*, const float*, uint8_t*, uint8_t*, float*, float*, const float*,

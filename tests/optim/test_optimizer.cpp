@@ -157,5 +157,70 @@ TEST(Optimizer, BadStateIsAClearError) {
   EXPECT_FALSE(optim::make_update_rule("sgd", {}, Device::cpu()).ok());
 }
 
+// CPU offload (Placement::kHost) against the device optimizer on CPU tensors: the same kernels on the
+// same numbers, so weights and state must be equal bit for bit — with a weight large enough to run
+// alone (1 << 18 elements and more) among small ones gathered into one stage, bf16 and f32 weights,
+// a parameter without gradient, and state_dicts that load into either placement.
+void offload_equals_device(const std::string& rule, DType dtype) {
+  struct Run {
+    std::vector<ag::Variable> vars;
+    std::unique_ptr<optim::Optimizer> opt;
+  };
+  const std::vector<Shape> shapes = {{520, 512}, {64, 8}, {5000}, {8, 64}, {100}, {33}};
+  auto make = [&](optim::Placement placement) {
+    Run r;
+    auto rule_or = optim::make_update_rule(rule, {0.9f, 0.95f, 1e-6f}, Device::cpu());
+    EXPECT_TRUE(rule_or.ok());
+    r.opt = std::make_unique<optim::Optimizer>(*std::move(rule_or), false, placement);
+    const int decay = r.opt->add_group({"decay", 1.f, 0.1f});
+    const int other = r.opt->add_group({"other", 0.5f, 0.f});
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      r.vars.emplace_back(random_tensor(shapes[i], 1 + uint32_t(i), i == 4 ? DType::f32 : dtype), true);
+      r.opt->add_param("p" + std::to_string(i), r.vars.back(), i % 2 ? other : decay);
+    }
+    return r;
+  };
+  auto train = [&](Run& r, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      for (size_t i = 0; i + 1 < shapes.size(); ++i)  // the last one gets no gradient
+        set_grad(r.vars[i], random_tensor(shapes[i], 100 * s + uint32_t(i), r.vars[i].dtype()));
+      r.opt->step(1e-2f, 0.8f);
+      r.opt->zero_grad();
+    }
+  };
+  Run device = make(optim::Placement::kDevice), host = make(optim::Placement::kHost);
+  EXPECT_TRUE(host.opt->offloaded());
+  train(device, 0, 3);
+  train(host, 0, 3);
+  for (size_t i = 0; i < shapes.size(); ++i)
+    EXPECT_TRUE(bits_equal(device.vars[i].value(), host.vars[i].value())) << rule << " p" << i;
+  const auto a = device.opt->state_dict(), b = host.opt->state_dict();
+  EXPECT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) EXPECT_TRUE(b.contains(name) && bits_equal(t, b.at(name))) << rule << " " << name;
+  EXPECT_EQ(host.opt->state_bytes(), device.opt->state_bytes());
+  EXPECT_EQ(host.opt->master_bytes(), device.opt->master_bytes());
+  EXPECT_GT(host.opt->staging_bytes(), 0);
+  // Either placement's state resumes in the other and both continue alike.
+  Run to_host = make(optim::Placement::kHost), to_device = make(optim::Placement::kDevice);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor h = to_host.vars[i].value(), d = to_device.vars[i].value();
+    h.copy_(device.vars[i].value());
+    d.copy_(host.vars[i].value());
+  }
+  ASSERT_TRUE(to_host.opt->load_state_dict(a, "device").ok());
+  ASSERT_TRUE(to_device.opt->load_state_dict(b, "host").ok());
+  train(device, 3, 5);
+  train(to_host, 3, 5);
+  train(to_device, 3, 5);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    EXPECT_TRUE(bits_equal(device.vars[i].value(), to_host.vars[i].value())) << rule << " resumed on host p" << i;
+    EXPECT_TRUE(bits_equal(device.vars[i].value(), to_device.vars[i].value())) << rule << " resumed on device p" << i;
+  }
+}
+TEST(Optimizer, OffloadedAdamWEqualsTheDeviceOne) { offload_equals_device("adamw", DType::f32); }
+TEST(Optimizer, OffloadedAdamWBf16EqualsTheDeviceOne) { offload_equals_device("adamw", DType::bf16); }
+TEST(Optimizer, OffloadedAdamW8bitEqualsTheDeviceOne) { offload_equals_device("adamw8bit", DType::f32); }
+TEST(Optimizer, OffloadedAdamW8bitBf16EqualsTheDeviceOne) { offload_equals_device("adamw8bit", DType::bf16); }
+
 }  // namespace
 }  // namespace loom::test
