@@ -1,24 +1,33 @@
 // checkpoint(): recompute instead of store. Forward runs without recording and keeps only the
-// inputs (optionally moved to pinned host memory); backward re-runs fn on a fresh tape and
-// back-propagates through it.
+// inputs (optionally offloaded to pinned host memory on a side stream, copied back one checkpoint
+// ahead of need); backward re-runs fn on a fresh tape and back-propagates through it.
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
+#include "engine/offload.h"
 
 namespace loom::ag {
 namespace {
 
+using Saved = std::vector<std::shared_ptr<OffloadedTensor>>;
+
+// The inputs of the checkpoint recorded just before this one: its backward runs right after this
+// one's, so this one's backward starts their copy back (a weak link: nothing is kept alive by it).
+thread_local std::weak_ptr<Saved> g_previous_offload;
+
 class CheckpointNode final : public Node {
  public:
-  CheckpointNode(CheckpointFn fn, std::vector<Tensor> saved, std::vector<Device> devices)
-      : fn_(std::move(fn)), saved_(std::move(saved)), devices_(std::move(devices)) {}
+  CheckpointNode(CheckpointFn fn, std::shared_ptr<Saved> saved, std::weak_ptr<Saved> previous)
+      : fn_(std::move(fn)), saved_(std::move(saved)), previous_(std::move(previous)) {}
   const char* name() const override { return "checkpoint"; }
 
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override {
+    if (auto prev = previous_.lock())
+      for (auto& t : *prev) t->prefetch();
     GradModeGuard grad_on(true);
     TapeScope fresh;
     std::vector<Variable> ins;
-    for (size_t i = 0; i < saved_.size(); ++i) ins.emplace_back(saved_[i].to(devices_[i]), needs_grad(i));
-    saved_.clear();  // the device copies above are all we need now
+    for (size_t i = 0; i < saved_->size(); ++i) ins.emplace_back((*saved_)[i]->fetch(), needs_grad(i));
+    saved_.reset();  // the device copies above are all we need now
     std::vector<Variable> outs = fn_(ins);
     LOOM_CHECK(outs.size() == grad_outputs.size(), "checkpoint: recomputation returned ", outs.size(),
                " outputs, forward returned ", grad_outputs.size());
@@ -38,8 +47,8 @@ class CheckpointNode final : public Node {
 
  private:
   CheckpointFn fn_;
-  std::vector<Tensor> saved_;
-  std::vector<Device> devices_;
+  std::shared_ptr<Saved> saved_;
+  std::weak_ptr<Saved> previous_;
 };
 
 }  // namespace
@@ -48,27 +57,25 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
                                  const CheckpointOptions& options) {
   std::vector<const Variable*> in_ptrs;
   for (const auto& v : inputs) in_ptrs.push_back(&v);
+  const bool recording = options.captures_trainable ? grad_enabled() : should_record(in_ptrs);
+  // Offloading starts before fn runs, so that the copy down overlaps this checkpoint's compute.
+  auto saved = std::make_shared<Saved>();
+  if (recording) {
+    for (const auto& v : inputs)
+      saved->push_back(options.offload ? OffloadedTensor::offload(v.value()) : OffloadedTensor::keep(v.value()));
+  }
   std::vector<Variable> outs;
   {
     NoGradGuard no_grad;
     outs = fn(inputs);
   }
-  if (!should_record(in_ptrs)) return outs;
-  std::vector<Tensor> saved;
-  std::vector<Device> devices;
-  for (const auto& v : inputs) {
-    devices.push_back(v.device());
-    if (options.offload && v.value().is_cuda()) {
-      Tensor host = Tensor::empty_pinned(v.shape(), v.dtype());
-      host.copy_(v.value());
-      saved.push_back(host);
-    } else {
-      saved.push_back(v.value());
-    }
-  }
+  if (!recording) return outs;
+  std::weak_ptr<Saved> previous = options.offload ? g_previous_offload : std::weak_ptr<Saved>();
+  if (options.offload) g_previous_offload = saved;
   std::vector<Tensor> values;
   for (auto& o : outs) values.push_back(o.value());
-  return record(std::make_shared<CheckpointNode>(fn, std::move(saved), std::move(devices)), in_ptrs, std::move(values));
+  return record(std::make_shared<CheckpointNode>(fn, std::move(saved), std::move(previous)), in_ptrs,
+                std::move(values), options.captures_trainable);
 }
 
 }  // namespace loom::ag

@@ -30,6 +30,24 @@ Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool
 // x [..., in] x w [out, in]^T (+ bias [out]).
 Variable linear(const Variable& x, const Variable& w, const Variable* bias = nullptr);
 
+// ---- LoRA (fn_lora.cpp) ----
+struct LoraArgs {
+  float scale = 1.f;    // alpha / r (or alpha / sqrt(r) with rsLoRA)
+  float dropout = 0.f;  // applied to the adapter's input only, regenerated in backward (never stored)
+  uint64_t seed = 0, offset = 0;
+};
+// x [..., in] W[out, in]^T + scale * (dropout(x) A[r, in]^T) B[out, r]^T: every product a GEMM in
+// x's dtype with f32 accumulation; A and B (f32 masters) are used in that dtype and their gradients
+// come back in their own. W may be frozen (LoRA) or trained. The bias [out] (optional) is added to
+// the base product before the adapter's, as PEFT adds the adapter to the base layer's output.
+// A frozen weight that backward materialises again instead of keeping it alive (a dequantised
+// NF4 weight): empty = keep the forward's tensor.
+using WeightFn = std::function<Tensor()>;
+Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
+                     const Variable* bias = nullptr, const WeightFn& rematerialize = {});
+// x W^T (+ bias) with W frozen (no gradient) and re-materialised by `rematerialize` for backward.
+Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr);
+
 // ---- normalization, position, activation, lookup (fn_nn.cpp) ----
 Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one = false);
 // x [batch, seq, heads, head_dim]; positions i32 [batch*seq]; inv_freq f32 [head_dim/2].
@@ -56,8 +74,12 @@ Variable linear_cross_entropy(const Variable& h, const Variable& w, const Tensor
 // ---- recompute checkpointing (checkpoint.cpp) ----
 using CheckpointFn = std::function<std::vector<Variable>(const std::vector<Variable>&)>;
 struct CheckpointOptions {
-  // Move the saved inputs to pinned host memory after forward and back before recompute.
+  // Move the saved inputs to pinned host memory (on a side stream, overlapping fn's compute) and
+  // back before recompute, one checkpoint ahead of need.
   bool offload = false;
+  // fn uses trainable Variables it captures (a layer's LoRA weights): record whenever grad mode is
+  // on, also when no input requires grad.
+  bool captures_trainable = false;
 };
 // Runs fn without recording; saves only its inputs; in backward re-runs fn with recording and
 // back-propagates through it. fn must be deterministic (seeded RNG) and may use Variables it

@@ -37,10 +37,10 @@ bool should_record(const std::vector<const Variable*>& inputs) {
 }
 
 std::vector<Variable> record(std::shared_ptr<Node> node, const std::vector<const Variable*>& inputs,
-                             std::vector<Tensor> outputs) {
+                             std::vector<Tensor> outputs, bool always) {
   std::vector<Variable> out;
   out.reserve(outputs.size());
-  if (!should_record(inputs)) {
+  if (!(always ? t_grad_enabled : should_record(inputs))) {
     for (Tensor& t : outputs) out.emplace_back(std::move(t), false);
     return out;
   }

@@ -33,9 +33,11 @@ class NoGradGuard : public GradModeGuard {
 bool should_record(const std::vector<const Variable*>& inputs);
 
 // Records node with its inputs; returns the outputs wrapped as Variables (tracked when recorded,
-// plain otherwise). Call it after computing the forward values.
+// plain otherwise). Call it after computing the forward values. `always` records whenever grad
+// mode is on, also when no input requires grad (a checkpoint whose function captures trainable
+// weights).
 std::vector<Variable> record(std::shared_ptr<Node> node, const std::vector<const Variable*>& inputs,
-                             std::vector<Tensor> outputs);
+                             std::vector<Tensor> outputs, bool always = false);
 Variable record1(std::shared_ptr<Node> node, const std::vector<const Variable*>& inputs, Tensor output);
 
 // Runs the tape backwards from root, seeded with grad (ones for a scalar root when undefined),

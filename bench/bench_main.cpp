@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
   register_attention();
   register_loss();
   register_optim();
+  register_quant();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

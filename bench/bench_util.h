@@ -100,5 +100,6 @@ void register_nn();         // rms_norm, rope, swiglu/geglu, embedding
 void register_attention();  // attention, cross_entropy
 void register_loss();       // fused linear + cross-entropy
 void register_optim();      // adamw, uniform/normal fills
+void register_quant();      // nf4 dequantise / quantise
 
 }  // namespace loom::bench

@@ -417,8 +417,32 @@ def optim_cases():
         yield f"normal_fill/{dn}/256Mi", "", nrm
 
 
+def quant_cases():
+    """bitsandbytes' NF4 (double-quantised, blocks of 64) on the Llama-3-8B MLP weight shape, when
+    bitsandbytes imports (the wheel in ../shared/peers/); no cases otherwise."""
+    try:
+        import bitsandbytes.functional as bnbf
+    except Exception as e:  # not installed, or no CUDA library for this machine
+        print(f"peer_torch.py: bitsandbytes not importable ({type(e).__name__}: {e}); no nf4 peer", file=sys.stderr)
+        return
+    rows, cols = 14336, 4096
+    shape = f"/{rows}x{cols}"
+    for dt, dn in ((BF16, "bf16"), (F32, "f32")):
+        def deq(dt=dt):
+            w = rand((rows, cols), dt, -0.05, 0.05)
+            packed, qs = bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+            out = torch.empty((rows, cols), dtype=dt, device=DEV)
+            return lambda: bnbf.dequantize_4bit(packed, qs, out=out)
+        yield "nf4_dequantize/" + dn + shape, "bnb", deq
+
+    def quant():
+        w = rand((rows, cols), BF16, -0.05, 0.05)
+        return lambda: bnbf.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+    yield "nf4_quantize/bf16" + shape, "bnb", quant
+
+
 def all_cases():
-    for gen in (elementwise_cases, gemm_cases, nn_cases, attention_cases, loss_cases, optim_cases):
+    for gen in (elementwise_cases, gemm_cases, nn_cases, attention_cases, loss_cases, optim_cases, quant_cases):
         yield from gen()
 
 

@@ -22,11 +22,16 @@ p.add_argument("--steps", type=int, default=30)
 p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--attn", default="sdpa")
 p.add_argument("--out", default="")
+p.add_argument("--gc", action="store_true", help="gradient checkpointing (transformers' own, non-reentrant)")
+p.add_argument("--json-shape", default="", help="tag the JSON line with this shape name (bench/e2e/run.sh)")
 a = p.parse_args()
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation=a.attn).cuda()
 cfg = LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+if a.gc:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
 model = get_peft_model(model, cfg)
 model.train()  # from_pretrained returns eval mode
 for n, prm in model.named_parameters():
@@ -49,6 +54,10 @@ for step in range(a.steps):
 tok_s = [a.batch_size * a.seq_len / t for t in times[a.warmup:]]
 res = {"peer": f"transformers+peft ({a.attn})", "tokens_per_s": statistics.median(tok_s),
        "peak_mem_bytes": torch.cuda.max_memory_allocated(), "loss": float(loss)}
+if a.json_shape:  # bench/e2e/run.sh's schema
+    res = {"shape": a.json_shape, "who": f"transformers+peft ({a.attn}){' + gradient checkpointing' if a.gc else ''}",
+           "batch": a.batch_size, "seq": a.seq_len, "ok": True, "tok_s": round(statistics.median(tok_s)),
+           "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2), "loss": float(loss)}
 print(json.dumps(res))
 if a.out:
     json.dump(res, open(a.out, "w"))

@@ -6,8 +6,7 @@ include(CMakePackageConfigHelpers)
 
 set(_loom_libs loom_kernels loom_engine loom_autograd loom_optim loom_models loom_dist loom_text)
 set(_loom_header_dirs kernels engine autograd optim models dist text)
-# loom_dist links only absl and the engine today; LoomConfig.cmake must find MPI and NCCL once the
-# Communicator lands there.
+# loom_dist links MPI (LoomConfig.cmake finds it) and, with CUDA, NCCL by its full path.
 set(_loom_has_train OFF)  # train/ may be absent from a partial checkout
 if(TARGET loom_train)
   list(APPEND _loom_libs loom_train)

@@ -1,7 +1,11 @@
 // Allocators and per-device byte counters (see memory.h).
 #include "engine/memory.h"
 
+#include <algorithm>
 #include <array>
+#include <map>
+#include <mutex>
+#include <vector>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -109,17 +113,47 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
 #endif
 }
 
+#if LOOM_WITH_CUDA
+namespace {
+// Pinned blocks are kept for reuse by exact size: cudaMallocHost is slow and cudaFreeHost
+// synchronises the device, and the same sizes (a step's batch, a layer's input) come back every
+// step. A released block may be handed out again at once, so a caller must keep a block alive
+// while an asynchronous copy still uses it (engine/offload.cpp does; the trainer keeps its batch
+// for the whole step).
+struct PinnedCache {
+  std::mutex mu;
+  std::map<size_t, std::vector<void*>> free;
+};
+PinnedCache& pinned_cache() {
+  static auto* c = new PinnedCache();  // never destroyed: blocks may be released during exit
+  return *c;
+}
+}  // namespace
+#endif
+
 std::shared_ptr<Storage> allocate_pinned(size_t nbytes) {
 #if LOOM_WITH_CUDA
   if (cuda_available()) {
+    const size_t n = std::max<size_t>(nbytes, 1);
     void* p = nullptr;
-    LOOM_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(nbytes, 1)));
+    PinnedCache& cache = pinned_cache();
+    {
+      std::lock_guard<std::mutex> lock(cache.mu);
+      auto it = cache.free.find(n);
+      if (it != cache.free.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+      }
+    }
+    if (!p) LOOM_CUDA_CHECK(cudaMallocHost(&p, n));
     count_alloc(Device::cpu(), static_cast<int64_t>(nbytes));
     return std::make_shared<Storage>(
         p, nbytes, Device::cpu(),
-        [nbytes](void* q) {
-          cudaFreeHost(q);
+        [nbytes, n](void* q) {
           count_free(Device::cpu(), static_cast<int64_t>(nbytes));
+          PinnedCache& c = pinned_cache();
+          std::lock_guard<std::mutex> lock(c.mu);
+          c.free[n].push_back(q);
         },
         /*pinned=*/true);
   }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "engine/tensor.h"
@@ -49,6 +50,11 @@ void matmul_into(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool
                  float beta = 0.f);
 // x [..., in] times w [out, in]^T -> [..., out]   (torch.nn.functional.linear without bias)
 Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype = std::nullopt);
+// f32 x [rows, k] -> bf16 [rows, len(pattern) * k]: block p holds x's hi ('h': bf16(x)) or lo ('l':
+// bf16(x - hi)) part (kernels/bf16_split.h), for products at nearly f32 precision through bf16 GEMMs.
+Tensor bf16_split(const Tensor& x, const std::string& pattern);
+// f32 in [rows, m * k] -> f32 [rows, k]: alpha times the sum of the m blocks of each row.
+Tensor block_sum(const Tensor& in, int m, float alpha = 1.f);
 
 // ---- normalization, position, activation, lookup ----
 struct RmsNormOut {
@@ -143,5 +149,24 @@ void normal_(Tensor& t, uint64_t seed, uint64_t offset, float mean, float std);
 // x * keep / (1 - p) with the keep mask a pure function of (seed, offset, index): calling it again
 // on the gradient with the same seed and offset is the backward.
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset);
+
+// ---- NF4 4-bit storage (kernels/nf4.h; engine/ops_quant.cpp), bitsandbytes' layout ----
+struct Nf4Parts {
+  Tensor packed;         // u8 [ceil(n / 2)], element 2j in the high nibble
+  Tensor absmax;         // u8 [ceil(n / 64)]: codes of nested_code (double-quantised); or f32 (plain)
+  Tensor nested_absmax;  // f32 [ceil(blocks / 256)]; undefined when plain
+  Tensor nested_code;    // f32 [256] (bitsandbytes' signed dynamic map); undefined when plain
+  float offset = 0.f;    // mean of the f32 absmax, subtracted before the 8-bit quantisation
+  bool nested() const { return nested_absmax.defined(); }
+};
+// Quantises every element of x (f32 or bf16, any shape and strides) on x's device, flattened in
+// row-major order; double_quant: compress_statistics=True (QLoRA's default). On CUDA it reads the
+// offset back to the host once (a stream synchronisation).
+Nf4Parts nf4_quantize(const Tensor& x, bool double_quant = true);
+// out (f32 or bf16, contiguous, on the parts' device) receives all out.numel() elements.
+void nf4_dequantize_into(const Nf4Parts& q, Tensor& out);
+Tensor nf4_dequantize(const Nf4Parts& q, const Shape& shape, DType dtype);
+// bitsandbytes' signed 8-bit dynamic map as an f32 [256] tensor on `device` (one per device, shared).
+Tensor nf4_nested_code(Device device);
 
 }  // namespace loom::ops

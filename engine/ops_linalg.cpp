@@ -1,6 +1,7 @@
 // ops:: matrix products through the one GEMM wrapper (Eigen on CPU, cuBLASLt on CUDA).
 #include "engine/dispatch.h"
 #include "engine/ops.h"
+#include "kernels/bf16_split.h"
 #include "kernels/gemm.h"
 
 namespace loom::ops {
@@ -106,6 +107,43 @@ Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype) 
   Tensor x2 = x.reshape({-1, x.size(-1)});
   Tensor y = matmul(x2, w, false, true, out_dtype);
   return y.view(out_shape);
+}
+
+Tensor bf16_split(const Tensor& x_in, const std::string& pattern) {
+  const char* op = "bf16_split";
+  expect_dtype(op, x_in, DType::f32, "x");
+  LOOM_CHECK(x_in.dim() == 2, op, ": x must be [rows, k], got ", x_in.str());
+  SplitPattern p;
+  LOOM_CHECK(!pattern.empty() && pattern.size() <= size_t(kMaxSplitParts), op, ": 1 to 4 parts, got '", pattern, "'");
+  for (char c : pattern) {
+    LOOM_CHECK(c == 'h' || c == 'l', op, ": parts are 'h' or 'l', got '", pattern, "'");
+    p.parts[p.count++] = c;
+  }
+  const Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1);
+  Tensor out = Tensor::empty({rows, p.count * k}, DType::bf16, x.device());
+  if (x.is_cpu()) {
+    cpu::bf16_split(x.data<float>(), out.data<bf16>(), rows, k, p);
+  } else {
+    LOOM_ON_CUDA(op, float, cuda::bf16_split(x.data<float>(), out.data<bf16>(), rows, k, p, stream_of(x)));
+  }
+  return out;
+}
+
+Tensor block_sum(const Tensor& in_t, int m, float alpha) {
+  const char* op = "block_sum";
+  expect_dtype(op, in_t, DType::f32, "in");
+  LOOM_CHECK(in_t.dim() == 2 && m >= 1 && in_t.size(1) % m == 0, op, ": in must be [rows, m * k] with m = ", m,
+             ", got ", in_t.str());
+  const Tensor in = in_t.contiguous();
+  const int64_t rows = in.size(0), k = in.size(1) / m;
+  Tensor out = Tensor::empty({rows, k}, DType::f32, in.device());
+  if (in.is_cpu()) {
+    cpu::block_sum(in.data<float>(), out.data<float>(), rows, k, m, alpha);
+  } else {
+    LOOM_ON_CUDA(op, float, cuda::block_sum(in.data<float>(), out.data<float>(), rows, k, m, alpha, stream_of(in)));
+  }
+  return out;
 }
 
 }  // namespace loom::ops

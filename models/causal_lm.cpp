@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "models/bnb_checkpoint.h"
 #include "models/checkpoint.h"
 #include "models/family.h"
 #include "models/gguf_model.h"
@@ -18,8 +19,9 @@ namespace {
 // checkpoint it initialises instead: N(0, 0.02) matrices, zero biases, unit norms ((1 + w) norms: 0).
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint* ck, DType dtype, Device device, uint64_t seed)
-      : ck_(ck), dtype_(dtype), device_(device), seed_(seed) {}
+  WeightLoader(const Checkpoint* ck, DType dtype, Device device, uint64_t seed, bool quantize_4bit,
+               std::optional<BnbQuantConfig> bnb)
+      : ck_(ck), dtype_(dtype), device_(device), seed_(seed), quantize_4bit_(quantize_4bit), bnb_(std::move(bnb)) {}
 
   absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape, float init_fill = NAN) {
     if (!ck_) {
@@ -36,9 +38,22 @@ class WeightLoader {
   }
   absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias) {
     l.name = name;
-    auto w = get(name + ".weight", {out, in});
-    if (!w.ok()) return w.status();
-    l.weight = *std::move(w);
+    const std::string wname = name + ".weight";
+    if (ck_ && is_nf4(*ck_, wname)) {  // stored in 4 bits by transformers + bitsandbytes: kept so
+      auto q = load_nf4(*ck_, wname, {out, in}, device_);
+      if (!q.ok()) return q.status();
+      for (const auto& [n, t] : nf4_state_tensors(wname, *q)) consumed_.insert(n);
+      l.nf4 = std::make_shared<const Nf4Weight>(*std::move(q));
+    } else {
+      auto w = get(wname, {out, in});
+      if (!w.ok()) return w.status();
+      if (quantize_4bit_ && bnb_quantizes(wname, bnb_ ? &*bnb_ : nullptr)) {
+        // QLoRA from a full-precision checkpoint: only this one weight is ever dense on the device.
+        l.nf4 = std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w->value()));
+      } else {
+        l.weight = *std::move(w);
+      }
+    }
     if (bias) {
       auto b = get(name + ".bias", {out}, 0.f);
       if (!b.ok()) return b.status();
@@ -69,6 +84,8 @@ class WeightLoader {
   DType dtype_;
   Device device_;
   uint64_t seed_;
+  bool quantize_4bit_;
+  std::optional<BnbQuantConfig> bnb_;
   std::set<std::string> consumed_;
 };
 
@@ -76,6 +93,22 @@ class WeightLoader {
 bool is_gemma(const ModelConfig& c) { return c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2; }
 
 }  // namespace
+
+absl::StatusOr<Checkpointing> parse_checkpointing(const std::string& text) {
+  if (text == "none") return Checkpointing::kNone;
+  if (text == "recompute") return Checkpointing::kRecompute;
+  if (text == "offload") return Checkpointing::kOffload;
+  return absl::InvalidArgumentError(absl::StrCat("--checkpointing must be none, recompute or offload, got '", text, "'"));
+}
+
+const char* checkpointing_name(Checkpointing c) {
+  switch (c) {
+    case Checkpointing::kNone: return "none";
+    case Checkpointing::kRecompute: return "recompute";
+    case Checkpointing::kOffload: return "offload";
+  }
+  return "?";
+}
 
 absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& model_dir, const LoadOptions& options) {
   if (options.dtype != DType::f32 && options.dtype != DType::bf16)
@@ -108,7 +141,13 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   m->device_ = options.device;
   m->source_dir_ = source_dir;
   const ModelConfig& c = m->config_;
-  WeightLoader w(ck, options.dtype, options.device, seed);
+  std::optional<BnbQuantConfig> bnb;
+  if (ck && !is_gguf_path(source_dir)) {
+    auto q = read_bnb_quant_config(source_dir);
+    if (!q.ok() && !absl::IsNotFound(q.status())) return q.status();
+    if (q.ok()) bnb = *q;
+  }
+  WeightLoader w(ck, options.dtype, options.device, seed, options.quantize_4bit, bnb);
 
   auto embed = w.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (!embed.ok()) return embed.status();
@@ -185,19 +224,24 @@ ag::Variable CausalLM::loss(const Tensor& input_ids, const Tensor& labels, const
                  labels.shape() == input_ids.shape(),
              "CausalLM::loss: input_ids ", input_ids.str(), " and labels ", labels.str(),
              " must both be i32 [batch, seq]");
+  return loss_from_targets(input_ids, shift_labels(labels), options);
+}
+
+ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& targets,
+                                         const ForwardOptions& options) const {
+  LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32 && targets.dtype() == DType::i32 &&
+                 targets.dim() == 1 && targets.numel() == input_ids.numel(),
+             "CausalLM::loss: input_ids ", input_ids.str(), " and targets ", targets.str(),
+             " must be i32 [batch, seq] and i32 [batch*seq]");
   detail::LayerContext ctx = context_for(input_ids, options);
   ag::Variable h = hidden_states(input_ids, ctx, nullptr);
+  const Tensor t = targets.to(device_);
+  h = ag::reshape(h, {input_ids.numel(), h.size(2)});
   // A LoRA adapter or a bias on lm_head is not part of the fused product, and a weight stored in
   // another dtype than the activations (a quantized head) is not a plain GEMM: take the plain path.
   if (lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype())
-    return causal_lm_loss(head(h), labels);
-  const int64_t batch = labels.size(0), seq = labels.size(1);
-  std::vector<int32_t> l = labels.to_ints(), targets(l.size(), ops::kIgnoreIndex);
-  for (int64_t b = 0; b < batch; ++b)  // position s predicts labels[s + 1], as in causal_lm_loss
-    for (int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = l[b * seq + s + 1];
-  const Tensor t = Tensor::from_ints(targets, {batch * seq}).to(device_);
-  return ag::linear_cross_entropy(ag::reshape(h, {batch * seq, h.size(2)}), lm_head_.weight, t,
-                                  config_.final_logit_softcapping);
+    return ag::cross_entropy(head(h), t);  // head() applies the final soft-cap
+  return ag::linear_cross_entropy(h, lm_head_.weight, t, config_.final_logit_softcapping);
 }
 
 ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache,
@@ -209,12 +253,24 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
     const float normalizer = std::sqrt(static_cast<float>(c.hidden_size));
     x = ag::scale(x, dtype_ == DType::bf16 ? bf16_to_float(float_to_bf16(normalizer)) : normalizer);
   }
+  const bool gemma = is_gemma(c);
+  const bool checkpointed = checkpointing_ != Checkpointing::kNone && !cache && ag::grad_enabled();
+  ag::CheckpointOptions checkpoint_options;
+  checkpoint_options.offload = checkpointing_ == Checkpointing::kOffload;
+  checkpoint_options.captures_trainable = true;  // the layer's LoRA (or full) weights
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (cache) {
       ctx.k_cache = &cache->k[i];
       ctx.v_cache = &cache->v[i];
     }
-    x = is_gemma(c) ? detail::gemma_layer(layers_[i], x, ctx) : detail::llama_layer(layers_[i], x, ctx);
+    if (checkpointed) {  // the layer runs again in backward: it captures its context by value
+      auto layer = [L = &layers_[i], gemma, lctx = ctx](const std::vector<ag::Variable>& in) {
+        return std::vector<ag::Variable>{gemma ? detail::gemma_layer(*L, in[0], lctx) : detail::llama_layer(*L, in[0], lctx)};
+      };
+      x = ag::checkpoint(layer, {x}, checkpoint_options)[0];
+    } else {
+      x = gemma ? detail::gemma_layer(layers_[i], x, ctx) : detail::llama_layer(layers_[i], x, ctx);
+    }
   }
   // A prompt's prefill needs only the last position's logits: [1, n, vocab] in f32 can be gigabytes.
   if (last_only && x.size(1) > 1) x = ag::narrow(x, 1, x.size(1) - 1, 1);
@@ -224,7 +280,7 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
 ag::Variable CausalLM::head(const ag::Variable& h) const {
   ag::Variable logits = lm_head_.forward(h);
   if (config_.final_logit_softcapping > 0.f) logits = ag::softcap(logits, config_.final_logit_softcapping);
-  return ag::cast(logits, DType::f32);
+  return ag::cast(logits, precision().logits);
 }
 
 ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache, bool last_only) const {
@@ -282,7 +338,7 @@ std::vector<std::pair<std::string, const ag::Variable*>> CausalLM::named_weights
   out.emplace_back("model.embed_tokens.weight", &embed_tokens_);
   auto add_norm = [&](const RmsNorm& n) { out.emplace_back(n.name + ".weight", &n.weight); };
   auto add_linear = [&](const Linear& l) {
-    out.emplace_back(l.name + ".weight", &l.weight);
+    if (!l.quantized()) out.emplace_back(l.name + ".weight", &l.weight);  // 4-bit weights are not Variables
     if (l.bias.defined()) out.emplace_back(l.name + ".bias", &l.bias);
   };
   for (const DecoderLayer& L : layers_) {
@@ -312,16 +368,22 @@ void CausalLM::set_weights_trainable(bool trainable) {
   if (config_.tie_word_embeddings) lm_head_.weight = embed_tokens_;  // re-tie to the new leaf
 }
 
+Tensor shift_labels(const Tensor& labels) {
+  LOOM_CHECK(labels.dim() == 2 && labels.dtype() == DType::i32, "shift_labels: labels must be i32 [batch, seq], got ",
+             labels.str());
+  const int64_t batch = labels.size(0), seq = labels.size(1);
+  std::vector<int32_t> l = labels.to_ints(), targets(l.size(), ops::kIgnoreIndex);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = l[b * seq + s + 1];
+  return Tensor::from_ints(targets, {batch * seq});
+}
+
 ag::Variable causal_lm_loss(const ag::Variable& logits, const Tensor& labels, float softcap) {
   LOOM_CHECK(logits.value().dim() == 3 && labels.dim() == 2 && labels.size(0) == logits.size(0) &&
                  labels.size(1) == logits.size(1) && labels.dtype() == DType::i32,
              "causal_lm_loss: logits ", logits.value().str(), " and labels ", labels.str(), " must be [batch, seq, vocab] and i32 [batch, seq]");
   const int64_t batch = labels.size(0), seq = labels.size(1), vocab = logits.size(2);
-  // Shift: the prediction at s is scored against labels[s + 1]; the last position has no target.
-  std::vector<int32_t> l = labels.to_ints(), targets(l.size(), ops::kIgnoreIndex);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t s = 0; s + 1 < seq; ++s) targets[b * seq + s] = l[b * seq + s + 1];
-  const Tensor t = Tensor::from_ints(targets, {batch * seq}).to(logits.device());
+  const Tensor t = shift_labels(labels).to(logits.device());
   return ag::cross_entropy(ag::reshape(logits, {batch * seq, vocab}), t, softcap);
 }
 

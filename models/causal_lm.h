@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/precision.h"
 #include "models/config.h"
 #include "models/layers.h"
 
@@ -17,9 +18,21 @@ namespace detail {
 struct LayerContext;
 }
 
+// How decoder layers keep what backward needs (loom train --checkpointing):
+//   kNone: every activation stays on the GPU (fastest, most memory);
+//   kRecompute: each layer keeps only its input and recomputes its inside during backward;
+//   kOffload: as kRecompute, with the inputs in pinned host memory (copied down on a side stream
+//   while the layer computes, and back one layer ahead of need).
+enum class Checkpointing { kNone, kRecompute, kOffload };
+absl::StatusOr<Checkpointing> parse_checkpointing(const std::string& text);
+const char* checkpointing_name(Checkpointing c);
+
 struct LoadOptions {
   DType dtype = DType::bf16;  // weights and activations (f32 or bf16)
   Device device = Device::cpu();
+  // QLoRA: quantise the decoder Linear weights to NF4 as they load (one weight at a time, on the
+  // device). A checkpoint that is already bitsandbytes 4-bit loads as it is stored, either way.
+  bool quantize_4bit = false;
 };
 
 struct ForwardOptions {
@@ -39,6 +52,8 @@ class CausalLM {
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
+  // Which dtype each kind of tensor uses (from the load dtype): LoRA, the trainer and the logits read it.
+  Precision precision() const { return Precision::for_dtype(dtype_); }
   Device device() const { return device_; }
   const std::string& source_dir() const { return source_dir_; }
 
@@ -49,6 +64,9 @@ class CausalLM {
   // config().final_logit_softcapping (the unfused path when lm_head has a LoRA adapter or a bias).
   // labels i32 [batch, seq] (read on the host): position s is scored against labels[s + 1].
   ag::Variable loss(const Tensor& input_ids, const Tensor& labels, const ForwardOptions& options = {}) const;
+  // The same with the targets already shifted (shift_labels): i32 [batch*seq] on any device. The
+  // trainer uploads them with the batch, so nothing is read back or copied from pageable memory.
+  ag::Variable loss_from_targets(const Tensor& input_ids, const Tensor& targets, const ForwardOptions& options = {}) const;
 
   // Generation with a KV cache (batch 1, no gradients): runs input_ids [1, n] at positions
   // start..start+n-1, appending their keys and values to the cache; returns logits f32 [1, 1, vocab]
@@ -63,11 +81,15 @@ class CausalLM {
   // Every Linear in model order (LoRA injection walks these).
   std::vector<Linear*> linears();
   std::vector<const Linear*> linears() const;
-  // Every weight by its Hugging Face name; a tied lm_head appears only as the embedding.
+  // Every weight by its Hugging Face name; a tied lm_head appears only as the embedding, and 4-bit
+  // (NF4) Linear weights not at all.
   std::vector<std::pair<std::string, const ag::Variable*>> named_weights() const;
   std::vector<std::pair<std::string, ag::Variable*>> named_weights();
   // Makes every base weight a leaf that collects gradients (full fine-tuning), or freezes them.
   void set_weights_trainable(bool trainable);
+  // Applies to training forwards (grad mode on, no KV cache); the results are the same in every mode.
+  void set_checkpointing(Checkpointing mode) { checkpointing_ = mode; }
+  Checkpointing checkpointing() const { return checkpointing_; }
 
  private:
   CausalLM() = default;
@@ -91,7 +113,12 @@ class CausalLM {
   RmsNorm norm_;
   Linear lm_head_;  // weight is embed_tokens_ when tied
   Tensor inv_freq_;
+  Checkpointing checkpointing_ = Checkpointing::kNone;
 };
+
+// labels i32 [batch, seq] (on the host) -> targets i32 [batch*seq] on the host: position s of a row
+// is scored against labels[s + 1]; the last position has no target (-100).
+Tensor shift_labels(const Tensor& labels);
 
 // Hugging Face's causal-LM loss: logits[:, s] predicts labels[:, s+1]; mean over labels != -100.
 // logits [batch, seq, vocab]; labels i32 [batch, seq].

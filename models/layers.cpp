@@ -3,15 +3,21 @@
 
 namespace loom {
 
+Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dtype) : weight.value().to(dtype); }
+
 ag::Variable Linear::forward(const ag::Variable& x) const {
-  ag::Variable y = ag::linear(x, weight, bias.defined() ? &bias : nullptr);
-  if (!lora) return y;
-  // PEFT: x is cast to the adapter's dtype (f32), lora_B(lora_A(dropout(x))) * scaling is added
-  // to the base output in f32, and the sum is cast back to the base output's dtype.
-  const DType out_dtype = y.dtype();
-  ag::Variable xf = ag::dropout(ag::cast(x, DType::f32), lora->dropout, lora->dropout_seed, lora->dropout_offset);
-  ag::Variable delta = ag::scale(ag::linear(ag::linear(xf, lora->A), lora->B), lora->scale);
-  return ag::cast(ag::add(ag::cast(y, DType::f32), delta), out_dtype);
+  const ag::Variable* b = bias.defined() ? &bias : nullptr;
+  ag::WeightFn rematerialize;
+  ag::Variable w = weight;
+  if (nf4) {  // dequantised in the compute dtype for this product; again in backward
+    rematerialize = [q = nf4, dtype = x.dtype()] { return q->dequantize(dtype); };
+    w = ag::Variable(rematerialize(), false);
+  }
+  if (!lora) return nf4 ? ag::frozen_linear(x, w, rematerialize, b) : ag::linear(x, weight, b);
+  // One fused function: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
+  // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
+  ag::LoraArgs args{lora->scale, lora->dropout, lora->dropout_seed, lora->dropout_offset};
+  return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize);
 }
 
 ag::Variable Mlp::forward(const ag::Variable& x) const {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "autograd/functions.h"
+#include "models/nf4_weight.h"
 
 namespace loom {
 
@@ -20,14 +21,21 @@ struct LoraAdapter {
   uint64_t dropout_offset = 0;
 };
 
+// A linear layer whose frozen base weight is dense or 4-bit NF4 (QLoRA), plus an optional LoRA
+// adapter. An NF4 weight is dequantised for each product and dropped after it (backward
+// dequantises again): the model is never held in full precision.
 struct Linear {
   std::string name;
-  ag::Variable weight;  // [out, in]
+  ag::Variable weight;  // [out, in]; undefined when the weight is NF4
+  std::shared_ptr<const Nf4Weight> nf4;  // the frozen 4-bit weight, or null
   ag::Variable bias;    // [out] or undefined
   std::unique_ptr<LoraAdapter> lora;
 
-  int64_t in_features() const { return weight.size(1); }
-  int64_t out_features() const { return weight.size(0); }
+  bool quantized() const { return nf4 != nullptr; }
+  int64_t in_features() const { return nf4 ? nf4->shape[1] : weight.size(1); }
+  int64_t out_features() const { return nf4 ? nf4->shape[0] : weight.size(0); }
+  // The base weight [out, in] as a dense tensor of dtype (dequantised when NF4).
+  Tensor dense_weight(DType dtype) const;
   ag::Variable forward(const ag::Variable& x) const;
 };
 

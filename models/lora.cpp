@@ -91,10 +91,11 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
     if (!matches(l->name, config, l->name == "lm_head")) continue;
     ++matched;
     const int64_t in = l->in_features(), out = l->out_features();
-    Tensor a = Tensor::empty({config.r, in}, DType::f32, model.device());
+    const DType adapter = model.precision().adapter;  // f32 next to a bf16 model, as PEFT
+    Tensor a = Tensor::empty({config.r, in}, adapter, model.device());
     const float bound = 1.f / std::sqrt(static_cast<float>(in));
     ops::uniform_(a, seed, index << 32, -bound, bound);
-    attach(*l, a, Tensor::zeros({out, config.r}, DType::f32, model.device()), config);
+    attach(*l, a, Tensor::zeros({out, config.r}, adapter, model.device()), config);
     l->lora->dropout_seed = seed ^ 0x9E3779B97F4A7C15ull;
     l->lora->dropout_offset = index << 40;
   }
@@ -212,7 +213,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (!is_float(info->dtype))
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " is not a float tensor"));
     used.insert(name);
-    return read_tensor(*st, *info).to(model.device(), DType::f32);
+    return read_tensor(*st, *info).to(model.device(), model.precision().adapter);
   };
   for (Linear* l : model.linears()) {
     if (!matches(l->name, c, l->name == "lm_head")) continue;
@@ -231,11 +232,19 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
 
 void merge_lora(CausalLM& model) {
   for (Linear* l : model.linears()) {
-    if (!l->lora) continue;
+    if (!l->lora && !l->quantized()) continue;
+    // A 4-bit weight is dequantised (QLoRA merges into a dense model in the model's dtype).
+    const DType dtype = l->quantized() ? model.dtype() : l->weight.dtype();
+    Tensor base = l->dense_weight(DType::f32);
+    l->nf4.reset();
+    if (!l->lora) {
+      l->weight = ag::Variable(base.to(dtype), false);
+      continue;
+    }
     // [out, in] = scale * B [out, r] x A [r, in], added in f32, rounded once to the weight dtype.
     Tensor delta = ops::matmul(l->lora->B.value(), l->lora->A.value());
-    Tensor merged = ops::axpby(l->weight.value().to(DType::f32), delta, 1.f, l->lora->scale);
-    l->weight = ag::Variable(merged.to(l->weight.dtype()), false);
+    Tensor merged = ops::axpby(base, delta, 1.f, l->lora->scale);
+    l->weight = ag::Variable(merged.to(dtype), false);
     l->lora.reset();
   }
 }
@@ -244,6 +253,10 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
   const fs::path tmp(out_dir);  // each file below is written to a temporary name and renamed
   std::error_code ec;
   if (absl::Status s = ensure_dir(tmp.string()); !s.ok()) return s;
+  for (const Linear* l : model.linears())
+    if (l->quantized())
+      return absl::FailedPreconditionError(absl::StrCat(l->name, " is 4-bit: merge_lora() dequantises before saving a ",
+                                                        "full-precision model (loom merge does)"));
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [name, v] : model.named_weights()) tensors.emplace_back(name, v->value());
   if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), tensors, DType::bf16, {{"format", "pt"}}); !s.ok())

@@ -23,7 +23,12 @@ class AdamW8bit : public UpdateRule {
   int64_t alignment() const override { return kAdam8bitBlock; }
 
   std::vector<std::pair<std::string, Tensor>> init_state(int64_t numel, Device device) const override {
-    if (numel < kAdam8bitMinSize)
+    return init_state_range(numel, numel, device);
+  }
+  // bitsandbytes decides 8-bit or 32-bit state by the whole tensor's size.
+  std::vector<std::pair<std::string, Tensor>> init_state_range(int64_t numel, int64_t whole_numel,
+                                                               Device device) const override {
+    if (whole_numel < kAdam8bitMinSize)
       return {{"state1", Tensor::zeros({numel}, DType::f32, device)},
               {"state2", Tensor::zeros({numel}, DType::f32, device)}};
     const int64_t blocks = adam8bit_blocks(numel);

@@ -8,7 +8,7 @@
 
 namespace loom::optim {
 
-Optimizer::Optimizer(std::unique_ptr<UpdateRule> rule) : rule_(std::move(rule)) {
+Optimizer::Optimizer(std::unique_ptr<UpdateRule> rule, bool sharded) : rule_(std::move(rule)), sharded_(sharded) {
   LOOM_CHECK(rule_ != nullptr, "Optimizer: null update rule");
 }
 
@@ -30,6 +30,10 @@ void Optimizer::add_param(const std::string& name, const ag::Variable& var, int 
   p.name = name;
   p.var = var;
   p.group = group;
+  if (sharded_) {  // the shard owner allocates masters and state for its piece
+    params_.push_back(std::move(p));
+    return;
+  }
   p.master = var.dtype() == DType::f32 ? var.value() : var.value().to(DType::f32);
   for (auto& [state_name, t] : rule_->init_state(p.master.numel(), p.master.device())) {
     p.state_names.push_back(state_name);
@@ -39,6 +43,7 @@ void Optimizer::add_param(const std::string& name, const ag::Variable& var, int 
 }
 
 void Optimizer::step(float lr, float grad_scale) {
+  LOOM_CHECK(!sharded_, "Optimizer::step on a sharded optimizer: dist::Zero2 steps its shard");
   for (Param& p : params_) {
     const Tensor& grad = p.var.grad();
     if (!grad.defined()) continue;
@@ -59,6 +64,7 @@ void Optimizer::zero_grad() {
 }
 
 std::map<std::string, Tensor> Optimizer::state_dict(bool all_masters) const {
+  LOOM_CHECK(!sharded_, "Optimizer::state_dict on a sharded optimizer: dist::Zero2 holds the state");
   std::map<std::string, Tensor> out;
   for (auto& [name, t] : rule_->shared_state()) out[name] = t;
   for (const Param& p : params_) {
@@ -73,6 +79,7 @@ std::map<std::string, Tensor> Optimizer::state_dict(bool all_masters) const {
 
 absl::Status Optimizer::load_state_dict(const std::map<std::string, Tensor>& tensors, const std::string& where,
                                        int64_t default_step) {
+  LOOM_CHECK(!sharded_, "Optimizer::load_state_dict on a sharded optimizer: dist::Zero2 holds the state");
   if (absl::Status s = rule_->load_shared_state(tensors, where); !s.ok()) return s;
   auto find = [&](const std::string& key, const Tensor& like) -> absl::StatusOr<Tensor> {
     auto it = tensors.find(key);

@@ -33,6 +33,12 @@ class UpdateRule {
   // Zero state for `numel` master values on `device`, as (name, tensor) pairs (names like
   // "exp_avg"; the Optimizer saves them as "<name>.<param>").
   virtual std::vector<std::pair<std::string, Tensor>> init_state(int64_t numel, Device device) const = 0;
+  // The state of a range of `numel` values cut from a tensor of `whole_numel` (a ZeRO-2 shard's piece):
+  // the same kind of state the whole tensor gets (8-bit AdamW keeps small tensors in f32).
+  virtual std::vector<std::pair<std::string, Tensor>> init_state_range(int64_t numel, int64_t whole_numel,
+                                                                       Device device) const {
+    return init_state(numel, device);
+  }
   // master: f32 contiguous; grad: f32 or bf16 with master's numel; state: what init_state gave
   // (possibly restored); compute: when given, a bf16 tensor of master's numel receiving the result.
   virtual void update(Tensor& master, const Tensor& grad, std::vector<Tensor>& state, const StepArgs& args,
@@ -52,7 +58,9 @@ struct ParamGroup {
 
 class Optimizer {
  public:
-  explicit Optimizer(std::unique_ptr<UpdateRule> rule);
+  // sharded: parameters are only registered (no masters, no state): dist::Zero2 owns a shard of
+  // those and runs the rule on it; step() and the state_dict functions are then not available.
+  explicit Optimizer(std::unique_ptr<UpdateRule> rule, bool sharded = false);
 
   // Returns the group's index for add_param.
   int add_group(ParamGroup group);
@@ -79,6 +87,8 @@ class Optimizer {
                                int64_t default_step = -1);
 
   const UpdateRule& rule() const { return *rule_; }
+  UpdateRule& rule() { return *rule_; }
+  bool sharded() const { return sharded_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // Bytes of optimizer state (moments, absmax, code books; not master copies).
   int64_t state_bytes() const;
@@ -96,6 +106,7 @@ class Optimizer {
 
  private:
   std::unique_ptr<UpdateRule> rule_;
+  bool sharded_ = false;
   std::vector<ParamGroup> groups_;
   std::vector<Param> params_;
 };

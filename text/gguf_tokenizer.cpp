@@ -45,6 +45,17 @@ std::pair<json, json> pre_tokenizer_for(const std::string& pre) {
 
 }  // namespace
 
+std::string gguf_pre_tokenizer_name(const json& tokenizer_json) {
+  const json none = nullptr;
+  const json& normalizer = tokenizer_json.contains("normalizer") ? tokenizer_json["normalizer"] : none;
+  const json& pre = tokenizer_json.contains("pre_tokenizer") ? tokenizer_json["pre_tokenizer"] : none;
+  for (const char* name : {"smollm", "gpt-2", "llama-bpe", "qwen2"}) {
+    const auto [n, p] = pre_tokenizer_for(name);
+    if (n == normalizer && p == pre) return name;
+  }
+  return "";
+}
+
 absl::StatusOr<HfTokenizerFiles> gguf_hf_tokenizer(const GgufFile& f) {
   LOOM_ASSIGN_OR_RETURN(const std::string model, f.get_string("tokenizer.ggml.model"));
   if (model != "gpt2")

@@ -18,4 +18,8 @@ struct HfTokenizerFiles {
 // (token types or merges that disagree with the token list, ids out of range).
 absl::StatusOr<HfTokenizerFiles> gguf_hf_tokenizer(const GgufFile& file);
 
+// The tokenizer.ggml.pre whose pre-tokenizer (and normalizer) gguf_hf_tokenizer writes equals this
+// tokenizer.json's: "smollm", "gpt-2", "llama-bpe" or "qwen2"; "" when none does.
+std::string gguf_pre_tokenizer_name(const nlohmann::json& tokenizer_json);
+
 }  // namespace loom

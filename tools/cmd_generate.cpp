@@ -1,10 +1,15 @@
-// `loom generate`: samples a continuation of a prompt from a Hugging Face model (optionally with a
-// PEFT LoRA adapter) with a KV cache, streaming the text as it is produced.
+// `loom generate`: samples a continuation of a prompt, or the answer to a chat message rendered with
+// the model's chat template, from a Hugging Face model or .gguf file (optionally with a PEFT LoRA
+// adapter) with a KV cache, streaming the text as it is produced; tokens/s go to stderr.
+#include <chrono>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "engine/gguf.h"
 #include "models/generate.h"
+#include "models/gguf_model.h"
 #include "models/lora.h"
+#include "train/data.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "text/tokenizer.h"
@@ -16,6 +21,8 @@ const std::vector<FlagSpec> kFlags = {
     {"model", false, "Hugging Face model folder (config.json, safetensors, tokenizer.json)", ""},
     {"adapter", false, "PEFT LoRA adapter folder to apply", ""},
     {"prompt", false, "the text to continue", ""},
+    {"chat", false, "a user message: answered with the model's chat template, stopping at the end of the turn", ""},
+    {"system", false, "a system message for --chat", ""},
     {"max-new-tokens", false, "tokens to generate at most", "128"},
     {"temperature", false, "sampling temperature (0 = greedy)", "0.7"},
     {"top-p", false, "nucleus sampling mass", "0.9"},
@@ -30,6 +37,36 @@ int fail(const absl::Status& s) {
   return 1;
 }
 
+// The chat template of a model folder, or of a .gguf file's tokenizer.chat_template metadata.
+absl::StatusOr<ChatTemplate> chat_template_of(const std::string& model) {
+  if (!is_gguf_path(model)) return detect_chat_template(model);
+  auto f = GgufFile::open(model);
+  if (!f.ok()) return f.status();
+  auto text = f->get_string("tokenizer.chat_template");
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(model, ": no tokenizer.chat_template metadata; use --prompt"));
+  if (text->find("<|im_start|>") != std::string::npos) return ChatTemplate::kChatML;
+  if (text->find("<|start_header_id|>") != std::string::npos) return ChatTemplate::kLlama3;
+  if (text->find("<start_of_turn>") != std::string::npos) return ChatTemplate::kGemma;
+  return absl::UnimplementedError(absl::StrCat(model, ": a chat template Loom cannot render yet"));
+}
+
+// Bytes of `s` up to the end of its last complete UTF-8 character: a byte-level token can end in the
+// middle of one, which the next token completes.
+size_t complete_utf8(const std::string& s) {
+  size_t end = s.size();
+  for (size_t back = 1; back <= 4 && back <= s.size(); ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+    if (need > back) end = s.size() - back;
+    break;
+  }
+  // The tokenizer's lossy decode shows an unfinished sequence as U+FFFD: hold it back too.
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  if (std::string_view(s.data(), end).ends_with(kReplacement)) end -= kReplacement.size();
+  return end;
+}
+
 }  // namespace
 
 int run_generate(const std::vector<std::string>& argv) {
@@ -39,8 +76,10 @@ int run_generate(const std::vector<std::string>& argv) {
     std::fputs(usage("generate", kFlags).c_str(), stdout);
     return 0;
   }
-  for (const char* required : {"model", "prompt"})
-    if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  if (!args->has("model")) return fail(absl::InvalidArgumentError("--model is required"));
+  const bool chat = args->has("chat");
+  if (chat == args->has("prompt")) return fail(absl::InvalidArgumentError("give one of --prompt TEXT or --chat MESSAGE"));
+  if (args->has("system") && !chat) return fail(absl::InvalidArgumentError("--system goes with --chat"));
   auto device = parse_device(args->str("device"));
   if (!device.ok()) return fail(device.status());
   if (device->is_cuda() && device->index >= cuda_device_count())
@@ -69,26 +108,58 @@ int run_generate(const std::vector<std::string>& argv) {
     if (auto lc = load_adapter(**model, args->str("adapter")); !lc.ok()) return fail(lc.status());
   for (int64_t id : (*model)->config().eos_token_ids) opt.stop_ids.push_back(static_cast<int32_t>(id));
   if (auto eos = tokenizer->eos_id()) opt.stop_ids.push_back(*eos);
-  const std::vector<int32_t> prompt = tokenizer->encode(args->str("prompt"), /*add_special_tokens=*/true);
+  std::vector<int32_t> prompt;
+  if (chat) {
+    // The end-of-turn markers of the template families, where the vocabulary has them.
+    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"})
+      if (auto id = tokenizer->token_to_id(end_of_turn)) opt.stop_ids.push_back(*id);
+    auto tmpl = chat_template_of(args->str("model"));
+    if (!tmpl.ok()) return fail(tmpl.status());
+    std::vector<ChatMessage> messages;
+    if (args->has("system")) messages.push_back({"system", args->str("system")});
+    messages.push_back({"user", args->str("chat")});
+    auto rendered = render_chat(*tmpl, messages, /*add_generation_prompt=*/true);
+    if (!rendered.ok()) return fail(rendered.status());
+    // The template writes any BOS itself (as apply_chat_template, which tokenizes without specials).
+    prompt = tokenizer->encode(rendered->text, /*add_special_tokens=*/false);
+  } else {
+    prompt = tokenizer->encode(args->str("prompt"), /*add_special_tokens=*/true);
+  }
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
   if (static_cast<int64_t>(prompt.size()) >= (*model)->config().max_position_embeddings)
     return fail(absl::OutOfRangeError(absl::StrCat("the prompt is ", prompt.size(), " tokens; the model's ",
                                                    "max_position_embeddings is ", (*model)->config().max_position_embeddings)));
-  std::fputs(args->str("prompt").c_str(), stdout);
-  std::fflush(stdout);
+  if (!chat) {
+    std::fputs(args->str("prompt").c_str(), stdout);
+    std::fflush(stdout);
+  }
   std::vector<int32_t> produced;
   std::string shown;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto first = start;
   generate(**model, prompt, opt, [&](int32_t id) {
+    if (produced.empty()) first = Clock::now();
     produced.push_back(id);
     const std::string text = tokenizer->decode(produced, /*skip_special_tokens=*/true);
-    // Print only what is new, and only once a multi-byte character is complete.
-    if (text.size() > shown.size() && (static_cast<unsigned char>(text.back()) & 0xC0) != 0xC0) {
-      std::fputs(text.c_str() + shown.size(), stdout);
+    // Print only what is new, and only up to the last complete character.
+    const size_t end = complete_utf8(text);
+    if (end > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+      std::fwrite(text.data() + shown.size(), 1, end - shown.size(), stdout);
       std::fflush(stdout);
-      shown = text;
+      shown = text.substr(0, end);
     }
   });
+  const std::string text = tokenizer->decode(produced, /*skip_special_tokens=*/true);
+  if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) std::fputs(text.c_str() + shown.size(), stdout);
   std::printf("\n");
+  std::fflush(stdout);
+  const double total = std::chrono::duration<double>(Clock::now() - start).count();
+  const double prefill = std::chrono::duration<double>(first - start).count();
+  const double decode = total - prefill;
+  std::fprintf(stderr, "loom generate: %zu tokens in %.2f s, %.1f tokens/s (prompt of %zu tokens in %.2f s)\n",
+               produced.size(), total, produced.size() > 1 && decode > 0 ? (produced.size() - 1) / decode : 0.0,
+               prompt.size(), prefill);
   return 0;
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/precision.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "train/trainer.h"
@@ -24,6 +25,10 @@ const std::vector<FlagSpec> kFlags = {
     {"lora-targets", false, "comma-separated module names, or all-linear",
      "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},
     {"rslora", true, "rank-stabilised LoRA: scale alpha/sqrt(r)", ""},
+    {"qlora", true,
+     "QLoRA: quantise the decoder Linear weights to NF4 (bitsandbytes' format, double quantisation) as "
+     "they load and train LoRA on them (a checkpoint saved in 4 bits by transformers + bitsandbytes is "
+     "used as stored, with or without this flag)", ""},
     {"seq-len", false, "tokens per packed row", "1024"},
     {"batch-size", false, "rows per device per micro-batch", "1"},
     {"grad-accum", false, "micro-batches per optimizer step", "1"},
@@ -39,12 +44,19 @@ const std::vector<FlagSpec> kFlags = {
     {"save-every", false, "checkpoint every N steps (0 = only at the end)", "0"},
     {"device", false, "cpu, cuda or cuda:N", "cpu"},
     {"dtype", false, "compute dtype: bf16 or f32", "bf16"},
+    {"checkpointing", false,
+     "none (keep every activation: fastest, most memory), recompute (keep each layer's input, "
+     "recompute the layer in backward: about a third more compute, activation memory of one layer), "
+     "offload (as recompute, with the layer inputs in pinned host memory, copied on a side stream: "
+     "the least GPU memory, host memory instead)", "none"},
     {"chat-template", false, "chatml, llama3 or gemma (default: detected from the model)", ""},
     {"skip-bad-lines", true, "skip and count malformed JSONL lines instead of stopping", ""},
     {"resume", false, "an earlier --out folder (its latest checkpoint) or one checkpoint folder", ""},
     {"log-every", false, "progress line every N steps when not on a terminal", "1"},
     {"stop-after", false, "stop after N steps of this run as if interrupted (checkpoint, exit 0)", "0"},
     {"quiet", true, "no progress output", ""},
+    {"dist", false, "data parallelism over the MPI ranks (mpirun -np N loom train ...): ddp or zero2", ""},
+    {"dist-timeout", false, "seconds a collective may take before the job is aborted (a rank died or hangs)", "300"},
     {"help", true, "show this help", ""},
 };
 
@@ -75,6 +87,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.data_path = args->str("data");
   c.out_dir = args->str("out");
   c.full = args->flag("full");
+  c.qlora = args->flag("qlora");
   if (c.full && (args->has("lora-r") || args->has("lora-targets")))
     return fail(absl::InvalidArgumentError("--full trains every weight; --lora-* flags do not apply"));
   struct Int {
@@ -105,12 +118,23 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.lora.target_modules = absl::StrSplit(args->str("lora-targets"), ',', absl::SkipEmpty());
   c.schedule = args->str("schedule");
   c.optim = args->str("optim");
-  c.device = args->str("device");
-  c.dtype = args->str("dtype");
+  auto device = parse_device(args->str("device"));
+  if (!device.ok()) return fail(device.status());
+  c.device = *device;
+  auto dtype = parse_model_dtype(args->str("dtype"));
+  if (!dtype.ok()) return fail(dtype.status());
+  c.dtype = *dtype;
+  auto checkpointing = parse_checkpointing(args->str("checkpointing"));
+  if (!checkpointing.ok()) return fail(checkpointing.status());
+  c.checkpointing = *checkpointing;
   c.chat_template = args->str("chat-template");
   c.skip_bad_lines = args->flag("skip-bad-lines");
   c.resume = args->str("resume");
   c.quiet = args->flag("quiet");
+  c.dist = args->str("dist");
+  auto timeout = args->number("dist-timeout");
+  if (!timeout.ok()) return fail(timeout.status());
+  c.dist_timeout = *timeout;
 
   auto trainer = Trainer::create(c);
   if (!trainer.ok()) return fail(trainer.status());

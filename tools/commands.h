@@ -12,4 +12,7 @@ int run_generate(const std::vector<std::string>& args);
 int run_init(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);
+int run_quantize(const std::vector<std::string>& args);
+int run_export(const std::vector<std::string>& args);
+int run_bench_cpu(const std::vector<std::string>& args);
 }  // namespace loom::cli

@@ -24,6 +24,9 @@ const Command kCommands[] = {
     {"init", loom::cli::run_init, "write a freshly initialised model from a config.json"},
     {"tokenize", loom::cli::run_tokenize, "print the token ids of text or JSONL records under a tokenizer.json"},
     {"convert", loom::cli::run_convert, "write a llama.cpp .gguf model as a Hugging Face folder (f32 or bf16)"},
+    {"quantize", loom::cli::run_quantize, "write a model as a bitsandbytes NF4 4-bit checkpoint (as transformers saves it)"},
+    {"bench-cpu", loom::cli::run_bench_cpu, "time the CPU LoRA training step; GFLOP/s beside Eigen's sgemm"},
+    {"export", loom::cli::run_export, "write a model (+ LoRA adapter, merged) as a llama.cpp .gguf file"},
 };
 
 void print_help() {

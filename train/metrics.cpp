@@ -54,6 +54,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["tokens"] = m.tokens;
   j["tokens_per_s"] = m.tokens_per_s;
   j["mem_bytes"] = m.mem_bytes;
+  if (m.host_mem_bytes >= 0) j["host_mem_bytes"] = m.host_mem_bytes;
   return j.dump();
 }
 

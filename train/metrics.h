@@ -19,6 +19,7 @@ struct StepMetrics {
   int64_t tokens = 0;        // tokens with a loss in this step, over all ranks
   double tokens_per_s = 0;   // of this step
   int64_t mem_bytes = 0;     // peak device (or host) bytes in use
+  int64_t host_mem_bytes = -1;  // peak pinned bytes of offloaded activations (written when >= 0)
 };
 
 class MetricsWriter {

@@ -12,11 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/str_format.h"
 #include "dist/launch_env.h"
+#include "engine/offload.h"
 #include "engine/status_macros.h"
 #include "optim/adamw.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
+#include "train/distributed.h"
 #include "train/train_checkpoint.h"
 
 namespace loom {
@@ -38,6 +41,35 @@ std::string format_duration(double s) {
   return t >= 3600 ? absl::StrCat(t / 3600, "h", (t % 3600) / 60, "m") : absl::StrCat(t / 60, "m", t % 60, "s");
 }
 
+// A micro-batch on the training device. The host side is staged in pinned memory and copied
+// asynchronously (pageable copies would block the host on every micro-batch); the pinned blocks
+// stay alive with the batch until the step has read its loss back, so no copy outlives them.
+struct DeviceBatch {
+  Tensor input_ids, targets, positions, segment_ids;  // i32 [b, s], [b*s], [b*s], [b, s]
+  std::vector<Tensor> staging;
+};
+
+Tensor stage(const Tensor& host, Device device, std::vector<Tensor>& staging) {
+  if (!host.defined() || device.is_cpu()) return host;
+  Tensor pinned = Tensor::empty_pinned(host.shape(), host.dtype());
+  pinned.copy_(host);
+  staging.push_back(pinned);
+  return pinned.to(device);
+}
+
+std::vector<DeviceBatch> upload(const std::vector<Batch>& batches, Device device) {
+  std::vector<DeviceBatch> out(batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const Batch& b = batches[i];
+    DeviceBatch& d = out[i];
+    d.input_ids = stage(b.input_ids, device, d.staging);
+    d.targets = stage(shift_labels(b.labels), device, d.staging);
+    d.positions = stage(b.positions, device, d.staging);
+    d.segment_ids = stage(b.segment_ids, device, d.staging);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -54,6 +86,7 @@ struct Trainer::State {
   std::vector<float> losses;
   std::optional<MetricsWriter> metrics;
   DataStats stats;
+  std::unique_ptr<DistContext> dist;  // data parallelism (--dist), else null
 
   absl::Status save_checkpoint();
   absl::Status check_compatible(const std::string& checkpoint_dir, const nlohmann::json& saved) const;
@@ -103,17 +136,20 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   s->cfg = cfg;
   LaunchEnv launch;
   LOOM_ASSIGN_OR_RETURN(launch, detect_launch_env());
-  if (launch.world_size > 1)
-    return absl::UnimplementedError(absl::StrCat(
-        "launched as rank ", launch.rank, " of ", launch.world_size, " (", launch.launcher, "): multi-process data ",
-        "parallelism needs loom_dist's NCCL Communicator, which is not built yet; run a single process"));
-  LOOM_ASSIGN_OR_RETURN(s->device, parse_device(cfg.device));
+  if (launch.world_size > 1 && cfg.dist.empty())
+    return absl::InvalidArgumentError(absl::StrCat("launched as rank ", launch.rank, " of ", launch.world_size, " (",
+                                                   launch.launcher, "): choose --dist ddp or --dist zero2"));
+  s->device = cfg.device;
+  if (!cfg.dist.empty()) {  // each rank takes cuda:<local rank>
+    LOOM_ASSIGN_OR_RETURN(s->dist, DistContext::create(cfg.dist, cfg.dist_timeout, s->device.is_cuda()));
+    s->device = s->dist->device();
+  }
   if (s->device.is_cuda() && s->device.index >= cuda_device_count())
-    return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device, ": no such CUDA device (",
+    return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device.str(), ": no such CUDA device (",
                                                    cuda_device_count(), " visible)"));
-  if (cfg.dtype != "bf16" && cfg.dtype != "f32")
-    return absl::InvalidArgumentError(absl::StrCat("--dtype must be bf16 or f32, got '", cfg.dtype, "'"));
-  s->dtype = cfg.dtype == "bf16" ? DType::bf16 : DType::f32;
+  if (cfg.dtype != DType::bf16 && cfg.dtype != DType::f32)
+    return absl::InvalidArgumentError(absl::StrCat("--dtype must be bf16 or f32, got ", std::string(name(cfg.dtype))));
+  s->dtype = cfg.dtype;
   if (cfg.seq_len < 2 || cfg.batch_size < 1 || cfg.grad_accum < 1 || cfg.epochs < 1 || cfg.max_steps < 0)
     return absl::InvalidArgumentError("--seq-len must be >= 2 and --batch-size, --grad-accum, --epochs >= 1");
   if (!(cfg.lr > 0.f)) return absl::InvalidArgumentError(absl::StrCat("--lr must be positive, got ", cfg.lr));
@@ -127,7 +163,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (ec || !std::ofstream(probe)) return absl::PermissionDeniedError(absl::StrCat("output folder ", cfg.out_dir, " is not writable"));
   fs::remove(probe, ec);
 
-  LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, {s->dtype, s->device}));
+  if (cfg.qlora && cfg.full)
+    return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
+  LoadOptions load;
+  load.dtype = s->dtype;
+  load.device = s->device;
+  load.quantize_4bit = cfg.qlora;
+  LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, load));
+  if (cfg.full)
+    for (const Linear* l : s->model->linears())
+      if (l->quantized())
+        return absl::InvalidArgumentError(absl::StrCat(cfg.model_dir, " is a 4-bit checkpoint (", l->name,
+                                                       "): full fine-tuning needs full-precision weights; use LoRA"));
+  s->model->set_checkpointing(cfg.checkpointing);
   const ModelConfig& mc = s->model->config();
   if (cfg.seq_len > mc.max_position_embeddings)
     return absl::InvalidArgumentError(absl::StrCat("--seq-len ", cfg.seq_len, " exceeds the model's max_position_embeddings ",
@@ -150,7 +198,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   std::vector<Example> examples;
   LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
   const int32_t pad = static_cast<int32_t>(s->tokenizer.eos_id().value_or(0));
-  s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size, cfg.seed, 0, 1, pad);
+  // Every rank packs the global batch (the same on any number of ranks) and trains on its rows.
+  const int64_t world = s->dist ? s->dist->world() : 1;
+  if (s->dist) LOOM_RETURN_IF_ERROR(s->dist->agree(cfg, mc.summary(), s->stats));
+  s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
   const int64_t per_epoch = std::max<int64_t>(1, s->loader->steps_per_epoch() / cfg.grad_accum);
   s->total_steps = cfg.max_steps > 0 ? cfg.max_steps : per_epoch * cfg.epochs;
   s->schedule = LrSchedule{kind, cfg.warmup_steps, s->total_steps};
@@ -166,7 +217,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   }
   std::unique_ptr<optim::UpdateRule> rule;
   LOOM_ASSIGN_OR_RETURN(rule, optim::make_update_rule(cfg.optim, {cfg.beta1, cfg.beta2, cfg.eps}, s->device));
-  s->optimizer = std::make_unique<optim::Optimizer>(std::move(rule));
+  s->optimizer = std::make_unique<optim::Optimizer>(std::move(rule), /*sharded=*/s->dist && s->dist->zero2());
   const int decay = s->optimizer->add_group({"decay", 1.f, cfg.weight_decay});
   if (cfg.full) {
     // Norms and biases get no weight decay, as transformers' Trainer excludes them.
@@ -189,7 +240,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
       if (l->lora) l->lora->dropout_seed = mix(cfg.seed ^ mix(++index));
     for (auto& [name, v] : lora_parameters(*s->model)) s->optimizer->add_param(name, *v, decay);
   }
+  if (s->dist) s->dist->attach(*s->optimizer, cfg.quiet);
   if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir, resume_from));
+  if (s->dist && !s->dist->root()) return std::unique_ptr<Trainer>(new Trainer(std::move(s)));  // rank 0 writes
   auto metrics = MetricsWriter::open(cfg.out_dir, resume_dir ? std::optional<int64_t>(s->step) : std::nullopt);
   if (!metrics.ok()) return metrics.status();
   s->metrics.emplace(*std::move(metrics));
@@ -199,13 +252,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
 nlohmann::json Trainer::State::describe() const {
   return {{"model", model->config().summary()},
           {"total_steps", total_steps},
-          {"mode", cfg.full ? "full" : "lora"},
+          {"mode", cfg.full ? "full" : cfg.qlora ? "qlora" : "lora"},
           {"lora_r", cfg.full ? 0 : cfg.lora.r},
           {"seq_len", cfg.seq_len},
-          {"batch_size", cfg.batch_size},
+          {"batch_size", cfg.batch_size * (dist ? dist->world() : 1)},  // global: any world size resumes
           {"grad_accum", cfg.grad_accum},
           {"seed", cfg.seed},
-          {"dtype", cfg.dtype},
+          {"dtype", std::string(name(cfg.dtype))},
           {"optim", cfg.optim}};
 }
 
@@ -217,6 +270,10 @@ absl::Status Trainer::State::save_checkpoint() {
   c.state["epoch"] = ls.epoch;
   c.state["cursor"] = ls.cursor;
   c.state["offset"] = ls.offset;
+  const auto extra = [&](const std::string& dir) {
+    return cfg.full ? absl::OkStatus() : save_adapter(*model, cfg.lora, dir);
+  };
+  if (dist) return dist->save_checkpoint(cfg.out_dir, step, std::move(c), *optimizer, cfg.full, extra);
   c.tensors = optimizer->state_dict(/*all_masters=*/cfg.full);  // full: the weights themselves
   return write_train_checkpoint(cfg.out_dir, step, c, [&](const std::string& dir) {
     return cfg.full ? absl::OkStatus() : save_adapter(*model, cfg.lora, dir);
@@ -241,14 +298,15 @@ absl::Status Trainer::State::restore(const std::string& dir, const TrainCheckpoi
   step = c.state.value("step", int64_t{0});
   // Also refreshes bf16 compute weights from their f32 masters. Checkpoints without per-parameter
   // steps took every parameter through every step.
-  LOOM_RETURN_IF_ERROR(optimizer->load_state_dict(c.tensors, dir + "/optimizer.safetensors", step));
+  LOOM_RETURN_IF_ERROR(restore_optimizer(dist.get(), dir, c, *optimizer, step));
   loader->set_state({c.state.value("epoch", int64_t{0}), c.state.value("cursor", int64_t{0}),
                      c.state.value("offset", int64_t{0})});
-  if (!cfg.quiet) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step));
+  if (!cfg.quiet && (!dist || dist->root())) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step));
   return absl::OkStatus();
 }
 
 absl::Status Trainer::State::save_final() {
+  if (dist && !dist->root()) return absl::OkStatus();
   if (cfg.full) {
     LOOM_RETURN_IF_ERROR(save_pretrained(*model, cfg.out_dir));
   } else {
@@ -260,7 +318,7 @@ absl::Status Trainer::State::save_final() {
 absl::Status Trainer::run() {
   State& s = *s_;
   g_stop.store(false);
-  const bool tty = isatty(fileno(stdout));
+  const bool tty = isatty(fileno(stdout)) && (!s.dist || s.dist->root());
   int64_t empty_steps = 0;
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t first_step = s.step;
@@ -271,8 +329,9 @@ absl::Status Trainer::run() {
     int64_t targets = 0, tokens = 0;
     for (int64_t i = 0; i < s.cfg.grad_accum; ++i) {
       batches.push_back(s.loader->next());
-      targets += batches.back().target_tokens;
+      targets += batches.back().target_tokens;  // global counts: the loss is a mean over every rank's tokens
       tokens += batches.back().tokens;
+      if (s.dist) batches.back() = s.dist->slice(batches.back());
     }
     if (targets == 0) {  // nothing to learn from in these rows (e.g. prompts cut off): no update
       micro += s.cfg.grad_accum;
@@ -282,27 +341,44 @@ absl::Status Trainer::run() {
       continue;
     }
     empty_steps = 0;
-    // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46).
-    double loss_sum = 0;
-    for (const Batch& b : batches) {
+    // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46),
+    // summed on the device: the step reads nothing back until its end.
+    const std::vector<DeviceBatch> uploaded = upload(batches, s.device);
+    Tensor loss_total;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const Batch& b = batches[i];
+      // The global row's dropout stream (Philox blocks of 4 elements), so any world size draws the same masks.
+      const int64_t row0 = s.dist ? s.dist->first_row(s.cfg.batch_size) : 0;
       for (Linear* l : s.model->linears())
-        if (l->lora) l->lora->dropout_offset = static_cast<uint64_t>(micro) << 36;
+        if (l->lora)
+          l->lora->dropout_offset = (static_cast<uint64_t>(micro) << 36) + row0 * s.cfg.seq_len * l->lora->A.size(1) / 4;
+      if (s.dist) s.dist->begin_backward(&b == &batches.back());
       ++micro;
       if (b.target_tokens == 0) continue;
       // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels are shifted on the host).
-      ag::Variable loss = s.model->loss(b.input_ids, b.labels, {b.positions, b.segment_ids});
+      const DeviceBatch& d = uploaded[i];
+      ag::Variable loss = s.model->loss_from_targets(d.input_ids, d.targets, {d.positions, d.segment_ids});
       const float weight = static_cast<float>(b.target_tokens) / static_cast<float>(targets);
-      loss_sum += static_cast<double>(loss.value().item()) * weight;
-      ag::backward(ag::scale(loss, weight));
+      ag::Variable weighted = ag::scale(loss, weight);
+      loss_total = loss_total.defined() ? ops::add(loss_total, weighted.value()) : weighted.value();
+      ag::backward(weighted);
     }
-    std::vector<Tensor> grads;
-    for (const auto& p : s.optimizer->params())
-      if (p.var.grad().defined()) grads.push_back(p.var.grad());
-    const GradNorm gn = clip_grad_norm(grads, s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY);
     const float lr = s.schedule.lr(s.cfg.lr, s.step);
-    s.optimizer->step(lr, gn.coef);  // the clipping factor scales the gradients inside the update
+    GradNorm gn;
+    if (s.dist) {  // reduce over the ranks, clip by the global norm, update (ZeRO-2: the shard)
+      gn = s.dist->step(*s.optimizer, lr, s.cfg.max_grad_norm);
+    } else {
+      std::vector<Tensor> grads;
+      for (const auto& p : s.optimizer->params())
+        if (p.var.grad().defined()) grads.push_back(p.var.grad());
+      gn = clip_grad_norm(grads, s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY);
+      s.optimizer->step(lr, gn.coef);  // the clipping factor scales the gradients inside the update
+    }
     s.optimizer->zero_grad();
     ++s.step;
+    // The step's one read-back (with the grad norm's); a rank whose rows had no targets adds 0.
+    double loss_sum = loss_total.defined() ? loss_total.to_doubles()[0] : 0.0;
+    if (s.dist) loss_sum = s.dist->sum(loss_sum);
     s.losses.push_back(static_cast<float>(loss_sum));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepMetrics m;
@@ -315,20 +391,24 @@ absl::Status Trainer::run() {
     m.tokens = targets;
     m.tokens_per_s = static_cast<double>(tokens) / dt;
     m.mem_bytes = memory_stats(s.device).peak_bytes;
-    LOOM_RETURN_IF_ERROR(s.metrics->write(m));
-    if (!s.cfg.quiet && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps)) {
+    if (s.cfg.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
+    if (s.metrics) LOOM_RETURN_IF_ERROR(s.metrics->write(m));
+    if (!s.cfg.quiet && s.metrics && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(s.total_steps - s.step);
-      std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB | ETA %s%s",
+      std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB%s | ETA %s%s",
                   tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
-                  lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9, format_duration(eta).c_str(),
+                  lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9,
+                  m.host_mem_bytes >= 0 ? absl::StrFormat(" (+%.2f GB host)", static_cast<double>(m.host_mem_bytes) / 1e9).c_str() : "",
+                  format_duration(eta).c_str(),
                   tty ? "" : "\n");
       std::fflush(stdout);
     }
-    const bool stopping = g_stop.load() || (s.cfg.stop_after > 0 && s.step - first_step >= s.cfg.stop_after);
+    bool stopping = g_stop.load() || (s.cfg.stop_after > 0 && s.step - first_step >= s.cfg.stop_after);
+    if (s.dist) stopping = s.dist->any(stopping);  // a signal may reach the ranks in different steps
     if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
     if (stopping && s.step < s.total_steps) {
-      if (!s.cfg.quiet) std::printf("%sstopped by signal at step %lld; checkpoint saved in %s\n", tty ? "\n" : "",
+      if (!s.cfg.quiet && s.metrics) std::printf("%sstopped by signal at step %lld; checkpoint saved in %s\n", tty ? "\n" : "",
                                     static_cast<long long>(s.step), s.cfg.out_dir.c_str());
       return absl::OkStatus();
     }

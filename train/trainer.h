@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "models/causal_lm.h"
 #include "models/lora.h"
 #include "train/data.h"
 
@@ -16,6 +17,7 @@ namespace loom {
 struct TrainConfig {
   std::string model_dir, data_path, out_dir;
   bool full = false;  // full fine-tuning instead of LoRA
+  bool qlora = false;  // LoRA on NF4 base weights quantised as they load (a 4-bit checkpoint is 4-bit anyway)
   LoraConfig lora;
   int64_t seq_len = 1024, batch_size = 1, grad_accum = 1;
   float lr = 2e-4f, weight_decay = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, max_grad_norm = 1.f;
@@ -25,14 +27,17 @@ struct TrainConfig {
   int64_t epochs = 1, max_steps = 0;  // max_steps > 0 overrides epochs
   uint64_t seed = 42;
   int64_t save_every = 0;  // 0: only at the end
-  std::string device = "cpu";
-  std::string dtype = "bf16";      // compute dtype: bf16 or f32
+  Device device = Device::cpu();
+  DType dtype = DType::bf16;       // storage and compute dtype of the model: bf16 or f32 (see Precision)
+  Checkpointing checkpointing = Checkpointing::kNone;
   std::string chat_template;       // "" = detect from the model folder
   bool skip_bad_lines = false;
   std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder
   int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
   int64_t stop_after = 0;          // > 0: stop (save, return) after this many steps of this run, as if interrupted
   bool quiet = false;
+  std::string dist;                // "" (one process), "ddp" or "zero2": data parallel over the MPI ranks
+  double dist_timeout = 300;       // seconds a collective may take before the job is aborted
 };
 
 // Parses flags in `loom train` form from a config file: one `key = value` or `key: value` per line

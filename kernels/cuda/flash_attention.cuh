@@ -13,6 +13,18 @@ bool supported(const AttentionParams& p, const void* q, const void* k, const voi
 
 void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s);
 
+// Hopper kernels (wgmma, flash_attention_*_sm90.cu): sm90_ready() says whether the current device is
+// compute capability 9.0 and the binary holds sm_90a machine code for them (asked once, with a
+// synchronous probe launch). tile_keys: 64 keys per step at head_dim 128 and 256, else 128 (32 at
+// head_dim 256).
+bool sm90_ready();
+void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                  int tile_keys, Stream s);
+// The backward's main kernel for head_dim <= 128 (flash_attention_bwd_sm90.cu); dsum and dq_acc as
+// backward() prepares them (dq_acc zeroed; the caller scales and rounds it into dq afterwards).
+void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+
 // Workspace: D_i = dout_i . out_i per (batch, head, query) and an f32 dq accumulator.
 size_t backward_workspace_bytes(const AttentionParams& p);
 void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,

@@ -52,21 +52,6 @@ __global__ void dq_finish_kernel(const float* __restrict__ acc, bf16* __restrict
   store_vec<8>(dq + i, v);
 }
 
-// First (head-in-group, query tile) item at or after idx that is not skipped; items run over
-// query tiles [qt0, qt0 + nqt) for each head of the group.
-template <int kBc>
-__device__ __forceinline__ int next_item(const AttentionParams& p, const int32_t* seg, int idx, int n_items, int qt0,
-                                         int nqt, int64_t k0, int32_t ks_lo, int32_t ks_hi, int lane, TileKind* kind) {
-  for (; idx < n_items; ++idx) {
-    const int64_t q0 = int64_t(qt0 + idx % nqt) * kBr;
-    int32_t lo = 0, hi = 0;
-    if (seg) warp_seg_range(seg, q0, kBr, p.seq, lane, &lo, &hi);
-    *kind = classify(p, q0, kBr, k0, kBc, lo, hi, ks_lo, ks_hi);
-    if (*kind != TileKind::kSkip) break;
-  }
-  return idx;
-}
-
 template <int kD, int kBc, int kWarps, int kMT>
 __global__ void __launch_bounds__(32 * kWarps, 1)
     flash_bwd_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -119,7 +104,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   load_tile<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd);
   load_tile<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd);
   TileKind kind = TileKind::kSkip;
-  int item = nqt > 0 ? next_item<kBc>(p, seg, 0, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &kind) : n_items;
+  int item = nqt > 0 ? next_item<kBr, kBc>(p, seg, 0, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &kind) : n_items;
   if (item < n_items) load_q_tiles(item, 0);
   cp_async_commit();
 
@@ -135,7 +120,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int buf = 0;
   while (item < n_items) {
     TileKind next_kind = TileKind::kSkip;
-    const int next = next_item<kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
+    const int next = next_item<kBr, kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
     if (next < n_items) load_q_tiles(next, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();  // this item's Q and dO (and K, V) have landed
@@ -322,7 +307,8 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 // Tile shape: LOOM_FLASH_BWD=<variant> picks one for bench/ (a tuning knob; default 0).
 //   0: 128 keys per block, 8 warps of 32 keys x half the queries / head_dim, so each Q and dO
 //      fragment serves two key tiles (64 keys and 16 warps of 16 at head_dim 256);
-//   1: 64 keys, 8 warps of 16;  2: 128 keys, 8 warps of 16.
+//   1: 64 keys, 8 warps of 16;  2: 128 keys, 8 warps of 16;
+//   3: Hopper wgmma (flash_attention_bwd_sm90.cu) at head_dim <= 128 on sm_90a, else 0.
 // H200, b4 s2048 h32/8: head_dim 128 2567 us (variant 2: 2942), head_dim 64 1664 us (2007).
 int bwd_variant() {
   static const int v = [] {
@@ -350,7 +336,9 @@ void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16
   dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, out, dout, dsum);
   LOOM_CUDA_LAUNCH_CHECK();
   const int variant = bwd_variant();
-  if (p.head_dim <= 64) {
+  if (variant == 3 && p.head_dim <= 128 && sm90_ready()) {
+    backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  } else if (p.head_dim <= 64) {
     if (variant == 1) launch_bwd<64, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
     else if (variant == 2) launch_bwd<64, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
     else launch_bwd<64, 128, 8, 2>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);

@@ -18,19 +18,6 @@ struct FwdConfig {
   static constexpr size_t kSmem = size_t(kBr + 2 * kBc) * kD * sizeof(bf16);
 };
 
-// First key tile at or after t that is not skipped for queries [q0, q0 + kBr).
-template <int kBr, int kBc>
-__device__ __forceinline__ int next_key_tile(const AttentionParams& p, const int32_t* seg, int t, int t_end, int64_t q0,
-                                             int32_t qs_lo, int32_t qs_hi, int lane, TileKind* kind) {
-  for (; t < t_end; ++t) {
-    int32_t lo = 0, hi = 0;
-    if (seg) warp_seg_range(seg, int64_t(t) * kBc, kBc, p.seq, lane, &lo, &hi);
-    *kind = classify(p, q0, kBr, int64_t(t) * kBc, kBc, qs_lo, qs_hi, lo, hi);
-    if (*kind != TileKind::kSkip) break;
-  }
-  return t;
-}
-
 template <int kD, int kWarps, int kBc, int kMT>
 __global__ void __launch_bounds__(32 * kWarps)
     flash_fwd_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -255,7 +242,9 @@ void launch_fwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 // Tile shape: LOOM_FLASH_FWD=<variant> picks one for bench/ (a tuning knob; default 0).
 //   0: 4 warps x 32 rows, 64 keys (FlashAttention-2's shape; at head_dim 128 it spills ~250 bytes
 //   and is still the fastest: 574 us against 631 for variant 2 at b4 s2048 h32/8, H200);
-//   1: 4 warps x 16 rows, 64 keys;  2: 4 warps x 32 rows, 32 keys.
+//   1: 4 warps x 16 rows, 64 keys;  2: 4 warps x 32 rows, 32 keys;
+//   3: Hopper wgmma (flash_attention_fwd_sm90.cu), 2 warpgroups x 64 rows, 128 keys (32 at d 256);
+//   4: the same with 64 keys. 3 and 4 fall back to 0 off sm_90a.
 int fwd_variant() {
   static const int v = [] {
     const char* e = std::getenv("LOOM_FLASH_FWD");
@@ -273,6 +262,7 @@ bool supported(const AttentionParams& p, const void* q, const void* k, const voi
 void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s) {
   if (p.batch == 0 || p.seq == 0) return;
   const int variant = fwd_variant();
+  if ((variant == 3 || variant == 4) && sm90_ready()) return forward_sm90(p, q, k, v, out, lse, variant == 4 ? 64 : 128, s);
   if (p.head_dim <= 64) {
     if (variant == 1) launch_fwd<64, 4, 64, 1>(p, q, k, v, out, lse, s);
     else launch_fwd<64, 4, 64, 2>(p, q, k, v, out, lse, s);

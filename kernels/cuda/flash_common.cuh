@@ -32,6 +32,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
   const int bytes = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
 }
+// 4 bytes global -> shared (through L1), zero-filled when !pred.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool pred) {
+  const int bytes = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kN>
 __device__ __forceinline__ void cp_async_wait() {
@@ -187,6 +192,36 @@ __device__ __forceinline__ TileKind classify(const AttentionParams& p, int64_t q
   const bool seg_ok = !p.segment_ids || (qs_lo == qs_hi && ks_lo == ks_hi && qs_lo == ks_lo);
   const bool in_range = q1 < p.seq && k1 < p.seq;
   return causal_ok && window_ok && seg_ok && in_range ? TileKind::kFull : TileKind::kMasked;
+}
+
+// First key tile (of kBc keys) at or after t that is not skipped for queries [q0, q0 + kBr); its
+// kind in *kind. Returns t_end when there is none.
+template <int kBr, int kBc>
+__device__ __forceinline__ int next_key_tile(const AttentionParams& p, const int32_t* seg, int t, int t_end, int64_t q0,
+                                             int32_t qs_lo, int32_t qs_hi, int lane, TileKind* kind) {
+  for (; t < t_end; ++t) {
+    int32_t lo = 0, hi = 0;
+    if (seg) warp_seg_range(seg, int64_t(t) * kBc, kBc, p.seq, lane, &lo, &hi);
+    *kind = classify(p, q0, kBr, int64_t(t) * kBc, kBc, qs_lo, qs_hi, lo, hi);
+    if (*kind != TileKind::kSkip) break;
+  }
+  return t;
+}
+
+// Backward: the first (head-in-group, query tile of kBr rows) item at or after idx that is not
+// skipped for keys [k0, k0 + kBc); items run over query tiles [qt0, qt0 + nqt) for each head of the
+// group. Returns n_items when there is none.
+template <int kBr, int kBc>
+__device__ __forceinline__ int next_item(const AttentionParams& p, const int32_t* seg, int idx, int n_items, int qt0,
+                                         int nqt, int64_t k0, int32_t ks_lo, int32_t ks_hi, int lane, TileKind* kind) {
+  for (; idx < n_items; ++idx) {
+    const int64_t q0 = int64_t(qt0 + idx % nqt) * kBr;
+    int32_t lo = 0, hi = 0;
+    if (seg) warp_seg_range(seg, q0, kBr, p.seq, lane, &lo, &hi);
+    *kind = classify(p, q0, kBr, k0, kBc, lo, hi, ks_lo, ks_hi);
+    if (*kind != TileKind::kSkip) break;
+  }
+  return idx;
 }
 
 // Soft-capping in the units of the raw q.k dot product, so that the kernels keep multiplying by

@@ -1,6 +1,7 @@
 // Every differentiable function against f64 central finite differences on the CPU.
 #include "tests/autograd/gradcheck.h"
 #include "kernels/rope.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace loom::test {
 namespace {
@@ -142,6 +143,60 @@ TEST(GradCheck, CheckpointMatchesDirectGradients) {
   };
   gradcheck([=](const V& v) { return ag::checkpoint(block, v)[0]; }, {x, w, g});
   gradcheck([=](const V& v) { return ag::checkpoint(block, v, {.offload = true})[0]; }, {x, w, g});
+}
+
+TEST(GradCheck, CheckpointRecordsWeightsItCaptures) {
+  // The input needs no gradient (a frozen embedding's output); the weight fn captures does.
+  const Tensor x = random_f64({2, 3, 4}, 30);
+  auto w = random_f64({5, 4}, 31);
+  for (bool offload : {false, true}) {
+    gradcheck(
+        [=](const V& v) {
+          Variable wv = v[0];
+          auto fn = [wv](const V& in) { return V{ag::swiglu(ag::linear(in[0], wv), ag::linear(in[0], wv))}; };
+          return ag::checkpoint(fn, {Variable(x)}, {.offload = offload, .captures_trainable = true})[0];
+        },
+        {w});
+  }
+  // Without the flag nothing is recorded: no input requires grad.
+  Variable wv(w, true);
+  Variable y = ag::checkpoint([wv](const V& in) { return V{ag::linear(in[0], wv)}; }, {Variable(x)})[0];
+  EXPECT_FALSE(y.requires_grad());
+}
+
+TEST(GradCheck, LoraLinearEveryInputWithAndWithoutDropout) {
+  auto x = random_f64({2, 3, 6}, 40), w = random_f64({5, 6}, 41), a = random_f64({2, 6}, 42), b = random_f64({5, 2}, 43);
+  for (float p : {0.f, 0.3f}) {
+    const ag::LoraArgs args{0.75f, p, 7, 11};
+    gradcheck([=](const V& v) { return ag::lora_linear(v[0], v[1], v[2], v[3], args); }, {x, w, a, b});
+    // LoRA proper: the base weight frozen; and with a bias (Qwen2's q/k/v).
+    gradcheck([=](const V& v) { return ag::lora_linear(v[0], v[1], v[2], v[3], args); }, {x, w, a, b},
+              {true, false, true, true});
+    auto bias = random_f64({5}, 49);
+    gradcheck([=](const V& v) { return ag::lora_linear(v[0], v[1], v[2], v[3], args, &v[4]); }, {x, w, a, b, bias},
+              {true, false, true, true, true});
+  }
+}
+
+TEST(GradCheck, LoraLinearEqualsItsComposition) {
+  // The fused function against the same model written with separate differentiable calls (PEFT's
+  // formulation): forward values and every gradient, in f64.
+  auto x = random_f64({4, 6}, 44), w = random_f64({5, 6}, 45), a = random_f64({3, 6}, 46), b = random_f64({5, 3}, 47);
+  for (float p : {0.f, 0.25f}) {
+    const ag::LoraArgs args{1.5f, p, 3, 5};
+    V fused{Variable(x.clone(), true), Variable(w.clone(), true), Variable(a.clone(), true), Variable(b.clone(), true)};
+    V plain{Variable(x.clone(), true), Variable(w.clone(), true), Variable(a.clone(), true), Variable(b.clone(), true)};
+    const Tensor g = random_f64({4, 5}, 48);
+    // backward() consumes the whole tape: one model at a time.
+    Variable yf = ag::lora_linear(fused[0], fused[1], fused[2], fused[3], args);
+    ag::backward(yf, g);
+    Variable yp = ag::add(ag::linear(plain[0], plain[1]),
+                          ag::scale(ag::linear(ag::linear(ag::dropout(plain[0], p, 3, 5), plain[2]), plain[3]), 1.5f));
+    ag::backward(yp, g);
+    expect_close(yf.value().to_doubles(), yp.value().to_doubles(), 1e-12, 1e-12, "forward");
+    for (size_t i = 0; i < 4; ++i)
+      expect_close(fused[i].grad().to_doubles(), plain[i].grad().to_doubles(), 1e-12, 1e-12, "gradient " + std::to_string(i));
+  }
 }
 
 }  // namespace

@@ -87,7 +87,7 @@ TEST(Train, SavedAdapterReproducesTheTrainersLogits) {
   c.seq_len = 64;
   c.batch_size = 2;
   c.max_steps = 4;
-  c.dtype = "f32";
+  c.dtype = DType::f32;
   c.quiet = true;
   auto trainer = Trainer::create(c);
   ASSERT_TRUE(trainer.ok()) << trainer.status();

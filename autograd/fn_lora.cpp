@@ -1,0 +1,139 @@
+// The LoRA linear as one differentiable function: y = x W^T (+ bias) + scale * (dropout(x) A^T) B^T
+// with every product a GEMM in the compute dtype (x's) accumulating in f32, and B's product added
+// into the base output by the GEMM itself (beta = 1): no cast or extra pass over the activations.
+// In bf16 the adapter's small operands (A, B, A x, dy B) enter the GEMMs as hi + lo bf16 pairs
+// (kernels/bf16_split.h), so the adapter keeps PEFT's f32 arithmetic to about 16 bits while the
+// large operands (x, dy) stay the bf16 tensors they are.
+#include "autograd/functions.h"
+#include "autograd/lambda_node.h"
+
+namespace loom::ag {
+using detail::Grads;
+using detail::node_of;
+
+namespace {
+
+// [rows, cols] f32 -> bf16 [parts * rows, cols]: the parts stacked along the rows (a view of the
+// flattened split).
+Tensor split_rows(const Tensor& m, const std::string& pattern) {
+  const int64_t rows = m.size(0), cols = m.size(1);
+  return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern)
+      .view({static_cast<int64_t>(pattern.size()) * rows, cols});
+}
+// [parts * rows, cols] f32 -> [rows, cols]: alpha times the sum of the stacked parts.
+Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
+  const int64_t rows = m.size(0) / parts, cols = m.size(1);
+  return ops::block_sum(m.reshape({1, m.numel()}), parts, alpha).view({rows, cols});
+}
+
+}  // namespace
+
+Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
+                     const Variable* bias, const WeightFn& rematerialize) {
+  LOOM_CHECK(!rematerialize || !w.requires_grad(), "lora_linear: a re-materialised weight must be frozen");
+  const Tensor& xv = x.value();
+  LOOM_CHECK(w.value().dim() == 2 && a.value().dim() == 2 && b.value().dim() == 2 && xv.dim() >= 1, "lora_linear: ",
+             "x ", xv.str(), ", weight ", w.value().str(), ", lora_A ", a.value().str(), ", lora_B ", b.value().str());
+  const int64_t in = w.size(1), out = w.size(0), r = a.size(0);
+  LOOM_CHECK(xv.size(-1) == in && a.size(1) == in && b.size(0) == out && b.size(1) == r, "lora_linear: x ", xv.str(),
+             " weight ", w.value().str(), " lora_A ", a.value().str(), " lora_B ", b.value().str(),
+             " do not chain as [.., in] x [out, in]^T + ([.., in] x [r, in]^T) x [out, r]^T");
+  LOOM_CHECK(w.dtype() == xv.dtype(), "lora_linear: weight ", w.value().str(), " and x ", xv.str(), " differ in dtype");
+  const DType cdt = xv.dtype();
+  const bool split = cdt == DType::bf16;
+  Shape out_shape = xv.shape();
+  out_shape.back() = out;
+  const Tensor x2 = xv.reshape({-1, in});
+  const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
+  Tensor y = ops::matmul(x2, w.value(), false, true);  // [n, in] x [out, in]^T -> [n, out]
+  if (bias) y = ops::add_bias(y, bias->value());        // the base layer's output, rounded, as PEFT adds to it
+
+  // What backward keeps: t (or its bf16 parts), B and A in the forms the GEMMs take.
+  Tensor t_keep, b_keep, a_keep;
+  if (split) {
+    // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], blocks summed -> [n, r].
+    const Tensor t = ops::block_sum(ops::matmul(xd, split_rows(a.value(), "hl"), false, true, DType::f32), 2);
+    // y += scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
+    ops::matmul_into(ops::bf16_split(t, "hlh"), ops::bf16_split(b.value().to(DType::f32), "hhl"), y, false, true,
+                     lora.scale, 1.f);
+    t_keep = ops::bf16_split(t, "hl");                                          // [n, 2r]
+    b_keep = ops::bf16_split(b.value().to(DType::f32), "hl");                   // [out, 2r]
+    if (x.requires_grad()) a_keep = split_rows(a.value(), "hhl");               // [3r, in]
+  } else {
+    const Tensor ac = a.value().to(cdt);
+    b_keep = b.value().to(cdt);
+    t_keep = ops::matmul(xd, ac, false, true);                     // [n, in] x [r, in]^T -> [n, r]
+    ops::matmul_into(t_keep, b_keep, y, false, true, lora.scale, 1.f);  // y += scale * [n, r] x [out, r]^T
+    if (x.requires_grad()) a_keep = ac;
+  }
+
+  Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
+  const DType a_dtype = a.dtype(), b_dtype = b.dtype(), bias_dtype = bias ? bias->dtype() : DType::f32;
+  auto backward = [x2, keep_w, rematerialize, a_keep, b_keep, t_keep, lora, split, r, in, a_dtype, b_dtype, bias_dtype,
+                   xshape = xv.shape()](Node& n, const Grads& g) {
+    const Tensor dy = g[0].reshape({-1, g[0].size(-1)});  // [n, out]
+    const float scale = lora.scale;
+    Tensor dx, dw, da, db, dbias;
+    auto dropped = [&] { return lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2; };
+    if (n.needs_grad(3)) {  // dB = scale * dy^T t: [out, n] x [n, r] (or [n, 2r] parts, summed)
+      if (split) {
+        db = ops::block_sum(ops::matmul(dy, t_keep, true, false, DType::f32), 2, scale).to(b_dtype);
+      } else {
+        db = Tensor::empty({dy.size(1), r}, b_dtype, dy.device());
+        ops::matmul_into(dy, t_keep, db, true, false, scale, 0.f);
+      }
+    }
+    if (n.needs_grad(0) || n.needs_grad(2)) {
+      // dt = dy B (scale applied below): [n, out] x [out, r] (or [out, 2r] parts, summed, f32).
+      const Tensor dt = split ? ops::block_sum(ops::matmul(dy, b_keep, false, false, DType::f32), 2)
+                              : ops::matmul(dy, b_keep);
+      if (n.needs_grad(2)) {  // dA = scale * dt^T dropout(x): [r, n] x [n, in]
+        if (split) {
+          da = sum_row_parts(ops::matmul(ops::bf16_split(dt, "hl"), dropped(), true, false, DType::f32), 2, scale)
+                   .to(a_dtype);
+        } else {
+          da = Tensor::empty({r, in}, a_dtype, dy.device());
+          ops::matmul_into(dt, dropped(), da, true, false, scale, 0.f);
+        }
+      }
+      if (n.needs_grad(0)) {  // dx = dy W + dropout'(scale * dt A)
+        dx = ops::matmul(dy, rematerialize ? rematerialize() : keep_w);  // [n, out] x [out, in]
+        const Tensor dt_parts = split ? ops::bf16_split(dt, "hlh") : dt;  // pairs with a_keep's [A_hi; A_hi; A_lo]
+        if (lora.dropout > 0.f) {
+          dx = ops::add(dx, ops::scale(ops::dropout(ops::matmul(dt_parts, a_keep), lora.dropout, lora.seed, lora.offset),
+                                       scale));
+        } else {
+          ops::matmul_into(dt_parts, a_keep, dx, false, false, scale, 1.f);  // dx += scale * [n, r] x [r, in]
+        }
+        dx = dx.view(xshape);
+      }
+    }
+    if (n.needs_grad(1)) dw = ops::matmul(dy, x2, true, false);  // full fine-tuning with an adapter: [out, in]
+    if (n.needs_grad(4)) dbias = ops::sum_rows(dy, bias_dtype);
+    return Grads{dx, dw, da, db, dbias};
+  };
+  return record1(node_of("lora_linear", backward), {&x, &w, &a, &b, bias}, y.view(out_shape));
+}
+
+Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias) {
+  LOOM_CHECK(!w.requires_grad(), "frozen_linear: the weight must be frozen, got one that requires grad");
+  const Tensor& xv = x.value();
+  LOOM_CHECK(w.value().dim() == 2 && xv.size(-1) == w.size(1), "frozen_linear: x ", xv.str(), " and weight ",
+             w.value().str(), " do not match as [.., in] x [out, in]^T");
+  Shape out_shape = xv.shape();
+  out_shape.back() = w.size(0);
+  Tensor y = ops::matmul(xv.reshape({-1, w.size(1)}), w.value(), false, true);
+  if (bias) y = ops::add_bias(y, bias->value());
+  Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
+  const DType bias_dtype = bias ? bias->dtype() : DType::f32;
+  auto backward = [keep_w, rematerialize, bias_dtype, xshape = xv.shape()](Node& n, const Grads& g) {
+    const Tensor dy = g[0].reshape({-1, g[0].size(-1)});
+    Tensor dx, dbias;
+    if (n.needs_grad(0)) dx = ops::matmul(dy, rematerialize ? rematerialize() : keep_w).view(xshape);
+    if (n.needs_grad(2)) dbias = ops::sum_rows(dy, bias_dtype);
+    return Grads{dx, Tensor(), dbias};
+  };
+  return record1(node_of("frozen_linear", backward), {&x, &w, bias}, y.view(out_shape));
+}
+
+}  // namespace loom::ag

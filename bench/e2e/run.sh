@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The end-to-end training scoreboard, on the GPU machine after build-gpu is built: `loom train` in
+# each --checkpointing mode against transformers + PEFT (sdpa, fused AdamW; with and without
+# gradient checkpointing), and, when ../shared/peers was copied to .peers and carried, PEFT +
+# bitsandbytes QLoRA and Unsloth 2026.10.9 — same random Llama-shaped weights, same batch, same
+# sequence, LoRA r16 on all seven projections, bf16. Prints one table (tokens/s, peak GPU memory,
+# MFU, ratios) and writes every raw JSON line to $OUT/e2e.jsonl.
+#   bench/e2e/run.sh [1b|8b ...]            (default: 1b)
+# Env: LOOM_E2E_MODES (default "none recompute offload"), LOOM_E2E_PEERS (default "peft peft-gc";
+# add "bnb unsloth" to run those too), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
+# longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ -f .devdeps/env.sh ] && source .devdeps/env.sh
+out=${OUT:-e2e-out}
+mkdir -p "$out"
+results="$out/e2e.jsonl"
+loom=${LOOM_BIN:-build-gpu/tools/loom}
+steps=${LOOM_E2E_STEPS:-12}
+modes=${LOOM_E2E_MODES:-none recompute offload}
+peers=${LOOM_E2E_PEERS:-peft peft-gc}
+work=$(mktemp -d)
+emit() { echo "$1" | tee -a "$results"; }
+
+model_dir() {  # $1: 1b | 8b -> a random-init bf16 Hugging Face folder that both Loom and the peers read
+  local shape=$1 d="$work/model-$1"
+  [ -d "$d" ] && { echo "$d"; return; }
+  mkdir -p "$work/cfg-$shape"
+  if [ "$shape" = 8b ]; then h=4096 i=14336 l=32 tied=false; else h=2048 i=8192 l=16 tied=true; fi
+  cat > "$work/cfg-$shape/config.json" <<JSON
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": $h,
+ "intermediate_size": $i, "num_hidden_layers": $l, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": $tied,
+ "bos_token_id": 1202, "eos_token_id": 1203, "torch_dtype": "bfloat16"}
+JSON
+  cp examples/demo/model-config/tokenizer.json "$work/cfg-$shape/"
+  "$loom" init --from "$work/cfg-$shape" --out "$d" --seed 0 > /dev/null || return 1
+  echo "$d"
+}
+
+data_file() {  # enough packed tokens for the run: the demo paragraphs repeated
+  local f="$work/data.jsonl"
+  [ -f "$f" ] || for _ in $(seq 1 4000); do cat examples/demo/weaving.jsonl; done > "$f"
+  echo "$f"
+}
+
+loom_run() {  # shape mode batch seq -> one JSON line
+  local shape=$1 mode=$2 batch=$3 seq=$4 m d run
+  m=$(model_dir "$shape") && d=$(data_file) || return 1
+  run="$work/run-$shape-$mode-$seq"
+  timeout "${LOOM_E2E_RUN_TIMEOUT:-300}" "$loom" train --model "$m" --data "$d" --out "$run" --device cuda --dtype bf16 \
+    --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --lora-r 16 --lora-alpha 16 --lr 2e-4 \
+    --checkpointing "$mode" --quiet > "$run.log" 2>&1
+  local rc=$?
+  python3 - "$run/metrics.jsonl" "$shape" "$mode" "$batch" "$seq" "$rc" "$run.log" <<'PY'
+import json, statistics, sys
+path, shape, mode, batch, seq, rc, log = sys.argv[1:]
+who = f"loom --checkpointing {mode}"
+try:
+    rows = [json.loads(l) for l in open(path)]
+except OSError:
+    rows = []
+if rc != "0" or len(rows) < 3:
+    tail = open(log).read().strip().splitlines()[-1:] if log else []
+    print(json.dumps({"shape": shape, "who": who, "batch": int(batch), "seq": int(seq), "ok": False,
+                      "error": (tail[0] if tail else f"exit {rc}")[:300]}))
+else:
+    rows = rows[max(1, len(rows) // 4):]  # past warm-up (allocator, cuBLASLt heuristics)
+    print(json.dumps({"shape": shape, "who": who, "batch": int(batch), "seq": int(seq), "ok": True,
+                      "tok_s": round(statistics.median(r["tokens_per_s"] for r in rows)),
+                      "peak_GiB": round(max(r["mem_bytes"] for r in rows) / 2**30, 2),
+                      "host_GiB": round(max(r.get("host_mem_bytes", 0) for r in rows) / 2**30, 2),
+                      "loss": rows[-1]["loss"]}))
+PY
+}
+
+peft_run() {  # shape gc batch seq
+  local m; m=$(model_dir "$1") || return 1
+  python3 bench/train_peer.py "$m" --seq-len "$4" --batch-size "$3" --steps "$steps" $([ "$2" = 1 ] && echo --gc) \
+    --json-shape "$1" 2>"$work/peft.err" | tail -1 || tail -3 "$work/peft.err"
+}
+
+for shape in ${@:-1b}; do
+  if [ "$shape" = 8b ]; then batch=4; else batch=8; fi
+  for mode in $modes; do emit "$(loom_run "$shape" "$mode" "$batch" 2048)"; done
+  for p in $peers; do
+    case $p in
+      peft) emit "$(peft_run "$shape" 0 "$batch" 2048)" ;;
+      peft-gc) emit "$(peft_run "$shape" 1 "$batch" 2048)" ;;
+      bnb|unsloth)
+        [ -d .peers ] || { echo "{\"who\": \"$p\", \"ok\": false, \"error\": \"no .peers folder carried\"}"; continue; }
+        if [ "$p" = unsloth ]; then
+          OUT="$work/unsloth" bash .peers/run_unsloth.sh "$shape-lora" "$shape-lora-nogc" > "$work/unsloth.log" 2>&1
+          grep -h '"mode"' "$work"/unsloth/r/results.jsonl 2>/dev/null | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"unsloth\", \"raw\": $l}"; done
+        else
+          python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
+          PYTHONPATH=/tmp/site timeout 400 python3 .peers/peft_bnb_qlora.py 2>/dev/null | grep -i "$shape" | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"peft+bnb\", \"raw\": $l}"; done
+        fi ;;
+    esac
+  done
+done
+if [ "${LOOM_E2E_CTX:-0}" = 1 ]; then  # the longest sequence that trains at batch 1 on the 8B shape
+  for mode in ${LOOM_E2E_CTX_MODES:-offload}; do
+    for seq in ${LOOM_E2E_CTX_LIST:-16384 32768 65536 131072 262144 393216 524288}; do
+      steps=2
+      LOOM_E2E_RUN_TIMEOUT=${LOOM_E2E_CTX_TIMEOUT:-400}
+      line=$(loom_run 8b "$mode" 1 "$seq")
+      emit "$line"
+      echo "$line" | grep -q '"ok": true' || break
+    done
+  done
+fi
+python3 bench/e2e/table.py "$results" | tee "$out/e2e_table.md"
+rm -rf "$work"

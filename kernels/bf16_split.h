@@ -1,0 +1,35 @@
+// f32 values carried through bf16 GEMMs at nearly f32 precision: x = hi + lo with hi = bf16(x) and
+// lo = bf16(x - hi) (16 significant bits). The LoRA path (autograd/fn_lora.cpp) concatenates such
+// parts along the reduction dimension of a skinny product, so a bf16 GEMM with f32 accumulation
+// computes sum(hi*h' + lo*h' + hi*l') and loses only the lo*lo' term; block_sum adds up the
+// products of separate parts afterwards.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.h"
+
+namespace loom {
+// Up to 4 parts: 'h' (hi) or 'l' (lo) per output block.
+inline constexpr int kMaxSplitParts = 4;
+struct SplitPattern {
+  char parts[kMaxSplitParts] = {};
+  int count = 0;
+};
+
+LOOM_HD float bf16_split_part(float x, char part) {
+  const float hi = bf16_to_float(float_to_bf16(x));
+  return part == 'h' ? hi : x - hi;  // rounded to bf16 by the caller's store
+}
+}  // namespace loom
+
+namespace loom::cpu {
+// out [rows, count * k] bf16: block p of row r is part p of x [rows, k] (f32).
+void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern);
+// out [rows, k] f32 = alpha * sum over the m blocks of in [rows, m * k] (f32).
+void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha);
+}  // namespace loom::cpu
+
+namespace loom::cuda {
+void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, Stream s);
+void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha, Stream s);
+}  // namespace loom::cuda

@@ -1,0 +1,27 @@
+// CPU reference for kernels/bf16_split.h.
+#include "kernels/bf16_split.h"
+
+namespace loom::cpu {
+
+void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern) {
+  LOOM_CHECK(pattern.count >= 1 && pattern.count <= kMaxSplitParts, "bf16_split: 1 to 4 parts, got ", pattern.count);
+  const int m = pattern.count;
+#pragma omp parallel for if (rows * k > 65536)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int p = 0; p < m; ++p)
+      for (int64_t j = 0; j < k; ++j)
+        out[(r * m + p) * k + j] = float_to_bf16(bf16_split_part(x[r * k + j], pattern.parts[p]));
+}
+
+void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha) {
+  LOOM_CHECK(m >= 1, "block_sum: at least one block, got ", m);
+#pragma omp parallel for if (rows * k > 65536)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      float s = 0.f;
+      for (int p = 0; p < m; ++p) s += in[(r * m + p) * k + j];
+      out[r * k + j] = alpha * s;
+    }
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,44 @@
+// CUDA kernels for kernels/bf16_split.h: one thread per output element.
+#include "kernels/bf16_split.h"
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace loom::cuda {
+namespace {
+
+__global__ void bf16_split_kernel(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern) {
+  const int m = pattern.count;
+  const int64_t n = rows * m * k;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % k, rp = i / k, p = rp % m, r = rp / m;
+    out[i] = float_to_bf16(bf16_split_part(x[r * k + j], pattern.parts[p]));
+  }
+}
+
+__global__ void block_sum_kernel(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha) {
+  const int64_t n = rows * k;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % k, r = i / k;
+    float s = 0.f;
+    for (int p = 0; p < m; ++p) s += in[(r * m + p) * k + j];
+    out[i] = alpha * s;
+  }
+}
+
+}  // namespace
+
+void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, Stream s) {
+  LOOM_CHECK(pattern.count >= 1 && pattern.count <= kMaxSplitParts, "bf16_split: 1 to 4 parts, got ", pattern.count);
+  const int64_t n = rows * pattern.count * k;
+  if (n == 0) return;
+  bf16_split_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, out, rows, k, pattern);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha, Stream s) {
+  LOOM_CHECK(m >= 1, "block_sum: at least one block, got ", m);
+  if (rows * k == 0) return;
+  block_sum_kernel<<<blocks_for(rows * k, 256), 256, 0, s>>>(in, out, rows, k, m, alpha);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda

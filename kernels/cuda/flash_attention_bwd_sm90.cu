@@ -1,0 +1,266 @@
+// Flash attention backward on Hopper (sm_90a wgmma), head_dim <= 128: one block of two warpgroups
+// per (128 keys, kv head, batch row), warpgroup w owning keys 64 w .. 64 w + 63. For every query
+// tile of 64 rows of every head in the group (Q, dO, lse and D double-buffered through cp.async):
+//   S^T = K Q^T and dP^T = V dO^T (A = K or V rows, B = Q or dO, both K-major in shared memory);
+//   P^T and dS^T = P^T (dP^T - D) in registers, dS^T also to shared memory;
+//   dV += P^T dO and dK += dS^T Q (A from registers, B = dO or Q read N-major): f32 in registers;
+//   dQ += dS K (A = dS^T read M-major, B = K read N-major), added to the f32 accumulator with
+//   atomics: at head_dim 128 each warpgroup takes 64 of the columns over all 128 keys; at 64 each
+//   takes all columns over its own 64 keys.
+// dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention_bwd.cu.
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+using wgmma::Wgmma;
+
+constexpr int kBr = 64, kBc = 128, kThreads = 256;
+
+template <int kD>
+constexpr size_t sm90_bwd_smem() {
+  // K, V; Q and dO in two stages; dS^T; lse and D for two stages; slack for 1024-byte alignment.
+  return size_t(2 * kBc + 4 * kBr) * kD * sizeof(bf16) + size_t(kBc) * kBr * sizeof(bf16) + 2 * 2 * kBr * sizeof(float) +
+         1024;
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_bwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                          const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                          const float* __restrict__ dsum, float* __restrict__ dq_acc, bf16* __restrict__ dk,
+                          bf16* __restrict__ dv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kSplitK = kD == 64;          // dQ: each warpgroup its own keys, all columns
+  constexpr int kNq = kSplitK ? kD : kD / 2;  // dQ columns per warpgroup
+  static_assert(kNq == 64, "dQ column blocks start on a 64-column boundary");
+  extern __shared__ unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sV = sK + kBc * kD;
+  bf16* sQ0 = sV + kBc * kD;       // stage s at sQ0 + s * kBr * kD
+  bf16* sdO0 = sQ0 + 2 * kBr * kD;  // likewise
+  bf16* sdS = sdO0 + 2 * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled
+  float* sStat0 = reinterpret_cast<float*>(sdS + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
+  const int64_t k0 = int64_t(blockIdx.z) * kBc, g = blockIdx.x, b = blockIdx.y;
+  const int64_t group = p.heads / p.kv_heads;
+  const int hd = int(p.head_dim);
+  const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
+  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
+  const Visibility vis{p.seq, p.window, seg};
+  const float scale_log2 = p.scale * kLog2e;
+
+  // Queries that may see these keys: [k0, q_end).
+  const int64_t q_end = p.window > 0 && k0 + kBc - 1 + p.window < p.seq ? k0 + kBc - 1 + p.window : p.seq;
+  const int qt0 = int(k0 / kBr), nqt = int((q_end + kBr - 1) / kBr) - qt0;
+  const int n_items = int(group) * nqt;
+  int32_t ks_lo = 0, ks_hi = 0;
+  if (seg) warp_seg_range(seg, k0, kBc, p.seq, lane, &ks_lo, &ks_hi);
+  auto q_head = [&](int item) { return g * group + item / nqt; };
+  auto q_start = [&](int item) { return int64_t(qt0 + item % nqt) * kBr; };
+  auto load_item = [&](int item, int stage) {
+    const int64_t h = q_head(item), q0 = q_start(item);
+    const int64_t off = (b * p.seq * p.heads + h) * p.head_dim;
+    wgmma::load_tile_sw128<kBr, kD, kThreads>(sQ0 + stage * kBr * kD, q + off, q_stride, q0, p.seq, hd, tid);
+    wgmma::load_tile_sw128<kBr, kD, kThreads>(sdO0 + stage * kBr * kD, dout + off, q_stride, q0, p.seq, hd, tid);
+    if (tid < 2 * kBr) {
+      const int r = tid & (kBr - 1);
+      const float* src = (tid < kBr ? lse : dsum) + (b * p.heads + h) * p.seq + q0 + r;
+      flash::cp_async4(sStat0 + stage * 2 * kBr + tid, q0 + r < p.seq ? src : lse, q0 + r < p.seq);
+    }
+  };
+
+  const int64_t kv_off = (b * p.seq * p.kv_heads + g) * p.head_dim;
+  wgmma::load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd, tid);
+  wgmma::load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd, tid);
+  TileKind kind = TileKind::kSkip;
+  int item = nqt > 0 ? next_item<kBr, kBc>(p, seg, 0, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &kind) : n_items;
+  if (item < n_items) load_item(item, 0);
+  flash::cp_async_commit();
+
+  // This thread's key rows (j0, j0 + 8 within the tile) and query columns (8 n + col0 + e % 2).
+  const int jl = 64 * wg + 16 * (warp & 3) + (lane >> 2), col0 = 2 * (lane & 3);
+  float dka[kD / 2], dva[kD / 2], st[kBr / 2], dpt[kBr / 2], dqa[kNq / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dka[i] = dva[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kBr / 2; ++i) st[i] = dpt[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNq / 2; ++i) dqa[i] = 0.f;
+  uint32_t pt[kBr / 16][4], dst[kBr / 16][4];
+
+  int stage = 0;
+  while (item < n_items) {
+    TileKind next_kind = TileKind::kSkip;
+    const int next = next_item<kBr, kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
+    // This item's tiles have landed; every warp is done with the other stage and with sdS.
+    flash::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (next < n_items) load_item(next, stage ^ 1);
+    flash::cp_async_commit();
+    const bf16* cQ = sQ0 + stage * kBr * kD;
+    const bf16* cdO = sdO0 + stage * kBr * kD;
+    const float* cStat = sStat0 + stage * 2 * kBr;
+    const int64_t h = q_head(item), q0 = q_start(item);
+
+    // S^T and dP^T for this warpgroup's 64 keys x the 64 queries.
+    {
+      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
+      const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        Wgmma<kBr>::template ss<0, 0>(st, wgmma::desc_k_major<kBc>(dK, 64 * wg, kk), wgmma::desc_k_major<kBr>(dQ, 0, kk),
+                                      kk > 0);
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        Wgmma<kBr>::template ss<0, 0>(dpt, wgmma::desc_k_major<kBc>(dV, 64 * wg, kk),
+                                      wgmma::desc_k_major<kBr>(ddO, 0, kk), kk > 0);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(st);
+      wgmma::fence_regs(dpt);
+    }
+
+    // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, per element.
+    uint32_t bits[2] = {~0u, ~0u};  // bit 2 n + e % 2: query column 8 n + col0 + e % 2 is visible
+    if (kind == TileKind::kMasked) {
+      bits[0] = bits[1] = 0u;
+#pragma unroll 1
+      for (int c = 0; c < kBr / 4; ++c) {
+        const int64_t i = q0 + (c >> 1) * 8 + col0 + (c & 1);
+        bits[0] |= uint32_t(vis(i, k0 + jl)) << c;
+        bits[1] |= uint32_t(vis(i, k0 + jl + 8)) << c;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kBr / 8; ++n) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int il = n * 8 + col0 + c;
+        const float lse2 = cStat[il] * kLog2e, dsv = cStat[kBr + il];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 2 * r + c;
+          float dcap = 1.f;
+          const float s = cap_dot(st[4 * n + e], p.scale, p.softcap, &dcap);
+          const float pv = (bits[r] >> (2 * n + c)) & 1u ? fast_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+          st[4 * n + e] = pv;
+          dpt[4 * n + e] = pv * (dpt[4 * n + e] - dsv) * dcap;
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        pt[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+        dst[kk][x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+      }
+      // dS^T to shared memory: rows jl, jl + 8; columns 16 kk + col0 (x = 0, 1) and + 8 (x = 2, 3).
+      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl, 16 * kk + col0)) = dst[kk][0];
+      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + col0)) = dst[kk][1];
+      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl, 16 * kk + 8 + col0)) = dst[kk][2];
+      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + 8 + col0)) = dst[kk][3];
+    }
+    wgmma::fence_proxy_async();
+
+    // dV += P^T dO, dK += dS^T Q (in flight while dS^T is exchanged).
+    {
+      const uint64_t ddO = wgmma::tile_desc(cdO, kBr * 128), dQ = wgmma::tile_desc(cQ, kBr * 128);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dva, pt[kk], wgmma::desc_mn_major<kBr>(ddO, kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dka, dst[kk], wgmma::desc_mn_major<kBr>(dQ, kk), 1);
+      wgmma::commit();
+    }
+    __syncthreads();  // every warpgroup's dS^T is in shared memory
+
+    // dQ (64 queries x kNq columns from n0) = dS K over keys [kk0 * 16, ...).
+    {
+      constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
+      const int kk0 = kSplitK ? 4 * wg : 0, n0 = kSplitK ? 0 : 64 * wg;
+      const uint64_t ddS = wgmma::tile_desc(sdS, kBc * 128);
+      const uint64_t dKn = wgmma::tile_desc(sK, kBc * 128) + uint64_t(((n0 >> 6) * kBc * 128) >> 4);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk)
+        Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk),
+                                      wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
+      wgmma::commit();
+      wgmma::wait<0>();  // dV, dK and dQ
+      wgmma::fence_regs(dqa);
+      wgmma::fence_regs(dva);
+      wgmma::fence_regs(dka);
+      // Lane pairs swap halves so that each adds 4 consecutive columns of one row: the even lane row
+      // i0 at columns col0 .. col0 + 3, the odd lane row i0 + 8 at col0 - 2 .. col0 + 1 (16-byte
+      // aligned: head_dim % 8 == 0 and the accumulator is 256-byte aligned).
+      const bool odd = lane & 1;
+      const int64_t i = q0 + 16 * (warp & 3) + (lane >> 2) + (odd ? 8 : 0);
+      float* row = dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim;
+#pragma unroll
+      for (int n = 0; n < kNq / 8; ++n) {
+        const float* a = dqa + 4 * n;
+        const float x = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+        const float y = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+        const int col = n0 + n * 8 + col0 - (odd ? 2 : 0);
+        if (i < p.seq && col < hd)
+          atomicAdd(reinterpret_cast<float4*>(row + col), odd ? make_float4(x, y, a[2], a[3]) : make_float4(a[0], a[1], x, y));
+      }
+    }
+    stage ^= 1;
+    item = next;
+    kind = next_kind;
+  }
+  flash::cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = k0 + jl + 8 * r;
+    if (j >= p.seq) continue;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      const int col = n * 8 + col0;
+      if (col >= hd) continue;
+      const int64_t off = (b * p.seq + j) * kv_stride + g * p.head_dim + col;
+      *reinterpret_cast<__nv_bfloat162*>(dk + off) =
+          __floats2bfloat162_rn(dka[4 * n + 2 * r] * p.scale, dka[4 * n + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv + off) = __floats2bfloat162_rn(dva[4 * n + 2 * r], dva[4 * n + 2 * r + 1]);
+    }
+  }
+#else
+  __trap();  // built without sm_90a; backward_sm90 is never called then (sm90_ready())
+#endif
+}
+
+template <int kD>
+void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
+            const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  auto* kernel = flash_bwd_sm90_kernel<kD>;
+  constexpr size_t kSmem = sm90_bwd_smem<kD>();
+  static bool attr_set = [&] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
+  kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  LOOM_CHECK(p.head_dim <= 128, "flash backward_sm90: head_dim ", p.head_dim, " > 128");
+  if (p.head_dim <= 64) launch<64>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else launch<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+}
+
+}  // namespace loom::cuda::flash

@@ -1,0 +1,290 @@
+// Flash attention forward on Hopper (sm_90a wgmma): one block of two warpgroups per (128 query
+// rows, head, batch row), each warpgroup owning 64 rows. Q stays in shared memory as the A operand
+// of S = Q K^T; P goes from the S accumulators straight into registers as the A operand of O += P V
+// (no shared-memory round trip). K and V tiles of 128 keys (32 at head_dim 256) are double-buffered through cp.async into
+// 128-byte-swizzled shared memory. Per key tile t the warpgroup runs the softmax of S(t) while the
+// tensor cores finish O += P(t-1) V(t-1), then issues S(t+1) and O += P(t) V(t) back to back.
+#include <cstdlib>
+
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+using wgmma::Wgmma;
+
+constexpr int kWarpgroups = 2, kBr = 64 * kWarpgroups, kThreads = 128 * kWarpgroups;
+
+template <int kD, int kBc>
+constexpr size_t sm90_fwd_smem() {
+  return size_t(kBr + 4 * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align the tiles to 1024 bytes
+}
+
+template <int kD, int kBc>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_fwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                          const bf16* __restrict__ v, bf16* __restrict__ out, float* __restrict__ lse) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kNs = kBc / 8, kNo = kD / 8;  // 8-column groups of S and of O
+  extern __shared__ unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sK0 = sQ + kBr * kD;
+  bf16* sV0 = sK0 + 2 * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  // Query tiles are the slowest grid dimension, last tile first: the longest causal rows of every
+  // head start before any shorter ones.
+  const int64_t q0 = int64_t(gridDim.z - 1 - blockIdx.z) * kBr;
+  const int64_t h = blockIdx.x, b = blockIdx.y, g = h / (p.heads / p.kv_heads);
+  const int hd = int(p.head_dim);
+  const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
+  const bf16* qb = q + (b * p.seq * p.heads + h) * p.head_dim;
+  const bf16* kb = k + (b * p.seq * p.kv_heads + g) * p.head_dim;
+  const bf16* vb = v + (b * p.seq * p.kv_heads + g) * p.head_dim;
+  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
+  const Visibility vis{p.seq, p.window, seg};
+
+  const int64_t k_end = q0 + kBr < p.seq ? q0 + kBr : p.seq;  // keys [k_begin, k_end) can be seen
+  const int64_t k_begin = p.window > 0 && q0 - p.window + 1 > 0 ? q0 - p.window + 1 : 0;
+  const int t_end = int((k_end + kBc - 1) / kBc);
+  int32_t qs_lo = 0, qs_hi = 0;
+  if (seg) warp_seg_range(seg, q0, kBr, p.seq, lane, &qs_lo, &qs_hi);
+  auto next_tile = [&](int t, TileKind* kind) {
+    return t < t_end ? next_key_tile<kBr, kBc>(p, seg, t, t_end, q0, qs_lo, qs_hi, lane, kind) : t_end;
+  };
+  auto load_k = [&](int t, int stage) {
+    wgmma::load_tile_sw128<kBc, kD, kThreads>(sK0 + stage * kBc * kD, kb, kv_stride, int64_t(t) * kBc, p.seq, hd, tid);
+  };
+  auto load_v = [&](int t, int stage) {
+    wgmma::load_tile_sw128<kBc, kD, kThreads>(sV0 + stage * kBc * kD, vb, kv_stride, int64_t(t) * kBc, p.seq, hd, tid);
+  };
+  // S = Q K^T for this warpgroup's 64 rows against the K tile in `stage` (issued, not waited for).
+  float sacc[kBc / 2];
+  auto issue_s = [&](int stage) {
+    const uint64_t dq = wgmma::tile_desc(sQ, 16), dk = wgmma::tile_desc(sK0 + stage * kBc * kD, 16);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      Wgmma<kBc>::template ss<0, 0>(sacc, wgmma::desc_k_major<kBr>(dq, 64 * wg, kk),
+                                    wgmma::desc_k_major<kBc>(dk, 0, kk), kk > 0);
+    wgmma::commit();
+  };
+
+  // Prologue: Q and K(t0) (group 0); V(t0) and K(t1) (group 1); S(t0).
+  TileKind kind = TileKind::kSkip, kind_n = TileKind::kSkip;
+  int t = next_tile(int(k_begin / kBc), &kind);
+  wgmma::load_tile_sw128<kBr, kD, kThreads>(sQ, qb, q_stride, q0, p.seq, hd, tid);
+  if (t < t_end) load_k(t, 0);
+  flash::cp_async_commit();
+  int tn = next_tile(t + 1, &kind_n);
+  if (t < t_end) load_v(t, 0);
+  if (tn < t_end) load_k(tn, 1);
+  flash::cp_async_commit();
+  flash::cp_async_wait<1>();
+  wgmma::fence_proxy_async();
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kBc / 2; ++i) sacc[i] = 0.f;
+  // Unconditional (a branch around it makes ptxas serialize every wgmma): with no visible tile, it
+  // reads a stage nothing loaded and the loop below never uses the result.
+  issue_s(0);
+  wgmma::wait<0>();
+  wgmma::fence_regs(sacc);
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int64_t row0 = q0 + 64 * wg + 16 * (warp & 3) + (lane >> 2);  // this thread's rows: row0, row0 + 8
+  const int col0 = 2 * (lane & 3);
+  const bool causal_only = p.window <= 0 && seg == nullptr;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float oacc[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
+  uint32_t pf[kBc / 16][4];
+  int st = 0;  // stage of K(t) and V(t)
+
+  while (t < t_end) {
+    const int64_t k0 = int64_t(t) * kBc;
+    // (a) Soft-cap, mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
+    if (p.softcap > 0.f) {
+#pragma unroll
+      for (int i = 0; i < kBc / 2; ++i) {
+        float dcap;
+        sacc[i] = cap_dot(sacc[i], p.scale, p.softcap, &dcap);
+      }
+    }
+    if (kind == TileKind::kMasked) {
+      if (causal_only) {  // rows past seq are never written, and a valid row's j <= i < seq
+        const int d0 = int(row0 - k0) - col0;  // key offset n * 8 + e % 2 is visible while <= d0 + 8 (e / 2)
+#pragma unroll
+        for (int n = 0; n < kNs; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (n * 8 + (e & 1) > d0 + 8 * (e >> 1)) sacc[4 * n + e] = -INFINITY;
+      } else {  // window or documents: a bit per (row, column) first, in a loop that is not unrolled
+        static_assert(kBc / 4 <= 32, "one 32-bit mask per row");
+        uint32_t bits[2] = {0u, 0u};  // bit 2 n + e % 2: column n * 8 + col0 + e % 2 is visible
+#pragma unroll 1
+        for (int c = 0; c < kBc / 4; ++c) {
+          const int64_t j = k0 + (c >> 1) * 8 + col0 + (c & 1);
+          bits[0] |= uint32_t(vis(row0, j)) << c;
+          bits[1] |= uint32_t(vis(row0 + 8, j)) << c;
+        }
+#pragma unroll
+        for (int n = 0; n < kNs; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!((bits[e >> 1] >> (2 * n + (e & 1))) & 1u)) sacc[4 * n + e] = -INFINITY;
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kNs; ++n) mx = fmaxf(mx, fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[r], mx);
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      corr[r] = fast_exp2((m[r] - mu) * scale_log2);  // 0 while nothing was visible
+      const float nb = -mu * scale_log2;
+      m[r] = mn;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kNs; ++n) {
+        sacc[4 * n + 2 * r] = fast_exp2(fmaf(sacc[4 * n + 2 * r], scale_log2, nb));
+        sacc[4 * n + 2 * r + 1] = fast_exp2(fmaf(sacc[4 * n + 2 * r + 1], scale_log2, nb));
+        sum += sacc[4 * n + 2 * r] + sacc[4 * n + 2 * r + 1];
+      }
+      l[r] = l[r] * corr[r] + sum;
+    }
+
+    // (b) O += P(t-1) V(t-1) has finished: its registers (O, P) may be written again.
+    wgmma::wait<0>();
+    wgmma::fence_regs(oacc);
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      pf[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+      pf[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+      pf[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+      pf[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+    }
+#pragma unroll
+    for (int n = 0; n < kNo; ++n) {
+      oacc[4 * n + 0] *= corr[0];
+      oacc[4 * n + 1] *= corr[0];
+      oacc[4 * n + 2] *= corr[1];
+      oacc[4 * n + 3] *= corr[1];
+    }
+
+    // (c) K(tn) and V(t) have landed, and every warp is done with K(t) and V(t-1).
+    flash::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    // (d) Prefetch K(tnn) over K(t) and V(tn) over V(t-1).
+    TileKind kind_nn = TileKind::kSkip;
+    const int tnn = next_tile(tn + 1, &kind_nn);
+    if (tnn < t_end) load_k(tnn, st);
+    if (tn < t_end) load_v(tn, st ^ 1);
+    flash::cp_async_commit();
+    // (e) S(tn) = Q K(tn)^T, then (f) O += P(t) V(t): both in flight at once.
+    if (tn < t_end) issue_s(st ^ 1);
+    const uint64_t dv = wgmma::tile_desc(sV0 + st * kBc * kD, kBc * 128);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<kD>::template rs<1>(oacc, pf[kk], wgmma::desc_mn_major<kBc>(dv, kk), 1);
+    wgmma::commit();
+    // (g) S(tn) is ready (the older group; a no-op when there is none); O += P(t) V(t) may still run.
+    wgmma::wait<1>();
+    wgmma::fence_regs(sacc);
+    t = tn;
+    kind = kind_n;
+    tn = tnn;
+    kind_n = kind_nn;
+    st ^= 1;
+  }
+  wgmma::wait<0>();
+  wgmma::fence_regs(oacc);
+  flash::cp_async_wait<0>();
+
+  // Row sums across the quad, then out = O / l and lse = ln(sum exp(z)).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int64_t i = row0 + 8 * r;
+    if (i >= p.seq) continue;
+    bf16* orow = out + (b * p.seq + i) * q_stride + h * p.head_dim;
+#pragma unroll
+    for (int n = 0; n < kNo; ++n) {
+      const int col = n * 8 + col0;
+      if (col < hd)
+        *reinterpret_cast<__nv_bfloat162*>(orow + col) =
+            __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
+    }
+    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum > 0.f ? m[r] * p.scale + logf(sum) : -INFINITY;
+  }
+#else
+  __trap();  // built without sm_90a; forward_sm90 is never called then (sm90_ready())
+#endif
+}
+
+template <int kD, int kBc>
+void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s) {
+  auto* kernel = flash_fwd_sm90_kernel<kD, kBc>;
+  constexpr size_t kSmem = sm90_fwd_smem<kD, kBc>();
+  static bool attr_set = [&] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid(unsigned(p.heads), unsigned(p.batch), unsigned((p.seq + kBr - 1) / kBr));
+  kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, out, lse);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+// Writes 1 when this code was compiled for sm_90a (wgmma), 0 for any other target (such as an
+// older target's PTX compiled by the driver at load time).
+__global__ void sm90_probe_kernel(int* flag) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *flag = 1;
+#else
+  *flag = 0;
+#endif
+}
+
+}  // namespace
+
+bool sm90_ready() {
+  static const bool ready = [] {
+    int dev = 0, major = 0, minor = 0;
+    LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) return false;
+    int* flag = nullptr;
+    int host = 0;
+    LOOM_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    sm90_probe_kernel<<<1, 1>>>(flag);
+    LOOM_CUDA_LAUNCH_CHECK();
+    LOOM_CUDA_CHECK(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaFree(flag));
+    return host == 1;
+  }();
+  return ready;
+}
+
+void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                  int tile_keys, Stream s) {
+  if (p.head_dim <= 64) launch<64, 128>(p, q, k, v, out, lse, s);
+  else if (p.head_dim <= 128 && tile_keys == 64) launch<128, 64>(p, q, k, v, out, lse, s);
+  else if (p.head_dim <= 128) launch<128, 128>(p, q, k, v, out, lse, s);
+  else if (tile_keys == 64) launch<256, 64>(p, q, k, v, out, lse, s);  // spills ~150 bytes
+  else launch<256, 32>(p, q, k, v, out, lse, s);
+}
+
+}  // namespace loom::cuda::flash

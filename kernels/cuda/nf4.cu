@@ -1,0 +1,191 @@
+// CUDA NF4 kernels (kernels/nf4.h). Quantise: one warp per block of 64 (two elements per lane, one
+// packed byte each). Mean: one thread block summing fixed chunks in index order (the CPU's order).
+// Double quantise: one thread block per 256 absmax values. Dequantise: 16 elements per thread (8
+// packed bytes in, 32 or 64 bytes out in 16-byte stores), the code books in shared memory. Every
+// product and sum is an _rn intrinsic so nothing is fused and the CPU reference agrees bit for bit.
+#include <cfloat>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/nf4.h"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <class T>
+__global__ __launch_bounds__(kThreads) void nf4_quantize_kernel(const T* __restrict__ x, int64_t n,
+                                                                 uint8_t* __restrict__ packed,
+                                                                 float* __restrict__ absmax) {
+  const int lane = threadIdx.x & 31;
+  const int64_t blocks = nf4_blocks(n);
+  for (int64_t b = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); b < blocks; b += int64_t(gridDim.x) * kWarps) {
+    const int64_t i = b * kNf4Block + 2 * lane;
+    const bool partial = (b + 1) * kNf4Block > n;
+    const float a = i < n ? load(x + i) : 0.f, c = i + 1 < n ? load(x + i + 1) : 0.f;
+    // As the CPU: a full block's max starts at -FLT_MAX, a partial one's counts its zero padding.
+    float m = partial ? 0.f : -FLT_MAX;
+    if (i < n) m = fmaxf(m, fabsf(a));
+    if (i + 1 < n) m = fmaxf(m, fabsf(c));
+    m = warp_max(m);
+    if (lane == 0) absmax[b] = m;
+    const float inv = __fdiv_rn(1.0f, m);
+    if (i < n) packed[i / 2] = static_cast<uint8_t>(nf4_code_of(__fmul_rn(a, inv)) << 4 | nf4_code_of(__fmul_rn(c, inv)));
+  }
+}
+
+// f64 sums of chunks of 1024 absmax values, each in index order, added in chunk order (one block).
+constexpr int kMeanChunk = 1024;
+__global__ __launch_bounds__(1024) void nf4_mean_kernel(const float* __restrict__ absmax, int64_t blocks,
+                                                        float* __restrict__ out) {
+  __shared__ double part[1024];
+  double total = 0;
+  const int64_t chunks = (blocks + kMeanChunk - 1) / kMeanChunk;
+  for (int64_t g = 0; g < chunks; g += 1024) {
+    const int64_t c = g + threadIdx.x;
+    double s = 0;
+    if (c < chunks) {
+      const int64_t hi = min(blocks, (c + 1) * kMeanChunk);
+      for (int64_t i = c * kMeanChunk; i < hi; ++i) s = __dadd_rn(s, double(absmax[i]));
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int64_t k = 0; k < 1024 && g + k < chunks; ++k) total = __dadd_rn(total, part[k]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = float(__ddiv_rn(total, double(blocks)));
+}
+
+__global__ __launch_bounds__(kNf4NestedBlock) void nf4_double_quantize_kernel(
+    const float* __restrict__ absmax, int64_t blocks, const float* __restrict__ offset_p,
+    const float* __restrict__ code_g, uint8_t* __restrict__ qabsmax, float* __restrict__ nested_absmax) {
+  __shared__ float code[256], partial[kNf4NestedBlock / 32];
+  code[threadIdx.x] = code_g[threadIdx.x];
+  const float offset = *offset_p;
+  const int64_t nested = (blocks + kNf4NestedBlock - 1) / kNf4NestedBlock;
+  for (int64_t nb = blockIdx.x; nb < nested; nb += gridDim.x) {
+    const int64_t b = nb * kNf4NestedBlock + threadIdx.x;
+    const bool partial_block = (nb + 1) * kNf4NestedBlock > blocks;
+    const float a = b < blocks ? __fsub_rn(absmax[b], offset) : 0.f;
+    float m = partial_block ? 0.f : -FLT_MAX;
+    if (b < blocks) m = fmaxf(m, fabsf(a));
+    m = warp_max(m);
+    __syncthreads();  // code is loaded; partial is free from the previous block
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = -FLT_MAX;
+    for (int w = 0; w < kNf4NestedBlock / 32; ++w) m = fmaxf(m, partial[w]);
+    if (threadIdx.x == 0) nested_absmax[nb] = m;
+    const float inv = __fdiv_rn(1.0f, m);
+    if (b < blocks) qabsmax[b] = blockwise_code_of(code, __fmul_rn(a, inv));
+  }
+}
+
+// Shared-memory copies of the code books and the state with nested_code pointing at them.
+struct SharedCodes {
+  float nf4[16];
+  float nested[256];
+};
+__device__ __forceinline__ Nf4State load_codes(const Nf4State& st, SharedCodes& sc) {
+  constexpr float kCode[16] = LOOM_NF4_CODE;
+  if (threadIdx.x < 16) sc.nf4[threadIdx.x] = kCode[threadIdx.x];
+  Nf4State s = st;
+  if (!st.absmax) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sc.nested[i] = st.nested_code[i];
+    s.nested_code = sc.nested;
+  }
+  __syncthreads();
+  return s;
+}
+
+// 16 elements per thread: packed bytes [8g, 8g + 8) -> out [16g, 16g + 16), all in block 16g / 64.
+template <class T>
+__global__ __launch_bounds__(kThreads) void nf4_dequantize_vec_kernel(const uint8_t* __restrict__ packed,
+                                                                       Nf4State st, int64_t groups,
+                                                                       T* __restrict__ out) {
+  __shared__ SharedCodes sc;
+  const Nf4State s = load_codes(st, sc);
+  for (int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x; g < groups; g += int64_t(gridDim.x) * kThreads) {
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(packed) + g);
+    const float a = nf4_block_absmax(s, g >> 2);
+    float v[16];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t byte = ((k < 4 ? q.x : q.y) >> (8 * (k & 3))) & 0xffu;
+      v[2 * k] = __fmul_rn(sc.nf4[byte >> 4], a);
+      v[2 * k + 1] = __fmul_rn(sc.nf4[byte & 15], a);
+    }
+    store_vec<16>(out + 16 * g, v);
+  }
+}
+
+// Elements [start, n), one per thread: the tail of the vector kernel or an unaligned tensor.
+template <class T>
+__global__ __launch_bounds__(kThreads) void nf4_dequantize_scalar_kernel(const uint8_t* __restrict__ packed,
+                                                                          Nf4State st, int64_t start, int64_t n,
+                                                                          T* __restrict__ out) {
+  __shared__ SharedCodes sc;
+  const Nf4State s = load_codes(st, sc);
+  for (int64_t i = start + int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const uint8_t byte = packed[i / 2];
+    store(out + i, __fmul_rn(sc.nf4[(i & 1) ? (byte & 15) : (byte >> 4)], nf4_block_absmax(s, i / kNf4Block)));
+  }
+}
+
+}  // namespace
+
+template <class T>
+void nf4_quantize(const T* x, int64_t n, uint8_t* packed, float* absmax, Stream s) {
+  LOOM_CHECK(n >= 0, "cuda nf4_quantize: n = ", n);
+  if (n == 0) return;
+  LOOM_CHECK(x && packed && absmax, "cuda nf4_quantize: null pointer");
+  nf4_quantize_kernel<T><<<grid_for(nf4_blocks(n) * 32, kThreads, 8), kThreads, 0, s>>>(x, n, packed, absmax);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void nf4_absmax_mean(const float* absmax, int64_t blocks, float* offset_out, Stream s) {
+  LOOM_CHECK(blocks > 0, "cuda nf4_absmax_mean: no blocks");
+  LOOM_CHECK(absmax && offset_out, "cuda nf4_absmax_mean: null pointer");
+  nf4_mean_kernel<<<1, 1024, 0, s>>>(absmax, blocks, offset_out);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void nf4_double_quantize(const float* absmax, int64_t blocks, const float* offset, const float* code,
+                         uint8_t* qabsmax, float* nested_absmax, Stream s) {
+  LOOM_CHECK(blocks >= 0, "cuda nf4_double_quantize: blocks = ", blocks);
+  if (blocks == 0) return;
+  LOOM_CHECK(absmax && offset && code && qabsmax && nested_absmax, "cuda nf4_double_quantize: null pointer");
+  const int64_t nested = (blocks + kNf4NestedBlock - 1) / kNf4NestedBlock;
+  nf4_double_quantize_kernel<<<grid_for(nested * kNf4NestedBlock, kNf4NestedBlock, 8), kNf4NestedBlock, 0, s>>>(
+      absmax, blocks, offset, code, qabsmax, nested_absmax);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void nf4_dequantize(const uint8_t* packed, const Nf4State& state, int64_t n, T* out, Stream s) {
+  LOOM_CHECK(n >= 0, "cuda nf4_dequantize: n = ", n);
+  if (n == 0) return;
+  LOOM_CHECK(packed && out, "cuda nf4_dequantize: null pointer");
+  LOOM_CHECK(state.absmax || (state.qabsmax && state.nested_absmax && state.nested_code),
+             "cuda nf4_dequantize: the state has neither absmax nor the nested (qabsmax, nested_absmax, code) triple");
+  const bool vec = (reinterpret_cast<uintptr_t>(packed) & 7u) == 0 && aligned16(out);
+  const int64_t groups = vec ? n / 16 : 0;
+  if (groups > 0) {
+    nf4_dequantize_vec_kernel<T><<<grid_for(groups, kThreads, 8), kThreads, 0, s>>>(packed, state, groups, out);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+  const int64_t start = groups * 16;
+  if (start < n) {
+    nf4_dequantize_scalar_kernel<T><<<grid_for(n - start, kThreads, 8), kThreads, 0, s>>>(packed, state, start, n, out);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+}
+
+template void nf4_quantize<float>(const float*, int64_t, uint8_t*, float*, Stream);
+template void nf4_quantize<bf16>(const bf16*, int64_t, uint8_t*, float*, Stream);
+template void nf4_dequantize<float>(const uint8_t*, const Nf4State&, int64_t, float*, Stream);
+template void nf4_dequantize<bf16>(const uint8_t*, const Nf4State&, int64_t, bf16*, Stream);
+
+}  // namespace loom::cuda

@@ -1,0 +1,102 @@
+// The six tiny families saved in 4 bits by transformers + bitsandbytes (tests/fixtures/bnb/models,
+// made by tools/make_bnb_model_reference.py on an H200) load in Loom as they are stored and give
+// bitsandbytes' dequantised weights exactly, transformers' 4-bit logits and PEFT's LoRA loss and
+// gradients on the 4-bit model (f32 compute on the CPU, as the references were made); quantising
+// the unquantised fixture gives bitsandbytes' bytes; QLoRA loading of the dense fixture is the
+// same model.
+#include "models/bnb_checkpoint.h"
+#include "models/causal_lm.h"
+#include "models/checkpoint.h"
+#include "models/lora.h"
+#include "tests/models/fixtures.h"
+
+namespace loom::test {
+namespace {
+
+const std::vector<std::string> kFamilies = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"};
+
+std::string bnb_dir(const std::string& family) {
+  return std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/bnb/models/" + family;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  const Tensor c = t.to(Device::cpu()).contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  return {p, p + c.nbytes()};
+}
+
+class BnbFamily : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BnbFamily, DequantisedWeightsAreBitsandbytesExactly) {
+  auto model = CausalLM::load(bnb_dir(GetParam()), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto ref = read_all(bnb_dir(GetParam()) + "/reference_4bit.safetensors");
+  int quantized = 0;
+  for (const Linear* l : (*model)->linears()) {
+    if (!l->quantized()) continue;
+    ++quantized;
+    auto it = ref.find("dequant." + l->name + ".weight");
+    ASSERT_NE(it, ref.end()) << l->name;
+    EXPECT_EQ(rel_err(l->dense_weight(DType::f32), it->second), 0.0) << l->name;
+  }
+  EXPECT_EQ(quantized, 7 * (*model)->config().num_hidden_layers) << "every decoder projection is 4-bit";
+}
+
+TEST_P(BnbFamily, LogitsLoraLossAndGradientsMatchPeft) {
+  auto model = CausalLM::load(bnb_dir(GetParam()), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto in = read_all(fixture_dir(GetParam()) + "/inputs.safetensors");
+  auto ref = read_all(bnb_dir(GetParam()) + "/reference_4bit.safetensors");
+  // f32 products over the same dequantised weights: the f32 family tolerances (tests/models/test_families.cpp).
+  ag::Variable base = (*model)->forward(in["input_ids"]);
+  EXPECT_LT(rel_err(base.value(), ref["logits"]), 2e-5) << "4-bit logits";
+  ASSERT_TRUE(load_adapter(**model, fixture_dir(GetParam()) + "/adapter").ok());
+  ag::Variable logits = (*model)->forward(in["input_ids"]);
+  EXPECT_LT(rel_err(logits.value(), ref["lora_logits"]), 2e-5) << "4-bit + LoRA logits";
+  ag::Variable loss = causal_lm_loss(logits, in["labels"]);
+  EXPECT_LT(rel_err(loss.value(), ref["lora_loss"]), 1e-5) << "4-bit + LoRA loss";
+  ag::backward(loss);
+  int grads = 0;
+  for (auto& [name, v] : lora_parameters(**model)) {
+    auto it = ref.find("grad." + name);
+    ASSERT_NE(it, ref.end()) << name;
+    ASSERT_TRUE(v->grad().defined()) << name;
+    EXPECT_LT(rel_err(v->grad(), it->second), 1e-4) << "grad of " << name;
+    ++grads;
+  }
+  EXPECT_GT(grads, 0);
+}
+
+TEST_P(BnbFamily, QuantisingTheDenseFixtureGivesBitsandbytesBytes) {
+  auto dense = Checkpoint::open(fixture_dir(GetParam()));
+  auto stored = Checkpoint::open(bnb_dir(GetParam()));
+  ASSERT_TRUE(dense.ok() && stored.ok());
+  for (const std::string& name : stored->names()) {
+    if (!is_nf4(*stored, name)) continue;
+    auto w = dense->load(name, DType::f32, Device::cpu(), {});
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto want = load_nf4(*stored, name, w->shape(), Device::cpu());
+    ASSERT_TRUE(want.ok()) << want.status();
+    const Nf4Weight got = Nf4Weight::quantize(*w);
+    EXPECT_EQ(bytes_of(got.packed), bytes_of(want->packed)) << name << " packed";
+    EXPECT_EQ(bytes_of(got.absmax), bytes_of(want->absmax)) << name << " absmax";
+    EXPECT_EQ(got.nested_absmax.to_floats(), want->nested_absmax.to_floats()) << name << " nested_absmax";
+    EXPECT_EQ(got.offset, want->offset) << name << " offset";
+  }
+}
+
+TEST_P(BnbFamily, QloraLoadingOfTheDenseFixtureIsTheStoredModel) {
+  LoadOptions opt{DType::f32, Device::cpu()};
+  opt.quantize_4bit = true;
+  auto quantized = CausalLM::load(fixture_dir(GetParam()), opt);
+  ASSERT_TRUE(quantized.ok()) << quantized.status();
+  auto in = read_all(fixture_dir(GetParam()) + "/inputs.safetensors");
+  auto ref = read_all(bnb_dir(GetParam()) + "/reference_4bit.safetensors");
+  EXPECT_LT(rel_err((*quantized)->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, BnbFamily, ::testing::ValuesIn(kFamilies),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace loom::test

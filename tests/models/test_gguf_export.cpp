@@ -1,0 +1,158 @@
+// GGUF export: a model (+ its PEFT adapter, merged) written with add_gguf_model and read back by Loom's
+// own GGUF reader gives the logits of the model it came from. f16 and bf16: equal to the source with
+// its matrices rounded the same way (round to nearest even through kernels/common.h and
+// f32_to_fp16), so only the file's layout, names, permutation and metadata are under test; q8_0:
+// equal to the source with its matrices put through ggml's Q8_0 rule (written out here from
+// ggml-quants.c's quantize_row_q8_0_ref). The values themselves are checked independently by
+// tools/check_gguf_export.py (bit for bit against gguf-py's own Q8_0 quantiser and dequantiser).
+#include "models/gguf_export.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/gguf_writer.h"
+#include "engine/tensor_io.h"
+#include "kernels/common.h"
+#include "tests/models/fixtures.h"
+#include "models/gguf_model.h"
+#include "models/lora.h"
+#include "tests/temp_dir.h"
+
+namespace loom {
+namespace {
+
+struct Source {
+  std::string model, adapter;  // adapter "" for none
+};
+
+std::unique_ptr<CausalLM> load_merged(const Source& s) {
+  auto m = CausalLM::load(s.model, {DType::f32, Device::cpu()});
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return nullptr;
+  if (!s.adapter.empty()) {
+    auto lc = load_adapter(**m, s.adapter);
+    EXPECT_TRUE(lc.ok()) << lc.status();
+    merge_lora(**m);
+  }
+  return *std::move(m);
+}
+
+// Every matrix of the model rounded in place as the file stores it.
+void round_matrices(CausalLM& m, GgmlType type) {
+  for (auto& [name, v] : m.named_weights()) {
+    if (v->value().dim() != 2) continue;
+    float* p = v->value().data<float>();
+    const int64_t n = v->value().numel();
+    if (type == GgmlType::Q8_0) {
+      ASSERT_EQ(v->value().size(1) % 32, 0) << name;
+      for (int64_t b = 0; b < n; b += 32) {  // d = max|x| / 127 stored as f16; q = round(x / d) away from zero
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(p[b + j]));
+        const float d = amax / 127.f, id = d != 0 ? 1.f / d : 0.f, d16 = fp16_to_f32(f32_to_fp16(d));
+        for (int j = 0; j < 32; ++j) p[b + j] = std::round(p[b + j] * id) * d16;
+      }
+      continue;
+    }
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = type == GgmlType::F16 ? fp16_to_f32(f32_to_fp16(p[i])) : bf16_to_float(float_to_bf16(p[i]));
+  }
+}
+
+// Two rows of 12 ids, or of the sliding window's length: mistral is written as llama, which llama.cpp
+// runs without the window, so only rows that fit in it compare.
+Tensor ids_for(const CausalLM& m) {
+  const int64_t seq = m.config().sliding_window > 0 ? std::min<int64_t>(12, m.config().sliding_window) : 12;
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < 2 * seq; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 5) % m.config().vocab_size));
+  return Tensor::from_ints(ids, {2, seq});
+}
+
+std::unique_ptr<CausalLM> export_and_load(const CausalLM& m, GgmlType type, const std::string& path) {
+  GgufWriter w;
+  EXPECT_TRUE(add_gguf_model(m, type, "test", w).ok());
+  const absl::Status s = w.write(path);
+  EXPECT_TRUE(s.ok()) << s;
+  auto back = CausalLM::load(path, {DType::f32, Device::cpu()});
+  EXPECT_TRUE(back.ok()) << back.status();
+  return back.ok() ? *std::move(back) : nullptr;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+std::vector<Source> sources() {
+  return {{test::fixture_dir("mistral"), test::fixture_dir("mistral") + "/adapter"},
+          {test::fixture_dir("qwen2"), test::fixture_dir("qwen2") + "/adapter"},
+          {test::fixture_dir("qwen3"), test::fixture_dir("qwen3") + "/adapter"},
+          {std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/tiny_llama.gguf", ""}};
+}
+
+TEST(GgufExport, ReadBackGivesTheSourceLogitsWithTheSameRounding) {
+  test::TempDir dir;
+  for (const Source& s : sources())
+    for (GgmlType type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+      SCOPED_TRACE(testing::Message() << s.model << " " << ggml_type_name(type));
+      auto src = load_merged(s);
+      ASSERT_TRUE(src);
+      auto back = export_and_load(*src, type, dir.file("m.gguf"));
+      ASSERT_TRUE(back);
+      EXPECT_EQ(back->config().num_key_value_heads, src->config().num_key_value_heads);
+      EXPECT_EQ(back->config().tie_word_embeddings, src->config().tie_word_embeddings);
+      const Tensor ids = ids_for(*src);
+      const auto unrounded = src->forward(ids).value().to_floats();
+      round_matrices(*src, type);
+      const auto want = src->forward(ids).value().to_floats(), got = back->forward(ids).value().to_floats();
+      // The same weights through the same kernels: only the config's f32 round trip (rms eps, rope
+      // base) may differ, far below this.
+      EXPECT_LE(max_abs_diff(got, want), 1e-5f);
+      EXPECT_GT(max_abs_diff(got, unrounded), 0.f);  // the file was rounded for real
+    }
+}
+
+TEST(GgufExport, NamesAndPermutationInvertTheReader) {
+  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3})
+    for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight", "blk.0.attn_q.weight",
+                          "blk.12.attn_k.bias", "blk.3.ffn_down.weight", "blk.1.ffn_norm.weight"})
+      EXPECT_EQ(hf_to_gguf_name(gguf_to_hf_name(g, f), f), g);
+  EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", ModelFamily::kQwen3), "blk.2.attn_q_norm.weight");
+  EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", ModelFamily::kLlama), "");
+  std::vector<float> v(4 * 8 * 3);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const Tensor t = Tensor::from_floats(v, {32, 3});
+  EXPECT_EQ(unpermute_rope_rows(permute_rope_rows(t, 4), 4).to_floats(), v);
+  // Head 0 of 8 rows: Hugging Face rows 0..3 are the first halves, 4..7 the second; the file interleaves.
+  const auto p = permute_rope_rows(t, 4).to_floats();
+  for (int r : {0, 1, 2, 3}) {
+    EXPECT_EQ(p[(2 * r) * 3], v[r * 3]);
+    EXPECT_EQ(p[(2 * r + 1) * 3], v[(r + 4) * 3]);
+  }
+}
+
+TEST(GgufExport, RefusesWhatTheFormatCannotHold) {
+  auto gemma = CausalLM::load(test::fixture_dir("gemma"), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(gemma.ok());
+  GgufWriter w;
+  EXPECT_EQ(add_gguf_model(**gemma, GgmlType::F16, "x", w).code(), absl::StatusCode::kUnimplemented);
+  auto llama = CausalLM::load(test::fixture_dir("llama"), {DType::f32, Device::cpu()});  // rope_type llama3
+  ASSERT_TRUE(llama.ok());
+  GgufWriter w2;
+  const absl::Status s = add_gguf_model(**llama, GgmlType::F16, "x", w2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("llama3"), std::string_view::npos) << s;
+}
+
+TEST(GgufWriter, WriteFailsCleanlyIntoAMissingFolder) {
+  GgufWriter w;
+  w.add("general.architecture", gguf_string("llama"));
+  const absl::Status s = w.write("/nonexistent-dir/x.gguf");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("No such file or directory"), std::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,78 @@
+// `loom export --model DIR [--adapter DIR] --out FILE.gguf --type f16|bf16|q8_0`: the model with its
+// LoRA adapter folded in (as `loom merge`), written as a llama.cpp GGUF file with the tokenizer and
+// chat template, which llama.cpp and Ollama load.
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "models/gguf_export.h"
+#include "models/lora.h"
+#include "tools/cli_args.h"
+#include "tools/commands.h"
+#include "train/gguf_tokenizer_export.h"
+
+namespace loom::cli {
+namespace {
+namespace fs = std::filesystem;
+
+const std::vector<FlagSpec> kFlags = {
+    {"model", false, "base model: Hugging Face folder or .gguf file", ""},
+    {"adapter", false, "PEFT LoRA adapter folder to fold in", ""},
+    {"out", false, "the .gguf file to write", ""},
+    {"type", false, "f16, bf16 or q8_0 for the matrices (norms and biases stay f32)", "f16"},
+    {"name", false, "general.name (default: the model folder's name)", ""},
+    {"help", true, "show this help", ""},
+};
+
+int fail(const absl::Status& s) {
+  std::fprintf(stderr, "loom export: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int run_export(const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, kFlags);
+  if (!args.ok()) return fail(args.status());
+  if (args->flag("help")) {
+    std::fputs(usage("export", kFlags).c_str(), stdout);
+    return 0;
+  }
+  for (const char* required : {"model", "out"})
+    if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  const std::string type_name = args->str("type");
+  GgmlType type;
+  if (type_name == "f16") type = GgmlType::F16;
+  else if (type_name == "bf16") type = GgmlType::BF16;
+  else if (type_name == "q8_0") type = GgmlType::Q8_0;
+  else return fail(absl::InvalidArgumentError(absl::StrCat("--type ", type_name, ": expected f16, bf16 or q8_0")));
+  const std::string src = args->str("model"), out = args->str("out");
+  if (!out.ends_with(".gguf")) return fail(absl::InvalidArgumentError(absl::StrCat("--out ", out, ": expected a .gguf file name")));
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) return fail(absl::InvalidArgumentError(absl::StrCat("--out ", out, ": is a directory")));
+
+  // f32 weights so the merge adds B A to unrounded weights; the file rounds once.
+  auto model = CausalLM::load(src, {DType::f32, Device::cpu()});
+  if (!model.ok()) return fail(model.status());
+  if (args->has("adapter")) {
+    auto lc = load_adapter(**model, args->str("adapter"));
+    if (!lc.ok()) return fail(lc.status());
+    merge_lora(**model);
+  }
+  if ((*model)->config().sliding_window > 0 && (*model)->config().family == ModelFamily::kMistral)
+    std::fprintf(stderr, "loom export: warning: written as llama (as llama.cpp converts mistral), which attends to "
+                         "the whole context instead of the sliding window of %lld\n",
+                 static_cast<long long>((*model)->config().sliding_window));
+  std::string name = args->str("name");
+  if (name.empty()) name = fs::path(src).filename().replace_extension().string();
+  if (name.empty()) name = fs::path(src).parent_path().filename().string();
+  GgufWriter w;
+  if (absl::Status s = add_gguf_model(**model, type, name, w); !s.ok()) return fail(s);
+  if (absl::Status s = add_gguf_tokenizer(src, (*model)->config().vocab_size, w); !s.ok()) return fail(s);
+  if (absl::Status s = w.write(out); !s.ok()) return fail(s);
+  std::printf("loom export: %s%s -> %s (%s)\n", src.c_str(),
+              args->has("adapter") ? absl::StrCat(" + ", args->str("adapter")).c_str() : "", out.c_str(), type_name.c_str());
+  return 0;
+}
+
+}  // namespace loom::cli

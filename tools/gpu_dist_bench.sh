@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On a GPU machine with N GPUs (after tools/gpu_check.sh built build-gpu): full fine-tuning of the
+# Llama-3.2-1B shape (vocab 128256, tied, hidden 2048, 16 layers) at batch 4 x 2048 per GPU,
+# `mpirun -np N loom train --full --dist ddp` and `--dist zero2` against PyTorch DDP and FSDP2
+# (fully_shard, reshard_after_forward=False: ZeRO-2) on the same model, same global batch, same
+# run. Usage: tools/gpu_dist_bench.sh [N] (default: every visible GPU). Prints one JSON line per
+# system: global tokens/s and peak memory per GPU; writes $OUT/dist_bench.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+[ -f .devdeps/env.sh ] && source .devdeps/env.sh
+n=${1:-$(nvidia-smi -L | wc -l)}
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+steps=${LOOM_DIST_STEPS:-20}
+seq=2048 batch=4
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+work=$(mktemp -d)
+mkdir -p "$work/cfg"
+cat > "$work/cfg/config.json" <<JSON
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+ "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": true,
+ "bos_token_id": 1202, "eos_token_id": 1203, "torch_dtype": "bfloat16"}
+JSON
+cp examples/demo/model-config/tokenizer.json "$work/cfg/"
+build-gpu/tools/loom init --from "$work/cfg" --out "$work/model" --seed 0 > /dev/null
+for i in $(seq 1 $((1000 * n))); do cat examples/demo/weaving.jsonl; done > "$work/data.jsonl"
+: > "$out/dist_bench.txt"
+for mode in ddp zero2; do
+  mpirun -np "$n" --bind-to none build-gpu/tools/loom train --model "$work/model" --data "$work/data.jsonl" \
+    --out "$work/run-$mode" --device cuda --dtype bf16 --full --seq-len $seq --batch-size $batch \
+    --max-steps "$steps" --lr 1e-5 --dist "$mode" 2>&1 | grep "loom dist:"
+  python3 - "$work/run-$mode/metrics.jsonl" "$mode" "$n" <<'PY' | tee -a "$out/dist_bench.txt"
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])][5:]
+print(json.dumps({"loom": f"loom train --full --dist {sys.argv[2]} (bf16)", "world": int(sys.argv[3]),
+                  "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+                  "peak_mem_bytes_rank0": max(r["mem_bytes"] for r in rows), "loss": rows[-1]["loss"]}))
+PY
+done
+for mode in ddp fsdp2; do
+  torchrun --standalone --nproc-per-node "$n" bench/dist_peer.py "$work/model" --mode $mode --seq-len $seq \
+    --batch-size $batch --steps "$steps" 2>&1 | grep '^{' | tee -a "$out/dist_bench.txt"
+done
+rm -rf "$work"

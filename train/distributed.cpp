@@ -1,0 +1,192 @@
+// The Trainer's data-parallel hooks (see distributed.h).
+#include "train/distributed.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dist/agreement.h"
+#include "dist/ddp.h"
+#include "dist/zero2.h"
+#include "engine/status_macros.h"
+#include "engine/tensor_io.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::unique_ptr<DistContext>> DistContext::create(const std::string& mode, double timeout_s, bool cuda) {
+  if (mode != "ddp" && mode != "zero2")
+    return absl::InvalidArgumentError(absl::StrCat("--dist must be ddp or zero2, got '", mode, "'"));
+  std::unique_ptr<DistContext> d(new DistContext());
+  d->mode_ = mode;
+  LOOM_ASSIGN_OR_RETURN(d->group_, dist::ProcessGroup::init({timeout_s, cuda}));
+  return d;
+}
+
+DistContext::~DistContext() {
+  reducer_.reset();
+  group_.reset();
+}
+
+absl::Status DistContext::agree(const TrainConfig& cfg, const std::string& model_summary, const DataStats& data) {
+  // The data file by content (tokens and examples), not path: hosts may mount it differently.
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"--dist", mode_},
+      {"model", model_summary},
+      {"mode (--full, --qlora or LoRA)", cfg.full ? "full" : cfg.qlora ? "qlora" : "lora"},
+      {"LoRA config", cfg.full ? "" : absl::StrCat("r=", cfg.lora.r, " alpha=", cfg.lora.alpha, " dropout=", cfg.lora.dropout,
+                                                    " rslora=", cfg.lora.use_rslora, " targets=",
+                                                    absl::StrJoin(cfg.lora.target_modules, ","))},
+      {"data", absl::StrCat(data.examples, " examples, ", data.tokens, " tokens, ", data.target_tokens, " targets")},
+      {"seed", absl::StrCat(cfg.seed)},
+      {"dtype", std::string(name(cfg.dtype))},
+      {"optim", cfg.optim},
+      {"seq-len", absl::StrCat(cfg.seq_len)},
+      {"batch-size", absl::StrCat(cfg.batch_size)},
+      {"grad-accum", absl::StrCat(cfg.grad_accum)},
+      {"schedule", absl::StrCat(cfg.schedule, " lr=", cfg.lr, " warmup=", cfg.warmup_steps, " wd=", cfg.weight_decay,
+                                " clip=", cfg.max_grad_norm, " steps=", cfg.max_steps, " epochs=", cfg.epochs)},
+      {"resume", cfg.resume},
+  };
+  return dist::check_agreement(group_->cpu(), fields);
+}
+
+void DistContext::attach(optim::Optimizer& opt, bool quiet) {
+  for (const auto& p : opt.params()) params_.push_back(p.var);
+  dist::Communicator& comm = group_->for_device(device());
+  dist::broadcast_params(comm, params_, 0);
+  if (zero2()) {
+    auto z = std::make_unique<dist::Zero2>(comm, opt);
+    zero2_ = z.get();
+    reducer_ = std::move(z);
+  } else {
+    reducer_ = std::make_unique<dist::DdpReducer>(comm, params_);
+  }
+  dist::attach_grad_hooks(*reducer_, params_);
+  if (root() && !quiet) {
+    int64_t masters = 0;
+    for (const auto& p : opt.params())
+      if (p.master.defined() && p.master.storage() != p.var.value().storage()) masters += p.master.nbytes();
+    const double mb = 1.0 / (1 << 20);
+    if (zero2_)
+      std::printf("loom dist: zero2 on %d ranks (%s): optimizer state + f32 masters %.1f MiB per rank (%.1f MiB unsharded)\n",
+                  world(), group_->for_device(device()).backend().c_str(), zero2_->shard_bytes() * mb,
+                  zero2_->unsharded_bytes() * mb);
+    else
+      std::printf("loom dist: ddp on %d ranks (%s): optimizer state + f32 masters %.1f MiB per rank\n", world(),
+                  group_->for_device(device()).backend().c_str(), (opt.state_bytes() + masters) * mb);
+    std::fflush(stdout);
+  }
+}
+
+Batch DistContext::slice(const Batch& g) const {
+  const int64_t rows = g.input_ids.size(0) / world();
+  LOOM_CHECK(rows * world() == g.input_ids.size(0), "DistContext::slice: ", g.input_ids.str(), " over ", world(), " ranks");
+  const int64_t seq = g.input_ids.size(1), r0 = rank() * rows;
+  Batch b;
+  b.input_ids = g.input_ids.narrow(0, r0, rows).contiguous();
+  b.labels = g.labels.narrow(0, r0, rows).contiguous();
+  b.segment_ids = g.segment_ids.narrow(0, r0, rows).contiguous();
+  b.positions = g.positions.narrow(0, r0 * seq, rows * seq).contiguous();
+  for (int32_t l : b.labels.to_ints()) b.target_tokens += l != -100;
+  b.tokens = g.tokens;  // progress counts the global batch
+  return b;
+}
+
+void DistContext::begin_backward(bool last) { reducer_->set_sync(last); }
+
+GradNorm DistContext::step(optim::Optimizer& opt, float lr, float max_norm) {
+  reducer_->finalize();
+  GradNorm gn;
+  if (zero2_) {
+    const dist::ClipResult c = zero2_->step(lr, max_norm);
+    gn.norm = c.norm;
+    gn.coef = c.coef;
+  } else {
+    std::vector<Tensor> grads;
+    for (const auto& p : opt.params())
+      if (p.var.grad().defined()) grads.push_back(p.var.grad());
+    gn = clip_grad_norm(grads, max_norm > 0 ? max_norm : INFINITY);
+    opt.step(lr, gn.coef);
+  }
+  reducer_->set_sync(true);
+  return gn;
+}
+
+double DistContext::sum(double v) {
+  Tensor t = Tensor::zeros({1}, DType::f64);
+  *t.data<double>() = v;
+  group_->cpu().all_reduce(t, dist::ReduceOp::kSum);
+  group_->cpu().wait();
+  return *t.data<double>();
+}
+
+bool DistContext::any(bool v) { return sum(v ? 1.0 : 0.0) > 0; }
+
+absl::Status DistContext::save_checkpoint(const std::string& out_dir, int64_t step, TrainCheckpoint c,
+                                          optim::Optimizer& opt, bool all_masters,
+                                          const std::function<absl::Status(const std::string&)>& extra_files) {
+  // Every rank writes its file (DDP: only rank 0 has anything to write), then rank 0 assembles
+  // the folder; the ranks agree on success before anyone goes on.
+  absl::Status status;
+  const fs::path shards = fs::path(out_dir) / absl::StrCat(".checkpoint-", step, ".shards");
+  const std::string mine = absl::StrCat("optimizer-rank", rank(), ".safetensors");
+  if (zero2_ && !root()) {
+    std::error_code ec;
+    fs::create_directories(shards, ec);
+    auto dict = zero2_->state_dict();
+    status = save_tensors((shards / mine).string(), {dict.begin(), dict.end()});
+  }
+  bool failed = any(!status.ok());
+  if (root() && !failed) {
+    if (zero2_) {
+      c.tensors = zero2_->state_dict();
+      c.state["zero2_world"] = world();
+    } else {
+      c.tensors = opt.state_dict(all_masters);
+    }
+    status = write_train_checkpoint(out_dir, step, c, [&](const std::string& dir) -> absl::Status {
+      for (int r = 1; zero2_ && r < world(); ++r) {
+        const std::string f = absl::StrCat("optimizer-rank", r, ".safetensors");
+        std::error_code ec;
+        fs::rename(shards / f, fs::path(dir) / f, ec);
+        if (ec) return absl::DataLossError(absl::StrCat("cannot move rank ", r, "'s optimizer shard ", (shards / f).string(),
+                                                        " into the checkpoint: ", ec.message()));
+      }
+      return extra_files(dir);
+    });
+    std::error_code ec;
+    fs::remove_all(shards, ec);
+  }
+  failed = any(!status.ok()) || failed;
+  if (failed && status.ok())
+    return absl::DataLossError(absl::StrCat("checkpoint ", step, " in ", out_dir, ": another rank failed to write its part"));
+  return status;
+}
+
+absl::Status DistContext::load_zero2(const std::string& dir, const TrainCheckpoint& c) {
+  LOOM_CHECK(zero2_ != nullptr, "DistContext::load_zero2 outside a ZeRO-2 run");
+  const int saved_world = c.state.value("zero2_world", 1);
+  std::vector<std::map<std::string, Tensor>> shards = {c.tensors};  // rank 0's, or an unsharded optimizer
+  for (int r = 1; r < saved_world; ++r) {
+    auto t = load_tensors((fs::path(dir) / absl::StrCat("optimizer-rank", r, ".safetensors")).string());
+    if (!t.ok()) return t.status();
+    shards.push_back(*std::move(t));
+  }
+  return zero2_->load_state_dicts(shards, dir);
+}
+
+absl::Status restore_optimizer(DistContext* dist, const std::string& dir, const TrainCheckpoint& c, optim::Optimizer& opt,
+                               int64_t default_step) {
+  if (dist && dist->zero2()) return dist->load_zero2(dir, c);
+  const int saved_world = c.state.value("zero2_world", 0);
+  if (saved_world > 1)
+    return absl::FailedPreconditionError(absl::StrCat(dir, " holds a ZeRO-2 optimizer sharded over ", saved_world,
+                                                      " ranks: resume it with --dist zero2 (on any number of ranks)"));
+  return opt.load_state_dict(c.tensors, dir + "/optimizer.safetensors", default_step);
+}
+
+}  // namespace loom
