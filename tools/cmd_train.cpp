@@ -49,7 +49,7 @@ const std::vector<FlagSpec> kFlags = {
      "recompute the layer in backward: about a third more compute, activation memory of one layer), "
      "offload (as recompute, with the layer inputs in pinned host memory, copied on a side stream: "
      "the least GPU memory, host memory instead)", "none"},
-    {"chat-template", false, "chatml, llama3 or gemma (default: detected from the model)", ""},
+    {"chat-template", false, "a .jinja file, or chatml (default: the model's own chat_template)", ""},
     {"skip-bad-lines", true, "skip and count malformed JSONL lines instead of stopping", ""},
     {"resume", false, "an earlier --out folder (its latest checkpoint) or one checkpoint folder", ""},
     {"log-every", false, "progress line every N steps when not on a terminal", "1"},

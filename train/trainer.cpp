@@ -186,15 +186,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
                                                    "vocab_size is ", mc.vocab_size, ": token ids would be out of range"));
   DataOptions dopt;
   dopt.skip_bad_lines = cfg.skip_bad_lines;
-  if (cfg.chat_template.empty()) {
-    auto t = detect_chat_template(cfg.model_dir);
-    dopt.chat_template = t.ok() ? *t : ChatTemplate::kChatML;
-    if (!t.ok() && !cfg.quiet)
-      std::fprintf(stderr, "loom train: %s; {\"messages\"} lines will use ChatML (choose with --chat-template)\n",
-                   std::string(t.status().message()).c_str());
-  } else {
-    LOOM_ASSIGN_OR_RETURN(dopt.chat_template, parse_chat_template(cfg.chat_template));
-  }
+  std::string template_note;
+  dopt.chat_template = training_chat_template(cfg.model_dir, cfg.chat_template, &template_note);
+  if (!template_note.empty() && !cfg.quiet) std::fprintf(stderr, "loom train: %s\n", template_note.c_str());
   std::vector<Example> examples;
   LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
   const int32_t pad = static_cast<int32_t>(s->tokenizer.eos_id().value_or(0));
