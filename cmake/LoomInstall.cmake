@@ -19,6 +19,10 @@ endif()
 add_library(loom_all INTERFACE)
 set_target_properties(loom_all PROPERTIES EXPORT_NAME loom)
 target_link_libraries(loom_all INTERFACE ${_loom_libs})
+# <loom/loom.h>, the one public header, lives in include/loom/ (in the tree and installed).
+target_include_directories(loom_all INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+                                              $<INSTALL_INTERFACE:include>)
+install(FILES ${PROJECT_SOURCE_DIR}/include/loom/loom.h DESTINATION include/loom)
 add_library(loom::loom ALIAS loom_all)
 foreach(_lib ${_loom_libs})
   string(REPLACE "loom_" "" _short ${_lib})

@@ -3,10 +3,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "engine/ops.h"
-#include "models/lora.h"
-#include "optim/adamw.h"
+#include <loom/loom.h>  // the whole public API: tensors, autograd, models, LoRA, AdamW
 
 int main(int argc, char** argv) {
   if (argc != 3) {

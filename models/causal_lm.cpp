@@ -33,6 +33,10 @@ class WeightLoader {
     }
     auto t = ck_->load(name, dtype_, device_, shape);
     if (!t.ok()) return t.status();
+    if (!is_float(t->dtype()))  // an integer "weight" would only fail later, deep in a kernel
+      return absl::InvalidArgumentError(absl::StrCat(ck_->file_of(name), ": tensor '", name, "' is ",
+                                                     std::string(loom::name(t->dtype())), "; a weight must be a float ",
+                                                     "tensor (f32, bf16, f16 or f64)"));
     consumed_.insert(name);
     return ag::Variable(*std::move(t), false);
   }
@@ -195,7 +199,21 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   return m;
 }
 
+absl::Status check_token_ids(const Tensor& ids, int64_t vocab_size, bool targets, const char* what) {
+  if (!ids.defined() || !ids.device().is_cpu() || ids.dtype() != DType::i32) return absl::OkStatus();
+  const Tensor c = ids.contiguous();
+  const int32_t* p = c.data<int32_t>();
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    if ((p[i] >= 0 && p[i] < vocab_size) || (targets && p[i] == ops::kIgnoreIndex)) continue;
+    return absl::OutOfRangeError(absl::StrCat(what, "[", i, "] = ", p[i], " is outside the model's vocabulary of ",
+                                              vocab_size, " tokens"));
+  }
+  return absl::OkStatus();
+}
+
 detail::LayerContext CausalLM::context_for(const Tensor& input_ids, const ForwardOptions& options) const {
+  if (absl::Status s = check_token_ids(input_ids, config_.vocab_size, false, "input_ids"); !s.ok())
+    LOOM_CHECK(false, s.message());
   detail::LayerContext ctx;
   ctx.config = &config_;
   ctx.batch = input_ids.size(0);
@@ -233,6 +251,7 @@ ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& 
                  targets.dim() == 1 && targets.numel() == input_ids.numel(),
              "CausalLM::loss: input_ids ", input_ids.str(), " and targets ", targets.str(),
              " must be i32 [batch, seq] and i32 [batch*seq]");
+  if (absl::Status s = check_token_ids(targets, config_.vocab_size, true, "targets"); !s.ok()) LOOM_CHECK(false, s.message());
   detail::LayerContext ctx = context_for(input_ids, options);
   ag::Variable h = hidden_states(input_ids, ctx, nullptr);
   const Tensor t = targets.to(device_);

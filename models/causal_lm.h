@@ -116,6 +116,11 @@ class CausalLM {
   Checkpointing checkpointing_ = Checkpointing::kNone;
 };
 
+// Token ids (or shifted targets, where kIgnoreIndex is allowed too) of a host tensor checked
+// against the vocabulary before they are uploaded: CPU and CUDA then report the same error (the
+// kernels only zero an out-of-range row). A device tensor is not read back (no check).
+absl::Status check_token_ids(const Tensor& ids, int64_t vocab_size, bool targets, const char* what);
+
 // labels i32 [batch, seq] (on the host) -> targets i32 [batch*seq] on the host: position s of a row
 // is scored against labels[s + 1]; the last position has no target (-100).
 Tensor shift_labels(const Tensor& labels);

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <utility>
 
+#include "engine/io_error.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/error.h"
@@ -49,7 +50,7 @@ std::string weight_files_in(const std::string& dir) {
 // model.safetensors.index.json -> weight_map entries (tensor name -> shard file name).
 absl::StatusOr<std::map<std::string, std::string>> read_index(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  if (!in || is_directory_path(path)) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", open_error_reason(path)));
   std::ostringstream text;
   text << in.rdbuf();
   const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <utility>
 
+#include "engine/io_error.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -400,8 +401,9 @@ absl::StatusOr<ModelConfig> ModelConfig::from_json_text(const std::string& text,
 absl::StatusOr<ModelConfig> ModelConfig::load(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
   std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open (is '", model_dir, "' a Hugging Face model folder?)"));
+  if (!in || is_directory_path(path))
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", open_error_reason(path), " (is '", model_dir,
+                                            "' a Hugging Face model folder?)"));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read failed"));

@@ -19,6 +19,7 @@ struct LoraAdapter {
   float dropout = 0.f;
   uint64_t dropout_seed = 0;  // the trainer advances dropout_offset every step
   uint64_t dropout_offset = 0;
+  bool training = false;  // dropout applies only while the trainer trains (never in forward/generate)
 };
 
 // A linear layer whose frozen base weight is dense or 4-bit NF4 (QLoRA), plus an optional LoRA

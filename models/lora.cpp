@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/tensor_io.h"
 #include "models/gguf_model.h"
 #include "nlohmann/json.hpp"
@@ -200,6 +201,16 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty(key)) return bad(absl::StrCat(key, " is not supported"));
   if (absl::Status s = check_config(c); !s.ok()) return bad(std::string(s.message()));
 
+  // target_modules that name nothing in this model are the config's fault, not the weights file's.
+  std::set<std::string> module_names;
+  bool any = false;
+  for (const Linear* l : model.linears()) {
+    any = any || matches(l->name, c, l->name == "lm_head");
+    module_names.insert(l->name.substr(l->name.rfind('.') + 1));
+  }
+  if (!any)
+    return bad(absl::StrCat("target_modules [", absl::StrJoin(c.target_modules, ", "), "] match no module of the model ",
+                            "(its linear layers are ", absl::StrJoin(module_names, ", "), ")"));
   const std::string st_path = (fs::path(dir) / "adapter_model.safetensors").string();
   auto st = SafetensorsFile::open(st_path);
   if (!st.ok()) return st.status();

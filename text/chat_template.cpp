@@ -1,228 +1,267 @@
-// Chat templates: the three families' official Jinja templates re-implemented for text messages,
-// byte for byte (tests/fixtures/chat/cases.json is rendered by transformers from the .jinja files),
-// plus the byte spans of each assistant reply and its end-of-turn marker (what the loss is taken on).
-//
-//   chatml  Qwen2.5-Instruct: "<|im_start|>role\ncontent<|im_end|>\n", content as is; without a
-//           leading system message the default "You are Qwen, created by Alibaba Cloud. ..." system
-//           turn is inserted (Qwen3's template differs: no default system, <think> handling).
-//   llama3  Llama 3.1 Instruct: <|begin_of_text|>, a system header that always carries "Cutting
-//           Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" (the template's own default
-//           date_string) and then the system message; every content is trimmed; <|eot_id|>.
-//   gemma   Gemma 3 it: <bos>, "<start_of_turn>role\n" with assistant -> model, contents trimmed,
-//           "<end_of_turn>\n"; a system message is folded into the first turn as "system\n\n";
-//           roles must alternate user/model. Without a system message this equals Gemma 2's template.
+// Chat templates: the model's Jinja chat_template run by Loom's interpreter with the variables
+// transformers' apply_chat_template passes (messages, add_generation_prompt, the special tokens,
+// tools=None, documents=None). Each assistant message's content is a tagged string, so the
+// interpreter's marks say where it landed in the output however the template trims or splits it;
+// that range plus the end-of-turn marker after it is the message's train span.
+#include "text/chat_template.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/gguf.h"
+#include "engine/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "text/chat_template.h"
+#include "text/gguf_tokenizer.h"
+#include "text/jinja.h"
 
 namespace loom {
 namespace {
 
-constexpr const char* kQwenDefaultSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+using nlohmann::json;
 
-// Length of the UTF-8 code point starting at s[i] and its value; 0 when the bytes are not valid UTF-8.
-size_t decode_utf8(const std::string& s, size_t i, uint32_t* cp) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  uint32_t v = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(i + k) & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b(i + k) & 0x3F);
-  }
-  *cp = v;
-  return n;
-}
+// ChatML as transformers' documentation gives it (no default system prompt).
+constexpr const char* kChatML =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-// Python's str.isspace(), which Jinja's `trim` filter (str.strip()) uses.
-bool is_python_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
-// Jinja's `| trim`: strips leading and trailing Unicode whitespace.
-std::string trim(const std::string& s) {
-  size_t begin = 0;
-  while (begin < s.size()) {
-    uint32_t cp = 0;
-    const size_t n = decode_utf8(s, begin, &cp);
-    if (n == 0 || !is_python_space(cp)) break;
-    begin += n;
-  }
-  size_t end = s.size();
-  while (end > begin) {
-    size_t start = end - 1;  // back up to the lead byte of the last code point
-    while (start > begin && end - start < 4 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-    uint32_t cp = 0;
-    const size_t n = decode_utf8(s, start, &cp);
-    if (n == 0 || start + n != end || !is_python_space(cp)) break;
-    end = start;
-  }
-  return s.substr(begin, end - begin);
-}
-
-// Appends text; add_trained also records the byte range of content + end marker as a train span.
-struct Builder {
-  RenderedChat out;
-  void add(const std::string& s) { out.text += s; }
-  void add_trained(const std::string& content, const std::string& end_marker) {
-    const size_t begin = out.text.size();
-    out.text += content;
-    out.text += end_marker;
-    out.train_spans.emplace_back(begin, out.text.size());
-  }
-};
-
-RenderedChat render_chatml(const std::vector<ChatMessage>& m, bool add_generation_prompt) {
-  Builder b;
-  if (m[0].role == "system") {
-    b.add("<|im_start|>system\n" + m[0].content + "<|im_end|>\n");
-  } else {
-    b.add(absl::StrCat("<|im_start|>system\n", kQwenDefaultSystem, "<|im_end|>\n"));
-  }
-  for (size_t i = 0; i < m.size(); ++i) {
-    if (m[i].role == "system" && i == 0) continue;  // already printed above
-    b.add("<|im_start|>" + m[i].role + "\n");
-    if (m[i].role == "assistant") {
-      b.add_trained(m[i].content, "<|im_end|>");
-      b.add("\n");
-    } else {
-      b.add(m[i].content + "<|im_end|>\n");
-    }
-  }
-  if (add_generation_prompt) b.add("<|im_start|>assistant\n");
-  return std::move(b.out);
-}
-
-RenderedChat render_llama3(const std::vector<ChatMessage>& m, bool add_generation_prompt) {
-  Builder b;
-  size_t first = 0;
-  std::string system;
-  if (m[0].role == "system") {
-    system = trim(m[0].content);
-    first = 1;
-  }
-  b.add("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n");
-  b.add("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
-  b.add(system + "<|eot_id|>");
-  for (size_t i = first; i < m.size(); ++i) {
-    b.add("<|start_header_id|>" + m[i].role + "<|end_header_id|>\n\n");
-    if (m[i].role == "assistant") {
-      b.add_trained(trim(m[i].content), "<|eot_id|>");
-    } else {
-      b.add(trim(m[i].content) + "<|eot_id|>");
-    }
-  }
-  if (add_generation_prompt) b.add("<|start_header_id|>assistant<|end_header_id|>\n\n");
-  return std::move(b.out);
-}
-
-absl::StatusOr<RenderedChat> render_gemma(const std::vector<ChatMessage>& m, bool add_generation_prompt) {
-  Builder b;
-  size_t first = 0;
-  std::string first_user_prefix;
-  if (m[0].role == "system") {
-    first_user_prefix = m[0].content + "\n\n";
-    first = 1;
-  }
-  b.add("<bos>");
-  for (size_t i = first; i < m.size(); ++i) {
-    const size_t k = i - first;  // loop.index0 over the messages after the system one
-    if ((m[i].role == "user") != (k % 2 == 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gemma chat template: conversation roles must alternate user/assistant/user/assistant/... (message ", i,
-          " has role '", m[i].role, "')"));
-    }
-    const bool assistant = m[i].role == "assistant";
-    b.add("<start_of_turn>" + std::string(assistant ? "model" : m[i].role) + "\n" + (k == 0 ? first_user_prefix : ""));
-    if (assistant) {
-      b.add_trained(trim(m[i].content), "<end_of_turn>");
-      b.add("\n");
-    } else {
-      b.add(trim(m[i].content) + "<end_of_turn>\n");
-    }
-  }
-  if (add_generation_prompt) b.add("<start_of_turn>model\n");
-  return std::move(b.out);
-}
+// End-of-turn markers of the common families, used when the template's text contains them.
+constexpr const char* kKnownEndOfTurn[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>",
+                                           "<|end|>",    "</s>",       "<|endoftext|>", "<|end_of_text|>"};
 
 absl::StatusOr<std::string> read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
   std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
   std::ostringstream os;
   os << f.rdbuf();
   return os.str();
 }
 
+absl::StatusOr<json> read_json(const std::string& path) {
+  LOOM_ASSIGN_OR_RETURN(const std::string text, read_file(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  return j;
+}
+
+// A special token in tokenizer_config.json: "text", {"content": "text", ...} or null.
+std::optional<std::string> token_text(const json& config, const char* key) {
+  if (!config.is_object() || !config.contains(key)) return std::nullopt;
+  const json& t = config[key];
+  if (t.is_string()) return t.get<std::string>();
+  if (t.is_object() && t.contains("content") && t["content"].is_string()) return t["content"].get<std::string>();
+  return std::nullopt;
+}
+
+// The chat template of a tokenizer_config.json object: a string, or the "default" of a list.
+absl::StatusOr<std::optional<std::string>> config_template(const json& config, const std::string& where) {
+  if (!config.is_object() || !config.contains("chat_template") || config["chat_template"].is_null())
+    return std::optional<std::string>();
+  const json& ct = config["chat_template"];
+  if (ct.is_string()) return std::optional<std::string>(ct.get<std::string>());
+  if (ct.is_array()) {
+    std::string names;
+    for (const json& e : ct) {
+      if (!e.is_object() || !e.contains("name") || !e.contains("template") || !e["template"].is_string())
+        return absl::InvalidArgumentError(absl::StrCat(where, ": chat_template list entries need \"name\" and \"template\""));
+      if (e["name"] == "default") return std::optional<std::string>(e["template"].get<std::string>());
+      absl::StrAppend(&names, names.empty() ? "" : ", ", e["name"].dump());
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": chat_template lists named templates (", names, ") but none is named \"default\""));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where, ": chat_template must be a string or a list of named templates"));
+}
+
+ChatSpecialTokens special_tokens(const json& config) {
+  ChatSpecialTokens t;
+  t.bos_token = token_text(config, "bos_token");
+  t.eos_token = token_text(config, "eos_token");
+  t.unk_token = token_text(config, "unk_token");
+  t.pad_token = token_text(config, "pad_token");
+  return t;
+}
+
+// generation_config.json's eos_token_id (one id or a list) as token texts, through
+// tokenizer_config.json's added_tokens_decoder.
+std::vector<std::string> generation_eos(const std::string& dir, const json& config) {
+  std::vector<std::string> out;
+  auto gen = read_json(dir + "/generation_config.json");
+  if (!gen.ok() || !gen->is_object() || !gen->contains("eos_token_id")) return out;
+  json ids = (*gen)["eos_token_id"];
+  if (!ids.is_array()) ids = json::array({ids});
+  const json decoder = config.is_object() ? config.value("added_tokens_decoder", json::object()) : json::object();
+  for (const json& id : ids) {
+    if (!id.is_number_integer()) continue;
+    const std::string key = std::to_string(id.get<int64_t>());
+    if (decoder.is_object() && decoder.contains(key) && decoder[key].is_object() && decoder[key].contains("content") &&
+        decoder[key]["content"].is_string())
+      out.push_back(decoder[key]["content"].get<std::string>());
+  }
+  return out;
+}
+
 }  // namespace
 
-absl::StatusOr<ChatTemplate> parse_chat_template(const std::string& name) {
-  if (name == "chatml") return ChatTemplate::kChatML;
-  if (name == "llama3") return ChatTemplate::kLlama3;
-  if (name == "gemma") return ChatTemplate::kGemma;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown chat template '", name, "' (expected chatml, llama3 or gemma)"));
+absl::StatusOr<ChatTemplate> ChatTemplate::from_source(const std::string& source, std::string origin,
+                                                       ChatSpecialTokens tokens, std::vector<std::string> end_of_turn) {
+  auto parsed = jinja::Template::parse(source);
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat(origin, ", ", parsed.status().message()));
+  ChatTemplate t;
+  t.template_ = std::make_shared<const jinja::Template>(*std::move(parsed));
+  t.source_ = source;
+  t.origin_ = std::move(origin);
+  if (tokens.eos_token) end_of_turn.push_back(*tokens.eos_token);
+  for (const char* m : kKnownEndOfTurn)
+    if (source.find(m) != std::string::npos) end_of_turn.emplace_back(m);
+  std::sort(end_of_turn.begin(), end_of_turn.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() > b.size() : a < b;  // longest match first
+  });
+  end_of_turn.erase(std::unique(end_of_turn.begin(), end_of_turn.end()), end_of_turn.end());
+  std::erase(end_of_turn, std::string());
+  t.tokens_ = std::move(tokens);
+  t.end_of_turn_ = std::move(end_of_turn);
+  return t;
 }
 
-absl::StatusOr<ChatTemplate> detect_chat_template(const std::string& model_dir) {
-  const std::string tok_path = model_dir + "/tokenizer_config.json";
-  if (auto text = read_file(tok_path); text.ok()) {
-    const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(tok_path, ": not valid JSON"));
-    std::string tmpl;
-    if (j.is_object() && j.contains("chat_template")) {
-      const auto& ct = j["chat_template"];
-      if (ct.is_string()) {
-        tmpl = ct.get<std::string>();
-      } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
-        for (const auto& e : ct) {
-          if (e.is_object() && e.contains("template") && e["template"].is_string()) tmpl += e["template"].get<std::string>();
-        }
-      }
-    }
-    if (tmpl.find("<|im_start|>") != std::string::npos) return ChatTemplate::kChatML;
-    if (tmpl.find("<|start_header_id|>") != std::string::npos) return ChatTemplate::kLlama3;
-    if (tmpl.find("<start_of_turn>") != std::string::npos) return ChatTemplate::kGemma;
-  }
-  const std::string cfg_path = model_dir + "/config.json";
-  auto text = read_file(cfg_path);
-  if (!text.ok()) {
-    return absl::NotFoundError(absl::StrCat(model_dir, ": no chat template found (neither tokenizer_config.json's ",
-                                            "chat_template nor config.json's model_type); pass --chat-template"));
-  }
-  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": not valid JSON"));
-  if (!j.is_object() || !j.contains("model_type") || !j["model_type"].is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": no string model_type to pick a chat template from"));
-  }
-  const std::string type = j["model_type"].get<std::string>();
-  if (type == "qwen2" || type == "qwen3") return ChatTemplate::kChatML;
-  if (type == "llama") return ChatTemplate::kLlama3;
-  if (type == "gemma" || type == "gemma2" || type == "gemma3" || type == "gemma3_text") return ChatTemplate::kGemma;
-  return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": no chat template known for model_type '", type,
-                                                 "' (pass chatml, llama3 or gemma explicitly)"));
-}
-
-absl::StatusOr<RenderedChat> render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages,
-                                         bool add_generation_prompt) {
+absl::StatusOr<RenderedChat> ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                                  bool add_generation_prompt) const {
   if (messages.empty()) return absl::InvalidArgumentError("chat has no messages");
+  std::vector<jinja::Value> list;
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& r = messages[i].role;
-    if (r != "system" && r != "user" && r != "assistant") {
+    if (r != "system" && r != "user" && r != "assistant")
       return absl::InvalidArgumentError(
           absl::StrCat("message ", i, " has role '", r, "' (expected system, user or assistant)"));
+    auto m = std::make_shared<jinja::Dict>();
+    m->set("role", jinja::Value::string(r));
+    std::vector<jinja::Mark> marks;
+    if (r == "assistant") marks.push_back({0, messages[i].content.size(), static_cast<int>(i)});
+    m->set("content", jinja::Value::string(messages[i].content, std::move(marks)));
+    list.push_back(jinja::Value::dict(std::move(m)));
+  }
+  std::vector<std::pair<std::string, jinja::Value>> vars = {
+      {"messages", jinja::Value::list(std::move(list))},
+      {"add_generation_prompt", jinja::Value::boolean(add_generation_prompt)},
+      {"tools", jinja::Value::none()},
+      {"documents", jinja::Value::none()},
+  };
+  const std::pair<const char*, const std::optional<std::string>*> toks[] = {
+      {"bos_token", &tokens_.bos_token}, {"eos_token", &tokens_.eos_token},
+      {"unk_token", &tokens_.unk_token}, {"pad_token", &tokens_.pad_token}};
+  for (const auto& [name, value] : toks) {
+    if (*value) vars.emplace_back(name, jinja::Value::string(**value));
+    else if (tokens_.none_when_missing) vars.emplace_back(name, jinja::Value::none());
+  }
+  auto r = template_->render(vars);
+  if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(origin_, ", ", r.status().message()));
+
+  RenderedChat out;
+  out.text = std::move(r->text);
+  std::map<int, std::pair<size_t, size_t>> by_message;  // first and last byte printed from each reply
+  for (const jinja::Mark& m : r->marks) {
+    auto [it, fresh] = by_message.try_emplace(m.tag, m.begin, m.end);
+    if (!fresh) it->second = {std::min(it->second.first, m.begin), std::max(it->second.second, m.end)};
+  }
+  for (auto [tag, span] : by_message) {
+    size_t k = span.second;
+    while (k < out.text.size() && out.text[k] == ' ') ++k;
+    for (const std::string& marker : end_of_turn_) {
+      if (out.text.compare(k, marker.size(), marker) == 0) {
+        span.second = k + marker.size();
+        break;
+      }
     }
+    out.train_spans.push_back(span);
   }
-  switch (t) {
-    case ChatTemplate::kChatML: return render_chatml(messages, add_generation_prompt);
-    case ChatTemplate::kLlama3: return render_llama3(messages, add_generation_prompt);
-    case ChatTemplate::kGemma: return render_gemma(messages, add_generation_prompt);
+  std::sort(out.train_spans.begin(), out.train_spans.end());
+  return out;
+}
+
+namespace {
+
+// What a model folder or .gguf file says about its template: the source (if any), where it came
+// from, its special tokens and extra end-of-turn tokens.
+struct ModelTemplate {
+  std::optional<std::string> source;
+  std::string origin;
+  ChatSpecialTokens tokens;
+  std::vector<std::string> end_of_turn;
+};
+
+absl::StatusOr<ModelTemplate> read_model_template(const std::string& model_path) {
+  namespace fs = std::filesystem;
+  ModelTemplate out;
+  if (model_path.ends_with(".gguf")) {
+    LOOM_ASSIGN_OR_RETURN(const GgufFile f, GgufFile::open(model_path));
+    LOOM_ASSIGN_OR_RETURN(const HfTokenizerFiles files, gguf_hf_tokenizer(f));
+    LOOM_ASSIGN_OR_RETURN(out.source, config_template(files.tokenizer_config_json, model_path));
+    out.origin = absl::StrCat(model_path, " tokenizer.chat_template");
+    out.tokens = special_tokens(files.tokenizer_config_json);
+    return out;
   }
-  return absl::InvalidArgumentError("unknown chat template");
+  json config = json::object();
+  const std::string config_path = model_path + "/tokenizer_config.json";
+  std::error_code ec;
+  if (fs::exists(config_path, ec)) {
+    LOOM_ASSIGN_OR_RETURN(config, read_json(config_path));
+  }
+  out.tokens = special_tokens(config);
+  out.end_of_turn = generation_eos(model_path, config);
+  const std::string jinja_path = model_path + "/chat_template.jinja";
+  if (fs::exists(jinja_path, ec)) {
+    LOOM_ASSIGN_OR_RETURN(const std::string src, read_file(jinja_path));
+    out.source = src;
+    out.origin = jinja_path;
+    return out;
+  }
+  LOOM_ASSIGN_OR_RETURN(out.source, config_template(config, config_path));
+  out.origin = absl::StrCat(config_path, " chat_template");
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> detect_chat_template(const std::string& model_path) {
+  LOOM_ASSIGN_OR_RETURN(ModelTemplate m, read_model_template(model_path));
+  if (!m.source)
+    return absl::NotFoundError(absl::StrCat(model_path, model_path.ends_with(".gguf")
+                                                            ? ": no tokenizer.chat_template in the GGUF metadata"
+                                                            : ": the model has no chat template (neither "
+                                                              "chat_template.jinja nor a chat_template in "
+                                                              "tokenizer_config.json)"));
+  return ChatTemplate::from_source(*m.source, m.origin, std::move(m.tokens), std::move(m.end_of_turn));
+}
+
+absl::StatusOr<ChatTemplate> parse_chat_template(const std::string& name_or_path, const std::string& model_path) {
+  ModelTemplate m;
+  if (!model_path.empty()) {
+    LOOM_ASSIGN_OR_RETURN(m, read_model_template(model_path));
+  }
+  if (name_or_path == "chatml")
+    return ChatTemplate::from_source(kChatML, "the built-in ChatML template", std::move(m.tokens),
+                                     std::move(m.end_of_turn));
+  if (!name_or_path.ends_with(".jinja"))
+    return absl::InvalidArgumentError(absl::StrCat("--chat-template '", name_or_path,
+                                                   "': expected a .jinja file or chatml"));
+  LOOM_ASSIGN_OR_RETURN(const std::string src, read_file(name_or_path));
+  return ChatTemplate::from_source(src, name_or_path, std::move(m.tokens), std::move(m.end_of_turn));
+}
+
+absl::StatusOr<ChatTemplate> training_chat_template(const std::string& model_path, const std::string& choice,
+                                                    std::string* note) {
+  if (!choice.empty()) return parse_chat_template(choice, model_path);
+  auto t = detect_chat_template(model_path);
+  if (t.ok() || !absl::IsNotFound(t.status())) return t;
+  if (note) *note = absl::StrCat(t.status().message(), "; {\"messages\"} lines use plain ChatML (choose with --chat-template)");
+  return parse_chat_template("chatml", model_path);
 }
 
 }  // namespace loom

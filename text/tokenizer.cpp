@@ -3,6 +3,9 @@
 #include "text/tokenizer.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -299,9 +302,12 @@ absl::Status Tokenizer::Impl::parse_post_processor(const json& j, const std::str
 
 absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
   std::string path = path_in;
-  {
-    std::ifstream probe(path + "/tokenizer.json");
-    if (probe.good()) path += "/tokenizer.json";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    path += "/tokenizer.json";
+    if (!std::filesystem::exists(path, ec))
+      return absl::NotFoundError(absl::StrCat(path_in, ": no tokenizer.json in this folder (a Hugging Face model ",
+                                              "folder ships one next to config.json)"));
   }
   json j;
   if (path.size() > 5 && path.ends_with(".gguf")) {  // a llama.cpp file: its tokenizer.ggml.* metadata
@@ -312,7 +318,7 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
     j = std::move(files->tokenizer_json);
   } else {
     std::ifstream f(path, std::ios::binary);
-    if (!f.good()) return absl::NotFoundError(absl::StrCat(path, ": cannot open tokenizer file"));
+    if (!f.good()) return absl::NotFoundError(absl::StrCat(path, ": cannot open tokenizer file: ", std::strerror(errno)));
     try {
       j = json::parse(f);
     } catch (const json::exception& e) {

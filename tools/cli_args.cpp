@@ -14,7 +14,7 @@ absl::StatusOr<Args> Args::parse(const std::vector<std::string>& argv, const std
     if (!s.default_value.empty()) a.defaults_[s.name] = s.default_value;
   }
   for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& arg = argv[i];
+    const std::string& arg = argv[i] == "-h" ? std::string("--help") : argv[i];
     if (arg.rfind("--", 0) != 0)
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "' (flags start with --)"));
     std::string name = arg.substr(2), value;

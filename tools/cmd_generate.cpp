@@ -37,19 +37,6 @@ int fail(const absl::Status& s) {
   return 1;
 }
 
-// The chat template of a model folder, or of a .gguf file's tokenizer.chat_template metadata.
-absl::StatusOr<ChatTemplate> chat_template_of(const std::string& model) {
-  if (!is_gguf_path(model)) return detect_chat_template(model);
-  auto f = GgufFile::open(model);
-  if (!f.ok()) return f.status();
-  auto text = f->get_string("tokenizer.chat_template");
-  if (!text.ok()) return absl::NotFoundError(absl::StrCat(model, ": no tokenizer.chat_template metadata; use --prompt"));
-  if (text->find("<|im_start|>") != std::string::npos) return ChatTemplate::kChatML;
-  if (text->find("<|start_header_id|>") != std::string::npos) return ChatTemplate::kLlama3;
-  if (text->find("<start_of_turn>") != std::string::npos) return ChatTemplate::kGemma;
-  return absl::UnimplementedError(absl::StrCat(model, ": a chat template Loom cannot render yet"));
-}
-
 // Bytes of `s` up to the end of its last complete UTF-8 character: a byte-level token can end in the
 // middle of one, which the next token completes.
 size_t complete_utf8(const std::string& s) {
@@ -110,11 +97,12 @@ int run_generate(const std::vector<std::string>& argv) {
   if (auto eos = tokenizer->eos_id()) opt.stop_ids.push_back(*eos);
   std::vector<int32_t> prompt;
   if (chat) {
-    // The end-of-turn markers of the template families, where the vocabulary has them.
-    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"})
-      if (auto id = tokenizer->token_to_id(end_of_turn)) opt.stop_ids.push_back(*id);
-    auto tmpl = chat_template_of(args->str("model"));
+    // The model's own template (a folder's, or a .gguf file's tokenizer.chat_template).
+    auto tmpl = detect_chat_template(args->str("model"));
     if (!tmpl.ok()) return fail(tmpl.status());
+    // Its end-of-turn markers, where the vocabulary has them.
+    for (const std::string& end_of_turn : tmpl->end_of_turn())
+      if (auto id = tokenizer->token_to_id(end_of_turn)) opt.stop_ids.push_back(*id);
     std::vector<ChatMessage> messages;
     if (args->has("system")) messages.push_back({"system", args->str("system")});
     messages.push_back({"user", args->str("chat")});

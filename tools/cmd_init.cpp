@@ -38,7 +38,8 @@ int run_init(const std::vector<std::string>& argv) {
   if (absl::Status s = save_pretrained(**model, args->str("out")); !s.ok()) return fail(s);
   int64_t params = 0;
   for (const auto& [name, v] : std::as_const(**model).named_weights()) params += v->value().numel();
-  std::printf("loom init: %s, %.2f M parameters -> %s\n", (*model)->config().summary().c_str(),
+  // save_pretrained stores bf16 (config.json says so): say that, not the f32 it was initialised in.
+  std::printf("loom init: %s, %.2f M parameters, written as bf16 -> %s\n", (*model)->config().summary().c_str(),
               static_cast<double>(params) / 1e6, args->str("out").c_str());
   return 0;
 }

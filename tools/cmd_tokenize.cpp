@@ -1,14 +1,17 @@
 // `loom tokenize`: encodes text with a Hugging Face tokenizer.json and prints the token ids as JSON,
-// one array per input (--text, or each record's "text" field of a JSONL file).
+// one array per input: --text, or each record of a JSONL file rendered exactly as `loom train` does
+// ({"messages"} with the model's chat template, {"prompt","completion"}, {"text"}).
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
-#include "text/tokenizer.h"
+#include "train/data.h"
 
 namespace loom::cli {
 namespace {
@@ -16,8 +19,9 @@ namespace {
 const std::vector<FlagSpec> kFlags = {
     {"tokenizer", false, "tokenizer.json, or a model folder holding one", ""},
     {"text", false, "text to encode", ""},
-    {"input", false, "JSONL file: encodes each record's \"text\" field, one output line per record", ""},
-    {"add-special-tokens", true, "add the post-processor's tokens (e.g. BOS)", ""},
+    {"input", false, "JSONL training data: each record tokenized as `loom train` does, one output line per record", ""},
+    {"chat-template", false, "for --input: a .jinja file, or chatml (default: the model's own chat_template)", ""},
+    {"add-special-tokens", true, "for --text: add the post-processor's tokens (e.g. BOS)", ""},
     {"help", true, "show this help", ""},
 };
 
@@ -52,23 +56,18 @@ int run_tokenize(const std::vector<std::string>& argv) {
     print_ids(tok->encode(args->str("text"), add));
     return 0;
   }
-  const std::string path = args->str("input");
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return fail(absl::StrCat(path, ": cannot open"));
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank lines carry no record
-    nlohmann::json rec;
-    try {
-      rec = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return fail(absl::StrCat(path, ":", n, ": malformed JSON: ", e.what()));
-    }
-    if (!rec.is_object() || !rec.contains("text") || !rec["text"].is_string())
-      return fail(absl::StrCat(path, ":", n, ": expected an object with a string \"text\" field"));
-    print_ids(tok->encode(rec["text"].get<std::string>(), add));
-  }
+  // The model folder the tokenizer belongs to (for its chat template): the folder itself, the
+  // folder of a tokenizer.json, or a .gguf file.
+  const std::string tok_path = args->str("tokenizer");
+  const std::string parent = std::filesystem::path(tok_path).parent_path().string();
+  const std::string model = !tok_path.ends_with(".json") ? tok_path : parent.empty() ? std::string(".") : parent;
+  DataOptions opt;
+  std::string note;
+  opt.chat_template = training_chat_template(model, args->str("chat-template"), &note);
+  if (!note.empty()) std::fprintf(stderr, "loom tokenize: %s\n", note.c_str());
+  auto examples = load_jsonl(args->str("input"), *tok, opt, nullptr);
+  if (!examples.ok()) return fail(std::string(examples.status().message()));
+  for (const Example& ex : *examples) print_ids(ex.ids);
   return 0;
 }
 

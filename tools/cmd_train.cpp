@@ -2,6 +2,7 @@
 // metrics.jsonl, loss.svg, checkpoints and resume. SIGINT/SIGTERM finish the step, save, exit 0.
 #include <csignal>
 #include <cstdio>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -42,6 +43,7 @@ const std::vector<FlagSpec> kFlags = {
     {"max-steps", false, "optimizer steps (overrides --epochs)", "0"},
     {"seed", false, "seed for LoRA init, shuffling and dropout", "42"},
     {"save-every", false, "checkpoint every N steps (0 = only at the end)", "0"},
+    {"save-total-limit", false, "keep only the newest N checkpoint folders (0 = keep all)", "0"},
     {"device", false, "cpu, cuda or cuda:N", "cpu"},
     {"dtype", false, "compute dtype: bf16 or f32", "bf16"},
     {"checkpointing", false,
@@ -49,7 +51,7 @@ const std::vector<FlagSpec> kFlags = {
      "recompute the layer in backward: about a third more compute, activation memory of one layer), "
      "offload (as recompute, with the layer inputs in pinned host memory, copied on a side stream: "
      "the least GPU memory, host memory instead)", "none"},
-    {"chat-template", false, "chatml, llama3 or gemma (default: detected from the model)", ""},
+    {"chat-template", false, "a .jinja file, or chatml (default: the model's own chat_template)", ""},
     {"skip-bad-lines", true, "skip and count malformed JSONL lines instead of stopping", ""},
     {"resume", false, "an earlier --out folder (its latest checkpoint) or one checkpoint folder", ""},
     {"log-every", false, "progress line every N steps when not on a terminal", "1"},
@@ -75,9 +77,12 @@ void on_signal(int) { Trainer::request_stop(); }
 
 int run_train(const std::vector<std::string>& argv_in) {
   std::vector<std::string> argv = argv_in;
+  std::map<std::string, bool> known;  // flag name -> takes no value
+  for (const FlagSpec& f : kFlags)
+    if (std::string(f.name) != "config" && std::string(f.name) != "help") known[f.name] = f.is_bool;
   for (size_t i = 0; i + 1 < argv_in.size(); ++i)
     if (argv_in[i] == "--config")
-      if (absl::Status s = apply_config_file(argv_in[i + 1], &argv); !s.ok()) return fail(s);
+      if (absl::Status s = apply_config_file(argv_in[i + 1], &argv, known); !s.ok()) return fail(s);
   auto args = Args::parse(argv, kFlags);
   if (!args.ok()) return fail(args.status());
   if (args->flag("help")) {
@@ -100,6 +105,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   };
   for (Int f : {Int{"lora-r", &c.lora.r}, {"seq-len", &c.seq_len}, {"batch-size", &c.batch_size}, {"grad-accum", &c.grad_accum},
                 {"warmup", &c.warmup_steps}, {"epochs", &c.epochs}, {"max-steps", &c.max_steps}, {"save-every", &c.save_every},
+                {"save-total-limit", &c.save_total_limit},
                 {"log-every", &c.log_every}, {"stop-after", &c.stop_after}}) {
     auto v = args->integer(f.flag);
     if (!v.ok()) return fail(v.status());

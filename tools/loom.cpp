@@ -29,21 +29,35 @@ const Command kCommands[] = {
     {"export", loom::cli::run_export, "write a model (+ LoRA adapter, merged) as a llama.cpp .gguf file"},
 };
 
-void print_help() {
-  std::fprintf(stderr, "usage: loom <command> [flags]\n\ncommands:\n");
-  for (const auto& c : kCommands) std::fprintf(stderr, "  %-10s %s\n", c.name, c.help);
-  std::fprintf(stderr, "\n`loom <command> --help` lists a command's flags.\n");
+void print_help(std::FILE* out) {
+  std::fprintf(out, "usage: loom <command> [flags]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.help);
+  std::fprintf(out, "\n`loom <command> --help` (or `loom help <command>`) lists a command's flags; "
+                    "`loom --version` prints the version.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    print_help();
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {  // no command: the usage is the error message
+    print_help(stderr);
+    return 2;
   }
-  const std::string name = argv[1];
+  const std::string first = argv[1];
+  if (first == "--help" || first == "-h" || (first == "help" && argc == 2)) {  // asked for: stdout, success
+    print_help(stdout);
+    return 0;
+  }
+  if (first == "--version" || first == "version") {
+    std::printf("loom %s\n", LOOM_VERSION);
+    return 0;
+  }
+  std::string name = first;
   std::vector<std::string> args(argv + 2, argv + argc);
+  if (first == "help") {  // loom help <command> = loom <command> --help
+    name = argv[2];
+    args = {"--help"};
+  }
   for (const auto& c : kCommands) {
     if (name != c.name) continue;
     try {
@@ -57,6 +71,6 @@ int main(int argc, char** argv) {
     }
   }
   std::fprintf(stderr, "loom: unknown command '%s'\n\n", name.c_str());
-  print_help();
+  print_help(stderr);
   return 2;
 }

@@ -23,7 +23,8 @@ struct Example {
 
 struct DataOptions {
   bool skip_bad_lines = false;
-  ChatTemplate chat_template = ChatTemplate::kChatML;
+  // For {"messages"} lines; an error status is reported at the first such line.
+  absl::StatusOr<ChatTemplate> chat_template = absl::NotFoundError("no chat template was chosen");
   int64_t max_tokens = 0;  // documents longer are truncated to this (0 = no limit)
 };
 struct DataStats {

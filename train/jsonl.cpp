@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "engine/io_error.h"
 #include "train/data.h"
 
 namespace loom {
@@ -73,7 +74,8 @@ void append_eos(Example* ex, const Tokenizer& tok) {
   }
 }
 
-absl::StatusOr<Example> from_messages(const json& messages, const Tokenizer& tok, ChatTemplate tmpl) {
+absl::StatusOr<Example> from_messages(const json& messages, const Tokenizer& tok,
+                                      const absl::StatusOr<ChatTemplate>& tmpl) {
   if (!messages.is_array()) {
     return absl::InvalidArgumentError(absl::StrCat("\"messages\" must be an array, got ", messages.type_name()));
   }
@@ -92,7 +94,8 @@ absl::StatusOr<Example> from_messages(const json& messages, const Tokenizer& tok
     }
     chat.push_back(std::move(cm));
   }
-  auto rendered = render_chat(tmpl, chat, /*add_generation_prompt=*/false);
+  if (!tmpl.ok()) return tmpl.status();
+  auto rendered = tmpl->render(chat, /*add_generation_prompt=*/false);
   if (!rendered.ok()) return rendered.status();
   std::vector<std::pair<size_t, size_t>> offsets;
   Example ex;
@@ -171,7 +174,8 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
 absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const Tokenizer& tokenizer,
                                                 const DataOptions& options, DataStats* stats) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file"));
+  if (!f || is_directory_path(path))
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file: ", open_error_reason(path)));
   DataStats local;
   DataStats& st = stats ? *stats : local;
   st = DataStats{};

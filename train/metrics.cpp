@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/io_error.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -20,7 +21,7 @@ namespace {
 
 absl::StatusOr<std::vector<std::string>> read_lines(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  if (!in || is_directory_path(path)) return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", open_error_reason(path)));
   std::vector<std::string> lines;
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));

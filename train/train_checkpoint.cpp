@@ -2,13 +2,18 @@
 #include "train/train_checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "engine/tensor_io.h"
 
 namespace loom {
@@ -27,6 +32,67 @@ absl::Status fsync_path(const fs::path& p) {
 
 absl::Status write_checkpoint_files(const fs::path& tmp, const TrainCheckpoint& ckpt,
                                     const std::function<absl::Status(const std::string& dir)>& extra_files);
+
+constexpr const char* kChecksums = "checksums.json";
+
+// A 64-bit checksum of a file's bytes (8-byte words through a multiply-xorshift mix, then the
+// tail and the length): fast enough for multi-gigabyte optimizer states, and any flipped bit
+// changes it.
+absl::StatusOr<std::string> file_checksum(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat(p.string(), ": cannot open: ", std::strerror(errno)));
+  uint64_t h = 0x9E3779B97F4A7C15ull, length = 0;
+  std::vector<char> buf(1 << 20);
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const size_t n = static_cast<size_t>(f.gcount());
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, buf.data() + i, 8);
+      h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    for (; i < n; ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 0x94D049BB133111EBull;
+    length += n;
+  }
+  h = (h ^ length) * 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::string(hex);
+}
+
+// Checks every file listed in the folder's checksums.json (checkpoints written before checksums
+// existed have none and pass).
+absl::Status verify_checksums(const fs::path& dir) {
+  std::ifstream f(dir / kChecksums);
+  if (!f) return absl::OkStatus();
+  const nlohmann::json sums = nlohmann::json::parse(f, nullptr, false);
+  if (sums.is_discarded() || !sums.is_object())
+    return absl::DataLossError(absl::StrCat((dir / kChecksums).string(), ": not a JSON object"));
+  for (const auto& [name, want] : sums.items()) {
+    auto got = file_checksum(dir / name);
+    if (!got.ok()) return absl::DataLossError(absl::StrCat((dir / name).string(), " is missing"));
+    if (!want.is_string() || *got != want.get<std::string>())
+      return absl::DataLossError(absl::StrCat((dir / name).string(), ": checksum mismatch (the file is corrupted)"));
+  }
+  return absl::OkStatus();
+}
+
+// The checkpoint-<step> folders of an output folder, newest first.
+std::vector<std::pair<int64_t, fs::path>> checkpoints_of(const std::string& out_dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    int64_t step = 0;
+    if (n.rfind("checkpoint-", 0) == 0 && absl::SimpleAtoi(n.substr(11), &step) && e.is_directory(ec))
+      out.emplace_back(step, e.path());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
 
 }  // namespace
 
@@ -60,6 +126,19 @@ absl::Status write_checkpoint_files(const fs::path& tmp, const TrainCheckpoint& 
     if (!f) return absl::DataLossError(absl::StrCat("cannot write ", (tmp / "trainer_state.json").string()));
   }
   if (absl::Status s = extra_files(tmp.string()); !s.ok()) return s;
+  nlohmann::json sums = nlohmann::json::object();
+  for (const auto& e : fs::directory_iterator(tmp)) {
+    if (!e.is_regular_file()) continue;
+    auto sum = file_checksum(e.path());
+    if (!sum.ok()) return sum.status();
+    sums[e.path().filename().string()] = *sum;
+  }
+  {
+    std::ofstream f(tmp / kChecksums);
+    f << sums.dump(2) << "\n";
+    f.flush();
+    if (!f) return absl::DataLossError(absl::StrCat("cannot write ", (tmp / kChecksums).string()));
+  }
   for (const auto& e : fs::directory_iterator(tmp))
     if (absl::Status s = fsync_path(e.path()); !s.ok()) return s;
   return fsync_path(tmp);
@@ -87,6 +166,7 @@ absl::StatusOr<std::string> resolve_checkpoint(const std::string& path) {
 }
 
 absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
+  LOOM_RETURN_IF_ERROR(verify_checksums(dir));
   TrainCheckpoint c;
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
   std::ifstream f(state_path);
@@ -97,6 +177,66 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
   if (!tensors.ok()) return tensors.status();
   c.tensors = *std::move(tensors);
   return c;
+}
+
+absl::StatusOr<ResumePoint> find_resume_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return absl::NotFoundError(absl::StrCat("resume folder ", path, " does not exist"));
+  ResumePoint r;
+  if (fs::exists(fs::path(path) / "trainer_state.json")) {  // one checkpoint, named: no fallback
+    r.dir = path;
+    LOOM_ASSIGN_OR_RETURN(r.checkpoint, read_train_checkpoint(path));
+    return r;
+  }
+  for (const auto& [step, dir] : checkpoints_of(path)) {
+    auto c = read_train_checkpoint(dir.string());
+    if (c.ok()) {
+      r.dir = dir.string();
+      r.checkpoint = *std::move(c);
+      return r;
+    }
+    r.skipped.push_back(absl::StrCat(dir.string(), ": ", c.status().message()));
+  }
+  if (!r.skipped.empty())
+    return absl::DataLossError(absl::StrCat("no intact checkpoint in ", path, ": ", r.skipped.front()));
+  return absl::NotFoundError(absl::StrCat(path, " holds no checkpoint-<step> folder with a trainer_state.json"));
+}
+
+std::vector<std::string> clean_output_folder(const std::string& out_dir, bool fresh_run) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    // .checkpoint-<step>.tmp.<pid> of a process that is gone (killed while saving).
+    if (n.rfind(".checkpoint-", 0) == 0) {
+      const size_t dot = n.rfind(".tmp.");
+      int pid = 0;
+      if (dot != std::string::npos && absl::SimpleAtoi(n.substr(dot + 5), &pid) && pid != getpid() &&
+          (kill(pid, 0) != 0 && errno == ESRCH)) {
+        fs::remove_all(e.path(), ec);
+        removed.push_back(n);
+      }
+    }
+  }
+  if (fresh_run) {
+    for (const auto& [step, dir] : checkpoints_of(out_dir)) {
+      fs::remove_all(dir, ec);
+      removed.push_back(dir.filename().string());
+    }
+  }
+  return removed;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& out_dir, int64_t keep) {
+  std::vector<std::string> removed;
+  if (keep <= 0) return removed;
+  const auto all = checkpoints_of(out_dir);
+  std::error_code ec;
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+    fs::remove_all(all[i].second, ec);
+    removed.push_back(all[i].second.filename().string());
+  }
+  return removed;
 }
 
 }  // namespace loom

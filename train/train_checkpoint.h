@@ -1,10 +1,12 @@
 // Training checkpoints: <out>/checkpoint-<step>/ holding the adapter (LoRA), the optimizer's state
 // with the f32 master weights of full fine-tuning (optimizer.safetensors) and trainer_state.json (step, data position,
-// what was trained). Assembled under a temporary name and renamed, so a crash never leaves a
-// half-written checkpoint.
+// what was trained), and checksums.json (a checksum of every other file, verified on load).
+// Assembled under a temporary name and renamed, so a crash never leaves a half-written checkpoint.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/tensor.h"
@@ -25,6 +27,23 @@ absl::Status write_train_checkpoint(const std::string& out_dir, int64_t step, co
 // `path` is a checkpoint folder (has trainer_state.json) or an output folder (its highest
 // checkpoint-<step>). Returns the checkpoint folder.
 absl::StatusOr<std::string> resolve_checkpoint(const std::string& path);
+// Reads a checkpoint; a file whose checksum does not match is DataLoss naming it.
 absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& checkpoint_dir);
+
+// What --resume PATH continues from: PATH itself when it is a checkpoint folder, else the newest
+// intact checkpoint-<step> in it; corrupted newer ones are skipped and listed (file: reason).
+struct ResumePoint {
+  std::string dir;
+  TrainCheckpoint checkpoint;
+  std::vector<std::string> skipped;
+};
+absl::StatusOr<ResumePoint> find_resume_checkpoint(const std::string& path);
+
+// Removes what an earlier process left in an output folder: .checkpoint-<step>.tmp.<pid> folders
+// of processes that no longer run and, for a fresh (not resumed) run, the checkpoint-<step>
+// folders of the earlier run (which a later --resume would otherwise pick). Returns their names.
+std::vector<std::string> clean_output_folder(const std::string& out_dir, bool fresh_run);
+// --save-total-limit: removes all but the newest `keep` checkpoints (keep <= 0: none removed).
+std::vector<std::string> prune_checkpoints(const std::string& out_dir, int64_t keep);
 
 }  // namespace loom

@@ -3,13 +3,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
@@ -37,6 +42,17 @@ uint64_t mix(uint64_t x) {  // splitmix64 finalizer: distinct dropout streams pe
   return x ^ (x >> 31);
 }
 
+// The tokenized training data in brief: a changed data file (or tokenizer, or template) changes it.
+nlohmann::json fingerprint(const std::vector<Example>& examples) {
+  uint64_t h = 0xCBF29CE484222325ull, tokens = 0;
+  for (const Example& e : examples) {
+    for (size_t i = 0; i < e.ids.size(); ++i) h = (h ^ (static_cast<uint64_t>(e.ids[i]) * 2 + e.target[i])) * 0x100000001B3ull;
+    h = (h ^ 0xFFFFFFFFull) * 0x100000001B3ull;  // document boundary
+    tokens += e.ids.size();
+  }
+  return {{"examples", examples.size()}, {"tokens", tokens}, {"hash", absl::StrFormat("%016x", h)}};
+}
+
 std::string format_duration(double s) {
   const int64_t t = static_cast<int64_t>(s + 0.5);
   return t >= 3600 ? absl::StrCat(t / 3600, "h", (t % 3600) / 60, "m") : absl::StrCat(t / 60, "m", t % 60, "s");
@@ -58,13 +74,17 @@ Tensor stage(const Tensor& host, Device device, std::vector<Tensor>& staging) {
   return pinned.to(device);
 }
 
-std::vector<DeviceBatch> upload(const std::vector<Batch>& batches, Device device) {
+// Token ids are checked on the host, where they are, before the copy (see check_token_ids).
+absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batches, Device device, int64_t vocab) {
   std::vector<DeviceBatch> out(batches.size());
   for (size_t i = 0; i < batches.size(); ++i) {
     const Batch& b = batches[i];
     DeviceBatch& d = out[i];
+    const Tensor targets = shift_labels(b.labels);
+    LOOM_RETURN_IF_ERROR(check_token_ids(b.input_ids, vocab, false, "input_ids"));
+    LOOM_RETURN_IF_ERROR(check_token_ids(targets, vocab, true, "targets"));
     d.input_ids = stage(b.input_ids, device, d.staging);
-    d.targets = stage(shift_labels(b.labels), device, d.staging);
+    d.targets = stage(targets, device, d.staging);
     d.positions = stage(b.positions, device, d.staging);
     d.segment_ids = stage(b.segment_ids, device, d.staging);
   }
@@ -88,6 +108,7 @@ struct Trainer::State {
   std::optional<MetricsWriter> metrics;
   DataStats stats;
   std::unique_ptr<DistContext> dist;  // data parallelism (--dist), else null
+  nlohmann::json data_fingerprint;    // what the tokenized data was (a changed file refuses to resume)
 
   absl::Status save_checkpoint();
   absl::Status check_compatible(const std::string& checkpoint_dir, const nlohmann::json& saved) const;
@@ -104,9 +125,10 @@ int64_t Trainer::total_steps() const { return s_->total_steps; }
 const std::vector<float>& Trainer::losses() const { return s_->losses; }
 const CausalLM& Trainer::model() const { return *s_->model; }
 
-absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv) {
+absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv,
+                               const std::map<std::string, bool>& flags) {
   std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read config file ", path, ": ", std::strerror(errno)));
   std::vector<std::string> from_file;
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {
@@ -116,14 +138,28 @@ absl::Status apply_config_file(const std::string& path, std::vector<std::string>
     const std::string l(absl::StripAsciiWhitespace(line.substr(0, hash)));
     if (l.empty()) continue;
     const size_t sep = l.find_first_of("=:");
-    if (sep == std::string::npos)
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": expected `key = value`, got '", l, "'"));
     std::string key(absl::StripAsciiWhitespace(l.substr(0, sep)));
-    std::string value(absl::StripAsciiWhitespace(l.substr(sep + 1)));
+    std::string value = sep == std::string::npos ? "" : std::string(absl::StripAsciiWhitespace(l.substr(sep + 1)));
     if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
-    if (value == "true") {
-      from_file.push_back("--" + key);
-    } else if (value != "false") {
+    const std::string where = absl::StrCat(path, ":", n, ": ");
+    auto it = flags.find(key);
+    if (it == flags.end()) {
+      std::string dashed = key;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      return absl::InvalidArgumentError(absl::StrCat(where, "unknown key '", key, "'",
+                                                     flags.count(dashed) ? absl::StrCat(" (did you mean '", dashed, "'?)") : ""));
+    }
+    if (it->second) {  // a switch
+      const std::string v = absl::AsciiStrToLower(value);
+      if (sep == std::string::npos || v == "true" || v == "yes" || v == "on" || v == "1") {
+        from_file.push_back("--" + key);
+      } else if (v != "false" && v != "no" && v != "off" && v != "0") {
+        return absl::InvalidArgumentError(absl::StrCat(where, "'", key, "' is a switch: give true or false (or leave ",
+                                                       "the value out), got '", value, "'"));
+      }
+    } else {
+      if (sep == std::string::npos || value.empty())
+        return absl::InvalidArgumentError(absl::StrCat(where, "'", key, "' needs a value (`", key, " = ...`)"));
       from_file.push_back("--" + key);
       from_file.push_back(value);
     }
@@ -154,6 +190,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (cfg.seq_len < 2 || cfg.batch_size < 1 || cfg.grad_accum < 1 || cfg.epochs < 1 || cfg.max_steps < 0)
     return absl::InvalidArgumentError("--seq-len must be >= 2 and --batch-size, --grad-accum, --epochs >= 1");
   if (!(cfg.lr > 0.f)) return absl::InvalidArgumentError(absl::StrCat("--lr must be positive, got ", cfg.lr));
+  if (cfg.warmup_steps < 0) return absl::InvalidArgumentError(absl::StrCat("--warmup must be >= 0, got ", cfg.warmup_steps));
+  if (!(cfg.weight_decay >= 0.f))
+    return absl::InvalidArgumentError(absl::StrCat("--weight-decay must be >= 0, got ", cfg.weight_decay));
+  if (!(cfg.max_grad_norm >= 0.f))
+    return absl::InvalidArgumentError(absl::StrCat("--max-grad-norm must be >= 0 (0 = no clipping), got ", cfg.max_grad_norm));
+  if (cfg.save_total_limit < 0)
+    return absl::InvalidArgumentError(absl::StrCat("--save-total-limit must be >= 0, got ", cfg.save_total_limit));
   LrScheduleKind kind;
   LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
 
@@ -163,6 +206,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   const fs::path probe = fs::path(cfg.out_dir) / absl::StrCat(".write-test.", getpid());
   if (ec || !std::ofstream(probe)) return absl::PermissionDeniedError(absl::StrCat("output folder ", cfg.out_dir, " is not writable"));
   fs::remove(probe, ec);
+  // Leftovers of earlier runs: temporary folders of killed saves; a fresh run's stale checkpoints.
+  if (!s->dist || s->dist->root()) {
+    const std::vector<std::string> removed = clean_output_folder(cfg.out_dir, /*fresh_run=*/cfg.resume.empty());
+    if (!removed.empty() && !cfg.quiet)
+      std::printf("removed %zu leftover folder(s) of an earlier run from %s: %s\n", removed.size(), cfg.out_dir.c_str(),
+                  absl::StrJoin(removed, ", ").c_str());
+  }
 
   if (cfg.qlora && cfg.full)
     return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
@@ -187,17 +237,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
                                                    "vocab_size is ", mc.vocab_size, ": token ids would be out of range"));
   DataOptions dopt;
   dopt.skip_bad_lines = cfg.skip_bad_lines;
-  if (cfg.chat_template.empty()) {
-    auto t = detect_chat_template(cfg.model_dir);
-    dopt.chat_template = t.ok() ? *t : ChatTemplate::kChatML;
-    if (!t.ok() && !cfg.quiet)
-      std::fprintf(stderr, "loom train: %s; {\"messages\"} lines will use ChatML (choose with --chat-template)\n",
-                   std::string(t.status().message()).c_str());
-  } else {
-    LOOM_ASSIGN_OR_RETURN(dopt.chat_template, parse_chat_template(cfg.chat_template));
-  }
+  std::string template_note;
+  dopt.chat_template = training_chat_template(cfg.model_dir, cfg.chat_template, &template_note);
+  if (!template_note.empty() && !cfg.quiet) std::fprintf(stderr, "loom train: %s\n", template_note.c_str());
   std::vector<Example> examples;
   LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
+  if (cfg.skip_bad_lines && s->stats.skipped > 0 && !cfg.quiet)
+    std::fprintf(stderr, "loom train: skipped %lld bad line(s) of %lld in %s\n", static_cast<long long>(s->stats.skipped),
+                 static_cast<long long>(s->stats.lines), cfg.data_path.c_str());
+  s->data_fingerprint = fingerprint(examples);
   const int32_t pad = static_cast<int32_t>(s->tokenizer.eos_id().value_or(0));
   // Every rank packs the global batch (the same on any number of ranks) and trains on its rows.
   const int64_t world = s->dist ? s->dist->world() : 1;
@@ -210,11 +258,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   std::optional<std::string> resume_dir;
   TrainCheckpoint resume_from;
   if (!cfg.resume.empty()) {
-    std::string d;
-    LOOM_ASSIGN_OR_RETURN(d, resolve_checkpoint(cfg.resume));
-    resume_dir = d;
-    LOOM_ASSIGN_OR_RETURN(resume_from, read_train_checkpoint(d));
-    LOOM_RETURN_IF_ERROR(s->check_compatible(d, resume_from.state));  // before touching its adapter
+    ResumePoint point;
+    LOOM_ASSIGN_OR_RETURN(point, find_resume_checkpoint(cfg.resume));
+    for (const std::string& bad : point.skipped)
+      std::fprintf(stderr, "loom train: skipping %s; falling back to an older checkpoint\n", bad.c_str());
+    resume_dir = point.dir;
+    resume_from = std::move(point.checkpoint);
+    LOOM_RETURN_IF_ERROR(s->check_compatible(point.dir, resume_from.state));  // before touching its adapter
   }
   std::unique_ptr<optim::UpdateRule> rule;
   // --offload-optimizer: masters and state in pinned host memory, the update on the CPU.
@@ -242,7 +292,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     }
     uint64_t index = 0;
     for (Linear* l : s->model->linears())
-      if (l->lora) l->lora->dropout_seed = mix(cfg.seed ^ mix(++index));
+      if (l->lora) l->lora->dropout_seed = mix(cfg.seed ^ mix(++index)), l->lora->training = true;
     for (auto& [name, v] : lora_parameters(*s->model)) s->optimizer->add_param(name, *v, decay);
   }
   if (s->dist) s->dist->attach(*s->optimizer, cfg.quiet);
@@ -265,7 +315,12 @@ nlohmann::json Trainer::State::describe() const {
           {"grad_accum", cfg.grad_accum},
           {"seed", cfg.seed},
           {"dtype", std::string(name(cfg.dtype))},
-          {"optim", cfg.optim}};
+          {"optim", cfg.optim},
+          {"data", data_fingerprint},
+          {"lr", cfg.lr},
+          {"schedule", cfg.schedule},
+          {"warmup", cfg.warmup_steps},
+          {"weight_decay", cfg.weight_decay}};
 }
 
 absl::Status Trainer::State::save_checkpoint() {
@@ -279,24 +334,48 @@ absl::Status Trainer::State::save_checkpoint() {
   const auto extra = [&](const std::string& dir) {
     return cfg.full ? absl::OkStatus() : save_adapter(*model, cfg.lora, dir);
   };
-  if (dist) return dist->save_checkpoint(cfg.out_dir, step, std::move(c), *optimizer, cfg.full, extra);
-  c.tensors = optimizer->state_dict(/*all_masters=*/cfg.full);  // full: the weights themselves
-  return write_train_checkpoint(cfg.out_dir, step, c, [&](const std::string& dir) {
-    return cfg.full ? absl::OkStatus() : save_adapter(*model, cfg.lora, dir);
-  });
+  if (dist) {
+    LOOM_RETURN_IF_ERROR(dist->save_checkpoint(cfg.out_dir, step, std::move(c), *optimizer, cfg.full, extra));
+  } else {
+    c.tensors = optimizer->state_dict(/*all_masters=*/cfg.full);  // full: the weights themselves
+    LOOM_RETURN_IF_ERROR(write_train_checkpoint(cfg.out_dir, step, c, extra));
+  }
+  if (!dist || dist->root()) prune_checkpoints(cfg.out_dir, cfg.save_total_limit);
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::State::check_compatible(const std::string& dir, const nlohmann::json& saved) const {
   const nlohmann::json want = describe();
-  for (const char* key :
-       {"model", "mode", "lora_r", "seq_len", "batch_size", "grad_accum", "seed", "dtype", "total_steps", "optim"}) {
+  // What changes the data order or the model refuses; a checkpoint from before a field was saved
+  // is not checked on it.
+  for (const char* key : {"model", "mode", "lora_r", "seq_len", "batch_size", "grad_accum", "seed", "dtype", "optim", "data"}) {
+    if (std::string(key) == "data" && !saved.contains(key)) continue;
     // Checkpoints from before --optim existed were trained with adamw.
     const nlohmann::json got = saved.value(key, std::string(key) == "optim" ? nlohmann::json("adamw") : nlohmann::json());
     if (got != want[key])
       return absl::FailedPreconditionError(absl::StrCat(
           "cannot resume from ", dir, ": it was trained with ", key, " = ", got.dump(), ", this run has ",
-          want[key].dump(), (std::string(key) == "model" ? " (a different model)" : "")));
+          want[key].dump(),
+          (std::string(key) == "model" ? " (a different model)"
+           : std::string(key) == "data" ? absl::StrCat(" (", cfg.data_path, " is not the data it was trained on)")
+                                        : "")));
   }
+  // Optimisation settings may change on purpose (a lower lr to finish): said, not refused.
+  for (const char* key : {"lr", "schedule", "warmup", "weight_decay"}) {
+    if (saved.contains(key) && saved[key] != want[key] && !cfg.quiet)
+      std::fprintf(stderr, "loom train: warning: resuming %s with %s = %s; it was trained with %s = %s\n", dir.c_str(), key,
+                   want[key].dump().c_str(), key, saved[key].dump().c_str());
+  }
+  // A longer run continues a shorter one; a decaying schedule is laid over the new total.
+  const int64_t saved_total = saved.value("total_steps", total_steps), saved_step = saved.value("step", int64_t{0});
+  if (total_steps < saved_step)
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume from ", dir, ": it is at step ", saved_step,
+                                                      ", past this run's ", total_steps, " steps"));
+  if (saved_total != total_steps && !cfg.quiet)
+    std::printf("resuming a run of %lld steps as one of %lld%s\n", static_cast<long long>(saved_total),
+                static_cast<long long>(total_steps),
+                cfg.schedule == "constant" ? "" : absl::StrCat("; the ", cfg.schedule, " schedule now runs over ", total_steps,
+                                                               " steps, so the learning rate from here differs").c_str());
   return absl::OkStatus();
 }
 
@@ -305,8 +384,13 @@ absl::Status Trainer::State::restore(const std::string& dir, const TrainCheckpoi
   // Also refreshes bf16 compute weights from their f32 masters. Checkpoints without per-parameter
   // steps took every parameter through every step.
   LOOM_RETURN_IF_ERROR(restore_optimizer(dist.get(), dir, c, *optimizer, step));
-  loader->set_state({c.state.value("epoch", int64_t{0}), c.state.value("cursor", int64_t{0}),
-                     c.state.value("offset", int64_t{0})});
+  try {
+    loader->set_state({c.state.value("epoch", int64_t{0}), c.state.value("cursor", int64_t{0}),
+                       c.state.value("offset", int64_t{0})});
+  } catch (const Error& e) {  // a checkpoint from before the data fingerprint, on changed data
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume from ", dir, ": its position in the data does not ",
+                                                      "exist in ", cfg.data_path, " (was the data file changed?)"));
+  }
   if (!cfg.quiet && (!dist || dist->root())) std::printf("resumed from %s at step %lld\n", dir.c_str(), static_cast<long long>(step));
   return absl::OkStatus();
 }
@@ -349,7 +433,8 @@ absl::Status Trainer::run() {
     empty_steps = 0;
     // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46),
     // summed on the device: the step reads nothing back until its end.
-    const std::vector<DeviceBatch> uploaded = upload(batches, s.device);
+    std::vector<DeviceBatch> uploaded;
+    LOOM_ASSIGN_OR_RETURN(uploaded, upload(batches, s.device, s.model->config().vocab_size));
     Tensor loss_total;
     for (size_t i = 0; i < batches.size(); ++i) {
       const Batch& b = batches[i];
@@ -414,6 +499,8 @@ absl::Status Trainer::run() {
     if (s.dist) stopping = s.dist->any(stopping);  // a signal may reach the ranks in different steps
     if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
     if (stopping && s.step < s.total_steps) {
+      // The adapter (or model) so far at the top of --out too, as "output in ..." promises.
+      LOOM_RETURN_IF_ERROR(s.save_final());
       if (!s.cfg.quiet && s.metrics) std::printf("%sstopped by signal at step %lld; checkpoint saved in %s\n", tty ? "\n" : "",
                                     static_cast<long long>(s.step), s.cfg.out_dir.c_str());
       return absl::OkStatus();

@@ -3,6 +3,7 @@
 // accumulation, global-norm clipping, LR schedules, metrics, atomic checkpoints and exact resume.
 #pragma once
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ struct TrainConfig {
   int64_t epochs = 1, max_steps = 0;  // max_steps > 0 overrides epochs
   uint64_t seed = 42;
   int64_t save_every = 0;  // 0: only at the end
+  int64_t save_total_limit = 0;  // > 0: keep only the newest this many checkpoint-<step> folders
   Device device = Device::cpu();
   DType dtype = DType::bf16;       // storage and compute dtype of the model: bf16 or f32 (see Precision)
   Checkpointing checkpointing = Checkpointing::kNone;
@@ -42,8 +44,11 @@ struct TrainConfig {
 };
 
 // Parses flags in `loom train` form from a config file: one `key = value` or `key: value` per line
-// (keys as the flags without dashes, '#' comments) — merged under the command-line flags.
-absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv);
+// (keys as the flags without dashes, '#' comments; a switch may be a bare `key` or true/false/yes/
+// no/on/off/1/0) — merged under the command-line flags. `flags` maps each known key to whether it
+// is a switch; an unknown key or a bad switch value is an error naming file:line.
+absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv,
+                               const std::map<std::string, bool>& flags);
 
 class Trainer {
  public:

@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <algorithm>
 #include <fstream>
+#include <sstream>
 
+#include "nlohmann/json.hpp"
 #include "tests/e2e/cli.h"
 #include "tests/models/fixtures.h"
 #include "text/tokenizer.h"
@@ -133,6 +135,49 @@ TEST(Cli, TokenizePrintsTheTokenizersIds) {
   got.erase(std::remove_if(got.begin(), got.end(), ::isspace), got.end());
   EXPECT_EQ(got, want);
   EXPECT_NE(run_loom("tokenize --tokenizer /nonexistent.json --text x").exit_code, 0);
+}
+
+// --input renders each record as training does: a {"messages"} record with the model's own chat
+// template (here Qwen2.5's, whose text transformers rendered into tests/fixtures/chat/cases.json),
+// {"text"} with BOS/EOS as the trainer adds them, one line of ids per record.
+TEST(Cli, TokenizeInputRendersRecordsAsTrainingDoes) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "loom_tokenize_model";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string src = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures";
+  fs::copy_file(src + "/tokenizers/qwen2/tokenizer.json", dir / "tokenizer.json");
+  std::ifstream tf(src + "/chat/templates/qwen2_5.jinja");
+  std::stringstream tmpl;
+  tmpl << tf.rdbuf();
+  std::ofstream(dir / "tokenizer_config.json")
+      << nlohmann::json{{"chat_template", tmpl.str()}, {"eos_token", "<|im_end|>"}}.dump();
+  std::ifstream cf(src + "/chat/cases.json");
+  const nlohmann::json cases = nlohmann::json::parse(cf);
+  nlohmann::json want_case;
+  for (const auto& c : cases)
+    if (c["template"] == "qwen2_5" && c["name"] == "multi_turn_system" && !c["add_generation_prompt"]) want_case = c;
+  ASSERT_FALSE(want_case.is_null());
+  const std::string data = (dir / "data.jsonl").string();
+  std::ofstream(data) << nlohmann::json{{"messages", want_case["messages"]}}.dump() << "\n\n"
+                      << R"({"text": "The loom weaves."})" << "\n";
+  RunResult r = run_loom("tokenize --tokenizer " + dir.string() + " --input " + data);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto t = Tokenizer::load(dir.string());
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<int32_t> text_ids = t->encode("The loom weaves.", /*add_special_tokens=*/true);
+  text_ids.push_back(*t->eos_id());
+  std::vector<std::vector<int32_t>> want = {t->encode(want_case["text"].get<std::string>(), false), text_ids};
+  std::vector<std::vector<int32_t>> got;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '[') got.push_back(nlohmann::json::parse(line).get<std::vector<int32_t>>());
+  EXPECT_EQ(got, want) << r.output;
+  // A record the template rejects is an error naming the line.
+  std::ofstream(data) << R"({"text": "fine"})" << "\n" << R"({"messages": [{"role": "robot", "content": "x"}]})" << "\n";
+  r = run_loom("tokenize --tokenizer " + dir.string() + " --input " + data);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(data + ":2: "), std::string::npos) << r.output;
 }
 
 }  // namespace

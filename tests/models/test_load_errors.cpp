@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "models/lora.h"
+#include "nlohmann/json.hpp"
 #include "tests/models/fixtures.h"
 
 namespace loom::test {
@@ -92,6 +93,37 @@ TEST(LoadErrors, LoraTargetsThatMatchNothing) {
   c.target_modules = {"q_proj"};
   c.r = 0;
   EXPECT_FALSE(add_lora(**model, c, 0).ok());
+}
+
+// An adapter whose adapter_config.json names modules the model does not have: the config is
+// blamed (with the model's module names), not the weights file.
+TEST(LoadErrors, AdapterTargetModulesThatMatchNothingBlameTheConfig) {
+  auto model = CausalLM::load(fixture_dir("qwen2"), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok());
+  const std::string dir = ::testing::TempDir() + "loom_adapter_no_match";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fixture_dir("qwen2") + "/adapter/adapter_model.safetensors", dir + "/adapter_model.safetensors");
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(fixture_dir("qwen2") + "/adapter/adapter_config.json"));
+  cfg["target_modules"] = {"query_key_value", "dense"};
+  std::ofstream(dir + "/adapter_config.json") << cfg.dump();
+  auto r = load_adapter(**model, dir);
+  ASSERT_FALSE(r.ok());
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find("adapter_config.json: target_modules [query_key_value, dense] match no module"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("q_proj"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("adapter_model.safetensors"), std::string::npos) << msg;
+}
+
+// A weight stored as integers is refused when the model loads, naming the tensor.
+TEST(LoadErrors, IntegerWeightIsRefusedAtLoad) {
+  const std::string dir = broken_copy("llama", "int_weight", [](auto& t) {
+    Tensor& w = t.at("model.layers.0.self_attn.k_proj.weight");
+    std::vector<int32_t> ints(static_cast<size_t>(w.numel()), 1);
+    w = Tensor::from_ints(ints, w.shape());
+  });
+  expect_error(dir, {"model.layers.0.self_attn.k_proj.weight", "i32", "float"});
 }
 
 TEST(Lora, AdapterOnOneLayerSavesFullModuleNamesAndReloads) {

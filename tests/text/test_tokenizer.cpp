@@ -203,5 +203,18 @@ TEST(TokenizerBench, DISABLED_Throughput) {
   }
 }
 
+// A model folder without tokenizer.json, and a file that cannot be opened, say so (not a stream
+// error about reading a directory).
+TEST(Tokenizer, MissingFilesSayWhy) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "loom_tok_empty_model";
+  std::filesystem::create_directories(dir);
+  auto r = Tokenizer::load(dir.string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no tokenizer.json in this folder"), std::string::npos) << r.status();
+  auto missing = Tokenizer::load("/nonexistent/tokenizer.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("No such file or directory"), std::string::npos) << missing.status();
+}
+
 }  // namespace
 }  // namespace loom

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "kernels/error.h"
 #include "train/data.h"
@@ -19,6 +20,22 @@ namespace {
 // load_jsonl
 
 const std::string kTokDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/tokenizers";
+
+// A published chat template from tests/fixtures/chat/templates with its model's special tokens.
+ChatTemplate fixture_template(const std::string& name, ChatSpecialTokens tokens) {
+  std::ifstream f(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/chat/templates/" + name + ".jinja");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto t = ChatTemplate::from_source(ss.str(), name, std::move(tokens));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+DataOptions chatml_options() {
+  DataOptions o;
+  o.chat_template = parse_chat_template("chatml");
+  return o;
+}
 
 class Jsonl : public ::testing::Test {
  protected:
@@ -109,7 +126,9 @@ TEST_F(Jsonl, MessagesTrainOnAssistantSpansOnly) {
                                          {"user", "Nothing."},
                                          {"assistant", "Okay, bye."}};
   const std::vector<std::pair<const char*, ChatTemplate>> cases = {
-      {"qwen2", ChatTemplate::kChatML}, {"llama3", ChatTemplate::kLlama3}, {"gemma", ChatTemplate::kGemma}};
+      {"qwen2", fixture_template("qwen2_5", {.eos_token = "<|im_end|>"})},
+      {"llama3", fixture_template("llama3_1", {.bos_token = "<|begin_of_text|>", .eos_token = "<|eot_id|>"})},
+      {"gemma", fixture_template("gemma3", {.bos_token = "<bos>", .eos_token = "<eos>"})}};
   for (const auto& [name, tmpl] : cases) {
     SCOPED_TRACE(name);
     const Tokenizer& t = tok(name);
@@ -164,7 +183,7 @@ TEST_F(Jsonl, EveryErrorNamesFileAndLine) {
   for (const auto& [line, what] : bad) {
     SCOPED_TRACE(line);
     const std::string path = write("{\"text\": \"fine\"}\n\n   \n" + line + "\n{\"text\": \"fine\"}\n");
-    auto r = load_jsonl(path, tok("qwen2"), DataOptions{}, nullptr);
+    auto r = load_jsonl(path, tok("qwen2"), chatml_options(), nullptr);
     ASSERT_FALSE(r.ok());
     const std::string msg(r.status().message());
     EXPECT_NE(msg.find(path + ":4: "), std::string::npos) << msg;
@@ -172,7 +191,7 @@ TEST_F(Jsonl, EveryErrorNamesFileAndLine) {
   }
   // A template that rejects the conversation (Gemma: roles must alternate).
   DataOptions gemma;
-  gemma.chat_template = ChatTemplate::kGemma;
+  gemma.chat_template = fixture_template("gemma3", {.bos_token = "<bos>", .eos_token = "<eos>"});
   const std::string path = write("{\"messages\": [{\"role\": \"assistant\", \"content\": \"first\"}]}\n");
   auto r = load_jsonl(path, tok("gemma"), gemma, nullptr);
   ASSERT_FALSE(r.ok());

@@ -1,0 +1,25 @@
+// Why a file could not be opened, in the operating system's words ("No such file or directory",
+// "Permission denied", "Is a directory"), for "cannot open" messages. Call right after the failed
+// open: errno is read here. (An ifstream opens a directory without complaint; that is checked.)
+#pragma once
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+namespace loom {
+
+inline std::string open_error_reason(const std::string& path) {
+  const int err = errno;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "Is a directory";
+  return std::strerror(err != 0 ? err : ENOENT);
+}
+
+// True when path names a directory (which an ifstream would "open").
+inline bool is_directory_path(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
+}
+
+}  // namespace loom

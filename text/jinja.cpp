@@ -1,0 +1,43 @@
+// Loom's Jinja interpreter: parse once, render many times; template errors become absl::Status.
+#include "text/jinja.h"
+
+#include "absl/strings/str_cat.h"
+#include "text/jinja_interp.h"
+
+namespace loom::jinja {
+namespace {
+
+absl::Status to_status(const Error& e) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("line ", e.line, ": ", e.raised ? "raise_exception: " : "", e.message));
+}
+
+}  // namespace
+
+absl::StatusOr<Template> Template::parse(const std::string& source) {
+  try {
+    Template t;
+    t.body_ = std::make_shared<const Body>(jinja::parse(lex(source)));
+    return t;
+  } catch (const Error& e) {
+    return to_status(e);
+  }
+}
+
+absl::StatusOr<Rendered> Template::render(const std::vector<std::pair<std::string, Value>>& vars) const {
+  Interp::Frame globals;
+  add_globals(&globals);
+  Interp::Frame top{vars, &globals};
+  Interp in(&top);
+  Output out;
+  try {
+    in.exec(*body_, out);
+  } catch (const Error& e) {
+    Error located = e;
+    if (located.line == 0) located.line = in.line();
+    return to_status(located);
+  }
+  return Rendered{std::move(out.text), std::move(out.marks)};
+}
+
+}  // namespace loom::jinja
