@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run every CTest label (cuda included), then the kernel
 # benchmarks against the PyTorch peer. Logs go to ${OUT:-gpu-out} (build.log, ctest.log,
-# compare.txt, bench.json, torch.json). Stages: LOOM_STAGES="build test bench train" (default: the
-# first three; train = the 1B-shape LoRA training benchmark against transformers + PEFT).
+# compare.txt, bench.json, torch.json). Stages: LOOM_STAGES="build test bench train sanitize" (default:
+# the first three; train = the 1B-shape LoRA training benchmark against transformers + PEFT; sanitize =
+# every cuda-labelled test program under compute-sanitizer memcheck, and the attention, reduction and
+# optimizer kernel tests under racecheck and synccheck, logs in $OUT/sanitize/).
 # LOOM_BENCH_ARGS / LOOM_PEER_ARGS pass through to bench/run_all.sh (e.g. a --benchmark_filter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,4 +37,35 @@ fi
 if [[ $stages == *train* ]]; then
   LOOM_TRAIN_SHAPE=${LOOM_TRAIN_SHAPE:-1b} LOOM_TRAIN_STEPS=${LOOM_TRAIN_STEPS:-20} timeout "${LOOM_TRAIN_TIMEOUT:-300}" \
     tools/gpu_train_bench.sh 2>&1 | tail -3
+fi
+if [[ $stages == *sanitize* ]]; then
+  # One run per test program (not per test case): the cuda-labelled programs CTest knows, from its JSON.
+  mkdir -p "$out/sanitize"
+  mapfile -t progs < <(ctest --test-dir build-gpu -L cuda --show-only=json-v1 | python3 -c '
+import json, sys
+seen = []
+for t in json.load(sys.stdin)["tests"]:
+    exe = t["command"][0]
+    if exe not in seen: seen.append(exe)
+print("\n".join(seen))')
+  # Kernels with shared memory, warp shuffles and block barriers: attention, the reductions (norms,
+  # cross entropy, the fused lm_head + loss), the optimizers.
+  race_re='attention|norm|cross_entropy|adamw'
+  failed=0
+  for exe in "${progs[@]}"; do
+    name=$(basename "$exe")
+    tools=(memcheck)
+    [[ $name =~ $race_re ]] && tools+=(racecheck synccheck)
+    for tool in "${tools[@]}"; do
+      extra=()
+      [ "$tool" = memcheck ] && extra=(--leak-check full)
+      timeout "${LOOM_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 86 \
+        "$exe" > "$out/sanitize/${tool}_${name}.log" 2>&1
+      rc=$?
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitize/${tool}_${name}.log" | tail -1)
+      echo "sanitize $tool $name: exit $rc ${summary}"
+      [ $rc -ne 0 ] && failed=1
+    done
+  done
+  echo "sanitize: $([ $failed = 0 ] && echo clean || echo FINDINGS, see $out/sanitize/)"
 fi

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
+# Architecture guard rail first (under a second): includes and library links follow DESIGN.md's layers.
+python3 tools/check_layers.py
 tools/configure.sh
 build=${LOOM_BUILD_DIR:-build}
 # The real-model check (SmolLM2's GGUF against transformers' reference logits) needs the model as

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan + UBSan, LOOM_FUZZ=ON) in ${LOOM_FUZZ_BUILD_DIR:-build-fuzz}
+# and runs each for SECONDS (default 600), one after another, in-process on one core, seeded from
+# tests/fuzz/corpus/<target>/. New coverage goes to build-fuzz/corpus/<target>/; a crash, leak,
+# timeout or out-of-memory input is written to build-fuzz/findings/<target>/ and fails the script.
+# `tools/fuzz.sh --replay` runs every corpus input once instead (seconds); `tools/fuzz.sh --ci` (what
+# tools/test.sh runs) also builds the unit tests in the same folder and runs them under the sanitizers
+# (LOOM_SANITIZE_UNIT_EXCLUDE: a CTest -E regex of tests to leave out there).
+#   usage: tools/fuzz.sh [SECONDS] [TARGET...]   |   tools/fuzz.sh --replay   |   tools/fuzz.sh --ci
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${LOOM_FUZZ_BUILD_DIR:-build-fuzz}
+replay=0 ci=0
+if [ "${1:-}" = "--replay" ]; then replay=1; shift; fi
+if [ "${1:-}" = "--ci" ]; then replay=1 ci=1; shift; fi
+seconds=${1:-600}
+shift || true
+all=(fuzz_safetensors fuzz_gguf fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_jsonl fuzz_chat_template
+     fuzz_config fuzz_bnb fuzz_adapter_config fuzz_train_checkpoint)
+[ $# -gt 0 ] && targets=("$@") || targets=("${all[@]}")
+
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+# -O1 (no NDEBUG: asserts stay on), line tables for the reports; benchmarks and examples are not needed.
+CC=clang CXX=clang++ cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_FLAGS_RELEASE=-O1 -DLOOM_CUDA=OFF -DLOOM_FUZZ=ON -DLOOM_BUILD_BENCH=OFF \
+  -DLOOM_BUILD_EXAMPLES=OFF >/dev/null
+if ((ci)); then
+  cmake --build "$build" -j"$(nproc)"
+else
+  cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+fi
+
+# UBSan: a stack trace with each report (its findings abort: -fno-sanitize-recover).
+export UBSAN_OPTIONS=print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1
+if ((replay)); then
+  start=$(date +%s)
+  ctest --test-dir "$build" -L fuzz --output-on-failure -j"$(nproc)"
+  echo "fuzz replay: every corpus input clean under ASan + UBSan in $(( $(date +%s) - start )) s"
+  if ((ci)); then
+    start=$(date +%s)
+    ctest --test-dir "$build" -L unit -E "${LOOM_SANITIZE_UNIT_EXCLUDE:-^$}" --output-on-failure -j"$(nproc)" --timeout 1200
+    echo "sanitizer unit tests: clean under ASan + UBSan in $(( $(date +%s) - start )) s"
+  fi
+  exit 0
+fi
+# detect_leaks: LeakSanitizer at exit and every few thousand runs; a 2 GiB RSS and a 1 GiB single
+# malloc limit catch unbounded allocations (a header claiming 2^60 bytes), 10 s an input catches hangs.
+status=0
+for t in "${targets[@]}"; do
+  work="$build/corpus/$t" findings="$build/findings/$t"
+  mkdir -p "$work" "$findings"
+  echo "== $t: ${seconds}s"
+  if ! ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 "$build/tests/fuzz/$t" "$work" "tests/fuzz/corpus/$t" \
+      -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+      -max_len=262144 -artifact_prefix="$findings/" -print_final_stats=1 2>"$build/findings/$t.log"; then
+    echo "$t: FAILED, see $build/findings/$t.log and $findings/"
+    status=1
+  fi
+  grep -E "^stat::number_of_executed_units|^stat::new_units_added|^stat::peak_rss_mb" "$build/findings/$t.log" || true
+done
+exit $status
