@@ -25,6 +25,9 @@ EXCEPTIONS = {
     # tokenizer.ggml.* metadata becomes a tokenizer), never its tensors.
     ("text/gguf_tokenizer.h", "engine/gguf.h"),
     ("text/gguf_tokenizer.cpp", "engine/status_macros.h"),
+    # The same exception for the chat template a .gguf file carries (tokenizer.chat_template).
+    ("text/chat_template.cpp", "engine/gguf.h"),
+    ("text/chat_template.cpp", "engine/status_macros.h"),
     # ToyLlama (the random-init stack of `loom demo` and the foundation tests) owns its optimizer.
     ("models/toy_llama.h", "optim/optimizer.h"),
     ("models/toy_llama.cpp", "optim/adamw.h"),
