@@ -119,7 +119,7 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
   if (j.is_discarded()) {
     try {  // parse again only to get the parser's message
       j = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // out_of_range too: "number overflow parsing '1E400'"
       return absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", e.what()));
     }
     return absl::InvalidArgumentError("malformed JSON");
