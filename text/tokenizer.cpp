@@ -317,6 +317,8 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
       j = json::parse(f);
     } catch (const json::exception& e) {
       return bad(path, absl::StrCat("malformed JSON: ", e.what()));
+    } catch (const std::exception& e) {  // ios_base::failure: a read error, or a folder without tokenizer.json
+      return bad(path, absl::StrCat("cannot read: ", e.what()));
     }
   }
   Tokenizer tk;
