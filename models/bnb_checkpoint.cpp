@@ -105,6 +105,8 @@ absl::StatusOr<std::optional<BnbQuantConfig>> parse_bnb_quant_config(const nlohm
 
 absl::StatusOr<std::optional<BnbQuantConfig>> read_bnb_quant_config(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return bad(path, "is a folder, not a file");
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);

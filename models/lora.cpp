@@ -171,14 +171,19 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
 
 absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir) {
   const std::string cfg_path = (fs::path(dir) / "adapter_config.json").string();
+  std::error_code ec;
+  if (fs::is_directory(cfg_path, ec)) return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": is a folder, not a file"));
   std::ifstream f(cfg_path);
   if (!f) return absl::NotFoundError(absl::StrCat("no adapter_config.json in ", dir));
   nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": not a JSON object"));
   auto bad = [&](const std::string& what) { return absl::InvalidArgumentError(absl::StrCat(cfg_path, ": ", what)); };
-  if (j.value("peft_type", "") != "LORA") return bad(absl::StrCat("peft_type must be \"LORA\", got ", j.value("peft_type", nlohmann::json()).dump()));
   LoraConfig c;
+  // Every field read under the try: value() of a key holding another JSON type throws (found by
+  // fuzz_adapter_config: "peft_type": null ended the program).
   try {
+    if (!j.contains("peft_type") || !j["peft_type"].is_string() || j["peft_type"] != "LORA")
+      return bad(absl::StrCat("peft_type must be \"LORA\", got ", j.value("peft_type", nlohmann::json()).dump()));
     c.r = j.at("r").get<int64_t>();
     c.alpha = j.value("lora_alpha", 8.f);
     c.dropout = j.value("lora_dropout", 0.f);
@@ -190,15 +195,15 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     } else {
       c.target_modules = t.get<std::vector<std::string>>();
     }
+    auto nonempty = [&](const char* key) { return j.contains(key) && !j[key].is_null() && !j[key].empty(); };
+    if (nonempty("use_dora") && j.value("use_dora", false)) return bad("DoRA adapters (use_dora) are not supported");
+    if (nonempty("bias") && j.value("bias", "none") != "none") return bad("LoRA bias training (bias != \"none\") is not supported");
+    if (nonempty("fan_in_fan_out") && j.value("fan_in_fan_out", false)) return bad("fan_in_fan_out adapters are not supported");
+    for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"})
+      if (nonempty(key)) return bad(absl::StrCat(key, " is not supported"));
   } catch (const nlohmann::json::exception& e) {
     return bad(absl::StrCat("malformed field: ", e.what()));
   }
-  auto nonempty = [&](const char* key) { return j.contains(key) && !j[key].is_null() && !j[key].empty(); };
-  if (j.value("use_dora", false)) return bad("DoRA adapters (use_dora) are not supported");
-  if (j.value("bias", "none") != "none") return bad("LoRA bias training (bias != \"none\") is not supported");
-  if (j.value("fan_in_fan_out", false)) return bad("fan_in_fan_out adapters are not supported");
-  for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"})
-    if (nonempty(key)) return bad(absl::StrCat(key, " is not supported"));
   if (absl::Status s = check_config(c); !s.ok()) return bad(std::string(s.message()));
 
   // target_modules that name nothing in this model are the config's fault, not the weights file's.

@@ -323,6 +323,8 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
       j = json::parse(f);
     } catch (const json::exception& e) {
       return bad(path, absl::StrCat("malformed JSON: ", e.what()));
+    } catch (const std::exception& e) {  // ios_base::failure: a read error, or a folder without tokenizer.json
+      return bad(path, absl::StrCat("cannot read: ", e.what()));
     }
   }
   Tokenizer tk;
@@ -357,6 +359,13 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
   }
   im.vocab_size = static_cast<int64_t>(im.bpe.id_to_token().size());
   for (const auto& a : im.added) im.vocab_size = std::max<int64_t>(im.vocab_size, a.id + 1);
+  // The ids the post-processor inserts (BOS/EOS) must be tokens of this vocabulary (found by fuzzing:
+  // a template naming id 1202 in a 1202-token vocabulary made encode() return it).
+  for (const auto& item : im.single)
+    for (int32_t id : item.value_or(std::vector<int32_t>{}))
+      if (id < 0 || id >= im.vocab_size)
+        return bad(path, absl::StrCat("post_processor: special token id ", id, " is outside the vocabulary (",
+                                      im.vocab_size, " tokens)"));
   if (!im.has_template) {
     for (const char* name : {"<|begin_of_text|>", "<s>", "<bos>"})
       if (auto it = im.added_by_content.find(name); it != im.added_by_content.end() && !im.bos) im.bos = it->second;

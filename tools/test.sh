@@ -15,3 +15,9 @@ ctest --test-dir "$build" -LE cuda --output-on-failure -j"$(nproc)" --timeout 60
 # The installed package as another program sees it: find_package(Loom) + the embedding example.
 tools/check_install.sh
 echo "check_install: the example built against the installed package trained and saved an adapter"
+# Hardening, in a second build folder (clang + ASan + UBSan, build-fuzz): every fuzz corpus input once
+# through its libFuzzer target, then the sanitizer subset of the CPU unit tests (tools/fuzz.sh says
+# which; LOOM_SANITIZE_ALL=1 runs all of them). LOOM_SANITIZE=0 skips this stage.
+if [ "${LOOM_SANITIZE:-1}" != 0 ]; then
+  tools/fuzz.sh --ci
+fi

@@ -26,12 +26,16 @@ struct DataOptions {
   // For {"messages"} lines; an error status is reported at the first such line.
   absl::StatusOr<ChatTemplate> chat_template = absl::NotFoundError("no chat template was chosen");
   int64_t max_tokens = 0;  // documents longer are truncated to this (0 = no limit)
+  int64_t max_file_bytes = 0;  // a larger data file is refused (0 = default_max_data_bytes())
 };
+// Half the physical memory: the tokenized documents of a JSONL file are held in memory.
+uint64_t default_max_data_bytes();
 struct DataStats {
   int64_t lines = 0, examples = 0, skipped = 0, tokens = 0, target_tokens = 0;
 };
 // Reads a JSONL file. A malformed line is an error naming the file and line number, unless
-// skip_bad_lines (then it is counted in stats->skipped). An empty dataset is an error.
+// skip_bad_lines (then it is counted in stats->skipped). An empty dataset is an error, so are a folder,
+// a file over max_file_bytes and a line over 64 MiB (ResourceExhausted / InvalidArgument, naming it).
 absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const Tokenizer& tokenizer,
                                                 const DataOptions& options, DataStats* stats);
 

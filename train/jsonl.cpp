@@ -2,6 +2,10 @@
 // mask. {"text"}: loss on every token (BOS from the tokenizer's post-processor, then EOS);
 // {"messages"}: rendered with the chat template, loss on tokens inside the assistant spans;
 // {"prompt","completion"}: loss on the completion and EOS. Other keys on a line are ignored.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -122,7 +126,7 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
   if (j.is_discarded()) {
     try {  // parse again only to get the parser's message
       j = json::parse(line);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // out_of_range too: "number overflow parsing '1E400'"
       return absl::InvalidArgumentError(absl::StrCat("malformed JSON: ", e.what()));
     }
     return absl::InvalidArgumentError("malformed JSON");
@@ -169,21 +173,91 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
   return ex;
 }
 
+// One JSONL line is one document: a line longer than this is refused (a file of one giant line, or of
+// no text at all, must not be read whole into memory). 64 MiB is ~16M tokens, far past any context.
+constexpr size_t kMaxLineBytes = size_t{64} << 20;
+
+enum class LineRead { kLine, kEnd, kTooLong };
+// std::getline with a bound, over 1 MiB blocks (memchr for the newline): a line of more than `max`
+// bytes is skipped to its end and reported as kTooLong.
+class LineReader {
+ public:
+  explicit LineReader(std::istream& f) : f_(f), buf_(size_t{1} << 20) {}
+  LineRead next(std::string* line, size_t max) {
+    line->clear();
+    bool any = false, too_long = false;
+    for (;;) {
+      if (pos_ == end_) {
+        f_.read(buf_.data(), static_cast<std::streamsize>(buf_.size()));
+        pos_ = 0;
+        end_ = static_cast<size_t>(f_.gcount());
+        if (end_ == 0) return !any ? LineRead::kEnd : too_long ? LineRead::kTooLong : LineRead::kLine;
+      }
+      any = true;
+      const char* start = buf_.data() + pos_;
+      const char* nl = static_cast<const char*>(std::memchr(start, '\n', end_ - pos_));
+      const size_t n = nl ? static_cast<size_t>(nl - start) : end_ - pos_;
+      if (!too_long && line->size() + n > max) {
+        too_long = true;
+        std::string().swap(*line);
+      }
+      if (!too_long) line->append(start, n);
+      pos_ += n;
+      if (nl) {
+        ++pos_;
+        return too_long ? LineRead::kTooLong : LineRead::kLine;
+      }
+    }
+  }
+
+ private:
+  std::istream& f_;
+  std::vector<char> buf_;
+  size_t pos_ = 0, end_ = 0;
+};
+
 }  // namespace
+
+uint64_t default_max_data_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return uint64_t{1} << 40;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+}
 
 absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const Tokenizer& tokenizer,
                                                 const DataOptions& options, DataStats* stats) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a folder; --data takes a JSONL file"));
   std::ifstream f(path, std::ios::binary);
   if (!f || is_directory_path(path))
     return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file: ", open_error_reason(path)));
+  // The tokenized documents stay in memory (~1.25x the text's bytes): a file that cannot fit is
+  // refused before it is read, not after the machine has started swapping.
+  const uint64_t limit = options.max_file_bytes > 0 ? static_cast<uint64_t>(options.max_file_bytes) : default_max_data_bytes();
+  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > limit)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path, ": ", size, " bytes is more than the ", limit,
+        "-byte limit on training data held in memory (half the physical memory); split it into smaller files"));
   DataStats local;
   DataStats& st = stats ? *stats : local;
   st = DataStats{};
   std::vector<Example> out;
   std::string line;
   int64_t lineno = 0;
-  while (std::getline(f, line)) {
+  LineReader reader(f);
+  for (;;) {
+    const LineRead r = reader.next(&line, kMaxLineBytes);
+    if (r == LineRead::kEnd) break;
     ++lineno;
+    if (r == LineRead::kTooLong) {
+      if (!options.skip_bad_lines)
+        return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": the line is longer than ", kMaxLineBytes,
+                                                       " bytes (one document per line; is this a JSONL file?)"));
+      ++st.lines;
+      ++st.skipped;
+      continue;
+    }
     if (is_blank(line)) continue;
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
     ++st.lines;

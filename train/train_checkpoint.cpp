@@ -156,6 +156,7 @@ absl::StatusOr<std::string> resolve_checkpoint(const std::string& path) {
     int64_t step = 0;
     // Only complete checkpoints: a state file that parses (one cut short by a crash is skipped).
     if (n.rfind("checkpoint-", 0) == 0 && absl::SimpleAtoi(n.substr(11), &step) && step > best &&
+        fs::is_regular_file(e.path() / "trainer_state.json", ec) &&
         !nlohmann::json::parse(std::ifstream(e.path() / "trainer_state.json"), nullptr, false).is_discarded()) {
       best = step;
       best_dir = e.path().string();
@@ -169,6 +170,9 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
   LOOM_RETURN_IF_ERROR(verify_checksums(dir));
   TrainCheckpoint c;
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
+  std::error_code ec;
+  // nlohmann reads a stream through its buffer: a folder there throws ios_base::failure, not a status.
+  if (fs::is_directory(state_path, ec)) return absl::InvalidArgumentError(absl::StrCat(state_path, ": is a folder, not a file"));
   std::ifstream f(state_path);
   c.state = nlohmann::json::parse(f, nullptr, false);
   if (c.state.is_discarded() || !c.state.is_object())

@@ -21,6 +21,13 @@ inline const std::string& scratch_dir() {
     fs::create_directories(d);
     return d.string();
   }();
+  static const bool cleanup = [] {  // removed at exit (libFuzzer exits through exit())
+    return std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(scratch_dir(), ec);
+    }) == 0;
+  }();
+  (void)cleanup;
   return dir;
 }
 
