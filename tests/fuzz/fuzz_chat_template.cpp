@@ -1,6 +1,7 @@
-// libFuzzer: the chat-template renderer through its public API: a template name, a hostile
-// conversation (any roles, any bytes, any length) rendered with and without the generation prompt,
-// and detect_chat_template over a hostile tokenizer_config.json / config.json.
+// libFuzzer: the chat-template renderer through its public API: a hostile conversation (any roles,
+// any bytes, any length) rendered with ChatML with and without the generation prompt, and
+// detect_chat_template (which parses the template text it finds) over a hostile
+// tokenizer_config.json / config.json.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <string>
@@ -12,8 +13,12 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   static const char* kRoles[] = {"system", "user", "assistant", "tool"};
-  auto t = loom::parse_chat_template(in.ConsumeRandomLengthString(16));
-  const loom::ChatTemplate tmpl = t.ok() ? *t : static_cast<loom::ChatTemplate>(in.ConsumeIntegralInRange(0, 2));
+  (void)loom::parse_chat_template(in.ConsumeRandomLengthString(16));  // a name that is not a file or chatml
+  static const loom::ChatTemplate tmpl = [] {
+    auto t = loom::parse_chat_template("chatml");
+    LOOM_FUZZ_CHECK(t.ok());
+    return *std::move(t);
+  }();
   const bool gen = in.ConsumeBool();
   const std::string tokenizer_config = in.ConsumeRandomLengthString(4096);
   const std::string config = in.ConsumeRandomLengthString(1024);

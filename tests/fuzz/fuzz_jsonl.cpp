@@ -1,6 +1,6 @@
 // libFuzzer: training data JSONL ({"text"}, {"messages"} through each chat template,
-// {"prompt","completion"}) read by load_jsonl with the Qwen2 fixture tokenizer; the file's size picks
-// the template, skip_bad_lines and a max_tokens, so every option meets hostile lines.
+// {"prompt","completion"}) read by load_jsonl with the Qwen2 fixture tokenizer and ChatML; the
+// file's size picks skip_bad_lines and a max_tokens, so every option meets hostile lines.
 #include <string>
 
 #include "tests/fuzz/fuzz_util.h"
@@ -16,7 +16,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = loom::fuzz::scratch_dir() + "/data.jsonl";
   loom::fuzz::write_file(path, data, size);
   loom::DataOptions o;
-  o.chat_template = static_cast<loom::ChatTemplate>(size % 3);
+  static const loom::ChatTemplate chatml = [] {
+    auto t = loom::parse_chat_template("chatml");
+    LOOM_FUZZ_CHECK(t.ok());
+    return *std::move(t);
+  }();
+  o.chat_template = chatml;
   o.skip_bad_lines = (size / 3) % 2;
   o.max_tokens = (size / 6) % 2 ? 16 : 0;
   loom::DataStats stats;
