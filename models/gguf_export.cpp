@@ -61,22 +61,6 @@ std::string hf_to_gguf_name(const std::string& hf, ModelFamily family) {
   return "";
 }
 
-Tensor permute_rope_rows(const Tensor& t, int64_t n_head) {
-  LOOM_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.dim() >= 1 && t.size(0) % (2 * n_head) == 0,
-             "permute_rope_rows: ", t.str(), " is not f32 [n_head * head_dim, ...] for ", n_head, " heads");
-  const int64_t rows = t.size(0), cols = t.numel() / rows, half = rows / n_head / 2;
-  Tensor out = Tensor::empty(t.shape(), DType::f32);
-  const float* src = t.data<float>();
-  float* dst = out.data<float>();
-  for (int64_t h = 0; h < n_head; ++h)
-    for (int64_t i = 0; i < half; ++i)
-      for (int64_t k = 0; k < 2; ++k) {
-        const int64_t file_row = h * 2 * half + i * 2 + k, hf_row = h * 2 * half + k * half + i;
-        std::copy(src + hf_row * cols, src + (hf_row + 1) * cols, dst + file_row * cols);
-      }
-  return out;
-}
-
 absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const std::string& name, GgufWriter& w) {
   const ModelConfig& c = model.config();
   auto arch_or = gguf_architecture(c.family);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/status_macros.h"
+#include "models/gguf_export.h"
 
 namespace loom {
 namespace {
@@ -191,9 +192,12 @@ std::string gguf_to_hf_name(const std::string& g, ModelFamily family) {
   return absl::StrCat("model.layers.", layer, ".", it->second, suffix);
 }
 
-Tensor unpermute_rope_rows(const Tensor& t, int64_t n_head) {
-  LOOM_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.dim() >= 1 && t.size(0) % (2 * n_head) == 0,
-             "unpermute_rope_rows: ", t.str(), " is not f32 [n_head * head_dim, ...] for ", n_head, " heads");
+namespace {
+// Per head, Hugging Face's rows (2, head_dim/2) and the file's (head_dim/2, 2): to_file moves rows
+// from the first layout to the second (convert_hf_to_gguf.py's permute), else back.
+Tensor move_rope_rows(const Tensor& t, int64_t n_head, bool to_file, const char* op) {
+  LOOM_CHECK(t.dtype() == DType::f32 && t.is_contiguous() && t.dim() >= 1 && t.size(0) % (2 * n_head) == 0, op,
+             ": ", t.str(), " is not f32 [n_head * head_dim, ...] for ", n_head, " heads");
   const int64_t rows = t.size(0), cols = t.numel() / rows, half = rows / n_head / 2;
   Tensor out = Tensor::empty(t.shape(), DType::f32);
   const float* src = t.data<float>();
@@ -202,10 +206,15 @@ Tensor unpermute_rope_rows(const Tensor& t, int64_t n_head) {
     for (int64_t i = 0; i < half; ++i)
       for (int64_t k = 0; k < 2; ++k) {
         const int64_t file_row = h * 2 * half + i * 2 + k, hf_row = h * 2 * half + k * half + i;
-        std::copy(src + file_row * cols, src + (file_row + 1) * cols, dst + hf_row * cols);
+        const int64_t from = to_file ? hf_row : file_row, to = to_file ? file_row : hf_row;
+        std::copy(src + from * cols, src + (from + 1) * cols, dst + to * cols);
       }
   return out;
 }
+}  // namespace
+
+Tensor unpermute_rope_rows(const Tensor& t, int64_t n_head) { return move_rope_rows(t, n_head, false, "unpermute_rope_rows"); }
+Tensor permute_rope_rows(const Tensor& t, int64_t n_head) { return move_rope_rows(t, n_head, true, "permute_rope_rows"); }
 
 absl::StatusOr<std::map<std::string, Tensor>> gguf_hf_tensors(const GgufFile& f, const ModelConfig& c) {
   std::map<std::string, Tensor> out;
