@@ -39,6 +39,16 @@ std::unique_ptr<CudaContext> make_context(int index) {
 }
 }  // namespace
 
+CudaContext::~CudaContext() {
+  // Errors are ignored: this runs at exit, possibly after a sticky CUDA error ended the program.
+  if (cudaSetDevice(device) != cudaSuccess) return;
+  if (stream) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (gemm_workspace) cudaFree(gemm_workspace);
+  if (reduce_workspace) cudaFree(reduce_workspace);
+  if (cublaslt) cublasLtDestroy(cublaslt);
+  if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
 CudaContext& CudaContext::get(int index) {
   static std::mutex mu;
   static std::vector<std::unique_ptr<CudaContext>> contexts(cuda_device_count());
@@ -64,6 +74,7 @@ void synchronize(int device) {
 
 #else  // CPU-only build
 
+CudaContext::~CudaContext() = default;
 CudaContext& CudaContext::get(int index) {
   LOOM_CHECK(false, "Loom was built without CUDA (LOOM_CUDA=OFF); device cuda:", index, " is unavailable");
   __builtin_unreachable();

@@ -17,6 +17,13 @@ struct CudaContext {
   size_t gemm_workspace_bytes = 0;
   float* reduce_workspace = nullptr;     // kReduceWorkspaceFloats floats
 
+  CudaContext() = default;
+  // Waits for the stream, then frees the workspaces, the cuBLASLt handle and the stream (at exit:
+  // the contexts live until static destruction, before the CUDA runtime's own teardown).
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
   // The context of device `index` (throws loom::Error in a CPU-only build or for a bad index).
   static CudaContext& get(int index);
 };

@@ -123,11 +123,24 @@ namespace {
 struct PinnedCache {
   std::mutex mu;
   std::map<size_t, std::vector<void*>> free;
+  bool closed = false;  // after exit began: released blocks go straight back to the driver
 };
 PinnedCache& pinned_cache() {
   static auto* c = new PinnedCache();  // never destroyed: blocks may be released during exit
   return *c;
 }
+// At exit, the cached blocks go back to the driver (compute-sanitizer's leak check counts them).
+// Constructed on the first pinned allocation, after the CUDA runtime started, so it runs before
+// the runtime's own teardown.
+struct PinnedCacheCloser {
+  ~PinnedCacheCloser() {
+    {
+      std::lock_guard<std::mutex> lock(pinned_cache().mu);
+      pinned_cache().closed = true;
+    }
+    release_cached_pinned_memory();
+  }
+};
 }  // namespace
 #endif
 
@@ -137,6 +150,7 @@ std::shared_ptr<Storage> allocate_pinned(size_t nbytes) {
     const size_t n = std::max<size_t>(nbytes, 1);
     void* p = nullptr;
     PinnedCache& cache = pinned_cache();
+    static PinnedCacheCloser closer;
     {
       std::lock_guard<std::mutex> lock(cache.mu);
       auto it = cache.free.find(n);
@@ -153,12 +167,32 @@ std::shared_ptr<Storage> allocate_pinned(size_t nbytes) {
           count_free(Device::cpu(), static_cast<int64_t>(nbytes));
           PinnedCache& c = pinned_cache();
           std::lock_guard<std::mutex> lock(c.mu);
+          if (c.closed) {
+            cudaFreeHost(q);  // error ignored: the runtime may be gone already
+            return;
+          }
           c.free[n].push_back(q);
         },
         /*pinned=*/true);
   }
 #endif
   return allocate(Device::cpu(), nbytes);
+}
+
+size_t release_cached_pinned_memory() {
+  size_t released = 0;
+#if LOOM_WITH_CUDA
+  PinnedCache& cache = pinned_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  for (auto& [bytes, blocks] : cache.free) {
+    for (void* p : blocks) {
+      cudaFreeHost(p);  // synchronises the device; errors ignored (also called at exit)
+      released += bytes;
+    }
+  }
+  cache.free.clear();
+#endif
+  return released;
 }
 
 std::shared_ptr<Storage> borrow(void* ptr, size_t nbytes, Device device, std::shared_ptr<const void> keepalive) {

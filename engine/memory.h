@@ -40,6 +40,9 @@ class Storage {
 std::shared_ptr<Storage> allocate(Device device, size_t nbytes);
 // Page-locked host memory (falls back to ordinary memory in a CPU-only build).
 std::shared_ptr<Storage> allocate_pinned(size_t nbytes);
+// Returns the pinned blocks kept for reuse (allocate_pinned caches them by size) to the driver;
+// the bytes released. Called at exit, and by whoever knows those sizes will not come back.
+size_t release_cached_pinned_memory();
 // Wraps memory Loom does not own (e.g. a mapped file); keepalive is held until the storage dies.
 std::shared_ptr<Storage> borrow(void* ptr, size_t nbytes, Device device, std::shared_ptr<const void> keepalive);
 
