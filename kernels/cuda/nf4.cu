@@ -1,9 +1,10 @@
 // CUDA NF4 kernels (kernels/nf4.h). Quantise: one warp per block of 64 (two elements per lane, one
 // packed byte each). Mean: one thread block summing fixed chunks in index order (the CPU's order).
-// Double quantise: one thread block per 256 absmax values. Dequantise: 16 elements per thread (8
-// packed bytes in, 32 or 64 bytes out in 16-byte stores), the code books in shared memory. Every
+// Double quantise: one thread block per 256 absmax values. Dequantise: one warp per 1024 elements,
+// coalesced 16-byte stores, the code books in shared memory. Every
 // product and sum is an _rn intrinsic so nothing is fused and the CPU reference agrees bit for bit.
 #include <cfloat>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/nf4.h"
@@ -13,6 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int64_t kNf4DequantTile = 1024;  // elements per warp in the vector dequantise kernel
 
 template <class T>
 __global__ __launch_bounds__(kThreads) void nf4_quantize_kernel(const T* __restrict__ x, int64_t n,
@@ -100,24 +102,40 @@ __device__ __forceinline__ Nf4State load_codes(const Nf4State& st, SharedCodes& 
   return s;
 }
 
-// 16 elements per thread: packed bytes [8g, 8g + 8) -> out [16g, 16g + 16), all in block 16g / 64.
+// One warp per tile of 1024 elements; a lane handles 32 of them as chunks of one 16-byte store
+// (8 bf16 or 4 f32), the warp's chunk c covering [1024 w + 32 E c, + 32 E): every load (4 or 2
+// packed bytes per lane) and every store is coalesced, and a lane issues all its loads before it
+// converts. A chunk lies inside one block of 64.
 template <class T>
 __global__ __launch_bounds__(kThreads) void nf4_dequantize_vec_kernel(const uint8_t* __restrict__ packed,
-                                                                       Nf4State st, int64_t groups,
+                                                                       Nf4State st, int64_t tiles,
                                                                        T* __restrict__ out) {
+  constexpr int kE = 16 / int(sizeof(T));  // elements per chunk (one 16-byte store)
+  constexpr int kC = 32 / kE;              // chunks per lane
+  using Word = std::conditional_t<kE == 8, uint32_t, uint16_t>;  // the chunk's packed bytes
   __shared__ SharedCodes sc;
   const Nf4State s = load_codes(st, sc);
-  for (int64_t g = int64_t(blockIdx.x) * kThreads + threadIdx.x; g < groups; g += int64_t(gridDim.x) * kThreads) {
-    const uint2 q = __ldg(reinterpret_cast<const uint2*>(packed) + g);
-    const float a = nf4_block_absmax(s, g >> 2);
-    float v[16];
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t w = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5; w < tiles; w += warps) {
+    const int64_t base = w * kNf4DequantTile + int64_t(lane) * kE;
+    uint32_t q[kC];
+    float a[kC];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t byte = ((k < 4 ? q.x : q.y) >> (8 * (k & 3))) & 0xffu;
-      v[2 * k] = __fmul_rn(sc.nf4[byte >> 4], a);
-      v[2 * k + 1] = __fmul_rn(sc.nf4[byte & 15], a);
+    for (int c = 0; c < kC; ++c) q[c] = __ldg(reinterpret_cast<const Word*>(packed + (base + 32 * kE * c) / 2));
+#pragma unroll
+    for (int c = 0; c < kC; ++c) a[c] = nf4_block_absmax(s, (base + 32 * kE * c) / kNf4Block);
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      float v[kE];
+#pragma unroll
+      for (int k = 0; k < kE / 2; ++k) {
+        const uint32_t byte = (q[c] >> (8 * k)) & 0xffu;
+        v[2 * k] = __fmul_rn(sc.nf4[byte >> 4], a[c]);
+        v[2 * k + 1] = __fmul_rn(sc.nf4[byte & 15], a[c]);
+      }
+      store_vec<kE>(out + base + 32 * kE * c, v);
     }
-    store_vec<16>(out + 16 * g, v);
   }
 }
 
@@ -170,13 +188,13 @@ void nf4_dequantize(const uint8_t* packed, const Nf4State& state, int64_t n, T* 
   LOOM_CHECK(packed && out, "cuda nf4_dequantize: null pointer");
   LOOM_CHECK(state.absmax || (state.qabsmax && state.nested_absmax && state.nested_code),
              "cuda nf4_dequantize: the state has neither absmax nor the nested (qabsmax, nested_absmax, code) triple");
-  const bool vec = (reinterpret_cast<uintptr_t>(packed) & 7u) == 0 && aligned16(out);
-  const int64_t groups = vec ? n / 16 : 0;
-  if (groups > 0) {
-    nf4_dequantize_vec_kernel<T><<<grid_for(groups, kThreads, 8), kThreads, 0, s>>>(packed, state, groups, out);
+  const bool vec = (reinterpret_cast<uintptr_t>(packed) & 3u) == 0 && aligned16(out);
+  const int64_t tiles = vec ? n / kNf4DequantTile : 0;
+  if (tiles > 0) {
+    nf4_dequantize_vec_kernel<T><<<grid_for(tiles * 32, kThreads, 8), kThreads, 0, s>>>(packed, state, tiles, out);
     LOOM_CUDA_LAUNCH_CHECK();
   }
-  const int64_t start = groups * 16;
+  const int64_t start = tiles * kNf4DequantTile;
   if (start < n) {
     nf4_dequantize_scalar_kernel<T><<<grid_for(n - start, kThreads, 8), kThreads, 0, s>>>(packed, state, start, n, out);
     LOOM_CUDA_LAUNCH_CHECK();
