@@ -9,7 +9,8 @@
 # Env: LOOM_E2E_MODES (default "none recompute offload"), LOOM_E2E_QLORA_MODES (the same with
 # --qlora, default none), LOOM_E2E_PEERS (default "peft peft-gc";
 # add "bnb unsloth" to run those too), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
-# longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST).
+# longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
+# LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -53,20 +54,20 @@ loom_run() {  # shape mode batch seq [extra flags, e.g. --qlora] -> one JSON lin
     --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --lora-r 16 --lora-alpha 16 --lr 2e-4 \
     --checkpointing "$mode" $extra --quiet > "$run.log" 2>&1
   local rc=$?
-  python3 - "$run/metrics.jsonl" "$shape" "$mode" "$batch" "$seq" "$rc" "$run.log" "$extra" <<'PY'
+  python3 - "$run/metrics.jsonl" "$shape" "$mode" "$batch" "$seq" "$rc" "$run.log" "$extra" "$steps" <<'PY'
 import json, statistics, sys
-path, shape, mode, batch, seq, rc, log, extra = sys.argv[1:]
+path, shape, mode, batch, seq, rc, log, extra, steps = sys.argv[1:]
 who = f"loom {extra + ' ' if extra else ''}--checkpointing {mode}"
 try:
     rows = [json.loads(l) for l in open(path)]
 except OSError:
     rows = []
-if rc != "0" or len(rows) < 3:
+if rc != "0" or len(rows) < min(3, int(steps)):
     tail = open(log).read().strip().splitlines()[-1:] if log else []
     print(json.dumps({"shape": shape, "who": who, "batch": int(batch), "seq": int(seq), "ok": False,
                       "error": (tail[0] if tail else f"exit {rc}")[:300]}))
 else:
-    rows = rows[max(1, len(rows) // 4):]  # past warm-up (allocator, cuBLASLt heuristics)
+    rows = rows[max(1, len(rows) // 4):] or rows  # past warm-up (allocator, cuBLASLt heuristics)
     print(json.dumps({"shape": shape, "who": who, "batch": int(batch), "seq": int(seq), "ok": True,
                       "tok_s": round(statistics.median(r["tokens_per_s"] for r in rows)),
                       "peak_GiB": round(max(r["mem_bytes"] for r in rows) / 2**30, 2),
@@ -104,9 +105,9 @@ done
 if [ "${LOOM_E2E_CTX:-0}" = 1 ]; then  # the longest sequence that trains at batch 1 on the 8B shape
   for mode in ${LOOM_E2E_CTX_MODES:-offload}; do
     for seq in ${LOOM_E2E_CTX_LIST:-16384 32768 65536 131072 262144 393216 524288}; do
-      steps=2
+      steps=${LOOM_E2E_CTX_STEPS:-2}
       LOOM_E2E_RUN_TIMEOUT=${LOOM_E2E_CTX_TIMEOUT:-400}
-      line=$(loom_run 8b "$mode" 1 "$seq")
+      line=$(loom_run 8b "$mode" 1 "$seq" "${LOOM_E2E_CTX_EXTRA:-}")
       emit "$line"
       echo "$line" | grep -q '"ok": true' || break
     done
