@@ -29,7 +29,7 @@ Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
 }  // namespace
 
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
-                     const Variable* bias, const WeightFn& rematerialize) {
+                     const Variable* bias, const WeightFn& rematerialize, const InputFn& recompute_x) {
   LOOM_CHECK(!rematerialize || !w.requires_grad(), "lora_linear: a re-materialised weight must be frozen");
   const Tensor& xv = x.value();
   LOOM_CHECK(w.value().dim() == 2 && a.value().dim() == 2 && b.value().dim() == 2 && xv.dim() >= 1, "lora_linear: ",
@@ -68,13 +68,21 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   }
 
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
+  Tensor keep_x = recompute_x ? Tensor() : x2;
   const DType a_dtype = a.dtype(), b_dtype = b.dtype(), bias_dtype = bias ? bias->dtype() : DType::f32;
-  auto backward = [x2, keep_w, rematerialize, a_keep, b_keep, t_keep, lora, split, r, in, a_dtype, b_dtype, bias_dtype,
-                   xshape = xv.shape()](Node& n, const Grads& g) {
+  auto backward = [keep_x, recompute_x, keep_w, rematerialize, a_keep, b_keep, t_keep, lora, split, r, in, a_dtype,
+                   b_dtype, bias_dtype, xshape = xv.shape()](Node& n, const Grads& g) {
     const Tensor dy = g[0].reshape({-1, g[0].size(-1)});  // [n, out]
     const float scale = lora.scale;
     Tensor dx, dw, da, db, dbias;
-    auto dropped = [&] { return lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2; };
+    Tensor x2 = keep_x;
+    auto input = [&] {  // x [n, in], computed again at most once when it was not kept
+      if (!x2.defined()) x2 = recompute_x().reshape({-1, in});
+      return x2;
+    };
+    auto dropped = [&] {
+      return lora.dropout > 0.f ? ops::dropout(input(), lora.dropout, lora.seed, lora.offset) : input();
+    };
     if (n.needs_grad(3)) {  // dB = scale * dy^T t: [out, n] x [n, r] (or [n, 2r] parts, summed)
       if (split) {
         db = ops::block_sum(ops::matmul(dy, t_keep, true, false, DType::f32), 2, scale).to(b_dtype);
@@ -108,7 +116,7 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
         dx = dx.view(xshape);
       }
     }
-    if (n.needs_grad(1)) dw = ops::matmul(dy, x2, true, false);  // full fine-tuning with an adapter: [out, in]
+    if (n.needs_grad(1)) dw = ops::matmul(dy, input(), true, false);  // full fine-tuning with an adapter: [out, in]
     if (n.needs_grad(4)) dbias = ops::sum_rows(dy, bias_dtype);
     return Grads{dx, dw, da, db, dbias};
   };

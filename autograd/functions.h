@@ -43,8 +43,12 @@ struct LoraArgs {
 // A frozen weight that backward materialises again instead of keeping it alive (a dequantised
 // NF4 weight): empty = keep the forward's tensor.
 using WeightFn = std::function<Tensor()>;
+// An input that backward computes again instead of keeping it alive (the SwiGLU output, from the
+// gate and up the activation keeps anyway): empty = keep x.
+using InputFn = std::function<Tensor()>;
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
-                     const Variable* bias = nullptr, const WeightFn& rematerialize = {});
+                     const Variable* bias = nullptr, const WeightFn& rematerialize = {},
+                     const InputFn& recompute_x = {});
 // x W^T (+ bias) with W frozen (no gradient) and re-materialised by `rematerialize` for backward.
 Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr);
 

@@ -5,7 +5,7 @@ namespace loom {
 
 Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dtype) : weight.value().to(dtype); }
 
-ag::Variable Linear::forward(const ag::Variable& x) const {
+ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute_x) const {
   const ag::Variable* b = bias.defined() ? &bias : nullptr;
   ag::WeightFn rematerialize;
   ag::Variable w = weight;
@@ -17,12 +17,18 @@ ag::Variable Linear::forward(const ag::Variable& x) const {
   // One fused function: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
   // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
   ag::LoraArgs args{lora->scale, lora->training ? lora->dropout : 0.f, lora->dropout_seed, lora->dropout_offset};
-  return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize);
+  return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize, recompute_x);
 }
 
 ag::Variable Mlp::forward(const ag::Variable& x) const {
   ag::Variable gate = gate_proj.forward(x), up = up_proj.forward(x);
-  return down_proj.forward(gelu ? ag::geglu(gate, up) : ag::swiglu(gate, up));
+  ag::Variable h = gelu ? ag::geglu(gate, up) : ag::swiglu(gate, up);
+  // The activation's backward keeps gate and up; down_proj's adapter computes h from them again
+  // rather than keeping a third [tokens, intermediate] tensor alive until backward.
+  ag::InputFn again;
+  if (gate.requires_grad() || up.requires_grad())
+    again = [g = gate.value(), u = up.value(), gelu = gelu] { return gelu ? ops::geglu(g, u) : ops::swiglu(g, u); };
+  return down_proj.forward(h, again);
 }
 
 }  // namespace loom

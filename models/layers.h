@@ -37,7 +37,8 @@ struct Linear {
   int64_t out_features() const { return nf4 ? nf4->shape[0] : weight.size(0); }
   // The base weight [out, in] as a dense tensor of dtype (dequantised when NF4).
   Tensor dense_weight(DType dtype) const;
-  ag::Variable forward(const ag::Variable& x) const;
+  // recompute_x: how backward gets x again instead of keeping it (used by the LoRA path only).
+  ag::Variable forward(const ag::Variable& x, const ag::InputFn& recompute_x = {}) const;
 };
 
 struct RmsNorm {

@@ -178,6 +178,23 @@ TEST(GradCheck, LoraLinearEveryInputWithAndWithoutDropout) {
   }
 }
 
+TEST(GradCheck, LoraLinearWithItsInputComputedAgainInBackward) {
+  // down_proj's adapter as the MLP runs it: x = swiglu(gate, up) is not kept, backward computes it
+  // again from gate and up (models/layers.cpp); finite differences through every input, with and
+  // without dropout, base weight trained and frozen.
+  auto gate = random_f64({2, 3, 6}, 60), up = random_f64({2, 3, 6}, 61), w = random_f64({5, 6}, 62),
+       a = random_f64({2, 6}, 63), b = random_f64({5, 2}, 64);
+  for (float p : {0.f, 0.3f}) {
+    const ag::LoraArgs args{0.75f, p, 7, 11};
+    auto f = [=](const V& v) {
+      ag::InputFn again = [g = v[0].value(), u = v[1].value()] { return ops::swiglu(g, u); };
+      return ag::lora_linear(ag::swiglu(v[0], v[1]), v[2], v[3], v[4], args, nullptr, {}, again);
+    };
+    gradcheck(f, {gate, up, w, a, b});
+    gradcheck(f, {gate, up, w, a, b}, {true, true, false, true, true});
+  }
+}
+
 TEST(GradCheck, LoraLinearEqualsItsComposition) {
   // The fused function against the same model written with separate differentiable calls (PEFT's
   // formulation): forward values and every gradient, in f64.
