@@ -86,11 +86,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (seg) warp_seg_range(seg, k0, kBc, p.seq, lane, &ks_lo, &ks_hi);
   auto q_head = [&](int item) { return g * group + item / nqt; };
   auto q_start = [&](int item) { return int64_t(qt0 + item % nqt) * kBr; };
+  const wgmma::TileLoader<kBr, kD, kThreads> q_loader(tid);
   auto load_item = [&](int item, int stage) {
     const int64_t h = q_head(item), q0 = q_start(item);
     const int64_t off = (b * p.seq * p.heads + h) * p.head_dim;
-    wgmma::load_tile_sw128<kBr, kD, kThreads>(sQ0 + stage * kBr * kD, q + off, q_stride, q0, p.seq, hd, tid);
-    wgmma::load_tile_sw128<kBr, kD, kThreads>(sdO0 + stage * kBr * kD, dout + off, q_stride, q0, p.seq, hd, tid);
+    q_loader.load(sQ0 + stage * kBr * kD, q + off, q_stride, q0, p.seq, hd);
+    q_loader.load(sdO0 + stage * kBr * kD, dout + off, q_stride, q0, p.seq, hd);
     if (tid < 2 * kBr) {
       const int r = tid & (kBr - 1);
       const float* src = (tid < kBr ? lse : dsum) + (b * p.heads + h) * p.seq + q0 + r;

@@ -55,11 +55,12 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
   auto next_tile = [&](int t, TileKind* kind) {
     return t < t_end ? next_key_tile<kBr, kBc>(p, seg, t, t_end, q0, qs_lo, qs_hi, lane, kind) : t_end;
   };
+  const wgmma::TileLoader<kBc, kD, kThreads> kv_loader(tid);
   auto load_k = [&](int t, int stage) {
-    wgmma::load_tile_sw128<kBc, kD, kThreads>(sK0 + stage * kBc * kD, kb, kv_stride, int64_t(t) * kBc, p.seq, hd, tid);
+    kv_loader.load(sK0 + stage * kBc * kD, kb, kv_stride, int64_t(t) * kBc, p.seq, hd);
   };
   auto load_v = [&](int t, int stage) {
-    wgmma::load_tile_sw128<kBc, kD, kThreads>(sV0 + stage * kBc * kD, vb, kv_stride, int64_t(t) * kBc, p.seq, hd, tid);
+    kv_loader.load(sV0 + stage * kBc * kD, vb, kv_stride, int64_t(t) * kBc, p.seq, hd);
   };
   // S = Q K^T for this warpgroup's 64 rows against the K tile in `stage` (issued, not waited for).
   float sacc[kBc / 2];

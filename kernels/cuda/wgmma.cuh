@@ -46,6 +46,40 @@ __device__ __forceinline__ void load_tile_sw128(bf16* tile, const bf16* base, in
   }
 }
 
+// load_tile_sw128 with the per-thread work hoisted: a thread's 16-byte chunks sit kStep rows apart
+// in one column, so (for kStep a multiple of 8) they share one swizzle and their shared and global
+// offsets advance by constants; a tile whose rows are all valid loads without per-chunk checks.
+template <int kRows, int kD, int kThreads>
+struct TileLoader {
+  static constexpr int kChunksPerRow = kD / 8, kStep = kThreads / kChunksPerRow, kIters = kRows / kStep;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kStep == 0, "whole rows per pass");
+  int r0, col, soff;
+  __device__ __forceinline__ explicit TileLoader(int tid)
+      : r0(tid / kChunksPerRow), col((tid % kChunksPerRow) * 8), soff(sw128<kRows>(tid / kChunksPerRow, col)) {}
+  // As load_tile_sw128(tile, base, stride, row0, row_end, d, tid).
+  __device__ __forceinline__ void load(bf16* tile, const bf16* base, int64_t stride, int64_t row0, int64_t row_end,
+                                       int d) const {
+    if constexpr (kStep % 8 != 0) {
+      load_tile_sw128<kRows, kD, kThreads>(tile, base, stride, row0, row_end, d, r0 * kChunksPerRow + col / 8);
+    } else {
+      const bf16* src = base + (row0 + r0) * stride + col;
+      const int64_t step = int64_t(kStep) * stride;
+      bf16* dst = tile + soff;
+      if (col < d && row0 + kRows <= row_end) {
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) flash::cp_async16(dst + it * kStep * 64, src + it * step, true);
+      } else {
+        const bool col_ok = col < d;
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+          const bool ok = col_ok && row0 + r0 + it * kStep < row_end;
+          flash::cp_async16(dst + it * kStep * 64, ok ? src + it * step : base, ok);
+        }
+      }
+    }
+  }
+};
+
 // ---- descriptors ----
 __device__ __forceinline__ uint64_t desc_encode(uint32_t x) { return uint64_t((x & 0x3FFFF) >> 4); }
 // 128-byte swizzle (bits 62-63 = 1), base offset 0 (tiles are 1024-byte aligned).
