@@ -22,8 +22,9 @@ void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const 
                   int warpgroups, Stream s);
 // The backward's main kernel for head_dim <= 128 (flash_attention_bwd_sm90.cu); dsum and dq_acc as
 // backward() prepares them (dq_acc zeroed; the caller scales and rounds it into dq afterwards).
-// bulk_dq: dQ is added through shared memory with bulk reductions instead of atomics; overlap (with
-// bulk_dq; ignored under soft-capping): exponentials overlap dP^T and the dQ reduction dV, dK.
+// bulk_dq: dQ is added through shared memory with bulk reductions instead of atomics; overlap
+// (implies bulk_dq; ignored under soft-capping): the exponentials overlap dP^T's product and dQ's
+// addition dV, dK.
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                    const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
                    Stream s);

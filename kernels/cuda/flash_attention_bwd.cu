@@ -310,10 +310,11 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 //      fragment serves two key tiles (64 keys and 16 warps of 16 at head_dim 256);
 //   1: 64 keys, 8 warps of 16;  2: 128 keys, 8 warps of 16;
 //   3: Hopper wgmma (flash_attention_bwd_sm90.cu) at head_dim <= 128 on sm_90a, else 0;
-//   4: the same with dQ added by bulk reductions from shared memory instead of atomics;
-//   5: 4 with the exponentials overlapping dP^T and the dQ reduction overlapping dV, dK (as 4
-//      under soft-capping).
-// H200, b4 s2048 h32/8: head_dim 128 2567 us (variant 2: 2942), head_dim 64 1664 us (2007).
+//   4: 3 with dQ added by bulk reductions from shared memory instead of atomics;
+//   5: 4 with the exponentials overlapping dP^T's product and dQ issued before dV, dK so that its
+//      addition overlaps them (4 under soft-capping).
+// H200, b4 s2048 h32/8, head_dim 128: 0 2567 us, 3 1595, 4 1667, 5 1551 (SDPA 978); head_dim 64:
+// 0 1664 us, 3 1270 (SDPA 667).
 int bwd_variant() {
   static const int v = [] {
     const char* e = std::getenv("LOOM_FLASH_BWD");

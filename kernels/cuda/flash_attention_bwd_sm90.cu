@@ -5,8 +5,9 @@
 //   P^T and dS^T = P^T (dP^T - D) in registers, dS^T also to shared memory;
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO or Q read N-major): f32 in registers;
 //   dQ += dS K (A = dS^T read M-major, B = K read N-major), added to the f32 accumulator with
-//   16-byte atomics or (bulk_dq) the copy engine's bulk reductions from shared memory: at head_dim 128 each warpgroup takes 64 of the columns over all 128 keys; at 64 each
-//   takes all columns over its own 64 keys.
+//   16-byte atomics or (bulk_dq) the copy engine's bulk reductions from shared memory: at head_dim
+//   128 each warpgroup takes 64 of the columns over all 128 keys; at 64 each takes all columns over
+//   its own 64 keys.
 // dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention_bwd.cu.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
@@ -351,15 +352,16 @@ void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const
                    const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
                    Stream s) {
   LOOM_CHECK(p.head_dim <= 128, "flash backward_sm90: head_dim ", p.head_dim, " > 128");
-  if (overlap && p.softcap <= 0.f) {
-    if (p.head_dim <= 64) launch<64, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch<128, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  } else if (bulk_dq || overlap) {
-    if (p.head_dim <= 64) launch<64, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch<128, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  // With atomics, ptxas serializes the overlapped kernel's wgmma (C7515): overlap implies bulk_dq.
+  const bool ov = overlap && p.softcap <= 0.f, bulk = bulk_dq || overlap;
+  if (p.head_dim <= 64) {
+    if (ov) launch<64, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else if (bulk) launch<64, true, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch<64, false, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
   } else {
-    if (p.head_dim <= 64) launch<64, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch<128, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    if (ov) launch<128, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else if (bulk) launch<128, true, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+    else launch<128, false, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
   }
 }
 

@@ -246,7 +246,7 @@ void launch_fwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 //   1: 4 warps x 16 rows, 64 keys;  2: 4 warps x 32 rows, 32 keys;
 //   3: Hopper wgmma (flash_attention_fwd_sm90.cu), 2 warpgroups x 64 rows, 128 keys (32 at d 256);
 //   4: the same with 1 warpgroup (64 rows; 64 keys at d 128) and two blocks per SM.
-//   3 and 4 fall back to 0 off sm_90a.
+//   3 and 4 fall back to 0 off sm_90a. H200, b4 s2048 h32/8 d128: 0 574 us, 3 468, 4 549 (SDPA 295).
 int fwd_variant() {
   static const int v = [] {
     const char* e = std::getenv("LOOM_FLASH_FWD");
