@@ -173,12 +173,16 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
       pf[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
       pf[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
     }
+    // Rows whose maximum did not grow have corr == 1 exactly (2^0); later tiles of a causal row
+    // rarely raise it, so the warp skips the rescale when none of its rows needs it.
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < kNo; ++n) {
-      oacc[4 * n + 0] *= corr[0];
-      oacc[4 * n + 1] *= corr[0];
-      oacc[4 * n + 2] *= corr[1];
-      oacc[4 * n + 3] *= corr[1];
+      for (int n = 0; n < kNo; ++n) {
+        oacc[4 * n + 0] *= corr[0];
+        oacc[4 * n + 1] *= corr[0];
+        oacc[4 * n + 2] *= corr[1];
+        oacc[4 * n + 3] *= corr[1];
+      }
     }
 
     // (c) K(tn) and V(t) have landed, and every warp is done with K(t) and V(t-1).
