@@ -51,9 +51,11 @@ def main(path):
     theirs = [b for b in reports if foreign(b)]
     ours = [b for b in reports if not foreign(b)]
     crashed = "Internal Sanitizer Error" in text or "Target application terminated" in text
-    verdict = "clean" if not ours and not crashed else "FINDINGS"
+    failed_test = "[  FAILED  ]" in text
+    verdict = "clean" if not ours and not crashed and not failed_test else "FINDINGS"
     note = f", {len(theirs)} in NVIDIA's libraries (cuBLASLt nvjet hazards, NCCL's kernel probe)" if theirs else ""
-    first = f": {ours[0][0][:160]}" if ours else (": the sanitizer failed" if crashed else "")
+    first = (f": {ours[0][0][:160]}" if ours else ": the sanitizer failed" if crashed else
+             ": a test failed under the sanitizer" if failed_test else "")
     print(f"{verdict}: {len(ours)} of Loom's{note}{first}")
     return 0 if verdict == "clean" else 1
 
