@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/json_file.h"
 #include "engine/tensor_io.h"
 #include "models/gguf_model.h"
 #include "nlohmann/json.hpp"
@@ -285,9 +286,9 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
     if (!j.ok()) return j.status();
     config = *std::move(j);
   } else {
-    std::ifstream cf(fs::path(model.source_dir()) / "config.json");
-    config = nlohmann::json::parse(cf, nullptr, false);
-    if (config.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("cannot re-read ", model.source_dir(), "/config.json"));
+    auto j = read_json_file((fs::path(model.source_dir()) / "config.json").string());
+    if (!j.ok()) return j.status();
+    config = *std::move(j);
   }
   config["dtype"] = "bfloat16";
   if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/device.h"
+#include "engine/json_file.h"
 #include "engine/safetensors.h"
 #include "models/bnb_checkpoint.h"
 #include "models/checkpoint.h"
@@ -55,10 +56,10 @@ absl::Status write_text(const fs::path& path, const std::string& text) {
 absl::Status quantize_folder(const std::string& model_dir, const fs::path& tmp, Device device,
                              const std::string& compute_dtype, int* quantized, int64_t* bytes_in, int64_t* bytes_out) {
   const std::string config_path = (fs::path(model_dir) / "config.json").string();
-  std::ifstream cf(config_path);
-  if (!cf) return absl::NotFoundError(absl::StrCat(config_path, ": cannot open"));
-  nlohmann::json config = nlohmann::json::parse(cf, nullptr, false);
-  if (config.is_discarded() || !config.is_object()) return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
+  auto parsed = read_json_file(config_path);
+  if (!parsed.ok()) return parsed.status();
+  nlohmann::json config = *std::move(parsed);
+  if (!config.is_object()) return absl::InvalidArgumentError(absl::StrCat(config_path, ": not a JSON object"));
   if (config.contains("quantization_config"))
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": the model is already quantised (it has a quantization_config)"));
   auto ckpt = Checkpoint::open(model_dir);

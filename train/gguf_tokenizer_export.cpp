@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/json_file.h"
 #include "engine/status_macros.h"
 #include "models/gguf_model.h"
 #include "nlohmann/json.hpp"
@@ -24,13 +25,10 @@ constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5;
 
 absl::StatusOr<json> read_json(const fs::path& path, bool required) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    if (!required) return json(nullptr);
-    return absl::NotFoundError(absl::StrCat(path.string(), ": no such file (GGUF export needs the model's tokenizer)"));
-  }
-  std::ifstream in(path);
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not valid JSON"));
+  if (!required && !fs::exists(path, ec)) return json(nullptr);
+  auto j = read_json_file(path.string());
+  if (!j.ok() && absl::IsNotFound(j.status()))
+    return absl::NotFoundError(absl::StrCat(j.status().message(), " (GGUF export needs the model's tokenizer)"));
   return j;
 }
 

@@ -105,6 +105,16 @@ TEST(Quantize, F32FixtureGivesTheReferenceBytes) {
     EXPECT_EQ(e.path().filename().string(), "q");
 }
 
+TEST(Quantize, AFolderWhereConfigJsonBelongsIsAClearError) {
+  test::TempDir dir("loom_quantize");
+  fs::create_directories(dir.file("model/config.json"));
+  auto r = test::run_loom("quantize --model " + dir.file("model") + " --out " + dir.file("q"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir.file("model/config.json") + ": cannot open: Is a directory"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir.file("q")));
+}
+
 TEST(Quantize, ShardedBf16FixtureKeepsBf16) {
   test::TempDir dir("loom_quantize");
   const std::string out = dir.file("q");
