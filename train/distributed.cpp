@@ -72,7 +72,7 @@ void DistContext::attach(optim::Optimizer& opt, bool quiet) {
     const int64_t masters = opt.master_bytes();
     const double mb = 1.0 / (1 << 20);
     if (zero2_)
-      std::printf("loom dist: zero2 on %d ranks (%s): optimizer state + f32 masters %.1f MiB per rank (%.1f MiB unsharded)\n",
+      std::printf("loom dist: zero2 on %d ranks (%s): optimizer state + f32 masters %.3f MiB per rank (%.3f MiB unsharded)\n",
                   world(), group_->for_device(device()).backend().c_str(), zero2_->shard_bytes() * mb,
                   zero2_->unsharded_bytes() * mb);
     else

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -94,6 +95,35 @@ TEST(MpiTrain, DdpAndZero2MatchOneProcessWithTheSameGlobalBatch) {
     if (std::string(run.mode) == "zero2")
       for (int k = 1; k < run.np; ++k)
         EXPECT_TRUE(fs::exists(out + "/checkpoint-6/optimizer-rank" + std::to_string(k) + ".safetensors")) << what;
+  }
+}
+
+// QLoRA and the checkpointing modes through the distributed path: every rank quantises the same
+// NF4 base, recomputes (or offloads) its layers' inputs, and the losses and adapter equal one
+// process's with the same global batch. ZeRO-2's start line reports the state per rank: on two
+// ranks half of AdamW's 8 bytes per parameter plus half of the f32 master shard ZeRO-2 keeps
+// (4 bytes; with f32 weights DDP needs none, so the unsharded figure is 8P): 6P = 0.75 x 8P.
+TEST(MpiTrain, QloraAndCheckpointingModesMatchOneProcess) {
+  for (const char* mode : {"recompute", "offload"}) {
+    const std::string extra = std::string(" --qlora --checkpointing ") + mode, what = std::string("--qlora ") + mode;
+    const std::string single = fresh_dir(std::string("dist_q1_") + mode), two = fresh_dir(std::string("dist_q2_") + mode);
+    RunResult r = run_sh("OMP_NUM_THREADS=1 " + std::string(LOOM_BINARY) + " " + args(single, 4, 6) + extra);
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    // Not --quiet here: the start line is what is checked.
+    std::string a = args(two, 4, 3) + extra + " --dist zero2";
+    a = a.substr(0, a.find(" --quiet")) + a.substr(a.find(" --quiet") + 8);
+    r = run_mpi(2, a);
+    ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.output;
+    expect_losses_near(metric_losses(two), metric_losses(single), what);
+    expect_adapters_near(two, single);
+    double per_rank = 0, unsharded = 0;
+    const size_t at = r.output.find("optimizer state + f32 masters ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at, "optimizer state + f32 masters %lf MiB per rank (%lf MiB unsharded)",
+                          &per_rank, &unsharded), 2)
+        << r.output.substr(at, 120);
+    EXPECT_GT(unsharded, 0);
+    EXPECT_NEAR(per_rank, 0.75 * unsharded, unsharded * 0.01) << r.output.substr(at, 120);
   }
 }
 
