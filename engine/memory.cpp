@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "engine/cuda_context.h"
@@ -202,6 +203,31 @@ std::shared_ptr<Storage> borrow(void* ptr, size_t nbytes, Device device, std::sh
 MemoryStats memory_stats(Device device) {
   Counter& c = counter(device);
   return {c.current.load(), c.peak.load()};
+}
+
+int64_t device_available_bytes(Device device) {
+  if (device.is_cpu()) {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    int64_t kib = 0;
+    std::string unit;
+    while (meminfo >> key >> kib >> unit)
+      if (key == "MemAvailable:") return kib * 1024;
+    return 0;
+  }
+#if LOOM_WITH_CUDA
+  CudaDeviceGuard guard(device.index);
+  size_t free_bytes = 0, total = 0;
+  LOOM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  cudaMemPool_t pool;
+  LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
+  uint64_t reserved = 0, used = 0;
+  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  return static_cast<int64_t>(free_bytes) + static_cast<int64_t>(reserved - std::min(used, reserved));
+#else
+  return 0;
+#endif
 }
 
 void reset_peak_memory(Device device) {

@@ -51,6 +51,9 @@ struct MemoryStats {
   int64_t peak_bytes = 0;
 };
 MemoryStats memory_stats(Device device);
+// Bytes a new allocation on `device` can still get: the driver's free memory plus what the
+// stream-ordered pool holds but no tensor uses. A CPU device: MemAvailable from /proc/meminfo.
+int64_t device_available_bytes(Device device);
 void reset_peak_memory(Device device);
 
 }  // namespace loom

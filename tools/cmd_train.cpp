@@ -47,10 +47,11 @@ const std::vector<FlagSpec> kFlags = {
     {"device", false, "cpu, cuda or cuda:N", "cpu"},
     {"dtype", false, "compute dtype: bf16 or f32", "bf16"},
     {"checkpointing", false,
-     "none (keep every activation: fastest, most memory), recompute (keep each layer's input, "
-     "recompute the layer in backward: about a third more compute, activation memory of one layer), "
-     "offload (as recompute, with the layer inputs in pinned host memory, copied on a side stream: "
-     "the least GPU memory, host memory instead)", "none"},
+     "auto (the fastest of the three whose memory fits on the GPU, estimated once the model is "
+     "loaded; none on the CPU), none (keep every activation: fastest, most memory), recompute (keep "
+     "each layer's input, recompute the layer in backward: about a third more compute, activation "
+     "memory of one layer), offload (as recompute, with the layer inputs in pinned host memory, "
+     "copied on a side stream: the least GPU memory, host memory instead)", "auto"},
     {"chat-template", false, "a .jinja file, or chatml (default: the model's own chat_template)", ""},
     {"skip-bad-lines", true, "skip and count malformed JSONL lines instead of stopping", ""},
     {"resume", false, "an earlier --out folder (its latest checkpoint) or one checkpoint folder", ""},
@@ -134,9 +135,13 @@ int run_train(const std::vector<std::string>& argv_in) {
   auto dtype = parse_model_dtype(args->str("dtype"));
   if (!dtype.ok()) return fail(dtype.status());
   c.dtype = *dtype;
-  auto checkpointing = parse_checkpointing(args->str("checkpointing"));
-  if (!checkpointing.ok()) return fail(checkpointing.status());
-  c.checkpointing = *checkpointing;
+  if (args->str("checkpointing") != "auto") {
+    auto checkpointing = parse_checkpointing(args->str("checkpointing"));
+    if (!checkpointing.ok())
+      return fail(absl::InvalidArgumentError(absl::StrCat("--checkpointing must be auto, none, recompute or offload, got '",
+                                                          args->str("checkpointing"), "'")));
+    c.checkpointing = *checkpointing;
+  }
   c.chat_template = args->str("chat-template");
   c.skip_bad_lines = args->flag("skip-bad-lines");
   c.resume = args->str("resume");

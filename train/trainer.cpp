@@ -19,9 +19,11 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_format.h"
 #include "dist/launch_env.h"
+#include "engine/memory.h"
 #include "engine/offload.h"
 #include "engine/status_macros.h"
 #include "optim/adamw.h"
+#include "train/checkpointing_plan.h"
 #include "train/metrics.h"
 #include "train/schedule.h"
 #include "train/distributed.h"
@@ -108,6 +110,7 @@ struct Trainer::State {
   std::optional<MetricsWriter> metrics;
   DataStats stats;
   std::unique_ptr<DistContext> dist;  // data parallelism (--dist), else null
+  Checkpointing checkpointing = Checkpointing::kNone;  // the mode in use (--checkpointing auto decided)
   nlohmann::json data_fingerprint;    // what the tokenized data was (a changed file refuses to resume)
 
   absl::Status save_checkpoint();
@@ -226,8 +229,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
       if (l->quantized())
         return absl::InvalidArgumentError(absl::StrCat(cfg.model_dir, " is a 4-bit checkpoint (", l->name,
                                                        "): full fine-tuning needs full-precision weights; use LoRA"));
-  s->model->set_checkpointing(cfg.checkpointing);
   const ModelConfig& mc = s->model->config();
+  s->checkpointing = cfg.checkpointing.value_or(Checkpointing::kNone);
+  if (!cfg.checkpointing && s->device.is_cuda()) {  // auto: on the CPU there is no device memory to run out of
+    // What every mode adds alike: the trainable parameters' gradients and optimizer state (full
+    // fine-tuning: about 16 bytes each; LoRA's adapters are small) and the fused loss's workspace.
+    int64_t params = 0;
+    for (const auto& [name, v] : s->model->named_weights()) params += v->value().numel();
+    const int64_t fixed = (cfg.full ? 16 * params : 0) + (1LL << 30);
+    const CheckpointingNeeds needs =
+        estimate_checkpointing_needs(mc, cfg.batch_size * cfg.seq_len, s->model->precision().compute, fixed);
+    const CheckpointingChoice choice = choose_checkpointing(needs, device_available_bytes(s->device), s->device.str());
+    s->checkpointing = choice.mode;
+    if (!cfg.quiet && (!s->dist || s->dist->root())) std::printf("%s\n", choice.reason.c_str());
+  }
+  s->model->set_checkpointing(s->checkpointing);
   if (cfg.seq_len > mc.max_position_embeddings)
     return absl::InvalidArgumentError(absl::StrCat("--seq-len ", cfg.seq_len, " exceeds the model's max_position_embeddings ",
                                                    mc.max_position_embeddings, " (", cfg.model_dir, "/config.json)"));
@@ -482,7 +498,7 @@ absl::Status Trainer::run() {
     m.tokens = targets;
     m.tokens_per_s = static_cast<double>(tokens) / dt;
     m.mem_bytes = memory_stats(s.device).peak_bytes;
-    if (s.cfg.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
+    if (s.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
     if (s.metrics) LOOM_RETURN_IF_ERROR(s.metrics->write(m));
     if (!s.cfg.quiet && s.metrics && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

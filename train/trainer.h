@@ -5,6 +5,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,8 @@ struct TrainConfig {
   int64_t save_total_limit = 0;  // > 0: keep only the newest this many checkpoint-<step> folders
   Device device = Device::cpu();
   DType dtype = DType::bf16;       // storage and compute dtype of the model: bf16 or f32 (see Precision)
-  Checkpointing checkpointing = Checkpointing::kNone;
+  // Unset: `auto`, the fastest mode whose memory fits on the device (train/checkpointing_plan.h).
+  std::optional<Checkpointing> checkpointing;
   std::string chat_template;       // "" = detect from the model folder
   bool skip_bad_lines = false;
   std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder

@@ -43,7 +43,7 @@ TEST(TrainCheckpointing, UnknownModeIsAClearError) {
   RunResult r = run_loom("train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " +
                          fresh_dir("ckpt_bad") + " --checkpointing sometimes");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--checkpointing must be none, recompute or offload"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--checkpointing must be auto, none, recompute or offload"), std::string::npos) << r.output;
 }
 
 }  // namespace

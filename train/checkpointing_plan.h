@@ -1,0 +1,35 @@
+// `loom train --checkpointing auto` (the default): the fastest checkpointing mode whose memory fits
+// on the device once the model is loaded — none, else recompute, else offload — from an estimate
+// of what each mode keeps for one micro-batch.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "engine/dtype.h"
+#include "models/causal_lm.h"
+#include "models/config.h"
+
+namespace loom {
+
+// Bytes the rest of a step will allocate on the device, per mode (an upper estimate: it counts
+// each decoder layer's kept activations as 2 x intermediate + 9 x hidden values per token, which
+// measured runs of the Llama 1B and 8B shapes stay under).
+struct CheckpointingNeeds {
+  int64_t none = 0;       // every layer's activations until backward
+  int64_t recompute = 0;  // every layer's input, and one layer's activations while it recomputes
+  int64_t offload = 0;    // one layer's activations and a few inputs in flight
+};
+// tokens: rows x sequence length of one micro-batch; act: the activation dtype; fixed_bytes: what
+// every mode adds alike (gradients and optimizer state still to be allocated, the loss's chunk).
+CheckpointingNeeds estimate_checkpointing_needs(const ModelConfig& c, int64_t tokens, DType act, int64_t fixed_bytes);
+
+struct CheckpointingChoice {
+  Checkpointing mode = Checkpointing::kNone;
+  std::string reason;  // one line for the start of the run
+};
+// The first of none, recompute, offload whose need, with a margin (10 % + 512 MiB), fits in
+// available_bytes; offload when none does (it may still run out: the error then says so).
+CheckpointingChoice choose_checkpointing(const CheckpointingNeeds& needs, int64_t available_bytes,
+                                         const std::string& device_name);
+
+}  // namespace loom
