@@ -15,6 +15,9 @@ spm_gemma.gguf    architecture gemma2 (transformers reads no Gemma 1 GGUF config
                   whitespace-run pieces stored as real spaces (as Gemma GGUFs store them) and scores
                   that do not follow the merge order (transformers orders Gemma's merges by position),
                   the Gemma chat template, add_space_prefix false.
+spm_phi3.gguf     architecture phi3, tokenizer only: the llama2 vocabulary plus Phi-3's <|user|>,
+                  <|assistant|>, <|system|>, <|end|> control tokens and its chat template
+                  (transformers gives Phi-3 a Prepend/Replace normalizer instead of Metaspace).
 spm_<name>.reference.json  the cases: text, add_special_tokens, transformers' ids, tok.decode(ids)
                   and decode(skip_special_tokens=True); the rendered chat templates; the library
                   versions; and transformers' own tokenizer.json with model.vocab left out and
@@ -80,6 +83,14 @@ TEXTS = [
     " ",
     "x" * 40,
 ]
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
@@ -201,6 +212,44 @@ def write_gemma():
     return path, ["<start_of_turn>user\nhi<end_of_turn>\n", "<bos>x<eos>"]
 
 
+def write_phi3():
+    tokens, specials = sentencepiece_vocab("llama2")
+    turn = ["<|assistant|>", "<|end|>", "<|system|>", "<|user|>"]
+    tokens += turn
+    specials |= set(turn)
+    types = [token_type(t, specials, "<unk>") for t in tokens]
+    scores = [float(-i) if ty == NORMAL else 0.0 for i, ty in enumerate(types)]
+    path = os.path.join(OUT, "spm_phi3.gguf")
+    w = gguf.GGUFWriter(path, "phi3")
+    w.add_name("spm-phi3")
+    w.add_context_length(4096)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(tokens.index("<|end|>"))
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(tokens.index("<|end|>"))
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+    w.add_chat_template(PHI3_TEMPLATE)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, ["<|user|>\n hi<|end|>\n<|assistant|>", "<s> x</s>"]
+
+
 def reference(path, extra):
     folder, name = os.path.split(os.path.abspath(path))
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -240,7 +289,7 @@ def reference(path, extra):
 
 
 def main():
-    for path, extra in (write_llama(), write_gemma()):
+    for path, extra in (write_llama(), write_gemma(), write_phi3()):
         reference(path, extra)
 
 

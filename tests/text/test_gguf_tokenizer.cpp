@@ -160,11 +160,11 @@ TEST_P(SpmGguf, ChatTemplateRendersAsTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gguf, SpmGguf, ::testing::Values("spm_llama", "spm_gemma"));
+INSTANTIATE_TEST_SUITE_P(Gguf, SpmGguf, ::testing::Values("spm_llama", "spm_gemma", "spm_phi3"));
 
 // A small "llama" vocabulary written with Loom's GGUF writer, with one thing changed per case.
 std::string write_spm(const test::TempDir& dir, const std::string& name, int scores_count, bool with_scores,
-                      int32_t bad_type = 0) {
+                      int32_t bad_type = 0, const std::vector<std::string>& merges = {}) {
   const std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab"};
   std::vector<int32_t> types = {2, 3, 3, 1, 1, 1, 1, 1};
   if (bad_type) types[5] = bad_type;
@@ -177,6 +177,7 @@ std::string write_spm(const test::TempDir& dir, const std::string& name, int sco
   if (with_scores) w.add("tokenizer.ggml.scores", gguf_f32s(scores));
   w.add("tokenizer.ggml.token_type", gguf_i32s(types));
   w.add("tokenizer.ggml.bos_token_id", gguf_u32(1));
+  if (!merges.empty()) w.add("tokenizer.ggml.merges", gguf_strings(merges));
   const std::string path = dir.file(name + ".gguf");
   EXPECT_TRUE(w.write(path).ok());
   return path;
@@ -196,6 +197,10 @@ TEST(GgufSpmTokenizer, SmallVocabularyEncodes) {
   // (transformers 5.24 gives these ids from the same metadata).
   EXPECT_EQ(tok->encode("ab", true), (std::vector<int32_t>{1, 6, 5}));
   EXPECT_EQ(tok->decode({1, 6, 5}, true), "ab");
+  // Merges in the file win over the scores: "a b" first leaves "▁" alone (transformers: the same).
+  auto with_merges = Tokenizer::load(write_spm(dir, "merges", 8, true, 0, {"a b", "\xE2\x96\x81 a"}));
+  ASSERT_TRUE(with_merges.ok()) << with_merges.status();
+  EXPECT_EQ(with_merges->encode("ab", true), (std::vector<int32_t>{1, 3, 7}));
 }
 
 TEST(GgufSpmTokenizer, BadMetadataNamesTheKey) {
