@@ -33,7 +33,14 @@ bool all_spaces(const std::string& t) { return !t.empty() && t.find_first_not_of
 std::vector<std::pair<std::string, std::string>> generate_merges(const std::vector<std::string>& tokens,
                                                                   const std::vector<double>& scores) {
   absl::flat_hash_map<std::string_view, int64_t> vocab;
-  for (size_t id = 0; id < tokens.size(); ++id) vocab[tokens[id]] = static_cast<int64_t>(id);
+  // Byte lengths some token has: a split is looked up only when both halves could be tokens, which
+  // keeps a hostile file (one huge token) from costing its length squared.
+  std::vector<bool> has_len;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    vocab[tokens[id]] = static_cast<int64_t>(id);
+    if (tokens[id].size() >= has_len.size()) has_len.resize(tokens[id].size() + 1, false);
+    has_len[tokens[id].size()] = true;
+  }
   struct Merge {
     int64_t left, right;  // ids
     double score;
@@ -45,6 +52,7 @@ std::vector<std::pair<std::string, std::string>> generate_merges(const std::vect
     const std::vector<size_t> starts = char_starts(t);
     local.clear();
     for (size_t k = 1; k < starts.size(); ++k) {
+      if (!has_len[starts[k]] || !has_len[t.size() - starts[k]]) continue;
       const std::string_view l = std::string_view(t).substr(0, starts[k]), r = std::string_view(t).substr(starts[k]);
       auto il = vocab.find(l), ir = vocab.find(r);
       if (il == vocab.end() || ir == vocab.end()) continue;
