@@ -3,6 +3,7 @@
 // gemma*, or a Prepend/Replace normalizer for phi3): BPE with byte fallback over the file's tokens,
 // merges recovered from the scores (Gemma: from the token order) as its generate_merges recovers them.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -102,8 +103,12 @@ absl::StatusOr<HfTokenizerFiles> sentencepiece_tokenizer(const GgufFile& f, cons
     if (scores.size() != tokens.size())
       return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tokenizer.ggml.scores has ", scores.size(),
                                                      " entries for ", tokens.size(), " tokens"));
-    if (gemma)  // Gemma's scores do not follow its merge order; the token order does.
-      for (size_t id = 0; id < scores.size(); ++id) scores[id] = -static_cast<double>(id);
+    for (size_t id = 0; id < scores.size(); ++id) {
+      if (gemma)  // Gemma's scores do not follow its merge order; the token order does.
+        scores[id] = -static_cast<double>(id);
+      else if (std::isnan(scores[id]))  // no order to sort by
+        return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tokenizer.ggml.scores[", id, "] is NaN"));
+    }
     for (auto& [l, r] : generate_merges(tokens, scores)) merges.push_back({std::move(l), std::move(r)});
   }
 

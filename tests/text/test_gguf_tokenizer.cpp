@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "engine/gguf_writer.h"
@@ -163,21 +164,27 @@ TEST_P(SpmGguf, ChatTemplateRendersAsTransformers) {
 INSTANTIATE_TEST_SUITE_P(Gguf, SpmGguf, ::testing::Values("spm_llama", "spm_gemma", "spm_phi3"));
 
 // A small "llama" vocabulary written with Loom's GGUF writer, with one thing changed per case.
-std::string write_spm(const test::TempDir& dir, const std::string& name, int scores_count, bool with_scores,
-                      int32_t bad_type = 0, const std::vector<std::string>& merges = {}) {
+struct SpmSpec {
+  int scores = 8;  // how many scores (8 tokens); 0 writes no tokenizer.ggml.scores
+  int64_t type_of_b = 1;
+  bool nan_score = false;
+  std::vector<std::string> merges = {};  // tokenizer.ggml.merges when not empty
+};
+
+std::string write_spm(const test::TempDir& dir, const std::string& name, const SpmSpec& spec) {
   const std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab"};
-  std::vector<int32_t> types = {2, 3, 3, 1, 1, 1, 1, 1};
-  if (bad_type) types[5] = bad_type;
+  const std::vector<int32_t> types = {2, 3, 3, 1, 1, static_cast<int32_t>(spec.type_of_b), 1, 1};
   std::vector<float> scores;
-  for (int i = 0; i < scores_count; ++i) scores.push_back(-static_cast<float>(i));
+  for (int i = 0; i < spec.scores; ++i) scores.push_back(-static_cast<float>(i));
+  if (spec.nan_score) scores[4] = std::nanf("");
   GgufWriter w;
   w.add("general.architecture", gguf_string("llama"));
   w.add("tokenizer.ggml.model", gguf_string("llama"));
   w.add("tokenizer.ggml.tokens", gguf_strings(tokens));
-  if (with_scores) w.add("tokenizer.ggml.scores", gguf_f32s(scores));
+  if (spec.scores > 0) w.add("tokenizer.ggml.scores", gguf_f32s(scores));
   w.add("tokenizer.ggml.token_type", gguf_i32s(types));
   w.add("tokenizer.ggml.bos_token_id", gguf_u32(1));
-  if (!merges.empty()) w.add("tokenizer.ggml.merges", gguf_strings(merges));
+  if (!spec.merges.empty()) w.add("tokenizer.ggml.merges", gguf_strings(spec.merges));
   const std::string path = dir.file(name + ".gguf");
   EXPECT_TRUE(w.write(path).ok());
   return path;
@@ -191,29 +198,32 @@ absl::Status convert(const std::string& path) {
 
 TEST(GgufSpmTokenizer, SmallVocabularyEncodes) {
   test::TempDir dir("loom_ggspm");
-  auto tok = Tokenizer::load(write_spm(dir, "ok", 8, true));
+  auto tok = Tokenizer::load(write_spm(dir, "ok", {}));
   ASSERT_TRUE(tok.ok()) << tok.status();
   // Merges from the scores: "▁a" (score -6) before "ab" (-7); "ab" then finds no "a" left
   // (transformers 5.24 gives these ids from the same metadata).
   EXPECT_EQ(tok->encode("ab", true), (std::vector<int32_t>{1, 6, 5}));
   EXPECT_EQ(tok->decode({1, 6, 5}, true), "ab");
   // Merges in the file win over the scores: "a b" first leaves "▁" alone (transformers: the same).
-  auto with_merges = Tokenizer::load(write_spm(dir, "merges", 8, true, 0, {"a b", "\xE2\x96\x81 a"}));
+  auto with_merges = Tokenizer::load(write_spm(dir, "merges", {.merges = {"a b", "\xE2\x96\x81 a"}}));
   ASSERT_TRUE(with_merges.ok()) << with_merges.status();
   EXPECT_EQ(with_merges->encode("ab", true), (std::vector<int32_t>{1, 3, 7}));
 }
 
 TEST(GgufSpmTokenizer, BadMetadataNamesTheKey) {
   test::TempDir dir("loom_ggspm");
-  absl::Status s = convert(write_spm(dir, "count", 7, true));
+  absl::Status s = convert(write_spm(dir, "count", {.scores = 7}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("tokenizer.ggml.scores has 7 entries for 8 tokens"), std::string::npos) << s;
-  s = convert(write_spm(dir, "missing", 0, false));
+  s = convert(write_spm(dir, "missing", {.scores = 0}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("tokenizer.ggml.scores is missing"), std::string::npos) << s;
-  s = convert(write_spm(dir, "type", 8, true, 9));
+  s = convert(write_spm(dir, "type", {.type_of_b = 9}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("tokenizer.ggml.token_type[5] is 9"), std::string::npos) << s;
+  s = convert(write_spm(dir, "nan", {.nan_score = true}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("tokenizer.ggml.scores[4] is NaN"), std::string::npos) << s;
   auto tok = Tokenizer::load(dir.file("type.gguf"));  // the same message through Tokenizer::load
   ASSERT_FALSE(tok.ok());
   EXPECT_NE(tok.status().message().find("type.gguf"), std::string::npos) << tok.status();
