@@ -11,7 +11,8 @@ spm_llama.gguf    architecture llama: tests/fixtures/tokenizers/llama2's vocabul
                   <0xXX> of type 6, <unk> unknown, <s> </s> control, a user-defined <think> and an
                   unused <unused0>, the Llama 2 chat template; a 1-layer llama with tied f16
                   embeddings so that `loom convert` has a model to write.
-spm_gemma.gguf    architecture gemma2 (transformers reads no Gemma 1 GGUF config), tokenizer only: tests/fixtures/tokenizers/gemma's vocabulary,
+spm_gemma.gguf    architecture gemma2 (transformers reads no Gemma 1 GGUF config) with a 1-layer model:
+                  tests/fixtures/tokenizers/gemma's vocabulary,
                   whitespace-run pieces stored as real spaces (as Gemma GGUFs store them) and scores
                   that do not follow the merge order (transformers orders Gemma's merges by position),
                   the Gemma chat template, add_space_prefix false.
@@ -205,6 +206,14 @@ def write_gemma():
     w.add_add_eos_token(False)
     w.add_add_space_prefix(False)
     w.add_chat_template(GEMMA_TEMPLATE)
+    normal = lambda *s: rng.normal(0, 0.5, size=s).astype(np.float32)  # noqa: E731
+    w.add_tensor("token_embd.weight", normal(len(tokens), 8).astype(np.float16))
+    for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+        w.add_tensor(f"blk.0.{n}.weight", 1 + 0.1 * normal(8))
+    for n, rows, cols in (("attn_q", 8, 8), ("attn_k", 4, 8), ("attn_v", 4, 8), ("attn_output", 8, 8),
+                          ("ffn_gate", 16, 8), ("ffn_up", 16, 8), ("ffn_down", 8, 16)):
+        w.add_tensor(f"blk.0.{n}.weight", normal(rows, cols).astype(np.float16))
+    w.add_tensor("output_norm.weight", 1 + 0.1 * normal(8))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

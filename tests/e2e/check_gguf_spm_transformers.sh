@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CTest e2e_gguf_spm_transformers: `loom convert` of the SentencePiece GGUF fixture, its folder loaded
+# CTest e2e_gguf_spm_transformers: `loom convert` of the SentencePiece GGUF fixtures (llama, gemma2), each folder loaded
 # by transformers (tools/check_hf_tokenizer.py) must encode, decode and render the chat template as
 # transformers does from the GGUF itself (exit 77 = skipped when transformers is not importable).
 set -euo pipefail
@@ -11,5 +11,7 @@ if ! python3 -c "import transformers, tokenizers" 2>/dev/null; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$loom" convert --gguf "$src/tests/fixtures/gguf/spm_llama.gguf" --out "$tmp/spm_llama" --dtype f32
-python3 "$src/tools/check_hf_tokenizer.py" --model "$tmp/spm_llama" --reference "$src/tests/fixtures/gguf/spm_llama.reference.json"
+for name in spm_llama spm_gemma; do
+  "$loom" convert --gguf "$src/tests/fixtures/gguf/$name.gguf" --out "$tmp/$name" --dtype f32
+  python3 "$src/tools/check_hf_tokenizer.py" --model "$tmp/$name" --reference "$src/tests/fixtures/gguf/$name.reference.json"
+done

@@ -59,42 +59,45 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-// A SentencePiece ("llama") GGUF: the folder's tokenizer files are the GGUF's converted tokenizer,
+// SentencePiece ("llama") GGUFs: the folder's tokenizer files are the GGUF's converted tokenizer,
 // and they encode and render the chat template as transformers does from the GGUF
-// (tests/fixtures/gguf/spm_llama.reference.json, tools/make_gguf_spm_reference.py).
+// (tests/fixtures/gguf/spm_*.reference.json, tools/make_gguf_spm_reference.py).
 TEST(Convert, SentencePieceTokenizerFiles) {
-  test::TempDir dir("loom_convert");
-  const std::string out = dir.file("hf");
-  auto r = test::run_loom("convert --gguf " + kDir + "spm_llama.gguf --out " + out + " --dtype f32");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
-  auto f = GgufFile::open(kDir + "spm_llama.gguf");
-  ASSERT_TRUE(f.ok()) << f.status();
-  auto files = gguf_hf_tokenizer(*f);
-  ASSERT_TRUE(files.ok()) << files.status();
-  EXPECT_EQ(read_json(out + "/tokenizer.json"), files->tokenizer_json);
-  const auto config = read_json(out + "/tokenizer_config.json");
-  EXPECT_EQ(config, files->tokenizer_config_json);
-  EXPECT_EQ(config["tokenizer_class"], "LlamaTokenizer");
+  for (const auto& [name, tokenizer_class] : {std::pair{"spm_llama", "LlamaTokenizer"}, std::pair{"spm_gemma", "GemmaTokenizer"}}) {
+    SCOPED_TRACE(name);
+    test::TempDir dir("loom_convert");
+    const std::string out = dir.file("hf"), gguf = kDir + name + ".gguf";
+    auto r = test::run_loom("convert --gguf " + gguf + " --out " + out + " --dtype f32");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+    auto f = GgufFile::open(gguf);
+    ASSERT_TRUE(f.ok()) << f.status();
+    auto files = gguf_hf_tokenizer(*f);
+    ASSERT_TRUE(files.ok()) << files.status();
+    EXPECT_EQ(read_json(out + "/tokenizer.json"), files->tokenizer_json);
+    const auto config = read_json(out + "/tokenizer_config.json");
+    EXPECT_EQ(config, files->tokenizer_config_json);
+    EXPECT_EQ(config["tokenizer_class"], tokenizer_class);
 
-  const auto ref = read_json(kDir + "spm_llama.reference.json");
-  auto tok = Tokenizer::load(out);
-  ASSERT_TRUE(tok.ok()) << tok.status();
-  for (const auto& c : ref["cases"])
-    EXPECT_EQ(tok->encode(c["text"].get<std::string>(), c["add_special_tokens"].get<bool>()),
-              c["ids"].get<std::vector<int32_t>>())
-        << c["text"];
-  auto tmpl = detect_chat_template(out);
-  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
-  for (const auto& chat : ref["chats"]) {
-    std::vector<ChatMessage> messages;
-    for (const auto& m : chat["messages"]) messages.push_back({m["role"], m["content"]});
-    auto rendered = tmpl->render(messages, true);
-    ASSERT_TRUE(rendered.ok()) << rendered.status();
-    EXPECT_EQ(rendered->text, chat["text"].get<std::string>());
+    const auto ref = read_json(kDir + name + ".reference.json");
+    auto tok = Tokenizer::load(out);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    for (const auto& c : ref["cases"])
+      EXPECT_EQ(tok->encode(c["text"].get<std::string>(), c["add_special_tokens"].get<bool>()),
+                c["ids"].get<std::vector<int32_t>>())
+          << c["text"];
+    auto tmpl = detect_chat_template(out);
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    for (const auto& chat : ref["chats"]) {
+      std::vector<ChatMessage> messages;
+      for (const auto& m : chat["messages"]) messages.push_back({m["role"], m["content"]});
+      auto rendered = tmpl->render(messages, true);
+      ASSERT_TRUE(rendered.ok()) << rendered.status();
+      EXPECT_EQ(rendered->text, chat["text"].get<std::string>());
+    }
+    // The model in the same file loads from the folder with the logits of the GGUF itself.
+    EXPECT_EQ(logits(out, DType::f32), logits(gguf, DType::f32));
   }
-  // The model in the same file loads from the folder with the logits of the GGUF itself.
-  EXPECT_EQ(logits(out, DType::f32), logits(kDir + "spm_llama.gguf", DType::f32));
 }
 
 TEST(Convert, Errors) {
