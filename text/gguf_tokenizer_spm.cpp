@@ -75,6 +75,18 @@ std::vector<std::pair<std::string, std::string>> generate_merges(const std::vect
 }
 
 absl::StatusOr<HfTokenizerFiles> sentencepiece_tokenizer(const GgufFile& f, const std::string& arch) {
+  // llama.cpp writes "default" for these vocabularies, and transformers ignores tokenizer.ggml.pre
+  // except for the names of a byte-level split regex, which it puts in front of any vocabulary.
+  const std::string pre = f.get_string("tokenizer.ggml.pre").value_or("default");
+  static constexpr const char* kSplitPres[] = {
+      "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+      "jina-v5-nano", "dbrx", "smaug-bpe", "tekken", "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2",
+      "megrez", "qwen35", "gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"};
+  for (const char* name : kSplitPres)
+    if (pre == name)
+      return absl::UnimplementedError(absl::StrCat(
+          f.path(), ": tokenizer.ggml.pre is '", pre, "' on a SentencePiece ('llama') vocabulary; transformers gives "
+          "that a byte-level pre-tokenizer, which Loom does not convert"));
   LOOM_ASSIGN_OR_RETURN(const std::vector<std::string> file_tokens, f.get_strings("tokenizer.ggml.tokens"));
   LOOM_ASSIGN_OR_RETURN(const std::vector<int64_t> types, token_types(f, file_tokens.size()));
   const bool gemma = arch == "gemma" || arch == "gemma2" || arch == "gemma3";

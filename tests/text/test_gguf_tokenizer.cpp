@@ -169,6 +169,8 @@ struct SpmSpec {
   int64_t type_of_b = 1;
   bool nan_score = false;
   std::vector<std::string> merges = {};  // tokenizer.ggml.merges when not empty
+  std::string pre = "";                  // tokenizer.ggml.pre when not empty
+  bool no_space_prefix = false;          // tokenizer.ggml.add_space_prefix false
 };
 
 std::string write_spm(const test::TempDir& dir, const std::string& name, const SpmSpec& spec) {
@@ -185,6 +187,8 @@ std::string write_spm(const test::TempDir& dir, const std::string& name, const S
   w.add("tokenizer.ggml.token_type", gguf_i32s(types));
   w.add("tokenizer.ggml.bos_token_id", gguf_u32(1));
   if (!spec.merges.empty()) w.add("tokenizer.ggml.merges", gguf_strings(spec.merges));
+  if (!spec.pre.empty()) w.add("tokenizer.ggml.pre", gguf_string(spec.pre));
+  if (spec.no_space_prefix) w.add("tokenizer.ggml.add_space_prefix", gguf_bool(false));
   const std::string path = dir.file(name + ".gguf");
   EXPECT_TRUE(w.write(path).ok());
   return path;
@@ -208,6 +212,11 @@ TEST(GgufSpmTokenizer, SmallVocabularyEncodes) {
   auto with_merges = Tokenizer::load(write_spm(dir, "merges", {.merges = {"a b", "\xE2\x96\x81 a"}}));
   ASSERT_TRUE(with_merges.ok()) << with_merges.status();
   EXPECT_EQ(with_merges->encode("ab", true), (std::vector<int32_t>{1, 3, 7}));
+  // transformers 5.24 ignores add_space_prefix (and tokenizer.ggml.pre "default"): the same ids.
+  auto no_prefix = Tokenizer::load(write_spm(dir, "nospace", {.pre = "default", .no_space_prefix = true}));
+  ASSERT_TRUE(no_prefix.ok()) << no_prefix.status();
+  EXPECT_EQ(no_prefix->encode("ab", true), (std::vector<int32_t>{1, 6, 5}));
+  EXPECT_EQ(no_prefix->encode(" ab", true), (std::vector<int32_t>{1, 6, 5}));
 }
 
 TEST(GgufSpmTokenizer, BadMetadataNamesTheKey) {
@@ -224,6 +233,9 @@ TEST(GgufSpmTokenizer, BadMetadataNamesTheKey) {
   s = convert(write_spm(dir, "nan", {.nan_score = true}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("tokenizer.ggml.scores[4] is NaN"), std::string::npos) << s;
+  s = convert(write_spm(dir, "pre", {.pre = "llama-bpe"}));  // transformers: a byte-level split regex
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("tokenizer.ggml.pre is 'llama-bpe'"), std::string::npos) << s;
   auto tok = Tokenizer::load(dir.file("type.gguf"));  // the same message through Tokenizer::load
   ASSERT_FALSE(tok.ok());
   EXPECT_NE(tok.status().message().find("type.gguf"), std::string::npos) << tok.status();
