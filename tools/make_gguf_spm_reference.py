@@ -4,7 +4,11 @@
 gives when it builds its tokenizer from that GGUF (AutoTokenizer.from_pretrained(dir, gguf_file=...)),
 an implementation independent of Loom.
 
-    pip install transformers gguf tokenizers numpy && python3 tools/make_gguf_spm_reference.py
+    pip install "transformers>=5" gguf tokenizers numpy torch && python3 tools/make_gguf_spm_reference.py
+
+(transformers' GGUF reader imports torch. transformers 4.x builds these tokenizers differently: a
+Prepend normalizer instead of Metaspace, Gemma merges ordered by score, no Phi-3 normalizer; the
+committed references are 5.24.0's, as each reference.json records.)
 
 spm_llama.gguf    architecture llama: tests/fixtures/tokenizers/llama2's vocabulary with
                   SentencePiece BPE scores (-id for normal pieces, 0 for the rest), byte tokens
