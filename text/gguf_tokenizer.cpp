@@ -1,18 +1,88 @@
-// GGUF tokenizer metadata -> Hugging Face tokenizer files. The pre-tokenizer of each
-// tokenizer.ggml.pre is the one llama.cpp's convert_hf_to_gguf.py recognised it from (its
-// get_vocab_base_pre hashes the tokenizer.json pre-tokenizer); token types 3 (control) and 4
-// (user-defined) are the tokenizer.json added tokens.
+// GGUF tokenizer metadata -> Hugging Face tokenizer files. Byte-level BPE ("gpt2") here: the
+// pre-tokenizer of each tokenizer.ggml.pre is the one llama.cpp's convert_hf_to_gguf.py recognised
+// it from (its get_vocab_base_pre hashes the tokenizer.json pre-tokenizer); token types 3 (control)
+// and 4 (user-defined) are the tokenizer.json added tokens. SentencePiece ("llama"):
+// text/gguf_tokenizer_spm.cpp.
 #include "text/gguf_tokenizer.h"
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "text/gguf_tokenizer_internal.h"
 
 namespace loom {
-namespace {
+
+namespace gguf_tok {
 
 using nlohmann::json;
 
-constexpr int kTypeControl = 3, kTypeUserDefined = 4;
+absl::StatusOr<std::vector<int64_t>> token_types(const GgufFile& f, size_t n_tokens) {
+  std::vector<int64_t> types(n_tokens, kTypeNormal);
+  if (!f.has("tokenizer.ggml.token_type")) return types;
+  LOOM_ASSIGN_OR_RETURN(types, f.get_ints("tokenizer.ggml.token_type"));
+  if (types.size() != n_tokens)
+    return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tokenizer.ggml.token_type has ", types.size(),
+                                                   " entries for ", n_tokens, " tokens"));
+  for (size_t id = 0; id < types.size(); ++id)
+    if (types[id] < 0 || types[id] > kTypeByte)
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.path(), ": tokenizer.ggml.token_type[", id, "] is ", types[id],
+          ", not a llama.cpp token type (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte)"));
+  return types;
+}
+
+absl::StatusOr<json> vocab_of(const GgufFile& f, const std::vector<std::string>& tokens) {
+  json vocab = json::object();
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (vocab.contains(tokens[id]))
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.path(), ": tokenizer.ggml.tokens[", id, "] '", tokens[id], "' repeats an earlier token"));
+    vocab[tokens[id]] = id;
+  }
+  return vocab;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> merge_pairs(const GgufFile& f) {
+  LOOM_ASSIGN_OR_RETURN(const std::vector<std::string> merges, f.get_strings("tokenizer.ggml.merges"));
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const size_t sp = merges[i].find(' ');
+    if (sp == std::string::npos || sp == 0 || sp + 1 == merges[i].size())
+      return absl::InvalidArgumentError(
+          absl::StrCat(f.path(), ": tokenizer.ggml.merges[", i, "] is '", merges[i], "', expected 'left right'"));
+    out.emplace_back(merges[i].substr(0, sp), merges[i].substr(sp + 1));
+  }
+  return out;
+}
+
+json added_token(const std::string& content, int64_t id, bool special, bool normalized) {
+  return {{"id", id},           {"content", content}, {"single_word", false}, {"lstrip", false},
+          {"rstrip", false},    {"normalized", normalized}, {"special", special}};
+}
+
+json template_processing(const std::string& bos, int64_t bos_id, const std::string& eos, int64_t eos_id) {
+  json single = json::array(), pair = json::array(), specials = json::object();
+  auto special = [&](const std::string& t, int64_t id, int type_id) {
+    specials[t] = {{"id", t}, {"ids", {id}}, {"tokens", {t}}};
+    return json{{"SpecialToken", {{"id", t}, {"type_id", type_id}}}};
+  };
+  for (int type_id = 0; type_id < 2; ++type_id) {
+    json& seq = type_id == 0 ? single : pair;
+    if (type_id == 1) pair = single;
+    if (!bos.empty()) seq.push_back(special(bos, bos_id, type_id));
+    seq.push_back({{"Sequence", {{"id", type_id == 0 ? "A" : "B"}, {"type_id", type_id}}}});
+    if (!eos.empty()) seq.push_back(special(eos, eos_id, type_id));
+  }
+  return {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", specials}};
+}
+
+}  // namespace gguf_tok
+
+namespace {
+
+using nlohmann::json;
+using gguf_tok::kTypeControl;
+using gguf_tok::kTypeUserDefined;
 
 constexpr const char* kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
@@ -58,9 +128,11 @@ std::string gguf_pre_tokenizer_name(const json& tokenizer_json) {
 
 absl::StatusOr<HfTokenizerFiles> gguf_hf_tokenizer(const GgufFile& f) {
   LOOM_ASSIGN_OR_RETURN(const std::string model, f.get_string("tokenizer.ggml.model"));
+  if (model == "llama") return gguf_tok::sentencepiece_tokenizer(f, f.get_string("general.architecture").value_or(""));
   if (model != "gpt2")
     return absl::UnimplementedError(absl::StrCat(f.path(), ": tokenizer.ggml.model is '", model,
-                                                 "'; Loom converts byte-level BPE ('gpt2') tokenizers so far"));
+                                                 "'; Loom converts byte-level BPE ('gpt2') and SentencePiece "
+                                                 "('llama') tokenizers so far"));
   const std::string pre = f.get_string("tokenizer.ggml.pre").value_or("default");
   auto [normalizer, pre_tokenizer] = pre_tokenizer_for(pre);
   if (pre_tokenizer.is_null())
@@ -68,13 +140,7 @@ absl::StatusOr<HfTokenizerFiles> gguf_hf_tokenizer(const GgufFile& f) {
                                                  "'; known: smollm, starcoder, refact, gpt-2, default, llama-bpe, qwen2"));
   LOOM_ASSIGN_OR_RETURN(const std::vector<std::string> tokens, f.get_strings("tokenizer.ggml.tokens"));
   LOOM_ASSIGN_OR_RETURN(const std::vector<std::string> merges, f.get_strings("tokenizer.ggml.merges"));
-  std::vector<int64_t> types(tokens.size(), 1);
-  if (f.has("tokenizer.ggml.token_type")) {
-    LOOM_ASSIGN_OR_RETURN(types, f.get_ints("tokenizer.ggml.token_type"));
-    if (types.size() != tokens.size())
-      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tokenizer.ggml.token_type has ", types.size(),
-                                                     " entries for ", tokens.size(), " tokens"));
-  }
+  LOOM_ASSIGN_OR_RETURN(const std::vector<int64_t> types, gguf_tok::token_types(f, tokens.size()));
   json vocab = json::object(), added = json::array(), added_decoder = json::object();
   for (size_t id = 0; id < tokens.size(); ++id) {
     if (vocab.contains(tokens[id]))

@@ -13,9 +13,12 @@ struct HfTokenizerFiles {
 };
 
 // tokenizer.ggml.model "gpt2" (byte-level BPE) with tokenizer.ggml.pre smollm / starcoder / refact,
-// gpt-2 / default, llama-bpe / llama3, qwen2. Unimplemented for other models (SentencePiece
-// "llama", "bert", ...) and pre-tokenizers, naming them; InvalidArgument for inconsistent metadata
-// (token types or merges that disagree with the token list, ids out of range).
+// gpt-2 / default, llama-bpe / llama3, qwen2; and "llama" (SentencePiece-style BPE with scores, as
+// Llama 2, Mistral, Gemma and Phi-3 files carry) as transformers builds it from the same file:
+// byte-fallback BPE whose merges come from the scores, Metaspace (Gemma: spaces -> "▁", Phi-3: a
+// Prepend normalizer). Unimplemented for other models ("bert", "t5", ...) and pre-tokenizers,
+// naming them; InvalidArgument for inconsistent metadata (token types, scores or merges that
+// disagree with the token list, missing scores, ids out of range), naming the key.
 absl::StatusOr<HfTokenizerFiles> gguf_hf_tokenizer(const GgufFile& file);
 
 // The tokenizer.ggml.pre whose pre-tokenizer (and normalizer) gguf_hf_tokenizer writes equals this

@@ -27,10 +27,13 @@ struct AddedToken {
 };
 
 // Normalizer steps. NFC (text/unicode_nfc.h) is skipped when the quick check says the text is NFC.
-enum class NormKind { kPrepend, kReplace, kNfc };
+// kMetaspace is the Metaspace pre-tokenizer's rewriting of its piece: " " -> a, then a prepended
+// unless the piece starts with it (prepend: 0 never, 1 always, 2 only the piece at offset 0).
+enum class NormKind { kPrepend, kReplace, kNfc, kMetaspace };
 struct NormStep {
   NormKind kind;
-  std::string a, b;  // prepend text; or pattern -> content
+  std::string a, b;  // prepend text; or pattern -> content; Metaspace: the replacement
+  int prepend = 0;
 };
 
 enum class DecKind { kByteLevel, kReplace, kByteFallback, kFuse, kStrip };
@@ -63,6 +66,30 @@ absl::StatusOr<std::string> string_pattern(const json& j, const std::string& pat
 
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // U+2581 "▁"
 
+// The Metaspace pre-tokenizer {replacement, prepend_scheme always|first|never (older files:
+// add_prefix_space), split} as a normalizer step; tokenizers' defaults when a field is absent.
+absl::StatusOr<NormStep> parse_metaspace(const json& j, const std::string& path, const std::string& where) {
+  NormStep st{NormKind::kMetaspace, std::string(kMetaspace), "", 1};
+  if (j.contains("replacement")) {
+    if (!j["replacement"].is_string() || j["replacement"].get<std::string>().empty())
+      return bad(path, absl::StrCat(where, ": replacement must be a one-character string"));
+    st.a = j["replacement"].get<std::string>();
+    size_t len;
+    tok::decode_utf8(st.a, 0, &len);
+    if (len != st.a.size()) return bad(path, absl::StrCat(where, ": replacement must be a one-character string"));
+  }
+  if (j.contains("prepend_scheme")) {
+    const std::string scheme = j["prepend_scheme"].is_string() ? j["prepend_scheme"].get<std::string>() : "";
+    if (scheme == "never") st.prepend = 0;
+    else if (scheme == "always") st.prepend = 1;
+    else if (scheme == "first") st.prepend = 2;
+    else return bad(path, absl::StrCat(where, ": prepend_scheme '", scheme, "' (expected always, first or never)"));
+  } else if (j.contains("add_prefix_space")) {
+    st.prepend = j["add_prefix_space"].get<bool>() ? 1 : 0;
+  }
+  return st;
+}
+
 bool is_cont(char c) { return (static_cast<uint8_t>(c) & 0xC0) == 0x80; }
 
 // tokenizers' Digits pre-tokenizer (numbers, \p{N}, isolated: one per piece when `individual`,
@@ -93,6 +120,38 @@ void split_digits(std::string_view input, tok::SplitPattern pattern, bool indivi
   flush(input.size());
 }
 
+// Normalizer edits with tokenizers' alignments: prepended bytes take the first character's range;
+// a replacement takes the range of the text it replaces.
+void prepend(const Normalized& n, const std::string& text, bool track, Normalized* o) {
+  o->s = text + n.s;
+  if (!track) return;
+  o->begin.assign(text.size(), n.begin[0]);
+  o->end.assign(text.size(), n.end[0]);
+  o->begin.insert(o->begin.end(), n.begin.begin(), n.begin.end());
+  o->end.insert(o->end.end(), n.end.begin(), n.end.end());
+}
+
+void replace_all(const Normalized& n, const std::string& pattern, const std::string& content, bool track,
+                 Normalized* o) {
+  for (size_t i = 0; i < n.s.size();) {
+    if (n.s[i] == pattern[0] && n.s.compare(i, pattern.size(), pattern) == 0) {
+      o->s += content;
+      if (track) {
+        o->begin.insert(o->begin.end(), content.size(), n.begin[i]);
+        o->end.insert(o->end.end(), content.size(), n.end[i + pattern.size() - 1]);
+      }
+      i += pattern.size();
+    } else {
+      o->s.push_back(n.s[i]);
+      if (track) {
+        o->begin.push_back(n.begin[i]);
+        o->end.push_back(n.end[i]);
+      }
+      ++i;
+    }
+  }
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -111,6 +170,8 @@ struct Tokenizer::Impl {
   // boundary between a non-"▁" character and a "▁", so the text is cut there into words that BPE
   // (and its cache) handles one at a time, with the same result as merging the whole text.
   bool metaspace_words = false;
+  // A Metaspace pre-tokenizer with split=true: each piece starts at a replacement character.
+  std::string metaspace_split;
   bool has_decoder = false;
   std::vector<DecStep> dec;
   bool has_template = false;
@@ -208,6 +269,13 @@ absl::Status Tokenizer::Impl::parse_pre_tokenizer(const json& j) {
     if (t == "Split" && s.contains("pattern") && s["pattern"].is_object() && s["pattern"].value("String", "") == " " &&
         spaces_replaced) {
       continue;  // (Gemma 3) splitting on " " after the normalizer replaced every " " is a no-op
+    }
+    if (t == "Metaspace" && steps.size() == 1) {
+      auto st = parse_metaspace(s, path, where);
+      if (!st.ok()) return st.status();
+      norm.push_back(*st);
+      if (s.value("split", true)) metaspace_split = st->a;
+      continue;
     }
     if (t == "Split" && !split && !byte_level) {
       auto p = s.find("pattern");
@@ -469,30 +537,15 @@ Normalized Tokenizer::Impl::normalize(std::string_view text, size_t begin, size_
         src += sp.src_bytes;
       }
     } else if (st.kind == NormKind::kPrepend) {
-      o.s = st.a + n.s;
-      if (track) {
-        o.begin.assign(st.a.size(), n.begin[0]);
-        o.end.assign(st.a.size(), n.end[0]);
-        o.begin.insert(o.begin.end(), n.begin.begin(), n.begin.end());
-        o.end.insert(o.end.end(), n.end.begin(), n.end.end());
-      }
-    } else {
-      for (size_t i = 0; i < n.s.size();) {
-        if (n.s[i] == st.a[0] && n.s.compare(i, st.a.size(), st.a) == 0) {
-          o.s += st.b;
-          if (track) {
-            o.begin.insert(o.begin.end(), st.b.size(), n.begin[i]);
-            o.end.insert(o.end.end(), st.b.size(), n.end[i + st.a.size() - 1]);
-          }
-          i += st.a.size();
-        } else {
-          o.s.push_back(n.s[i]);
-          if (track) {
-            o.begin.push_back(n.begin[i]);
-            o.end.push_back(n.end[i]);
-          }
-          ++i;
-        }
+      prepend(n, st.a, track, &o);
+    } else if (st.kind == NormKind::kReplace) {
+      replace_all(n, st.a, st.b, track, &o);
+    } else {  // Metaspace
+      replace_all(n, " ", st.a, track, &o);
+      if ((st.prepend == 1 || (st.prepend == 2 && begin == 0)) && !o.s.starts_with(st.a)) {
+        Normalized p;
+        prepend(o, st.a, track, &p);
+        o = std::move(p);
       }
     }
     n = std::move(o);
@@ -515,6 +568,14 @@ void Tokenizer::Impl::encode_text(std::string_view text, size_t begin, size_t en
     split_digits(input, *split, digits == 1, &pieces);
   } else if (split) {
     tok::split_pattern(input, *split, &pieces);
+  } else if (!metaspace_split.empty()) {  // before each replacement character (MergedWithNext)
+    size_t start = 0;
+    for (size_t i = 1; i < input.size(); ++i) {
+      if (input.compare(i, metaspace_split.size(), metaspace_split) != 0) continue;
+      pieces.emplace_back(static_cast<uint32_t>(start), static_cast<uint32_t>(i));
+      start = i;
+    }
+    if (start < input.size()) pieces.emplace_back(static_cast<uint32_t>(start), static_cast<uint32_t>(input.size()));
   } else if (metaspace_words) {
     size_t start = 0;
     for (size_t i = 1; i < input.size(); ++i) {

@@ -1,6 +1,7 @@
 // `loom convert --gguf`: the folder it writes loads as a Hugging Face model whose logits equal the
 // .gguf loaded directly (f32 exactly; bf16 weights within bf16 rounding), with tokenizer files when
-// the GGUF has a byte-level vocabulary, and clear errors for bad flags and files.
+// the GGUF has a byte-level or SentencePiece vocabulary (the latter encoding as transformers does
+// from the same GGUF), and clear errors for bad flags and files.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,9 @@
 #include "nlohmann/json.hpp"
 #include "tests/e2e/cli.h"
 #include "tests/temp_dir.h"
+#include "text/chat_template.h"
+#include "text/gguf_tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom {
 namespace {
@@ -47,6 +51,53 @@ TEST(Convert, Bf16FolderIsTheRoundedWeights) {
   EXPECT_EQ(nlohmann::json::parse(cf)["torch_dtype"], "bfloat16");
   // Loading either as bf16 rounds the same f32 weights once: identical logits.
   EXPECT_EQ(logits(out, DType::bf16), logits(kDir + "tiny_qwen2.gguf", DType::bf16));
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return nlohmann::json::parse(in);
+}
+
+// SentencePiece ("llama") GGUFs: the folder's tokenizer files are the GGUF's converted tokenizer,
+// and they encode and render the chat template as transformers does from the GGUF
+// (tests/fixtures/gguf/spm_*.reference.json, tools/make_gguf_spm_reference.py).
+TEST(Convert, SentencePieceTokenizerFiles) {
+  for (const auto& [name, tokenizer_class] : {std::pair{"spm_llama", "LlamaTokenizer"}, std::pair{"spm_gemma", "GemmaTokenizer"}}) {
+    SCOPED_TRACE(name);
+    test::TempDir dir("loom_convert");
+    const std::string out = dir.file("hf"), gguf = kDir + name + ".gguf";
+    auto r = test::run_loom("convert --gguf " + gguf + " --out " + out + " --dtype f32");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+    auto f = GgufFile::open(gguf);
+    ASSERT_TRUE(f.ok()) << f.status();
+    auto files = gguf_hf_tokenizer(*f);
+    ASSERT_TRUE(files.ok()) << files.status();
+    EXPECT_EQ(read_json(out + "/tokenizer.json"), files->tokenizer_json);
+    const auto config = read_json(out + "/tokenizer_config.json");
+    EXPECT_EQ(config, files->tokenizer_config_json);
+    EXPECT_EQ(config["tokenizer_class"], tokenizer_class);
+
+    const auto ref = read_json(kDir + name + ".reference.json");
+    auto tok = Tokenizer::load(out);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    for (const auto& c : ref["cases"])
+      EXPECT_EQ(tok->encode(c["text"].get<std::string>(), c["add_special_tokens"].get<bool>()),
+                c["ids"].get<std::vector<int32_t>>())
+          << c["text"];
+    auto tmpl = detect_chat_template(out);
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    for (const auto& chat : ref["chats"]) {
+      std::vector<ChatMessage> messages;
+      for (const auto& m : chat["messages"]) messages.push_back({m["role"], m["content"]});
+      auto rendered = tmpl->render(messages, true);
+      ASSERT_TRUE(rendered.ok()) << rendered.status();
+      EXPECT_EQ(rendered->text, chat["text"].get<std::string>());
+    }
+    // The model in the same file loads from the folder with the logits of the GGUF itself.
+    EXPECT_EQ(logits(out, DType::f32), logits(gguf, DType::f32));
+  }
 }
 
 TEST(Convert, Errors) {

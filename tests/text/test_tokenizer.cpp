@@ -62,6 +62,36 @@ TEST_P(FixtureTest, MatchesHuggingFaceTokenizers) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, FixtureTest, ::testing::Values("llama3", "qwen2", "llama2", "gemma"));
 
+// The Metaspace pre-tokenizer (transformers' LlamaTokenizer writes it) in each prepend_scheme, split
+// or not, over the llama2 vocabulary: ids, offsets and decodes from the tokenizers library
+// (tools/make_metaspace_cases.py).
+TEST(Tokenizer, MetaspaceMatchesTokenizers) {
+  json base = read_json(fixture("llama2") + "/tokenizer.json");
+  base["normalizer"] = nullptr;
+  base["decoder"]["decoders"].erase(3);  // Replace, ByteFallback, Fuse (no Strip)
+  const json variants = read_json(fixture("metaspace_cases.json"))["variants"];
+  ASSERT_EQ(variants.size(), 6u);
+  for (const json& v : variants) {
+    base["pre_tokenizer"] = v["pre_tokenizer"];
+    const std::string path = temp_file("metaspace.json", base.dump());
+    auto tok = Tokenizer::load(path);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    for (const json& c : v["cases"]) {
+      const std::string text = c["text"];
+      SCOPED_TRACE(testing::Message() << v["pre_tokenizer"].dump() << " text=" << testing::PrintToString(text));
+      std::vector<std::pair<size_t, size_t>> offsets, want_offsets;
+      EXPECT_EQ(tok->encode_with_offsets(text, false, &offsets), c["ids"].get<std::vector<int32_t>>());
+      for (const auto& o : c["offsets"]) want_offsets.emplace_back(o[0].get<size_t>(), o[1].get<size_t>());
+      EXPECT_EQ(offsets, want_offsets);
+      EXPECT_EQ(tok->decode(c["ids"].get<std::vector<int32_t>>(), false), c["decode"].get<std::string>());
+    }
+  }
+  base["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "sometimes"}};
+  auto bad = Tokenizer::load(temp_file("metaspace_bad.json", base.dump()));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("prepend_scheme 'sometimes'"), std::string::npos) << bad.status();
+}
+
 TEST(Tokenizer, VocabularyQueries) {
   auto llama3 = Tokenizer::load(fixture("llama3") + "/tokenizer.json");
   ASSERT_TRUE(llama3.ok()) << llama3.status();
