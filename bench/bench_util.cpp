@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <map>
 #include <random>
 
 #include "kernels/philox.h"
@@ -76,15 +77,27 @@ DeviceArray<float> upload_floats(const std::vector<float>& v) {
   return a;
 }
 
+namespace {
+// The benchmark add() is running (its registered name), and the batch each one was given: a
+// benchmark's repetitions must run the same number of iterations (Google Benchmark's statistics
+// check it), so the batch is sized on the first repetition only.
+thread_local const std::string* t_running = nullptr;
+std::map<std::string, int64_t>& batch_sizes() {
+  static std::map<std::string, int64_t> sizes;
+  return sizes;
+}
+}  // namespace
+
 void run_timed(benchmark::State& state, const Work& work, const std::function<void()>& launch) {
   EventPair ev;
   // Warm-up: the first launch pays for module loading, cuBLASLt heuristics and cold TLBs; the
-  // second, timed alone, sizes the batch.
+  // second, timed alone, sizes the batch (once per benchmark, see batch_sizes).
   launch();
   LOOM_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
   const double one = ev.time(launch, 1);
-  const int64_t batch =
+  int64_t batch =
       std::clamp<int64_t>(static_cast<int64_t>(std::ceil(kTargetBatchSeconds / std::max(one, 1e-7))), 1, kMaxBatch);
+  if (t_running) batch = batch_sizes().try_emplace(*t_running, batch).first->second;
 
   double total_s = 0;
   int64_t launches = 0;
@@ -114,10 +127,13 @@ void run_timed(benchmark::State& state, const Work& work, const std::function<vo
 }
 
 benchmark::internal::Benchmark* add(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  auto* b = benchmark::RegisterBenchmark(name.c_str(), [fn = std::move(fn)](benchmark::State& state) {
+  auto* b = benchmark::RegisterBenchmark(name.c_str(), [name, fn = std::move(fn)](benchmark::State& state) {
+    t_running = &name;
     try {
       fn(state);
+      t_running = nullptr;
     } catch (const std::exception& e) {
+      t_running = nullptr;
       // A CUDA fault is sticky: later benchmarks will fail too, and say so.
       state.SkipWithError(e.what());
     }
