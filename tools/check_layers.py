@@ -25,6 +25,9 @@ EXCEPTIONS = {
     # tokenizer.ggml.* metadata becomes a tokenizer), never its tensors.
     ("text/gguf_tokenizer.h", "engine/gguf.h"),
     ("text/gguf_tokenizer.cpp", "engine/status_macros.h"),
+    # The SentencePiece ('llama') half of the same conversion, split out of gguf_tokenizer.cpp.
+    ("text/gguf_tokenizer_internal.h", "engine/gguf.h"),
+    ("text/gguf_tokenizer_spm.cpp", "engine/status_macros.h"),
     # The same exception for the chat template a .gguf file carries (tokenizer.chat_template).
     ("text/chat_template.cpp", "engine/gguf.h"),
     ("text/chat_template.cpp", "engine/status_macros.h"),
