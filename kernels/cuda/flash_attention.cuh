@@ -20,6 +20,13 @@ void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16*
 bool sm90_ready();
 void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
                   int warpgroups, Stream s);
+// Warp-specialised Hopper forward (flash_attention_fwd_sm90_ws.cu, LOOM_FLASH_FWD=6): a TMA
+// producer warpgroup and two ping-ponging consumer warpgroups. sm90_ws_supported: plain causal
+// attention (no soft-cap, window or segments) at head_dim <= 128; forward() sends the rest to
+// forward_sm90.
+bool sm90_ws_supported(const AttentionParams& p);
+void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                     Stream s);
 // The backward's main kernel for head_dim <= 128 (flash_attention_bwd_sm90.cu); dsum and dq_acc as
 // backward() prepares them (dq_acc zeroed; the caller scales and rounds it into dq afterwards).
 // bulk_dq: dQ is added through shared memory with bulk reductions instead of atomics; overlap

@@ -1,0 +1,323 @@
+// Flash attention forward on Hopper, warp-specialised (LOOM_FLASH_FWD=6; untested on hardware).
+// The FlashAttention-3 scheme, written for Loom's layouts; plain causal attention only (no window,
+// soft-cap or segments: the dispatcher sends those to variant 3), head_dim <= 128.
+//
+// Block = 3 warpgroups (384 threads) per (128 query rows, head, batch row); grid and row order as
+// variant 3 (flash_attention_fwd_sm90.cu), so out and lse are written exactly as there.
+//   warpgroup 0, producer: setmaxnreg down to 24 registers; one thread issues TMA tensor copies
+//     (128-byte swizzle, the wgmma::sw128 layout) of Q once, then K(t) and V(t) for every key tile
+//     into a ring of kStages stages, each guarded by a full and an empty mbarrier per operand.
+//   warpgroups 1 and 2, consumers (64 query rows each): setmaxnreg up to 240; S = Q K^T and
+//     O += P V with wgmma (Q, K, V from shared memory, P from registers), online softmax as in
+//     variant 3, S(t+1) issued together with P(t) V(t) so that the softmax of tile t overlaps the
+//     tensor cores within a warpgroup.
+// Pipeline: kStages = 2 stages of K and V tiles of 128 keys. Shared memory at head_dim 128: Q 32 KB
+// + 2 x (K 32 KB + V 32 KB) = 160 KB (+ 1 KB alignment slack); at head_dim 64 half that.
+// Barrier protocol:
+//   full_k[s], full_v[s] (count 1): the producer's arrive.expect_tx(tile bytes); TMA completes the
+//     transactions. Tile t uses stage t % kStages and phase parity (t / kStages) & 1.
+//   empty_k[s], empty_v[s] (count 8: one arrival per consumer warp) once the wgmma reading the stage
+//     has completed (K after S(t) is waited for, V after P(t) V(t) is). The producer waits on them
+//     with the opposite parity, so its first pass through the ring does not wait.
+//   bar_q (count 1): Q landed.
+//   Named barriers 1 and 2 (256 threads): consumer 0's and consumer 1's turn to issue its wgmma
+//     batch. A consumer syncs on its own barrier, issues, then arrives on the other's; consumer 1
+//     arrives once on consumer 0's at the start (0 goes first) and consumer 0 syncs once more at the
+//     end (consuming 1's last arrival). So one warpgroup's softmax runs while the other's products
+//     occupy the tensor cores (ping-pong).
+#include <cudaTypedefs.h>
+
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/tma_mbarrier.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+using wgmma::Wgmma;
+
+constexpr int kWsThreads = 384, kWsBr = 128;
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
+constexpr int kTurnBar0 = 1;                            // named barriers 1, 2 (0 is __syncthreads)
+
+template <int kD, int kBc, int kStages>
+constexpr size_t ws_smem() {
+  return size_t(kWsBr + 2 * kStages * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align to 1024 bytes
+}
+
+template <int kD, int kBc, int kStages>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                             const __grid_constant__ CUtensorMap map_v, AttentionParams p, bf16* __restrict__ out,
+                             float* __restrict__ lse) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBr = kWsBr, kNs = kBc / 8, kNo = kD / 8, kBlocks = kD / 64;  // 64-column blocks per row
+  constexpr uint32_t kTileBytes = kBc * kD * sizeof(bf16), kQBytes = kBr * kD * sizeof(bf16);
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bars[1 + 4 * kStages];
+  uint64_t* bar_q = bars;
+  uint64_t* full_k = bars + 1;
+  uint64_t* full_v = full_k + kStages;
+  uint64_t* empty_k = full_v + kStages;
+  uint64_t* empty_v = empty_k + kStages;
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sK0 = sQ + kBr * kD;
+  bf16* sV0 = sK0 + kStages * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int64_t q0 = int64_t(gridDim.z - 1 - blockIdx.z) * kBr;  // the longest causal rows first
+  const int h = int(blockIdx.x), b = int(blockIdx.y), g = h / int(p.heads / p.kv_heads);
+  const int64_t k_end = q0 + kBr < p.seq ? q0 + kBr : p.seq;  // keys [0, k_end) can be seen; q0 < seq
+  const int t_end = int((k_end + kBc - 1) / kBc);               // >= 1
+
+  if (tid == 0) {
+    tma::mbar_init(bar_q, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbar_init(&full_k[s], 1);
+      tma::mbar_init(&full_v[s], 1);
+      tma::mbar_init(&empty_k[s], 8);
+      tma::mbar_init(&empty_v[s], 8);
+    }
+    tma::mbar_init_fence();
+  }
+  __syncthreads();  // the last block-wide barrier: the producer's idle warps leave below
+
+  if (wg == 0) {  // ---- producer ----
+    tma::regs_dec<kProducerRegs>();
+    if (tid == 0) {
+      tma::prefetch_tensormap(&map_q);
+      tma::prefetch_tensormap(&map_k);
+      tma::prefetch_tensormap(&map_v);
+      tma::mbar_arrive_expect_tx(bar_q, kQBytes);
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c) tma::copy_4d(sQ + c * kBr * 64, &map_q, bar_q, 64 * c, h, int(q0), b);
+      for (int t = 0; t < t_end; ++t) {
+        const int s = t % kStages;
+        const uint32_t free_parity = ((t / kStages) & 1) ^ 1;
+        tma::mbar_wait(&empty_k[s], free_parity);
+        tma::mbar_arrive_expect_tx(&full_k[s], kTileBytes);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c)
+          tma::copy_4d(sK0 + s * kBc * kD + c * kBc * 64, &map_k, &full_k[s], 64 * c, g, t * kBc, b);
+        tma::mbar_wait(&empty_v[s], free_parity);
+        tma::mbar_arrive_expect_tx(&full_v[s], kTileBytes);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c)
+          tma::copy_4d(sV0 + s * kBc * kD + c * kBc * 64, &map_v, &full_v[s], 64 * c, g, t * kBc, b);
+      }
+    }
+    return;  // the copies complete on the full barriers, which the consumers wait for before exiting
+  }
+
+  // ---- consumers ----
+  tma::regs_inc<kConsumerRegs>();
+  const int cw = wg - 1;  // consumer 0 or 1: query rows q0 + 64 cw ..
+  const int my_turn = kTurnBar0 + cw, other_turn = kTurnBar0 + (cw ^ 1);
+  auto release = [&](uint64_t* bar) {  // this warp's wgmma reading the stage have completed
+    __syncwarp();
+    if (lane == 0) tma::mbar_arrive(bar);
+  };
+  auto parity = [](int t) { return uint32_t((t / kStages) & 1); };
+  float sacc[kBc / 2];
+  auto issue_s = [&](int stage) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
+    const uint64_t dq = wgmma::tile_desc(sQ, 16), dk = wgmma::tile_desc(sK0 + stage * kBc * kD, 16);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      Wgmma<kBc>::template ss<0, 0>(sacc, wgmma::desc_k_major<kBr>(dq, 64 * cw, kk),
+                                    wgmma::desc_k_major<kBc>(dk, 0, kk), kk > 0);
+    wgmma::commit();
+  };
+  auto masked = [&](int t) {  // causal only: tiles that reach past the block's first row or past seq
+    return classify(p, q0, kBr, int64_t(t) * kBc, kBc, 0, 0, 0, 0) == TileKind::kMasked;
+  };
+
+  if (cw == 1) tma::named_arrive(kTurnBar0, 256);  // consumer 0 issues first
+  // Prologue: S(0).
+  tma::mbar_wait(bar_q, 0);
+  tma::mbar_wait(&full_k[0], 0);
+#pragma unroll
+  for (int i = 0; i < kBc / 2; ++i) sacc[i] = 0.f;
+  issue_s(0);
+  wgmma::wait<0>();
+  wgmma::fence_regs(sacc);
+  release(&empty_k[0]);
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int64_t row0 = q0 + 64 * cw + 16 * (warp & 3) + (lane >> 2);  // this thread's rows: row0, row0 + 8
+  const int col0 = 2 * (lane & 3);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float oacc[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
+  uint32_t pf[kBc / 16][4];
+  bool is_masked = masked(0);
+
+#pragma unroll 1
+  for (int t = 0; t < t_end; ++t) {
+    const int64_t k0 = int64_t(t) * kBc;
+    const int st = t % kStages, tn = t + 1;
+    // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
+    if (is_masked) {  // rows past seq are never written, and a valid row's key j <= i < seq
+      const int d0 = int(row0 - k0) - col0;  // key offset n * 8 + e % 2 is visible while <= d0 + 8 (e / 2)
+#pragma unroll
+      for (int n = 0; n < kNs; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (n * 8 + (e & 1) > d0 + 8 * (e >> 1)) sacc[4 * n + e] = -INFINITY;
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kNs; ++n) mx = fmaxf(mx, fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[r], mx);
+      const float mu = mn == -INFINITY ? 0.f : mn;
+      corr[r] = fast_exp2((m[r] - mu) * scale_log2);  // 0 while nothing was visible
+      const float nb = -mu * scale_log2;
+      m[r] = mn;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kNs; ++n) {
+        sacc[4 * n + 2 * r] = fast_exp2(fmaf(sacc[4 * n + 2 * r], scale_log2, nb));
+        sacc[4 * n + 2 * r + 1] = fast_exp2(fmaf(sacc[4 * n + 2 * r + 1], scale_log2, nb));
+        sum += sacc[4 * n + 2 * r] + sacc[4 * n + 2 * r + 1];
+      }
+      l[r] = l[r] * corr[r] + sum;
+    }
+
+    // (b) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
+    wgmma::wait<0>();
+    wgmma::fence_regs(oacc);
+    if (t > 0) release(&empty_v[(t - 1) % kStages]);
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      pf[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+      pf[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+      pf[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+      pf[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+    }
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {  // skip when no row's maximum grew
+#pragma unroll
+      for (int n = 0; n < kNo; ++n) {
+        oacc[4 * n + 0] *= corr[0];
+        oacc[4 * n + 1] *= corr[0];
+        oacc[4 * n + 2] *= corr[1];
+        oacc[4 * n + 3] *= corr[1];
+      }
+    }
+
+    // (c) K(t+1) and V(t) have landed; then wait for this warpgroup's turn at the tensor cores.
+    if (tn < t_end) tma::mbar_wait(&full_k[tn % kStages], parity(tn));
+    tma::mbar_wait(&full_v[st], parity(t));
+    tma::named_sync(my_turn, 256);
+    // (d) S(t+1) = Q K(t+1)^T, then (e) O += P(t) V(t): both in flight at once; the other
+    // consumer's turn.
+    if (tn < t_end) issue_s(tn % kStages);
+    const uint64_t dv = wgmma::tile_desc(sV0 + st * kBc * kD, kBc * 128);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<kD>::template rs<1>(oacc, pf[kk], wgmma::desc_mn_major<kBc>(dv, kk), 1);
+    wgmma::commit();
+    tma::named_arrive(other_turn, 256);
+    // (f) S(t+1) is ready (the older group; a no-op when there is none) and K(t+1)'s stage is free;
+    // O += P(t) V(t) may still run.
+    wgmma::wait<1>();
+    wgmma::fence_regs(sacc);
+    if (tn < t_end) {
+      release(&empty_k[tn % kStages]);
+      is_masked = masked(tn);
+    }
+  }
+  wgmma::wait<0>();
+  wgmma::fence_regs(oacc);
+  if (cw == 0) tma::named_sync(kTurnBar0, 256);  // consumer 1's arrival after its last batch
+
+  // Row sums across the quad, then out = O / l and lse = ln(sum exp(z)).
+  const int64_t q_stride = p.heads * p.head_dim;
+  const int hd = int(p.head_dim);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int64_t i = row0 + 8 * r;
+    if (i >= p.seq) continue;
+    bf16* orow = out + (b * p.seq + i) * q_stride + h * p.head_dim;
+#pragma unroll
+    for (int n = 0; n < kNo; ++n) {
+      const int col = n * 8 + col0;
+      if (col < hd)
+        *reinterpret_cast<__nv_bfloat162*>(orow + col) =
+            __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
+    }
+    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum > 0.f ? m[r] * p.scale + logf(sum) : -INFINITY;
+  }
+#else
+  __trap();  // built without sm_90a; forward_sm90_ws is never called then (sm90_ready())
+#endif
+}
+
+template <int kD, int kBc, int kStages>
+void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+               Stream s) {
+  auto* kernel = flash_fwd_sm90_ws_kernel<kD, kBc, kStages>;
+  constexpr size_t kSmem = ws_smem<kD, kBc, kStages>();
+  static bool attr_set = [&] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kWsBr);
+  const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const dim3 grid(unsigned(p.heads), unsigned(p.batch), unsigned((p.seq + kWsBr - 1) / kWsBr));
+  kernel<<<grid, kWsThreads, kSmem, s>>>(mq, mk, mv, p, out, lse);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool sm90_ws_supported(const AttentionParams& p) {
+  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim <= 128 && p.head_dim % 8 == 0;
+}
+
+void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                     Stream s) {
+  if (p.head_dim <= 64) launch_ws<64, 128, 2>(p, q, k, v, out, lse, s);
+  else launch_ws<128, 128, 2>(p, q, k, v, out, lse, s);
+}
+
+}  // namespace loom::cuda::flash
+
+namespace loom::cuda::tma {
+
+CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    LOOM_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    LOOM_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+               "flash attention (LOOM_FLASH_FWD=6): the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  const cuuint64_t row = cuuint64_t(head_dim) * sizeof(bf16);
+  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(seq), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {row, row * cuuint64_t(heads), row * cuuint64_t(heads) * cuuint64_t(seq)};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(box_rows), 1}, elem_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LOOM_CHECK(r == CUDA_SUCCESS, "flash attention (LOOM_FLASH_FWD=6): cuTensorMapEncodeTiled failed (", int(r),
+             ") for batch=", batch, " seq=", seq, " heads=", heads, " head_dim=", head_dim);
+  return map;
+}
+
+}  // namespace loom::cuda::tma

@@ -1,0 +1,98 @@
+// Hopper (sm_90a) PTX wrappers for warp-specialised kernels: shared-memory mbarriers (init, arrive,
+// arrive with an expected transaction count, parity wait), TMA tensor copies global -> shared that
+// complete on an mbarrier, named barriers between warpgroups, and setmaxnreg. Host side: a
+// CUtensorMap for a [batch, seq, heads, head_dim] bf16 tensor, encoded through the driver entry
+// point that the runtime hands out (no link against libcuda).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/flash_common.cuh"
+
+namespace loom::cuda::tma {
+
+using flash::smem_u32;
+
+// ---- mbarriers (64-bit, in shared memory) ----
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes the initialisations visible to the other threads and to the async proxy (TMA); a
+// __syncthreads() must follow before any other thread uses the barriers.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// One arrival that also announces `bytes` of transactions (TMA copies) the phase must wait for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Until the phase of parity `parity` has completed. A fresh barrier is in phase 0, so waiting for
+// parity 1 returns at once (the "previous" phase counts as complete).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// ---- TMA ----
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// The box at coordinates (c0 innermost, c1, c2, c3) of a rank-4 tensor map into shared memory at
+// dst; completes `box bytes` of transactions on bar. Out-of-range elements arrive as zeros.
+__device__ __forceinline__ void copy_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                        int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// ---- warpgroup coordination ----
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: sync waits for them all,
+// arrive counts this thread and goes on.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Per-thread register budget of the executing warpgroup (every warp of it must run the same one).
+template <int kRegs>
+__device__ __forceinline__ void regs_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void regs_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
+// ---- host ----
+// Tensor map of a [batch, seq, heads, head_dim] bf16 tensor (rows of head_dim contiguous, 16-byte
+// aligned, head_dim % 8 == 0) read in boxes of 64 columns (128 bytes, 128-byte swizzle: the layout
+// of wgmma::sw128) x box_rows sequence positions of one head of one batch row. Coordinates are
+// (column, head, position, batch); columns >= head_dim and positions >= seq read as zeros.
+CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows);
+
+}  // namespace loom::cuda::tma
