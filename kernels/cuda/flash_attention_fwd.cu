@@ -246,7 +246,10 @@ void launch_fwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 //   1: 4 warps x 16 rows, 64 keys;  2: 4 warps x 32 rows, 32 keys;
 //   3: Hopper wgmma (flash_attention_fwd_sm90.cu), 2 warpgroups x 64 rows, 128 keys (32 at d 256);
 //   4: the same with 1 warpgroup (64 rows; 64 keys at d 128) and two blocks per SM.
-//   3 and 4 fall back to 0 off sm_90a. H200, b4 s2048 h32/8 d128: 0 574 us, 3 468, 4 549 (SDPA 295).
+//   6: warp-specialised Hopper kernel (flash_attention_fwd_sm90_ws.cu: TMA producer warpgroup, two
+//   ping-ponging consumer warpgroups); UNTESTED ON HARDWARE. Plain causal, head_dim <= 128 only;
+//   soft-cap, windows, segments and head_dim 256 run variant 3.
+//   3, 4 and 6 fall back to 0 off sm_90a. H200, b4 s2048 h32/8 d128: 0 574 us, 3 468, 4 549 (SDPA 295).
 int fwd_variant() {
   static const int v = [] {
     const char* e = std::getenv("LOOM_FLASH_FWD");
@@ -264,6 +267,10 @@ bool supported(const AttentionParams& p, const void* q, const void* k, const voi
 void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s) {
   if (p.batch == 0 || p.seq == 0) return;
   const int variant = fwd_variant();
+  if (variant == 6 && sm90_ready()) {
+    if (sm90_ws_supported(p)) return forward_sm90_ws(p, q, k, v, out, lse, s);
+    return forward_sm90(p, q, k, v, out, lse, 2, s);  // what variant 6 does not cover runs variant 3
+  }
   if ((variant == 3 || variant == 4) && sm90_ready()) return forward_sm90(p, q, k, v, out, lse, variant == 4 ? 1 : 2, s);
   if (p.head_dim <= 64) {
     if (variant == 1) launch_fwd<64, 4, 64, 1>(p, q, k, v, out, lse, s);
