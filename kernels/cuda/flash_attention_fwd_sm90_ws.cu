@@ -191,7 +191,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       l[r] = l[r] * corr[r] + sum;
     }
 
-    // (b) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
+    // (b) K(t+1) and V(t) have landed. These waits are spin loops, so they also end the basic block
+    // of the softmax: without one here ptxas hoists the wait for O += P(t-1) V(t-1) below above
+    // the exponentials, and the softmax no longer overlaps that product.
+    if (tn < t_end) tma::mbar_wait(&full_k[tn % kStages], parity(tn));
+    tma::mbar_wait(&full_v[st], parity(t));
+    // (c) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
     wgmma::wait<0>();
     wgmma::fence_regs(oacc);
     if (t > 0) release(&empty_v[(t - 1) % kStages]);
@@ -212,9 +217,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     }
 
-    // (c) K(t+1) and V(t) have landed; then wait for this warpgroup's turn at the tensor cores.
-    if (tn < t_end) tma::mbar_wait(&full_k[tn % kStages], parity(tn));
-    tma::mbar_wait(&full_v[st], parity(t));
+    // This warpgroup's turn at the tensor cores.
     tma::named_sync(my_turn, 256);
     // (d) S(t+1) = Q K(t+1)^T, then (e) O += P(t) V(t): both in flight at once; the other
     // consumer's turn.
@@ -302,7 +305,11 @@ CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t 
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
     LOOM_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+#else
+    LOOM_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found));
+#endif
     LOOM_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
                "flash attention (LOOM_FLASH_FWD=6): the driver has no cuTensorMapEncodeTiled");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
