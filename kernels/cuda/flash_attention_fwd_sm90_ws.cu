@@ -5,14 +5,16 @@
 // Block = 3 warpgroups (384 threads) per (128 query rows, head, batch row); grid and row order as
 // variant 3 (flash_attention_fwd_sm90.cu), so out and lse are written exactly as there.
 //   warpgroup 0, producer: setmaxnreg down to 24 registers; one thread issues TMA tensor copies
-//     (128-byte swizzle, the wgmma::sw128 layout) of Q once, then K(t) and V(t) for every key tile
-//     into a ring of kStages stages, each guarded by a full and an empty mbarrier per operand.
+//     (128-byte swizzle, the wgmma::sw128 layout) of Q once, then the key tiles' K and V (K one
+//     tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand,
+//     each stage guarded by a full and an empty mbarrier.
 //   warpgroups 1 and 2, consumers (64 query rows each): setmaxnreg up to 240; S = Q K^T and
 //     O += P V with wgmma (Q, K, V from shared memory, P from registers), online softmax as in
 //     variant 3, S(t+1) issued together with P(t) V(t) so that the softmax of tile t overlaps the
 //     tensor cores within a warpgroup.
 // Pipeline: kStages = 2 stages of K and V tiles of 128 keys. Shared memory at head_dim 128: Q 32 KB
-// + 2 x (K 32 KB + V 32 KB) = 160 KB (+ 1 KB alignment slack); at head_dim 64 half that.
+// + 2 x (K 32 KB + V 32 KB) = 160 KB (+ 1 KB alignment slack; 3 stages, 225 KB, would fit too);
+// at head_dim 64 half that.
 // Barrier protocol:
 //   full_k[s], full_v[s] (count 1): the producer's arrive.expect_tx(tile bytes); TMA completes the
 //     transactions. Tile t uses stage t % kStages and phase parity (t / kStages) & 1.
@@ -93,19 +95,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       tma::mbar_arrive_expect_tx(bar_q, kQBytes);
 #pragma unroll
       for (int c = 0; c < kBlocks; ++c) tma::copy_4d(sQ + c * kBr * 64, &map_q, bar_q, 64 * c, h, int(q0), b);
-      for (int t = 0; t < t_end; ++t) {
+      // K runs one tile ahead of V (K(0), then K(t + 1) before V(t)): the consumers need K(t + 1)
+      // and V(t) at the same step, and K(t + 1)'s stage is freed a step earlier than V(t)'s.
+      auto load = [&](const CUtensorMap* map, bf16* tiles, uint64_t* full, uint64_t* empty, int t) {
         const int s = t % kStages;
-        const uint32_t free_parity = ((t / kStages) & 1) ^ 1;
-        tma::mbar_wait(&empty_k[s], free_parity);
-        tma::mbar_arrive_expect_tx(&full_k[s], kTileBytes);
+        tma::mbar_wait(&empty[s], uint32_t((t / kStages) & 1) ^ 1u);  // a fresh barrier passes parity 1
+        tma::mbar_arrive_expect_tx(&full[s], kTileBytes);
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c)
-          tma::copy_4d(sK0 + s * kBc * kD + c * kBc * 64, &map_k, &full_k[s], 64 * c, g, t * kBc, b);
-        tma::mbar_wait(&empty_v[s], free_parity);
-        tma::mbar_arrive_expect_tx(&full_v[s], kTileBytes);
-#pragma unroll
-        for (int c = 0; c < kBlocks; ++c)
-          tma::copy_4d(sV0 + s * kBc * kD + c * kBc * 64, &map_v, &full_v[s], 64 * c, g, t * kBc, b);
+          tma::copy_4d(tiles + s * kBc * kD + c * kBc * 64, map, &full[s], 64 * c, g, t * kBc, b);
+      };
+      load(&map_k, sK0, full_k, empty_k, 0);
+      for (int t = 0; t < t_end; ++t) {
+        if (t + 1 < t_end) load(&map_k, sK0, full_k, empty_k, t + 1);
+        load(&map_v, sV0, full_v, empty_v, t);
       }
     }
     return;  // the copies complete on the full barriers, which the consumers wait for before exiting
