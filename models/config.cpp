@@ -268,6 +268,16 @@ ModelConfig parse(const json& j, const std::string& origin) {
   c.num_attention_heads = f.req_int("num_attention_heads", "the number of query heads");
   for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"})
     if (f.req_int(k, "") <= 0) f.bad(k, "must be > 0");
+  // Upper bounds far past any published model, so that a corrupt file fails here rather than in
+  // an allocation sized by it (found by fuzz_config: 8888888888882 layers). Token ids are 32-bit.
+  const struct {
+    const char* key;
+    int64_t max;
+  } limits[] = {{"vocab_size", (int64_t{1} << 31) - 1}, {"hidden_size", int64_t{1} << 20},
+                {"intermediate_size", int64_t{1} << 22}, {"num_hidden_layers", int64_t{1} << 16},
+                {"num_attention_heads", int64_t{1} << 16}};
+  for (const auto& l : limits)
+    if (f.req_int(l.key, "") > l.max) f.bad(l.key, absl::StrCat("is ", f.req_int(l.key, ""), ", past any plausible model (at most ", l.max, ")"));
 
   // Absent or null: as many as the query heads (LlamaConfig's rule). The other classes' defaults
   // (mistral 8, qwen 32, gemma 16, gemma2 4) only fit their own default head counts, and every

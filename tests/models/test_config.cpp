@@ -422,6 +422,13 @@ TEST(ModelConfigErrors, WrongJsonTypes) {
   j = minimal("llama");
   j["hidden_size"] = -64;
   expect_error(j, {"'hidden_size'", "must be > 0"});
+  // Sizes no model has, which would size an allocation (fuzz_config found 8888888888882 layers).
+  j = minimal("qwen3");
+  j["num_hidden_layers"] = 8888888888882;
+  expect_error(j, {"'num_hidden_layers'", "is 8888888888882, past any plausible model (at most 65536)"});
+  j = minimal("llama");
+  j["vocab_size"] = int64_t{1} << 32;
+  expect_error(j, {"'vocab_size'", "past any plausible model"});
   EXPECT_FALSE(ModelConfig::from_json_text("{\"model_type\": \"llama\",", kOrigin).ok());
   auto arr = ModelConfig::from_json_text("[1, 2]", kOrigin);
   ASSERT_FALSE(arr.ok());
