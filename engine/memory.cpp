@@ -210,9 +210,10 @@ int64_t device_available_bytes(Device device) {
     std::ifstream meminfo("/proc/meminfo");
     std::string key;
     int64_t kib = 0;
-    std::string unit;
-    while (meminfo >> key >> kib >> unit)
+    while (meminfo >> key >> kib) {  // "Key: value [kB]" lines (some have no unit)
       if (key == "MemAvailable:") return kib * 1024;
+      meminfo.ignore(1 << 10, '\n');
+    }
     return 0;
   }
 #if LOOM_WITH_CUDA

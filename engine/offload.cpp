@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "engine/cuda_context.h"
+#include "engine/memory.h"
 #include "kernels/error.h"
 #if LOOM_WITH_CUDA
 #include <cuda_runtime.h>
@@ -25,14 +25,8 @@ std::atomic<int64_t> g_budget{-1};
 std::atomic<int64_t> g_host_bytes{0}, g_peak_host_bytes{0}, g_kept{0};
 
 int64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  while (f >> key >> kb) {
-    if (key == "MemAvailable:") return kb * 1024;
-    f.ignore(1 << 10, '\n');
-  }
-  return int64_t(16) << 30;
+  const int64_t b = device_available_bytes(Device::cpu());
+  return b > 0 ? b : int64_t(16) << 30;  // no /proc/meminfo: assume 16 GiB
 }
 
 int64_t budget() {

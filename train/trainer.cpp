@@ -234,9 +234,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (!cfg.checkpointing && s->device.is_cuda()) {  // auto: on the CPU there is no device memory to run out of
     // What every mode adds alike: the trainable parameters' gradients and optimizer state (full
     // fine-tuning: about 16 bytes each; LoRA's adapters are small) and the fused loss's workspace.
-    int64_t params = 0;
-    for (const auto& [name, v] : s->model->named_weights()) params += v->value().numel();
-    const int64_t fixed = (cfg.full ? 16 * params : 0) + (1LL << 30);
+    int64_t fixed = 1LL << 30;
+    if (cfg.full)
+      for (const auto& [name, v] : s->model->named_weights()) fixed += 16 * v->value().numel();
     const CheckpointingNeeds needs =
         estimate_checkpointing_needs(mc, cfg.batch_size * cfg.seq_len, s->model->precision().compute, fixed);
     const CheckpointingChoice choice = choose_checkpointing(needs, device_available_bytes(s->device), s->device.str());
