@@ -239,21 +239,22 @@ void launch_fwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-// Tile shape: LOOM_FLASH_FWD=<variant> picks one for bench/ (a tuning knob; default 3, which is
-// 0 off sm_90a: H200, b4 s2048 h32/8 d128, 468 us against 574 us for variant 0).
+// Tile shape: LOOM_FLASH_FWD=<variant> picks one for bench/ (a tuning knob; default 6, which runs
+// 3 where 6 does not apply and 0 off sm_90a).
 //   0: 4 warps x 32 rows, 64 keys (FlashAttention-2's shape; at head_dim 128 it spills ~250 bytes
-//   and is still the fastest: 574 us against 631 for variant 2 at b4 s2048 h32/8, H200);
+//   and is still the fastest mma.sync shape: 574 us against 631 for variant 2 at b4 s2048 h32/8, H200);
 //   1: 4 warps x 16 rows, 64 keys;  2: 4 warps x 32 rows, 32 keys;
 //   3: Hopper wgmma (flash_attention_fwd_sm90.cu), 2 warpgroups x 64 rows, 128 keys (32 at d 256);
 //   4: the same with 1 warpgroup (64 rows; 64 keys at d 128) and two blocks per SM.
 //   6: warp-specialised Hopper kernel (flash_attention_fwd_sm90_ws.cu: TMA producer warpgroup, two
-//   ping-ponging consumer warpgroups); UNTESTED ON HARDWARE. Plain causal, head_dim <= 128 only;
-//   soft-cap, windows, segments and head_dim 256 run variant 3.
-//   3, 4 and 6 fall back to 0 off sm_90a. H200, b4 s2048 h32/8 d128: 0 574 us, 3 468, 4 549 (SDPA 295).
+//   ping-ponging consumer warpgroups). Plain causal, head_dim <= 128 only; soft-cap, windows,
+//   segments and head_dim 256 run variant 3.
+//   3, 4 and 6 fall back to 0 off sm_90a. H200, b4 s2048 h32/8 d128 (2026-12-02, SDPA 289 us in the
+//   same run): 0 574 us, 3 425, 4 549, 6 327 (0.88x SDPA); d64: 3 312, 6 227 (SDPA 196).
 int fwd_variant() {
   static const int v = [] {
     const char* e = std::getenv("LOOM_FLASH_FWD");
-    return e ? std::atoi(e) : 3;
+    return e ? std::atoi(e) : 6;
   }();
   return v;
 }

@@ -1,4 +1,4 @@
-// Flash attention forward on Hopper, warp-specialised (LOOM_FLASH_FWD=6; untested on hardware).
+// Flash attention forward on Hopper, warp-specialised (LOOM_FLASH_FWD=6, the default on sm_90a).
 // The FlashAttention-3 scheme, written for Loom's layouts; plain causal attention only (no window,
 // soft-cap or segments: the dispatcher sends those to variant 3), head_dim <= 128.
 //
