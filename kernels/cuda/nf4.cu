@@ -1,9 +1,10 @@
 // CUDA NF4 kernels (kernels/nf4.h). Quantise: one warp per block of 64 (two elements per lane, one
 // packed byte each). Mean: one thread block summing fixed chunks in index order (the CPU's order).
 // Double quantise: one thread block per 256 absmax values. Dequantise: one warp per 1024 elements,
-// coalesced 16-byte stores, the code books in shared memory. Every
+// coalesced 16-byte stores, loads pipelined, the code books in shared memory. Every
 // product and sum is an _rn intrinsic so nothing is fused and the CPU reference agrees bit for bit.
 #include <cfloat>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -104,39 +105,141 @@ __device__ __forceinline__ Nf4State load_codes(const Nf4State& st, SharedCodes& 
 
 // One warp per tile of 1024 elements; a lane handles 32 of them as chunks of one 16-byte store
 // (8 bf16 or 4 f32), the warp's chunk c covering [1024 w + 32 E c, + 32 E): every load (4 or 2
-// packed bytes per lane) and every store is coalesced, and a lane issues all its loads before it
-// converts. A chunk lies inside one block of 64.
-template <class T>
-__global__ __launch_bounds__(kThreads) void nf4_dequantize_vec_kernel(const uint8_t* __restrict__ packed,
-                                                                       Nf4State st, int64_t tiles,
-                                                                       T* __restrict__ out) {
-  constexpr int kE = 16 / int(sizeof(T));  // elements per chunk (one 16-byte store)
-  constexpr int kC = 32 / kE;              // chunks per lane
-  using Word = std::conditional_t<kE == 8, uint32_t, uint16_t>;  // the chunk's packed bytes
+// packed bytes per lane) and every store is coalesced. A chunk lies inside one block of 64, and a
+// tile inside one block of 16384 (a second-level block): under double quantisation the tile's 16
+// absmax codes are one 16-byte load every lane shares and its second-level absmax one float.
+// A warp takes `iters` tiles, a grid stride apart, in a pipeline of kStages (2 or 3): the loads of
+// the tile kStages - 1 ahead are issued before this tile is converted and stored, so each lane
+// keeps that many tiles' loads in flight. The host sizes the grid to one resident wave whose warps
+// all take the same number of tiles.
+static_assert(kNf4NestedBlock * kNf4Block % kNf4DequantTile == 0 && kNf4DequantTile / kNf4Block == 16);
+
+template <class T, bool kNested>
+struct DequantRaw {
+  static constexpr int kE = 16 / int(sizeof(T));  // elements per chunk (one 16-byte store)
+  static constexpr int kC = 32 / kE;              // chunks per lane
+  uint32_t q[kC];                                 // each chunk's packed bytes
+  // kNested: the tile's 16 absmax codes and its second-level absmax; else each chunk's absmax.
+  std::conditional_t<kNested, uint4, float[kC]> a;
+  float nested;
+};
+
+template <class T, bool kNested>
+__device__ __forceinline__ void dequant_load(const uint8_t* __restrict__ packed, const Nf4State& s, int64_t tile,
+                                             int lane, DequantRaw<T, kNested>& r) {
+  using R = DequantRaw<T, kNested>;
+  using Word = std::conditional_t<R::kE == 8, uint32_t, uint16_t>;
+  const int64_t base = tile * kNf4DequantTile + int64_t(lane) * R::kE;
+#pragma unroll
+  for (int c = 0; c < R::kC; ++c) r.q[c] = __ldg(reinterpret_cast<const Word*>(packed + (base + 32 * R::kE * c) / 2));
+  if constexpr (kNested) {
+    r.a = __ldg(reinterpret_cast<const uint4*>(s.qabsmax + tile * (kNf4DequantTile / kNf4Block)));
+    r.nested = __ldg(s.nested_absmax + tile * kNf4DequantTile / (int64_t(kNf4NestedBlock) * kNf4Block));
+  } else {
+#pragma unroll
+    for (int c = 0; c < R::kC; ++c) r.a[c] = __ldg(s.absmax + (base + 32 * R::kE * c) / kNf4Block);
+  }
+}
+
+template <class T, bool kNested>
+__device__ __forceinline__ void dequant_store(const SharedCodes& sc, const Nf4State& s, const DequantRaw<T, kNested>& r,
+                                              int64_t tile, int lane, T* __restrict__ out) {
+  using R = DequantRaw<T, kNested>;
+  const int64_t base = tile * kNf4DequantTile + int64_t(lane) * R::kE;
+#pragma unroll
+  for (int c = 0; c < R::kC; ++c) {
+    float a;
+    if constexpr (kNested) {
+      // Chunk c lies in the tile's block j = (32 E c + E lane) / 64: byte j % 4 of word j / 4.
+      const int j = (32 * R::kE * c + R::kE * lane) / kNf4Block;
+      const uint32_t words[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+      const uint32_t code = (words[j >> 2] >> (8 * (j & 3))) & 0xffu;
+      a = __fadd_rn(__fmul_rn(sc.nested[code], r.nested), s.offset);  // nf4_block_absmax's arithmetic
+    } else {
+      a = r.a[c];
+    }
+    float v[R::kE];
+#pragma unroll
+    for (int k = 0; k < R::kE / 2; ++k) {
+      const uint32_t byte = (r.q[c] >> (8 * k)) & 0xffu;
+      v[2 * k] = __fmul_rn(sc.nf4[byte >> 4], a);
+      v[2 * k + 1] = __fmul_rn(sc.nf4[byte & 15], a);
+    }
+    store_vec<R::kE>(out + base + 32 * R::kE * c, v);
+  }
+}
+
+// Without spills (ptxas, sm_90a): 40 registers for bf16 under double quantisation (6 blocks of 256
+// threads per SM), 48 for f32 (5); with f32 absmax, 48 and 64 (5 and 4). A third stage costs one
+// block per SM.
+template <class T, bool kNested, int kStages>
+__global__ __launch_bounds__(kThreads, (sizeof(T) == 2 ? 5 : 4) + kNested - (kStages > 2)) void nf4_dequantize_vec_kernel(
+    const uint8_t* __restrict__ packed, Nf4State st, int64_t tiles, T* __restrict__ out) {
   __shared__ SharedCodes sc;
   const Nf4State s = load_codes(st, sc);
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
-  for (int64_t w = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5; w < tiles; w += warps) {
-    const int64_t base = w * kNf4DequantTile + int64_t(lane) * kE;
-    uint32_t q[kC];
-    float a[kC];
+  const int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
+  if constexpr (kStages == 2) {  // the same as the ring below, in fewer registers
+    if (first >= tiles) return;
+    DequantRaw<T, kNested> cur, next;
+    dequant_load<T, kNested>(packed, s, first, lane, cur);
+    for (int64_t w = first; w < tiles; w += warps) {
+      const bool more = w + warps < tiles;
+      if (more) dequant_load<T, kNested>(packed, s, w + warps, lane, next);
+      dequant_store<T, kNested>(sc, s, cur, w, lane, out);
+      if (more) cur = next;
+    }
+    return;
+  }
+  DequantRaw<T, kNested> raw[kStages];  // a ring: tile i's loads in raw[i % kStages]
 #pragma unroll
-    for (int c = 0; c < kC; ++c) q[c] = __ldg(reinterpret_cast<const Word*>(packed + (base + 32 * kE * c) / 2));
+  for (int k = 0; k + 1 < kStages; ++k)
+    if (first + k * warps < tiles) dequant_load<T, kNested>(packed, s, first + k * warps, lane, raw[k]);
+  for (int64_t w = first; w < tiles; w += kStages * warps) {
 #pragma unroll
-    for (int c = 0; c < kC; ++c) a[c] = nf4_block_absmax(s, (base + 32 * kE * c) / kNf4Block);
-#pragma unroll
-    for (int c = 0; c < kC; ++c) {
-      float v[kE];
-#pragma unroll
-      for (int k = 0; k < kE / 2; ++k) {
-        const uint32_t byte = (q[c] >> (8 * k)) & 0xffu;
-        v[2 * k] = __fmul_rn(sc.nf4[byte >> 4], a[c]);
-        v[2 * k + 1] = __fmul_rn(sc.nf4[byte & 15], a[c]);
-      }
-      store_vec<kE>(out + base + 32 * kE * c, v);
+    for (int k = 0; k < kStages; ++k) {
+      const int64_t t = w + k * warps, ahead = t + (kStages - 1) * warps;
+      if (t >= tiles) break;
+      if (ahead < tiles) dequant_load<T, kNested>(packed, s, ahead, lane, raw[(k + kStages - 1) % kStages]);
+      dequant_store<T, kNested>(sc, s, raw[k], t, lane, out);
     }
   }
+}
+
+// Blocks for the vector kernel: one resident wave (the occupancy the compiled kernel allows), cut
+// down so that every warp takes the same number of tiles (the last wave of a grid stride is not
+// left part-empty).
+template <class T, bool kNested, int kStages>
+void launch_dequantize_vec(const uint8_t* packed, const Nf4State& state, int64_t tiles, T* out, Stream s) {
+  auto* kernel = nf4_dequantize_vec_kernel<T, kNested, kStages>;
+  static const int per_sm = [&] {
+    int b = 0;
+    LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0));
+    return b < 1 ? 1 : b;
+  }();
+  const int64_t slots = int64_t(sm_count()) * per_sm * kWarps;  // resident warps
+  const int64_t iters = (tiles + slots - 1) / slots;
+  const int64_t warps = (tiles + iters - 1) / iters;
+  kernel<<<unsigned((warps + kWarps - 1) / kWarps), kThreads, 0, s>>>(packed, state, tiles, out);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+// Pipeline depth: LOOM_NF4_STAGES=2|3 (a tuning knob for bench/); by default 2 for bf16, 3 for f32.
+// H200, [14336, 4096] double-quantised, against the 4.27 TB/s copy roofline (2026-12-02): bf16
+// 43.9 us (78.9 %) with 2 stages, 47.1 us with 3 (they spill); f32 76.2 us (81.5 %), 75.3 (82.5 %).
+int dequant_stages(int elem_bytes) {
+  static const int v = [] {
+    const char* e = std::getenv("LOOM_NF4_STAGES");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v == 2 || v == 3 ? v : (elem_bytes == 4 ? 3 : 2);
+}
+
+template <class T, bool kNested>
+void launch_dequantize_vec(const uint8_t* packed, const Nf4State& state, int64_t tiles, T* out, Stream s) {
+  if (dequant_stages(sizeof(T)) == 3) launch_dequantize_vec<T, kNested, 3>(packed, state, tiles, out, s);
+  else launch_dequantize_vec<T, kNested, 2>(packed, state, tiles, out, s);
 }
 
 // Elements [start, n), one per thread: the tail of the vector kernel or an unaligned tensor.
@@ -188,11 +291,13 @@ void nf4_dequantize(const uint8_t* packed, const Nf4State& state, int64_t n, T* 
   LOOM_CHECK(packed && out, "cuda nf4_dequantize: null pointer");
   LOOM_CHECK(state.absmax || (state.qabsmax && state.nested_absmax && state.nested_code),
              "cuda nf4_dequantize: the state has neither absmax nor the nested (qabsmax, nested_absmax, code) triple");
-  const bool vec = (reinterpret_cast<uintptr_t>(packed) & 3u) == 0 && aligned16(out);
+  // The vector kernel: 4-byte aligned codes, 16-byte aligned output and (double quantisation) absmax codes.
+  const bool vec = (reinterpret_cast<uintptr_t>(packed) & 3u) == 0 && aligned16(out) &&
+                   (state.absmax || aligned16(state.qabsmax));
   const int64_t tiles = vec ? n / kNf4DequantTile : 0;
   if (tiles > 0) {
-    nf4_dequantize_vec_kernel<T><<<grid_for(tiles * 32, kThreads, 8), kThreads, 0, s>>>(packed, state, tiles, out);
-    LOOM_CUDA_LAUNCH_CHECK();
+    if (state.absmax) launch_dequantize_vec<T, false>(packed, state, tiles, out, s);
+    else launch_dequantize_vec<T, true>(packed, state, tiles, out, s);
   }
   const int64_t start = tiles * kNf4DequantTile;
   if (start < n) {
