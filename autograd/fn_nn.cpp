@@ -29,8 +29,10 @@ Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq
 
 Variable swiglu(const Variable& gate, const Variable& up) {
   Tensor gv = gate.value(), uv = up.value();
-  auto backward = [gv, uv](Node&, const Grads& g) {
-    auto [dg, du] = ops::swiglu_backward(gv, uv, g[0]);
+  // The node hands gate and up over (it runs once): where nothing else holds them, their buffers
+  // take the gradients.
+  auto backward = [gv, uv](Node&, const Grads& g) mutable {
+    auto [dg, du] = ops::swiglu_backward_consuming(std::move(gv), std::move(uv), g[0]);
     return Grads{dg, du};
   };
   return record1(node_of("swiglu", backward), {&gate, &up}, ops::swiglu(gv, uv));
@@ -38,8 +40,10 @@ Variable swiglu(const Variable& gate, const Variable& up) {
 
 Variable geglu(const Variable& gate, const Variable& up) {
   Tensor gv = gate.value(), uv = up.value();
-  auto backward = [gv, uv](Node&, const Grads& g) {
-    auto [dg, du] = ops::geglu_backward(gv, uv, g[0]);
+  // The node hands gate and up over (it runs once): where nothing else holds them, their buffers
+  // take the gradients.
+  auto backward = [gv, uv](Node&, const Grads& g) mutable {
+    auto [dg, du] = ops::geglu_backward_consuming(std::move(gv), std::move(uv), g[0]);
     return Grads{dg, du};
   };
   return record1(node_of("geglu", backward), {&gate, &up}, ops::geglu(gv, uv));

@@ -78,6 +78,11 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);
 Tensor geglu(const Tensor& gate, const Tensor& up);  // gelu_tanh(gate) * up
 std::pair<Tensor, Tensor> geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);
+// The same gradients, consuming gate and up: each one that is contiguous and the only holder of its
+// storage (moved in, nothing else sharing it) receives its gradient in place, so a backward that
+// saved [tokens, intermediate] activations needs no second pair of that size; the others are copied.
+std::pair<Tensor, Tensor> swiglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout);
+std::pair<Tensor, Tensor> geglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout);
 
 // ids i32 [...], table [vocab, dim] -> [..., dim]. CPU checks ids against vocab.
 Tensor embedding(const Tensor& ids, const Tensor& table);

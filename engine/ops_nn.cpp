@@ -139,15 +139,24 @@ Tensor glu_forward(const char* op, const Tensor& gate_in, const Tensor& up_in) {
   return out;
 }
 
+// A tensor whose buffer nobody else can see: contiguous and the only holder of its storage.
+bool sole_contiguous(const Tensor& t) { return t.is_contiguous() && t.storage().use_count() == 1; }
+
+// in_place: gate_in and up_in were handed over (see swiglu_backward_consuming); each whose buffer
+// nobody else sees receives its gradient (the kernels read an element before writing it).
 template <bool kGelu>
-std::pair<Tensor, Tensor> glu_backward(const char* op, const Tensor& gate_in, const Tensor& up_in, const Tensor& dout_in) {
+std::pair<Tensor, Tensor> glu_backward(const char* op, const Tensor& gate_in, const Tensor& up_in, const Tensor& dout_in,
+                                       bool in_place = false) {
   same_device(op, gate_in, up_in);
   same_dtype(op, gate_in, up_in);
   same_shape(op, gate_in, up_in);
   same_shape(op, gate_in, dout_in);
   same_dtype(op, gate_in, dout_in);
+  // Asked before contiguous() below adds holders. gate and up may share one storage (then neither is sole).
+  const bool reuse_gate = in_place && sole_contiguous(gate_in), reuse_up = in_place && sole_contiguous(up_in);
   Tensor g = gate_in.contiguous(), u = up_in.contiguous(), d = dout_in.contiguous();
-  Tensor dg = Tensor::empty(g.shape(), g.dtype(), g.device()), du = Tensor::empty(g.shape(), g.dtype(), g.device());
+  Tensor dg = reuse_gate ? gate_in : Tensor::empty(g.shape(), g.dtype(), g.device());
+  Tensor du = reuse_up ? up_in : Tensor::empty(g.shape(), g.dtype(), g.device());
   dispatch_float(op, g.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (g.is_cuda()) {
@@ -171,9 +180,15 @@ Tensor swiglu(const Tensor& gate, const Tensor& up) { return glu_forward<false>(
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout) {
   return glu_backward<false>("swiglu_backward", gate, up, dout);
 }
+std::pair<Tensor, Tensor> swiglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout) {
+  return glu_backward<false>("swiglu_backward", gate, up, dout, true);
+}
 Tensor geglu(const Tensor& gate, const Tensor& up) { return glu_forward<true>("geglu", gate, up); }
 std::pair<Tensor, Tensor> geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout) {
   return glu_backward<true>("geglu_backward", gate, up, dout);
+}
+std::pair<Tensor, Tensor> geglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout) {
+  return glu_backward<true>("geglu_backward", gate, up, dout, true);
 }
 
 Tensor embedding(const Tensor& ids_in, const Tensor& table_in) {
