@@ -37,8 +37,6 @@
 //   Named barrier 1 (256 consumer threads; head_dim 128): both consumers' dS^T of the item are in
 //     shared memory. At head_dim 64 consumer c syncs its own 128 threads on barrier 2 + c instead
 //     (its dQ and dK read only its own dS^T rows, written by all four of its warps).
-#include <cudaTypedefs.h>
-
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
@@ -187,7 +185,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kD / 2; ++i) dka[i] = dva[i] = 0.f;
   uint32_t pt[kBr / 16][4];
   float* dq_tile = sdQ + cw * kBr * kDqStride;
-  const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
 
   tma::mbar_wait(bar_kv, 0);
 #pragma unroll 1
@@ -204,6 +201,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S^T and dP^T for this consumer's 64 keys x the 64 queries.
     float st[kBr / 2], dpt[kBr / 2];
     {
+      // Descriptors made inside the loop (tile_desc is opaque): hoisted, the per-step ones would
+      // hold 32 registers.
+      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
       const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
       wgmma::fence();
 #pragma unroll
