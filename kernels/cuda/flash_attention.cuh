@@ -36,6 +36,14 @@ void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const
                    const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
                    Stream s);
 
+// Warp-specialised Hopper backward (flash_attention_bwd_sm90_ws.cu, LOOM_FLASH_BWD=6): a TMA
+// producer warp, a dQ-writer warp (bulk reductions) and two wgmma consumer warpgroups; dsum and
+// dq_acc as for backward_sm90. sm90_ws_bwd_supported: plain causal attention (no soft-cap, window
+// or segments) at head_dim <= 128; backward() sends the rest to variant 3.
+bool sm90_ws_bwd_supported(const AttentionParams& p);
+void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                      const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+
 // Workspace: D_i = dout_i . out_i per (batch, head, query) and an f32 dq accumulator.
 size_t backward_workspace_bytes(const AttentionParams& p);
 void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,

@@ -20,17 +20,21 @@ struct BwdConfig {
   static constexpr size_t kSmem = (size_t(2 * kBc + 4 * kBr) * kD + 2 * size_t(kBc) * kBr) * sizeof(bf16);
 };
 
-// D_i = dout_i . out_i (f32) for every (batch, head, query): one warp per row.
+// D_i = dout_i . out_i (f32) for every (batch, head, query): one warp per row; the row's dq_acc
+// (same [batch, seq, heads, head_dim] layout) is zeroed on the way (instead of a memset).
 __global__ void dsum_kernel(AttentionParams p, const bf16* __restrict__ out, const bf16* __restrict__ dout,
-                            float* __restrict__ dsum) {
+                            float* __restrict__ dsum, float* __restrict__ dq_acc) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);  // (b, i, h) as in q
   if (row >= p.batch * p.seq * p.heads) return;
   const int64_t h = row % p.heads, i = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
   const bf16* o = out + row * p.head_dim;
   const bf16* d = dout + row * p.head_dim;
+  float* z = dq_acc + row * p.head_dim;
   float acc = 0.f;
   for (int64_t c = lane * 8; c < p.head_dim; c += 256) {
+    reinterpret_cast<float4*>(z + c)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+    reinterpret_cast<float4*>(z + c)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     float a[8], bb[8];
     load_vec<8>(o + c, a);
     load_vec<8>(d + c, bb);
@@ -312,7 +316,12 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 //   3: Hopper wgmma (flash_attention_bwd_sm90.cu) at head_dim <= 128 on sm_90a, else 0;
 //   4: 3 with dQ added by bulk reductions from shared memory instead of atomics;
 //   5: 4 with the exponentials overlapping dP^T's product and dQ issued before dV, dK so that its
-//      addition overlaps them (4 under soft-capping).
+//      addition overlaps them (4 under soft-capping);
+//   6: warp-specialised Hopper kernel (flash_attention_bwd_sm90_ws.cu: a TMA producer warp for Q,
+//      dO, lse and D in a 2-stage ring, a warp adding dQ tiles with bulk reductions, two wgmma
+//      consumer warpgroups of 64 keys each) for plain causal attention at head_dim <= 128 on
+//      sm_90a; soft-capping, windows, segments and head_dim 256 run variant 3 (0 off sm_90a).
+//      Not yet measured on the H200 (to be tested before it becomes the default).
 // H200, b4 s2048 h32/8, head_dim 128: 0 2567 us, 3 1595, 4 1667, 5 1551 (SDPA 978); head_dim 64:
 // 0 1664 us, 3 1270 (SDPA 667).
 int bwd_variant() {
@@ -337,12 +346,14 @@ void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16
   float* dsum = static_cast<float*>(workspace);
   float* dq_acc = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + dsum_bytes(p));
   const int64_t n_q = p.batch * p.seq * p.heads * p.head_dim, rows = p.batch * p.seq * p.heads;
-  LOOM_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(n_q) * sizeof(float), s));
-  dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, out, dout, dsum);
+  dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, out, dout, dsum, dq_acc);  // also zeroes dq_acc
   LOOM_CUDA_LAUNCH_CHECK();
   const int variant = bwd_variant();
-  if (variant >= 3 && variant <= 5 && p.head_dim <= 128 && sm90_ready()) {
-    backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, variant >= 4, variant == 5, s);
+  if (variant == 6 && sm90_ready() && sm90_ws_bwd_supported(p)) {
+    backward_sm90_ws(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  } else if (variant >= 3 && variant <= 6 && p.head_dim <= 128 && sm90_ready()) {  // 6: what it does not cover
+    const bool v45 = variant == 4 || variant == 5;
+    backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, v45, variant == 5, s);
   } else if (p.head_dim <= 64) {
     if (variant == 1) launch_bwd<64, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
     else if (variant == 2) launch_bwd<64, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);

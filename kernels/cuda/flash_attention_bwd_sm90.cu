@@ -11,11 +11,15 @@
 // dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention_bwd.cu.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/tma_mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash {
 namespace {
 
+using tma::bulk_commit;
+using tma::bulk_reduce_add_f32;
+using tma::bulk_wait_all;
 using wgmma::Wgmma;
 
 constexpr int kBr = 64, kBc = 128, kThreads = 256;
@@ -30,19 +34,6 @@ constexpr size_t sm90_bwd_smem() {
          (kBulk ? 2 * kBr * kDqStride * sizeof(float) : 0) + 1024;
 }
 
-// Bulk (copy engine) reduction of `bytes` f32 from shared to global memory, added element-wise.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(smem_u32(src)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until this thread's bulk operations have read their shared-memory source (kRead) or completed.
-template <bool kRead>
-__device__ __forceinline__ void bulk_wait_all() {
-  if constexpr (kRead) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-  else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
 // Barrier `id` (1 + warpgroup) over the 128 threads of one warpgroup.
 __device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 

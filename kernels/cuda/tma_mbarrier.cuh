@@ -1,6 +1,7 @@
 // Hopper (sm_90a) PTX wrappers for warp-specialised kernels: shared-memory mbarriers (init, arrive,
 // arrive with an expected transaction count, parity wait), TMA tensor copies global -> shared that
-// complete on an mbarrier, named barriers between warpgroups, and setmaxnreg. Host side: a
+// complete on an mbarrier, bulk f32 reductions shared -> global, named barriers between
+// warpgroups, and setmaxnreg. Host side: a
 // CUtensorMap for a [batch, seq, heads, head_dim] bf16 tensor, encoded through the driver entry
 // point that the runtime hands out (no link against libcuda).
 #pragma once
@@ -63,6 +64,22 @@ __device__ __forceinline__ void copy_4d(void* dst, const CUtensorMap* map, uint6
       "[%2];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+
+// ---- bulk reductions shared -> global (copy engine) ----
+// Adds `bytes` of f32 at src (shared, 16-byte aligned) element-wise to dst (global, 16-byte
+// aligned); bytes a multiple of 16.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until this thread's bulk operations have read their shared-memory source (kRead) or completed.
+template <bool kRead>
+__device__ __forceinline__ void bulk_wait_all() {
+  if constexpr (kRead) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // ---- warpgroup coordination ----

@@ -1,0 +1,375 @@
+// Flash attention backward on Hopper, warp-specialised (LOOM_FLASH_BWD=6): the FlashAttention-3
+// scheme for Loom's layouts; plain causal attention only (no window, soft-cap or segments: backward()
+// sends those to variant 3), head_dim <= 128 (a multiple of 8).
+//
+// Block = 3 warpgroups (384 threads) per (128 keys, kv head, batch row); grid and key order as
+// variant 3 (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
+// the keys (from tile k0 / 64 on), for every query head of the group in turn.
+//   warpgroup 0: setmaxnreg down to 24 registers.
+//     warp 0, producer: K and V of the block once (TMA), then per item Q and dO (TMA, 128-byte
+//       swizzle = the wgmma::sw128 layout) into a ring of kStages stages, with lse (times log2 e;
+//       +inf past seq) and D written into the stage by the warp's lanes.
+//     warp 1, dQ writer: per item and consumer, bulk reductions (cp.reduce.async.bulk add.f32) of
+//       the consumer's f32 dQ tile in shared memory into dq_acc, one per query row.
+//   warpgroups 1 and 2, consumers (keys 64 c .. 64 c + 63 of the block): setmaxnreg up to 240; per
+//     item S^T = K Q^T and dP^T = V dO^T (wgmma, shared operands), P^T and dS^T = P^T (dP^T - D)
+//     in registers, dS^T also to shared memory; dV += P^T dO (P^T from registers), dK += dS^T Q
+//     and dQ = dS K (dS^T read from shared memory): at head_dim 128 consumer c takes dQ's columns
+//     64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
+//     all columns over its own 64 keys (the writer adds both tiles). dK, dV stay in registers and
+//     are written at the end.
+// Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB; dS^T 2 x 16 KB (double
+// buffered: a consumer writes item n's while the other may still read item n - 1's); dQ tiles
+// 2 x 18 KB; lse, D 1 KB: 198 KB (+ 1 KB alignment slack).
+// Barrier protocol (mbarrier phase n of a barrier used once per item has parity n & 1; a fresh
+// barrier's "previous" phase, parity 1, counts as complete, so first-pass waits on empty barriers
+// return at once):
+//   bar_kv (count 1): K and V landed (expect_tx of both tiles).
+//   full_q[s] (count 32): the producer warp's lanes each arrive after writing their lse, D rows;
+//     lane 0's arrival carries expect_tx for the Q and dO tiles. Item n uses stage n % kStages,
+//     parity (n / kStages) & 1.
+//   empty_q[s] (count 8: one per consumer warp) once the warp's wgmma reading the stage completed
+//     and its lse, D reads are done; the producer waits with the opposite parity.
+//   dq_full[c] (count 128): consumer c's threads wrote their dQ fragments (and fenced them to the
+//     async proxy); the writer waits with parity n & 1.
+//   dq_empty[c] (count 1): the writer's reductions have read consumer c's tile; the consumer waits
+//     with parity (n & 1) ^ 1 before writing item n's.
+//   Named barrier 1 (256 consumer threads; head_dim 128): both consumers' dS^T of the item are in
+//     shared memory. At head_dim 64 consumer c syncs its own 128 threads on barrier 2 + c instead
+//     (its dQ and dK read only its own dS^T rows, written by all four of its warps).
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/tma_mbarrier.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+using wgmma::Wgmma;
+
+constexpr int kBr = 64, kBc = 128, kThreads = 384, kStages = 2;
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
+constexpr int kDsBar = 1;  // named barriers: 1 both consumers (head_dim 128), 2 and 3 each one (64)
+constexpr int kDqStride = 72;  // floats per row of a dQ staging tile: 16-byte rows, 2-way banks at most
+
+template <int kD>
+constexpr size_t ws_bwd_smem() {
+  return size_t(2 * kBc + 2 * kStages * kBr) * kD * sizeof(bf16) + 2 * size_t(kBc) * kBr * sizeof(bf16) +
+         2 * size_t(kBr) * kDqStride * sizeof(float) + kStages * 2 * kBr * sizeof(float) + 1024;
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_bwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                             const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
+                             AttentionParams p, const float* __restrict__ lse, const float* __restrict__ dsum,
+                             float* __restrict__ dq_acc, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kSplitK = kD == 64;          // dQ: each consumer its own keys, all columns
+  constexpr int kNq = kSplitK ? kD : kD / 2;  // dQ columns per consumer
+  static_assert(kNq == 64, "dQ column blocks start on a 64-column boundary");
+  constexpr int kBlocks = kD / 64;  // 64-column blocks of a row
+  constexpr uint32_t kKvBytes = 2 * kBc * kD * sizeof(bf16), kQBytes = 2 * kBr * kD * sizeof(bf16);
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bars[1 + 2 * kStages + 4];
+  uint64_t* bar_kv = bars;
+  uint64_t* full_q = bars + 1;
+  uint64_t* empty_q = full_q + kStages;
+  uint64_t* dq_full = empty_q + kStages;
+  uint64_t* dq_empty = dq_full + 2;
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sV = sK + kBc * kD;
+  bf16* sQ0 = sV + kBc * kD;              // stage s at sQ0 + s * kBr * kD
+  bf16* sdO0 = sQ0 + kStages * kBr * kD;  // likewise
+  bf16* sdS0 = sdO0 + kStages * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled; buffer n % 2
+  float* sdQ = reinterpret_cast<float*>(sdS0 + 2 * kBc * kBr);  // consumer c's [kBr][kDqStride] tile
+  float* sStat0 = sdQ + 2 * kBr * kDqStride;  // stage s: lse * log2 e [kBr], then D [kBr]
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
+  const int group = int(p.heads / p.kv_heads), seq = int(p.seq), hd = int(p.head_dim);
+  const int qt0 = k0 / kBr, nqt = (seq + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
+  const int n_items = group * nqt;
+  auto q_head = [&](int item) { return g * group + item / nqt; };
+  auto q_start = [&](int item) { return (qt0 + item % nqt) * kBr; };
+
+  if (tid == 0) {
+    tma::mbar_init(bar_kv, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbar_init(&full_q[s], 32);
+      tma::mbar_init(&empty_q[s], 8);
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      tma::mbar_init(&dq_full[c], 128);
+      tma::mbar_init(&dq_empty[c], 1);
+    }
+    tma::mbar_init_fence();
+  }
+  __syncthreads();  // the last block-wide barrier: warpgroup 0's idle warps leave below
+
+  if (wg == 0) {
+    tma::regs_dec<kProducerRegs>();
+    if (warp == 0) {  // ---- producer ----
+      if (lane == 0) {
+        tma::prefetch_tensormap(&map_q);
+        tma::prefetch_tensormap(&map_do);
+        tma::mbar_arrive_expect_tx(bar_kv, kKvBytes);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c) {
+          tma::copy_4d(sK + c * kBc * 64, &map_k, bar_kv, 64 * c, g, k0, b);
+          tma::copy_4d(sV + c * kBc * 64, &map_v, bar_kv, 64 * c, g, k0, b);
+        }
+      }
+#pragma unroll 1
+      for (int n = 0; n < n_items; ++n) {
+        const int s = n % kStages;
+        tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
+        const int h = q_head(n), q0 = q_start(n);
+        float* stat = sStat0 + s * 2 * kBr;
+        const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
+#pragma unroll
+        for (int r = lane; r < kBr; r += 32) {
+          const bool ok = q0 + r < seq;
+          stat[r] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
+          stat[kBr + r] = ok ? dsum[row + q0 + r] : 0.f;
+        }
+        if (lane == 0) {
+          tma::mbar_arrive_expect_tx(&full_q[s], kQBytes);
+#pragma unroll
+          for (int c = 0; c < kBlocks; ++c) {
+            tma::copy_4d(sQ0 + s * kBr * kD + c * kBr * 64, &map_q, &full_q[s], 64 * c, h, q0, b);
+            tma::copy_4d(sdO0 + s * kBr * kD + c * kBr * 64, &map_do, &full_q[s], 64 * c, h, q0, b);
+          }
+        } else {
+          tma::mbar_arrive(&full_q[s]);
+        }
+      }
+    } else if (warp == 1) {  // ---- dQ writer ----
+#pragma unroll 1
+      for (int n = 0; n < n_items; ++n) {
+        const int h = q_head(n), q0 = q_start(n);
+#pragma unroll 1
+        for (int c = 0; c < 2; ++c) {
+          tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
+          const int n0 = kSplitK ? 0 : 64 * c;
+          const int cols = hd - n0 < kNq ? hd - n0 : kNq;  // > 0 (head_dim > 64 at kD = 128), a multiple of 8
+          const float* tile = sdQ + c * kBr * kDqStride;
+#pragma unroll
+          for (int r = lane; r < kBr; r += 32) {
+            const int64_t i = q0 + r;
+            if (i < seq)
+              tma::bulk_reduce_add_f32(dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim + n0, tile + r * kDqStride,
+                                       uint32_t(cols) * 4u);
+          }
+          tma::bulk_commit();
+          tma::bulk_wait_all<true>();  // the tile has been read
+          __syncwarp();
+          if (lane == 0) tma::mbar_arrive(&dq_empty[c]);
+        }
+      }
+      tma::bulk_wait_all<false>();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  tma::regs_inc<kConsumerRegs>();
+  const int cw = wg - 1;  // keys 64 cw .. 64 cw + 63 of the block
+  // This thread's key rows (jl, jl + 8 within the block) and query columns (8 n + col0 + e % 2).
+  const int jl = 64 * cw + 16 * (warp & 3) + (lane >> 2), col0 = 2 * (lane & 3);
+  const float scale_log2 = p.scale * kLog2e;
+  float dka[kD / 2], dva[kD / 2];
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dka[i] = dva[i] = 0.f;
+  uint32_t pt[kBr / 16][4];
+  float* dq_tile = sdQ + cw * kBr * kDqStride;
+
+  tma::mbar_wait(bar_kv, 0);
+#pragma unroll 1
+  for (int n = 0; n < n_items; ++n) {
+    const int s = n % kStages, q0 = q_start(n);
+    const bf16* cQ = sQ0 + s * kBr * kD;
+    const bf16* cdO = sdO0 + s * kBr * kD;
+    const float* cStat = sStat0 + s * 2 * kBr;
+    bf16* cdS = sdS0 + (n & 1) * kBc * kBr;
+    // Tiles on the diagonal or past seq need the mask (causal only: query i sees key j <= i < seq).
+    const bool masked = q0 < k0 + kBc - 1 || q0 + kBr > seq;
+    tma::mbar_wait(&full_q[s], uint32_t((n / kStages) & 1));
+
+    // S^T and dP^T for this consumer's 64 keys x the 64 queries.
+    float st[kBr / 2], dpt[kBr / 2];
+    {
+      // Descriptors made inside the loop (tile_desc is opaque): hoisted, the per-step ones would
+      // hold 32 registers.
+      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
+      const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        Wgmma<kBr>::template ss<0, 0>(st, wgmma::desc_k_major<kBc>(dK, 64 * cw, kk), wgmma::desc_k_major<kBr>(dQ, 0, kk),
+                                      kk > 0);
+      wgmma::commit();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk)
+        Wgmma<kBr>::template ss<0, 0>(dpt, wgmma::desc_k_major<kBc>(dV, 64 * cw, kk),
+                                      wgmma::desc_k_major<kBr>(ddO, 0, kk), kk > 0);
+      wgmma::commit();
+      wgmma::wait<1>();  // S^T; dP^T may still run
+      wgmma::fence_regs(st);
+    }
+    // P^T = exp(S^T - lse), 0 where not visible.
+    if (masked) {
+      const int j = k0 + jl;
+#pragma unroll
+      for (int nn = 0; nn < kBr / 8; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = q0 + 8 * nn + col0 + (e & 1);
+          const float lse2 = cStat[8 * nn + col0 + (e & 1)];
+          st[4 * nn + e] =
+              j + 8 * (e >> 1) <= i && i < seq ? fast_exp2(fmaf(st[4 * nn + e], scale_log2, -lse2)) : 0.f;
+        }
+    } else {
+#pragma unroll
+      for (int nn = 0; nn < kBr / 8; ++nn)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st[4 * nn + e] = fast_exp2(fmaf(st[4 * nn + e], scale_log2, -cStat[8 * nn + col0 + (e & 1)]));
+    }
+    wgmma::wait<0>();
+    wgmma::fence_regs(dpt);
+    // dS^T = P^T (dP^T - D).
+#pragma unroll
+    for (int nn = 0; nn < kBr / 8; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[4 * nn + e] = st[4 * nn + e] * (dpt[4 * nn + e] - cStat[kBr + 8 * nn + col0 + (e & 1)]);
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) {
+      uint32_t dst[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        pt[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
+        dst[x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
+      }
+      // dS^T to shared memory: rows jl, jl + 8; columns 16 kk + col0 (x = 0, 1) and + 8 (x = 2, 3).
+      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl, 16 * kk + col0)) = dst[0];
+      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + col0)) = dst[1];
+      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl, 16 * kk + 8 + col0)) = dst[2];
+      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + 8 + col0)) = dst[3];
+    }
+    wgmma::fence_proxy_async();
+
+    // dV += P^T dO while the consumers meet at the dS^T barrier.
+    const uint64_t ddOn = wgmma::tile_desc(cdO, kBr * 128), dQn = wgmma::tile_desc(cQ, kBr * 128);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dva, pt[kk], wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
+    wgmma::commit();
+    // dS^T of this item is in shared memory: both consumers' (head_dim 128: dQ reads all keys) or
+    // this consumer's (head_dim 64: dQ and dK read its own keys only).
+    if constexpr (kSplitK) tma::named_sync(kDsBar + 1 + cw, 128);
+    else tma::named_sync(kDsBar, 256);
+
+    // dQ (64 queries x kNq columns from n0) = dS K over keys [16 kk0, ...), then dK += dS^T Q.
+    float dqa[kNq / 2];
+    {
+      constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
+      const int kk0 = kSplitK ? 4 * cw : 0, n0 = kSplitK ? 0 : 64 * cw;
+      const uint64_t ddS = wgmma::tile_desc(cdS, kBc * 128);
+      const uint64_t dKn = wgmma::tile_desc(sK, kBc * 128) + uint64_t(((n0 >> 6) * kBc * 128) >> 4);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk)
+        Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk),
+                                      wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
+      wgmma::commit();
+    }
+    {  // dK += dS^T Q with dS^T (K-major, this consumer's 64 key rows) from shared memory
+      const uint64_t ddSk = wgmma::tile_desc(cdS, 16);
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk)
+        Wgmma<kD>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSk, 64 * cw, kk), wgmma::desc_mn_major<kBr>(dQn, kk),
+                                     1);
+      wgmma::commit();
+    }
+    wgmma::wait<1>();  // dV and dQ; dK may still run
+    wgmma::fence_regs(dqa);
+    wgmma::fence_regs(dva);
+    wgmma::fence_regs(pt);
+
+    // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
+    tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
+    {
+      const int r0 = 16 * (warp & 3) + (lane >> 2);
+#pragma unroll
+      for (int nn = 0; nn < kNq / 8; ++nn)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(dq_tile + (r0 + 8 * r) * kDqStride + nn * 8 + col0) =
+              make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
+    }
+    wgmma::fence_proxy_async();
+    tma::mbar_arrive(&dq_full[cw]);
+
+    wgmma::wait<0>();  // dK: this item's Q and dO stage is no longer read
+    wgmma::fence_regs(dka);
+    __syncwarp();
+    if (lane == 0) tma::mbar_arrive(&empty_q[s]);
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = k0 + jl + 8 * r;
+    if (j >= p.seq) continue;
+#pragma unroll
+    for (int nn = 0; nn < kD / 8; ++nn) {
+      const int col = nn * 8 + col0;
+      if (col >= hd) continue;
+      const int64_t off = ((b * p.seq + j) * p.kv_heads + g) * p.head_dim + col;
+      *reinterpret_cast<__nv_bfloat162*>(dk + off) =
+          __floats2bfloat162_rn(dka[4 * nn + 2 * r] * p.scale, dka[4 * nn + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv + off) = __floats2bfloat162_rn(dva[4 * nn + 2 * r], dva[4 * nn + 2 * r + 1]);
+    }
+  }
+#else
+  __trap();  // built without sm_90a; backward_sm90_ws is never called then (sm90_ready())
+#endif
+}
+
+template <int kD>
+void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  auto* kernel = flash_bwd_sm90_ws_kernel<kD>;
+  constexpr size_t kSmem = ws_bwd_smem<kD>();
+  static bool attr_set = [&] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kBr);
+  const CUtensorMap mdo = tma::make_bshd_map(dout, p.batch, p.seq, p.heads, p.head_dim, kBr);
+  const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
+  kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, mdo, p, lse, dsum, dq_acc, dk, dv);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool sm90_ws_bwd_supported(const AttentionParams& p) {
+  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim <= 128 && p.head_dim % 8 == 0 &&
+         p.seq < (int64_t(1) << 30);
+}
+
+void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                      const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  LOOM_CHECK(sm90_ws_bwd_supported(p), "flash backward_sm90_ws: unsupported attention (soft-cap, window, segments "
+                                       "or head_dim ", p.head_dim, ")");
+  if (p.head_dim <= 64) launch_ws_bwd<64>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else launch_ws_bwd<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+}
+
+}  // namespace loom::cuda::flash
