@@ -2,7 +2,9 @@
 """Turns bench/e2e/run.sh's JSON lines into the scoreboard: per shape, each run's tokens/s, peak GPU
 memory, MFU (model FLOPs of LoRA training: forward 2N + input-gradient 2N per token over every
 linear incl. lm_head, plus causal attention at 3.5x its forward; recomputation not counted) against
-the H200's 989 TFLOP/s dense bf16, and the ratios to transformers + PEFT and to Unsloth."""
+the H200's 989 TFLOP/s dense bf16, and the ratios like for like: each run against the peer with the
+same checkpointing (none, or gradient / offloaded checkpointing) and the same base weights (QLoRA
+runs against PEFT + bitsandbytes and Unsloth's 4-bit run where there is one), tokens/s at memory."""
 import json
 import sys
 
@@ -30,13 +32,31 @@ def rows(path):
         if raw is not None:  # a peer script's own line
             who = r["who"]
             if who == "unsloth":
-                who = "unsloth (" + ("no checkpointing" if "nogc" in raw.get("mode", "") else "offload checkpointing") + ")"
+                who = ("unsloth QLoRA (" if raw.get("load_in_4bit") else "unsloth (") + (
+                    "no checkpointing" if "nogc" in raw.get("mode", "") else "offload checkpointing") + ")"
             else:
                 who = raw.get("who", who)
             r = {"shape": r["shape"], "who": who, "ok": raw.get("ok", "error" not in raw),
                  "tok_s": raw.get("tok_s"), "peak_GiB": raw.get("peak_GiB"), "error": raw.get("error")}
         out.append(r)
     return out
+
+
+def checkpointed(who):
+    return any(k in who for k in ("recompute", "offload", "gradient checkpointing", "gc=True"))
+
+
+def qlora(who):
+    return any(k in who for k in ("--qlora", "bnb", "QLoRA"))
+
+
+def peer(rs, prefixes, ckpt):
+    """The first successful run whose name starts with one of prefixes, with the same checkpointing."""
+    for p in prefixes:
+        for r in rs:
+            if r.get("ok") and r["who"].startswith(p) and checkpointed(r["who"]) == ckpt:
+                return r
+    return None
 
 
 def main():
@@ -46,19 +66,25 @@ def main():
         if not rs:
             continue
         fpt = flops_per_token(shape, SHAPES[shape]["seq"])
-        base = next((r["tok_s"] for r in rs if r.get("ok") and r["who"].startswith("transformers+peft (sdpa)")), None)
-        uns = next((r["tok_s"] for r in rs if r.get("ok") and r["who"].startswith("unsloth (no")), None)
         print(f"\n### {shape} shape, batch {rs[0].get('batch', '')} x 2048, LoRA r16 on 7 projections, bf16\n")
-        print("| run | tokens/s | peak GPU GiB | MFU | vs PEFT | vs Unsloth (no ckpt) |")
+        print("Ratios are tokens/s at peak memory against the peer with the same checkpointing and base weights.\n")
+        print("| run | tokens/s | peak GPU GiB | MFU | vs PEFT | vs Unsloth |")
         print("|---|---|---|---|---|---|")
         for r in rs:
             if not r.get("ok"):
                 print(f"| {r['who']} | failed: {r.get('error', '')} | | | | |")
                 continue
-            t = r["tok_s"]
-            ratio = lambda b: f"{t / b:.2f}x" if b else "—"
+            t, who = r["tok_s"], r["who"]
+            ck, q = checkpointed(who), qlora(who)
+            base = peer(rs, ["peft+bnb"] if q else ["transformers+peft (sdpa)"], ck)
+            uns = peer(rs, ["unsloth QLoRA", "unsloth ("] if q else ["unsloth ("], ck)
+
+            def ratio(b):
+                if not b or b is r:
+                    return "—"
+                return f"{t / b['tok_s']:.2f}x at {r['peak_GiB'] / b['peak_GiB']:.2f}x mem"
             host = f" (+{r['host_GiB']} host)" if r.get("host_GiB") else ""
-            print(f"| {r['who']} | {t:,.0f} | {r['peak_GiB']}{host} | {100 * t * fpt / PEAK:.1f}% | {ratio(base)} | {ratio(uns)} |")
+            print(f"| {who} | {t:,.0f} | {r['peak_GiB']}{host} | {100 * t * fpt / PEAK:.1f}% | {ratio(base)} | {ratio(uns)} |")
         ctx = [r for r in rs if r.get("batch") == 1]
         if ctx:
             print("\nBatch 1, longest sequence: " + ", ".join(
