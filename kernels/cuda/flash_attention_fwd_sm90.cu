@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_softmax_sm90.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash {
@@ -118,12 +119,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
     }
     if (kind == TileKind::kMasked) {
       if (causal_only) {  // rows past seq are never written, and a valid row's j <= i < seq
-        const int d0 = int(row0 - k0) - col0;  // key offset n * 8 + e % 2 is visible while <= d0 + 8 (e / 2)
-#pragma unroll
-        for (int n = 0; n < kNs; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (n * 8 + (e & 1) > d0 + 8 * (e >> 1)) sacc[4 * n + e] = -INFINITY;
+        sm90::mask_causal<kNs>(sacc, int(row0 - k0) - col0);
       } else {  // window or documents: a bit per (row, column) first, in a loop that is not unrolled
         static_assert(kBc / 4 <= 32, "one 32-bit mask per row");
         uint32_t bits[2] = {0u, 0u};  // bit 2 n + e % 2: column n * 8 + col0 + e % 2 is visible
@@ -141,49 +137,13 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
       }
     }
     float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) mx = fmaxf(mx, fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(m[r], mx);
-      const float mu = mn == -INFINITY ? 0.f : mn;
-      corr[r] = fast_exp2((m[r] - mu) * scale_log2);  // 0 while nothing was visible
-      const float nb = -mu * scale_log2;
-      m[r] = mn;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kNs; ++n) {
-        sacc[4 * n + 2 * r] = fast_exp2(fmaf(sacc[4 * n + 2 * r], scale_log2, nb));
-        sacc[4 * n + 2 * r + 1] = fast_exp2(fmaf(sacc[4 * n + 2 * r + 1], scale_log2, nb));
-        sum += sacc[4 * n + 2 * r] + sacc[4 * n + 2 * r + 1];
-      }
-      l[r] = l[r] * corr[r] + sum;
-    }
+    sm90::online_softmax<kNs>(sacc, m, l, corr, scale_log2);
 
     // (b) O += P(t-1) V(t-1) has finished: its registers (O, P) may be written again.
     wgmma::wait<0>();
     wgmma::fence_regs(oacc);
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      pf[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-      pf[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-      pf[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-      pf[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
-    }
-    // Rows whose maximum did not grow have corr == 1 exactly (2^0); later tiles of a causal row
-    // rarely raise it, so the warp skips the rescale when none of its rows needs it.
-    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int n = 0; n < kNo; ++n) {
-        oacc[4 * n + 0] *= corr[0];
-        oacc[4 * n + 1] *= corr[0];
-        oacc[4 * n + 2] *= corr[1];
-        oacc[4 * n + 3] *= corr[1];
-      }
-    }
+    sm90::pack_p<kNs>(pf, sacc);
+    sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
 
     // (c) K(tn) and V(t) have landed, and every warp is done with K(t) and V(t-1).
     flash::cp_async_wait<0>();
@@ -215,25 +175,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
   wgmma::fence_regs(oacc);
   flash::cp_async_wait<0>();
 
-  // Row sums across the quad, then out = O / l and lse = ln(sum exp(z)).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int64_t i = row0 + 8 * r;
-    if (i >= p.seq) continue;
-    bf16* orow = out + (b * p.seq + i) * q_stride + h * p.head_dim;
-#pragma unroll
-    for (int n = 0; n < kNo; ++n) {
-      const int col = n * 8 + col0;
-      if (col < hd)
-        *reinterpret_cast<__nv_bfloat162*>(orow + col) =
-            __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
-    }
-    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum > 0.f ? m[r] * p.scale + logf(sum) : -INFINITY;
-  }
+  sm90::store_rows<kNo>(p, oacc, m, l, b, h, row0, col0, lane, out, lse);
 #else
   __trap();  // built without sm_90a; forward_sm90 is never called then (sm90_ready())
 #endif

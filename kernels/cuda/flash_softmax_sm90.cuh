@@ -1,0 +1,107 @@
+// The per-thread softmax steps the Hopper forward kernels (flash_attention_fwd_sm90.cu and the
+// warp-specialised flash_attention_fwd_sm90_ws.cu) share, on wgmma m64nN accumulator fragments:
+// a thread holds rows row0 and row0 + 8 of its warp's 16, columns n * 8 + col0 + {0, 1}, element
+// 4 n + 2 r + {0, 1} for row r. S is in raw dot products; m in the same units, l a partial row sum.
+#pragma once
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/flash_common.cuh"
+
+namespace loom::cuda::flash::sm90 {
+
+// Causal mask of the tile of keys from k0: key offset n * 8 + e % 2 is visible while <= d0 + 8 (e / 2),
+// with d0 = row0 - k0 - col0.
+template <int kNs>
+__device__ __forceinline__ void mask_causal(float (&sacc)[4 * kNs], int d0) {
+#pragma unroll
+  for (int n = 0; n < kNs; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (n * 8 + (e & 1) > d0 + 8 * (e >> 1)) sacc[4 * n + e] = -INFINITY;
+}
+
+// Online softmax of one tile of S, in place: S becomes exp2((S - m_new) scale_log2); l and m are
+// updated and corr receives each row's rescale factor for O (0 while nothing was visible).
+template <int kNs>
+__device__ __forceinline__ void online_softmax(float (&sacc)[4 * kNs], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                               float scale_log2) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) mx = fmaxf(mx, fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m[r], mx);
+    const float mu = mn == -INFINITY ? 0.f : mn;
+    corr[r] = fast_exp2((m[r] - mu) * scale_log2);
+    const float nb = -mu * scale_log2;
+    m[r] = mn;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < kNs; ++n) {
+      sacc[4 * n + 2 * r] = fast_exp2(fmaf(sacc[4 * n + 2 * r], scale_log2, nb));
+      sacc[4 * n + 2 * r + 1] = fast_exp2(fmaf(sacc[4 * n + 2 * r + 1], scale_log2, nb));
+      sum += sacc[4 * n + 2 * r] + sacc[4 * n + 2 * r + 1];
+    }
+    l[r] = l[r] * corr[r] + sum;
+  }
+}
+
+// P as bf16 A fragments for O += P V (register-sourced wgmma, 16 keys per k-step).
+template <int kNs>
+__device__ __forceinline__ void pack_p(uint32_t (&pf)[kNs / 2][4], const float (&sacc)[4 * kNs]) {
+#pragma unroll
+  for (int kk = 0; kk < kNs / 2; ++kk) {
+    pf[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+    pf[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+    pf[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+    pf[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+  }
+}
+
+// O *= corr per row. Rows whose maximum did not grow have corr == 1 exactly (2^0); later tiles of a
+// causal row rarely raise it, so the warp skips the rescale when none of its rows needs it.
+template <int kNo>
+__device__ __forceinline__ void rescale_o(float (&oacc)[4 * kNo], const float (&corr)[2]) {
+  if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int n = 0; n < kNo; ++n) {
+      oacc[4 * n + 0] *= corr[0];
+      oacc[4 * n + 1] *= corr[0];
+      oacc[4 * n + 2] *= corr[1];
+      oacc[4 * n + 3] *= corr[1];
+    }
+  }
+}
+
+// Row sums across the quad, then out = O / l and lse = ln(sum exp(z)) for this thread's two rows
+// (query rows row0 and row0 + 8 of head h, batch row b; rows past seq are not written).
+template <int kNo>
+__device__ __forceinline__ void store_rows(const AttentionParams& p, const float (&oacc)[4 * kNo], const float (&m)[2],
+                                           const float (&l)[2], int64_t b, int64_t h, int64_t row0, int col0, int lane,
+                                           bf16* __restrict__ out, float* __restrict__ lse) {
+  const int64_t q_stride = p.heads * p.head_dim;
+  const int hd = int(p.head_dim);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int64_t i = row0 + 8 * r;
+    if (i >= p.seq) continue;
+    bf16* orow = out + (b * p.seq + i) * q_stride + h * p.head_dim;
+#pragma unroll
+    for (int n = 0; n < kNo; ++n) {
+      const int col = n * 8 + col0;
+      if (col < hd)
+        *reinterpret_cast<__nv_bfloat162*>(orow + col) =
+            __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
+    }
+    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum > 0.f ? m[r] * p.scale + logf(sum) : -INFINITY;
+  }
+}
+
+}  // namespace loom::cuda::flash::sm90
