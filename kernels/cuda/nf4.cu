@@ -4,7 +4,9 @@
 // coalesced 16-byte stores, loads pipelined, the code books in shared memory. Every
 // product and sum is an _rn intrinsic so nothing is fused and the CPU reference agrees bit for bit.
 #include <cfloat>
+#include <algorithm>
 #include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -110,8 +112,7 @@ __device__ __forceinline__ Nf4State load_codes(const Nf4State& st, SharedCodes& 
 // absmax codes are one 16-byte load every lane shares and its second-level absmax one float.
 // A warp takes `iters` tiles, a grid stride apart, in a pipeline of kStages (2 or 3): the loads of
 // the tile kStages - 1 ahead are issued before this tile is converted and stored, so each lane
-// keeps that many tiles' loads in flight. The host sizes the grid to one resident wave whose warps
-// all take the same number of tiles.
+// keeps that many tiles' loads in flight. The host sizes the grid to one resident wave.
 static_assert(kNf4NestedBlock * kNf4Block % kNf4DequantTile == 0 && kNf4DequantTile / kNf4Block == 16);
 
 template <class T, bool kNested>
@@ -190,26 +191,37 @@ __global__ __launch_bounds__(kThreads, (sizeof(T) == 2 ? 5 : 4) + kNested - (kSt
       dequant_store<T, kNested>(sc, s, cur, w, lane, out);
       if (more) cur = next;
     }
-    return;
-  }
-  DequantRaw<T, kNested> raw[kStages];  // a ring: tile i's loads in raw[i % kStages]
+  } else {
+    DequantRaw<T, kNested> raw[kStages];  // a ring: tile i's loads in raw[i % kStages]
 #pragma unroll
-  for (int k = 0; k + 1 < kStages; ++k)
-    if (first + k * warps < tiles) dequant_load<T, kNested>(packed, s, first + k * warps, lane, raw[k]);
-  for (int64_t w = first; w < tiles; w += kStages * warps) {
+    for (int k = 0; k + 1 < kStages; ++k)
+      if (first + k * warps < tiles) dequant_load<T, kNested>(packed, s, first + k * warps, lane, raw[k]);
+    for (int64_t w = first; w < tiles; w += kStages * warps) {
 #pragma unroll
-    for (int k = 0; k < kStages; ++k) {
-      const int64_t t = w + k * warps, ahead = t + (kStages - 1) * warps;
-      if (t >= tiles) break;
-      if (ahead < tiles) dequant_load<T, kNested>(packed, s, ahead, lane, raw[(k + kStages - 1) % kStages]);
-      dequant_store<T, kNested>(sc, s, raw[k], t, lane, out);
+      for (int k = 0; k < kStages; ++k) {
+        const int64_t t = w + k * warps, ahead = t + (kStages - 1) * warps;
+        if (t >= tiles) break;
+        if (ahead < tiles) dequant_load<T, kNested>(packed, s, ahead, lane, raw[(k + kStages - 1) % kStages]);
+        dequant_store<T, kNested>(sc, s, raw[k], t, lane, out);
+      }
     }
   }
 }
 
-// Blocks for the vector kernel: one resident wave (the occupancy the compiled kernel allows), cut
-// down so that every warp takes the same number of tiles (the last wave of a grid stride is not
-// left part-empty).
+// Grid of the vector kernel, one resident wave (the occupancy the compiled kernel allows) either way
+// (LOOM_NF4_GRID, a tuning knob for bench/):
+//   full (default): every resident slot of every SM, so each SM holds the same number of warps and
+//     their tiles (a grid stride apart) differ by at most one per warp;
+//   even: cut down so that every warp takes the same number of tiles — but the SMs then hold 5 or 6
+//     blocks (bf16: 717 blocks on 132 SMs), and those with 6 carry a fifth more of the work.
+bool dequant_full_grid() {
+  static const bool full = [] {
+    const char* e = std::getenv("LOOM_NF4_GRID");
+    return !(e && std::string_view(e) == "even");
+  }();
+  return full;
+}
+
 template <class T, bool kNested, int kStages>
 void launch_dequantize_vec(const uint8_t* packed, const Nf4State& state, int64_t tiles, T* out, Stream s) {
   auto* kernel = nf4_dequantize_vec_kernel<T, kNested, kStages>;
@@ -220,7 +232,7 @@ void launch_dequantize_vec(const uint8_t* packed, const Nf4State& state, int64_t
   }();
   const int64_t slots = int64_t(sm_count()) * per_sm * kWarps;  // resident warps
   const int64_t iters = (tiles + slots - 1) / slots;
-  const int64_t warps = (tiles + iters - 1) / iters;
+  const int64_t warps = dequant_full_grid() ? std::min(slots, tiles) : (tiles + iters - 1) / iters;
   kernel<<<unsigned((warps + kWarps - 1) / kWarps), kThreads, 0, s>>>(packed, state, tiles, out);
   LOOM_CUDA_LAUNCH_CHECK();
 }
