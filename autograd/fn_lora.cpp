@@ -103,6 +103,9 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
           da = Tensor::empty({r, in}, a_dtype, dy.device());
           ops::matmul_into(dt, dropped(), da, true, false, scale, 0.f);
         }
+        // A recomputed input is not needed again unless W trains: it goes before dx, the size of
+        // x, is allocated (down_proj: [tokens, intermediate] less at the layer's backward peak).
+        if (recompute_x && !n.needs_grad(1)) x2 = Tensor();
       }
       if (n.needs_grad(0)) {  // dx = dy W + dropout'(scale * dt A)
         dx = ops::matmul(dy, rematerialize ? rematerialize() : keep_w);  // [n, out] x [out, in]

@@ -68,6 +68,33 @@ TEST(Tape, SavedTensorsAreReleasedByBackward) {
   }
 }
 
+TEST(Tape, LoraLinearDropsItsRecomputedInputBeforeDx) {
+  // down_proj's adapter computes its input again in backward (models/layers.cpp); once dA has it,
+  // that copy must be gone before dx (the same size) is allocated. The weight callback runs right
+  // before dx's product, so it sees whether the recomputed input is still alive.
+  const Tensor gate = Tensor::full({4, 6}, 0.5f, DType::f64), up = Tensor::full({4, 6}, -1.5f, DType::f64);
+  const Tensor wv = Tensor::full({3, 6}, 0.25f, DType::f64);
+  std::weak_ptr<Storage> recomputed;
+  bool alive_at_dx = true;
+  int weight_calls = 0;
+  ag::InputFn again = [&] {
+    Tensor t = ops::swiglu(gate, up);
+    recomputed = t.storage();
+    return t;
+  };
+  ag::WeightFn weight = [&] {
+    if (++weight_calls == 2) alive_at_dx = !recomputed.expired();  // call 1 gives the forward its weight
+    return wv;
+  };
+  Variable x(ops::swiglu(gate, up), true);
+  Variable a(Tensor::full({2, 6}, 0.1f, DType::f64), true), b(Tensor::full({3, 2}, 0.2f, DType::f64), true);
+  Variable y = ag::lora_linear(x, Variable(weight(), false), a, b, ag::LoraArgs{1.f, 0.f, 0, 0}, nullptr, weight, again);
+  ag::backward(y, ones({4, 3}));
+  EXPECT_EQ(weight_calls, 2);
+  EXPECT_FALSE(alive_at_dx) << "the recomputed input was still held when dx was computed";
+  EXPECT_TRUE(x.grad().defined() && a.grad().defined() && b.grad().defined());
+}
+
 TEST(Tape, UnneededInputsAreNotKeptAlive) {
   Variable w(Tensor::from_doubles({1.0, 2.0}, {2}), true);
   std::weak_ptr<Storage> w_value = w.value().storage();
