@@ -12,13 +12,14 @@
 //     warp 1, dQ writer (lane 0): per item and consumer, tensor reductions (cp.reduce.async.bulk
 //       .tensor add, f32 map of dq_acc) of the consumer's dQ tile in shared memory: two boxes of 64
 //       rows x 32 columns, 128-byte swizzle. (Per-row bulk reductions were 128 copy-engine
-//       operations per item, ahead of the producer's Q and dO loads in the same queue; the time per
-//       item was then the same at head_dim 64 and 128.)
+//       operations per item, sharing the unit with the producer's Q and dO loads; the kernel then
+//       took about as long per item at head_dim 64 as at 128.)
 //   warpgroups 1 and 2, consumers (keys 64 c .. 64 c + 63 of the block): setmaxnreg up to 240; per
 //     item S^T = K Q^T and dP^T = V dO^T (wgmma, shared operands), P^T and dS^T = P^T (dP^T - D)
-//     in registers, dS^T also to shared memory; dV += P^T dO (P^T from registers), dK += dS^T Q
-//     and dQ = dS K (dS^T read from shared memory): at head_dim 128 consumer c takes dQ's columns
-//     64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
+//     in registers, dS^T also to shared memory; dV += P^T dO (P^T from registers), then (once its
+//     own warps' dS^T rows are written) dK += dS^T Q, then dQ = dS K (dS^T read from shared
+//     memory; the Q, dO stage is released once dV and dK are done): at head_dim 128 consumer c
+//     takes dQ's columns 64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
 //     all columns over its own 64 keys (the writer adds both tiles). dK, dV stay in registers and
 //     are written at the end.
 // Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB; dS^T 2 x 16 KB (double
@@ -31,15 +32,17 @@
 //   full_q[s] (count 32): the producer warp's lanes each arrive after writing their lse, D rows;
 //     lane 0's arrival carries expect_tx for the Q and dO tiles. Item n uses stage n % kStages,
 //     parity (n / kStages) & 1.
-//   empty_q[s] (count 8: one per consumer warp) once the warp's wgmma reading the stage completed
-//     and its lse, D reads are done; the producer waits with the opposite parity.
+//   empty_q[s] (count 8: one per consumer warp) once the warp's wgmma reading the stage (S^T, dP^T,
+//     dV, dK) completed and its lse, D reads are done; the producer waits with the opposite parity.
 //   dq_full[c] (count 128): consumer c's threads wrote their dQ fragments (and fenced them to the
 //     async proxy); the writer waits with parity n & 1.
 //   dq_empty[c] (count 1): the writer's reductions have read consumer c's tile; the consumer waits
 //     with parity (n & 1) ^ 1 before writing item n's.
-//   Named barrier 1 (256 consumer threads; head_dim 128): both consumers' dS^T of the item are in
-//     shared memory. At head_dim 64 consumer c syncs its own 128 threads on barrier 2 + c instead
-//     (its dQ and dK read only its own dS^T rows, written by all four of its warps).
+//   Named barrier kOwnBar + c (consumer c's 128 threads): its dS^T rows of the item are in shared
+//     memory (all its four warps wrote them); dK, and at head_dim 64 dQ, read only those.
+//   Named barriers kCrossBar + 2 c + (n & 1) (256 threads; head_dim 128): consumer c arrives once its
+//     dS^T of item n is written, the other consumer syncs before its dQ reads all 128 keys. No
+//     lockstep: the earlier consumer's dV and dK run while it waits.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
@@ -52,7 +55,9 @@ using wgmma::Wgmma;
 
 constexpr int kBr = 64, kBc = 128, kThreads = 384, kStages = 2;
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
-constexpr int kDsBar = 1;  // named barriers: 1 both consumers (head_dim 128), 2 and 3 each one (64)
+// Named barriers: kOwnBar + c, consumer c's 128 threads; kCrossBar + 2 c + (n & 1), consumer c's
+// dS^T of item n for the other consumer (head_dim 128).
+constexpr int kCrossBar = 1, kOwnBar = 5;
 constexpr int kDqBox = 32;  // columns of a dQ reduction box (128 bytes of f32: the 128-byte swizzle's width)
 
 template <int kD>
@@ -263,18 +268,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::fence_proxy_async();
 
-    // dV += P^T dO while the consumers meet at the dS^T barrier.
+    // dV += P^T dO (P^T from registers) while this consumer's warps meet at its dS^T barrier.
     const uint64_t ddOn = wgmma::tile_desc(cdO, kBr * 128), dQn = wgmma::tile_desc(cQ, kBr * 128);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dva, pt[kk], wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
     wgmma::commit();
-    // dS^T of this item is in shared memory: both consumers' (head_dim 128: dQ reads all keys) or
-    // this consumer's (head_dim 64: dQ and dK read its own keys only).
-    if constexpr (kSplitK) tma::named_sync(kDsBar + 1 + cw, 128);
-    else tma::named_sync(kDsBar, 256);
+    tma::named_sync(kOwnBar + cw, 128);  // this consumer's dS^T rows are in shared memory
+    {  // dK += dS^T Q with dS^T (K-major, this consumer's 64 key rows) from shared memory
+      const uint64_t ddSk = wgmma::tile_desc(cdS, 16);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk)
+        Wgmma<kD>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSk, 64 * cw, kk), wgmma::desc_mn_major<kBr>(dQn, kk),
+                                     1);
+      wgmma::commit();
+    }
+    if constexpr (!kSplitK) {
+      // Head_dim 128: dQ reads both consumers' dS^T. Announce this one's, wait for the other's
+      // (its dK and dV are already queued, so the tensor cores stay busy while the later consumer
+      // catches up). Two barriers per direction, by item parity: a consumer reaches the same one
+      // again only after the other has passed its wait on it (it waited for the other's next one).
+      tma::named_arrive(kCrossBar + 2 * cw + (n & 1), 256);
+      tma::named_sync(kCrossBar + 2 * (1 - cw) + (n & 1), 256);
+    }
 
-    // dQ (64 queries x kNq columns from n0) = dS K over keys [16 kk0, ...), then dK += dS^T Q.
+    // dQ (64 queries x kNq columns from n0) = dS K over keys [16 kk0, ...).
     float dqa[kNq / 2];
     {
       constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
@@ -288,18 +307,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
       wgmma::commit();
     }
-    {  // dK += dS^T Q with dS^T (K-major, this consumer's 64 key rows) from shared memory
-      const uint64_t ddSk = wgmma::tile_desc(cdS, 16);
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk)
-        Wgmma<kD>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSk, 64 * cw, kk), wgmma::desc_mn_major<kBr>(dQn, kk),
-                                     1);
-      wgmma::commit();
-    }
-    wgmma::wait<1>();  // dV and dQ; dK may still run
-    wgmma::fence_regs(dqa);
+    wgmma::wait<1>();  // dV and dK: this item's Q and dO stage is no longer read (dQ reads dS^T, K)
     wgmma::fence_regs(dva);
+    wgmma::fence_regs(dka);
     wgmma::fence_regs(pt);
+    __syncwarp();
+    if (lane == 0) tma::mbar_arrive(&empty_q[s]);
+    wgmma::wait<0>();
+    wgmma::fence_regs(dqa);
 
     // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
     tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
@@ -318,11 +333,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::fence_proxy_async();
     tma::mbar_arrive(&dq_full[cw]);
-
-    wgmma::wait<0>();  // dK: this item's Q and dO stage is no longer read
-    wgmma::fence_regs(dka);
-    __syncwarp();
-    if (lane == 0) tma::mbar_arrive(&empty_q[s]);
   }
 
 #pragma unroll
