@@ -8,7 +8,8 @@
 //   warpgroup 0: setmaxnreg down to 24 registers.
 //     warp 0, producer: K and V of the block once (TMA), then per item Q and dO (TMA, 128-byte
 //       swizzle = the wgmma::sw128 layout) into a ring of kStages stages, with lse (times log2 e;
-//       +inf past seq) and D written into the stage by the warp's lanes.
+//       +inf past seq) and D written into the stage by the warp's lanes (loaded from global memory
+//       before the wait for the stage to be free).
 //     warp 1, dQ writer (lane 0): per item and consumer, tensor reductions (cp.reduce.async.bulk
 //       .tensor add, f32 map of dq_acc) of the consumer's dQ tile in shared memory: two boxes of 64
 //       rows x 32 columns, 128-byte swizzle. (Per-row bulk reductions were 128 copy-engine
@@ -22,7 +23,7 @@
 //     takes dQ's columns 64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
 //     all columns over its own 64 keys (the writer adds both tiles). dK, dV stay in registers and
 //     are written at the end.
-// Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB; dS^T 2 x 16 KB (double
+// Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB (3 x 16 KB at head_dim 64); dS^T 2 x 16 KB (double
 // buffered: a consumer writes item n's while the other may still read item n - 1's); dQ tiles
 // 2 x 16 KB; lse, D 1 KB: 193 KB (+ 1 KB alignment slack).
 // Barrier protocol (mbarrier phase n of a barrier used once per item has parity n & 1; a fresh
@@ -53,7 +54,12 @@ namespace {
 
 using wgmma::Wgmma;
 
-constexpr int kBr = 64, kBc = 128, kThreads = 384, kStages = 2;
+constexpr int kBr = 64, kBc = 128, kThreads = 384;
+// Q/dO ring stages: three at head_dim 64 (shorter items, room to spare), two at 128 (194 KB).
+template <int kD>
+constexpr int ws_stages() {
+  return kD == 64 ? 3 : 2;
+}
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
 // Named barriers: kOwnBar + c, consumer c's 128 threads; kCrossBar + 2 c + (n & 1), consumer c's
 // dS^T of item n for the other consumer (head_dim 128).
@@ -62,6 +68,7 @@ constexpr int kDqBox = 32;  // columns of a dQ reduction box (128 bytes of f32: 
 
 template <int kD>
 constexpr size_t ws_bwd_smem() {
+  constexpr int kStages = ws_stages<kD>();
   return size_t(2 * kBc + 2 * kStages * kBr) * kD * sizeof(bf16) + 2 * size_t(kBc) * kBr * sizeof(bf16) +
          2 * size_t(kBr) * 64 * sizeof(float) + kStages * 2 * kBr * sizeof(float) + 1024;
 }
@@ -73,6 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                              const __grid_constant__ CUtensorMap map_dq, AttentionParams p, const float* __restrict__ lse,
                              const float* __restrict__ dsum, bf16* __restrict__ dk, bf16* __restrict__ dv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = ws_stages<kD>();
   constexpr bool kSplitK = kD == 64;          // dQ: each consumer its own keys, all columns
   constexpr int kNq = kSplitK ? kD : kD / 2;  // dQ columns per consumer
   static_assert(kNq == 64, "dQ column blocks start on a 64-column boundary");
@@ -134,15 +142,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
       for (int n = 0; n < n_items; ++n) {
         const int s = n % kStages;
-        tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
         const int h = q_head(n), q0 = q_start(n);
-        float* stat = sStat0 + s * 2 * kBr;
         const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
+        // lse and D of rows lane, lane + 32, loaded before the wait for the stage.
+        float l2[kBr / 32], dd[kBr / 32];
 #pragma unroll
-        for (int r = lane; r < kBr; r += 32) {
+        for (int i = 0; i < kBr / 32; ++i) {
+          const int r = lane + 32 * i;
           const bool ok = q0 + r < seq;
-          stat[r] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
-          stat[kBr + r] = ok ? dsum[row + q0 + r] : 0.f;
+          l2[i] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
+          dd[i] = ok ? dsum[row + q0 + r] : 0.f;
+        }
+        tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
+        float* stat = sStat0 + s * 2 * kBr;
+#pragma unroll
+        for (int i = 0; i < kBr / 32; ++i) {
+          stat[lane + 32 * i] = l2[i];
+          stat[kBr + lane + 32 * i] = dd[i];
         }
         if (lane == 0) {
           tma::mbar_arrive_expect_tx(&full_q[s], kQBytes);
