@@ -1,9 +1,9 @@
 // Hopper (sm_90a) PTX wrappers for warp-specialised kernels: shared-memory mbarriers (init, arrive,
 // arrive with an expected transaction count, parity wait), TMA tensor copies global -> shared that
-// complete on an mbarrier, bulk f32 reductions shared -> global, named barriers between
-// warpgroups, and setmaxnreg. Host side:
-// CUtensorMaps for [batch, seq, heads, head_dim] bf16 and f32 tensors, encoded through the driver entry
-// point that the runtime hands out (no link against libcuda).
+// complete on an mbarrier, f32 reductions shared -> global (bulk ranges and tensor-map boxes),
+// named barriers between warpgroups, and setmaxnreg. Host side: CUtensorMaps for [batch, seq,
+// heads, head_dim] bf16 and f32 tensors, encoded through the driver entry point that the runtime
+// hands out (no link against libcuda).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
