@@ -8,19 +8,24 @@
 //   warpgroup 0: setmaxnreg down to 24 registers.
 //     warp 0, producer: K and V of the block once (TMA), then per item Q and dO (TMA, 128-byte
 //       swizzle = the wgmma::sw128 layout) into a ring of kStages stages, with lse (times log2 e;
-//       +inf past seq) and D written into the stage by the warp's lanes.
-//     warp 1, dQ writer: per item and consumer, bulk reductions (cp.reduce.async.bulk add.f32) of
-//       the consumer's f32 dQ tile in shared memory into dq_acc, one per query row.
+//       +inf past seq) and D written into the stage by the warp's lanes (loaded from global memory
+//       before the wait for the stage to be free).
+//     warp 1, dQ writer (lane 0): per item and consumer, tensor reductions (cp.reduce.async.bulk
+//       .tensor add, f32 map of dq_acc) of the consumer's dQ tile in shared memory: two boxes of 64
+//       rows x 32 columns, 128-byte swizzle. (Per-row bulk reductions were 128 copy-engine
+//       operations per item, sharing the unit with the producer's Q and dO loads; the kernel then
+//       took about as long per item at head_dim 64 as at 128.)
 //   warpgroups 1 and 2, consumers (keys 64 c .. 64 c + 63 of the block): setmaxnreg up to 240; per
 //     item S^T = K Q^T and dP^T = V dO^T (wgmma, shared operands), P^T and dS^T = P^T (dP^T - D)
-//     in registers, dS^T also to shared memory; dV += P^T dO (P^T from registers), dK += dS^T Q
-//     and dQ = dS K (dS^T read from shared memory): at head_dim 128 consumer c takes dQ's columns
-//     64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
+//     in registers, dS^T also to shared memory; dV += P^T dO (P^T from registers), then (once its
+//     own warps' dS^T rows are written) dK += dS^T Q, then dQ = dS K (dS^T read from shared
+//     memory; the Q, dO stage is released once dV and dK are done): at head_dim 128 consumer c
+//     takes dQ's columns 64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
 //     all columns over its own 64 keys (the writer adds both tiles). dK, dV stay in registers and
 //     are written at the end.
-// Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB; dS^T 2 x 16 KB (double
+// Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB (3 x 16 KB at head_dim 64); dS^T 2 x 16 KB (double
 // buffered: a consumer writes item n's while the other may still read item n - 1's); dQ tiles
-// 2 x 18 KB; lse, D 1 KB: 198 KB (+ 1 KB alignment slack).
+// 2 x 16 KB; lse, D 1 KB: 193 KB (+ 1 KB alignment slack).
 // Barrier protocol (mbarrier phase n of a barrier used once per item has parity n & 1; a fresh
 // barrier's "previous" phase, parity 1, counts as complete, so first-pass waits on empty barriers
 // return at once):
@@ -28,15 +33,17 @@
 //   full_q[s] (count 32): the producer warp's lanes each arrive after writing their lse, D rows;
 //     lane 0's arrival carries expect_tx for the Q and dO tiles. Item n uses stage n % kStages,
 //     parity (n / kStages) & 1.
-//   empty_q[s] (count 8: one per consumer warp) once the warp's wgmma reading the stage completed
-//     and its lse, D reads are done; the producer waits with the opposite parity.
+//   empty_q[s] (count 8: one per consumer warp) once the warp's wgmma reading the stage (S^T, dP^T,
+//     dV, dK) completed and its lse, D reads are done; the producer waits with the opposite parity.
 //   dq_full[c] (count 128): consumer c's threads wrote their dQ fragments (and fenced them to the
 //     async proxy); the writer waits with parity n & 1.
 //   dq_empty[c] (count 1): the writer's reductions have read consumer c's tile; the consumer waits
 //     with parity (n & 1) ^ 1 before writing item n's.
-//   Named barrier 1 (256 consumer threads; head_dim 128): both consumers' dS^T of the item are in
-//     shared memory. At head_dim 64 consumer c syncs its own 128 threads on barrier 2 + c instead
-//     (its dQ and dK read only its own dS^T rows, written by all four of its warps).
+//   Named barrier kOwnBar + c (consumer c's 128 threads): its dS^T rows of the item are in shared
+//     memory (all its four warps wrote them); dK, and at head_dim 64 dQ, read only those.
+//   Named barriers kCrossBar + 2 c + (n & 1) (256 threads; head_dim 128): consumer c arrives once its
+//     dS^T of item n is written, the other consumer syncs before its dQ reads all 128 keys. No
+//     lockstep: the earlier consumer's dV and dK run while it waits.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
@@ -47,24 +54,33 @@ namespace {
 
 using wgmma::Wgmma;
 
-constexpr int kBr = 64, kBc = 128, kThreads = 384, kStages = 2;
+constexpr int kBr = 64, kBc = 128, kThreads = 384;
+// Q/dO ring stages: three at head_dim 64 (shorter items, room to spare), two at 128 (194 KB).
+template <int kD>
+constexpr int ws_stages() {
+  return kD == 64 ? 3 : 2;
+}
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
-constexpr int kDsBar = 1;  // named barriers: 1 both consumers (head_dim 128), 2 and 3 each one (64)
-constexpr int kDqStride = 72;  // floats per row of a dQ staging tile: 16-byte rows, 2-way banks at most
+// Named barriers: kOwnBar + c, consumer c's 128 threads; kCrossBar + 2 c + (n & 1), consumer c's
+// dS^T of item n for the other consumer (head_dim 128).
+constexpr int kCrossBar = 1, kOwnBar = 5;
+constexpr int kDqBox = 32;  // columns of a dQ reduction box (128 bytes of f32: the 128-byte swizzle's width)
 
 template <int kD>
 constexpr size_t ws_bwd_smem() {
+  constexpr int kStages = ws_stages<kD>();
   return size_t(2 * kBc + 2 * kStages * kBr) * kD * sizeof(bf16) + 2 * size_t(kBc) * kBr * sizeof(bf16) +
-         2 * size_t(kBr) * kDqStride * sizeof(float) + kStages * 2 * kBr * sizeof(float) + 1024;
+         2 * size_t(kBr) * 64 * sizeof(float) + kStages * 2 * kBr * sizeof(float) + 1024;
 }
 
 template <int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                              const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                             AttentionParams p, const float* __restrict__ lse, const float* __restrict__ dsum,
-                             float* __restrict__ dq_acc, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+                             const __grid_constant__ CUtensorMap map_dq, AttentionParams p, const float* __restrict__ lse,
+                             const float* __restrict__ dsum, bf16* __restrict__ dk, bf16* __restrict__ dv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStages = ws_stages<kD>();
   constexpr bool kSplitK = kD == 64;          // dQ: each consumer its own keys, all columns
   constexpr int kNq = kSplitK ? kD : kD / 2;  // dQ columns per consumer
   static_assert(kNq == 64, "dQ column blocks start on a 64-column boundary");
@@ -82,8 +98,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* sQ0 = sV + kBc * kD;              // stage s at sQ0 + s * kBr * kD
   bf16* sdO0 = sQ0 + kStages * kBr * kD;  // likewise
   bf16* sdS0 = sdO0 + kStages * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled; buffer n % 2
-  float* sdQ = reinterpret_cast<float*>(sdS0 + 2 * kBc * kBr);  // consumer c's [kBr][kDqStride] tile
-  float* sStat0 = sdQ + 2 * kBr * kDqStride;  // stage s: lse * log2 e [kBr], then D [kBr]
+  // Consumer c's dQ tile at sdQ + c * kBr * 64: two boxes of [kBr][kDqBox] f32, 128-byte swizzle.
+  float* sdQ = reinterpret_cast<float*>(sdS0 + 2 * kBc * kBr);
+  float* sStat0 = sdQ + 2 * kBr * 64;  // stage s: lse * log2 e [kBr], then D [kBr]
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
@@ -125,15 +142,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
       for (int n = 0; n < n_items; ++n) {
         const int s = n % kStages;
-        tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
         const int h = q_head(n), q0 = q_start(n);
-        float* stat = sStat0 + s * 2 * kBr;
         const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
+        // lse and D of rows lane, lane + 32, loaded before the wait for the stage.
+        float l2[kBr / 32], dd[kBr / 32];
 #pragma unroll
-        for (int r = lane; r < kBr; r += 32) {
+        for (int i = 0; i < kBr / 32; ++i) {
+          const int r = lane + 32 * i;
           const bool ok = q0 + r < seq;
-          stat[r] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
-          stat[kBr + r] = ok ? dsum[row + q0 + r] : 0.f;
+          l2[i] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
+          dd[i] = ok ? dsum[row + q0 + r] : 0.f;
+        }
+        tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
+        float* stat = sStat0 + s * 2 * kBr;
+#pragma unroll
+        for (int i = 0; i < kBr / 32; ++i) {
+          stat[lane + 32 * i] = l2[i];
+          stat[kBr + lane + 32 * i] = dd[i];
         }
         if (lane == 0) {
           tma::mbar_arrive_expect_tx(&full_q[s], kQBytes);
@@ -146,28 +171,26 @@ __global__ void __launch_bounds__(kThreads, 1)
           tma::mbar_arrive(&full_q[s]);
         }
       }
-    } else if (warp == 1) {  // ---- dQ writer ----
+    } else if (warp == 1 && lane == 0) {  // ---- dQ writer ----
+      tma::prefetch_tensormap(&map_dq);
 #pragma unroll 1
       for (int n = 0; n < n_items; ++n) {
         const int h = q_head(n), q0 = q_start(n);
-#pragma unroll 1
+        // Both consumers' tiles go out before either is waited for; rows past seq and columns
+        // past head_dim lie outside the map and are skipped.
+#pragma unroll
         for (int c = 0; c < 2; ++c) {
           tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
           const int n0 = kSplitK ? 0 : 64 * c;
-          const int cols = hd - n0 < kNq ? hd - n0 : kNq;  // > 0 (head_dim > 64 at kD = 128), a multiple of 8
-          const float* tile = sdQ + c * kBr * kDqStride;
-#pragma unroll
-          for (int r = lane; r < kBr; r += 32) {
-            const int64_t i = q0 + r;
-            if (i < seq)
-              tma::bulk_reduce_add_f32(dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim + n0, tile + r * kDqStride,
-                                       uint32_t(cols) * 4u);
-          }
+          const float* tile = sdQ + c * kBr * 64;
+          tma::reduce_add_4d(&map_dq, tile, n0, h, q0, b);
+          if (n0 + kDqBox < hd) tma::reduce_add_4d(&map_dq, tile + kBr * kDqBox, n0 + kDqBox, h, q0, b);
           tma::bulk_commit();
-          tma::bulk_wait_all<true>();  // the tile has been read
-          __syncwarp();
-          if (lane == 0) tma::mbar_arrive(&dq_empty[c]);
         }
+        tma::bulk_wait_read<1>();  // consumer 0's tile has been read
+        tma::mbar_arrive(&dq_empty[0]);
+        tma::bulk_wait_read<0>();
+        tma::mbar_arrive(&dq_empty[1]);
       }
       tma::bulk_wait_all<false>();
     }
@@ -184,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dka[i] = dva[i] = 0.f;
   uint32_t pt[kBr / 16][4];
-  float* dq_tile = sdQ + cw * kBr * kDqStride;
+  float* dq_tile = sdQ + cw * kBr * 64;
 
   tma::mbar_wait(bar_kv, 0);
 #pragma unroll 1
@@ -261,18 +284,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::fence_proxy_async();
 
-    // dV += P^T dO while the consumers meet at the dS^T barrier.
+    // dV += P^T dO (P^T from registers) while this consumer's warps meet at its dS^T barrier.
     const uint64_t ddOn = wgmma::tile_desc(cdO, kBr * 128), dQn = wgmma::tile_desc(cQ, kBr * 128);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dva, pt[kk], wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
     wgmma::commit();
-    // dS^T of this item is in shared memory: both consumers' (head_dim 128: dQ reads all keys) or
-    // this consumer's (head_dim 64: dQ and dK read its own keys only).
-    if constexpr (kSplitK) tma::named_sync(kDsBar + 1 + cw, 128);
-    else tma::named_sync(kDsBar, 256);
+    tma::named_sync(kOwnBar + cw, 128);  // this consumer's dS^T rows are in shared memory
+    {  // dK += dS^T Q with dS^T (K-major, this consumer's 64 key rows) from shared memory
+      const uint64_t ddSk = wgmma::tile_desc(cdS, 16);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk)
+        Wgmma<kD>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSk, 64 * cw, kk), wgmma::desc_mn_major<kBr>(dQn, kk),
+                                     1);
+      wgmma::commit();
+    }
+    if constexpr (!kSplitK) {
+      // Head_dim 128: dQ reads both consumers' dS^T. Announce this one's, wait for the other's
+      // (its dK and dV are already queued, so the tensor cores stay busy while the later consumer
+      // catches up). Two barriers per direction, by item parity: a consumer reaches the same one
+      // again only after the other has passed its wait on it (it waited for the other's next one).
+      tma::named_arrive(kCrossBar + 2 * cw + (n & 1), 256);
+      tma::named_sync(kCrossBar + 2 * (1 - cw) + (n & 1), 256);
+    }
 
-    // dQ (64 queries x kNq columns from n0) = dS K over keys [16 kk0, ...), then dK += dS^T Q.
+    // dQ (64 queries x kNq columns from n0) = dS K over keys [16 kk0, ...).
     float dqa[kNq / 2];
     {
       constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
@@ -286,37 +323,32 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
       wgmma::commit();
     }
-    {  // dK += dS^T Q with dS^T (K-major, this consumer's 64 key rows) from shared memory
-      const uint64_t ddSk = wgmma::tile_desc(cdS, 16);
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk)
-        Wgmma<kD>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSk, 64 * cw, kk), wgmma::desc_mn_major<kBr>(dQn, kk),
-                                     1);
-      wgmma::commit();
-    }
-    wgmma::wait<1>();  // dV and dQ; dK may still run
-    wgmma::fence_regs(dqa);
+    wgmma::wait<1>();  // dV and dK: this item's Q and dO stage is no longer read (dQ reads dS^T, K)
     wgmma::fence_regs(dva);
+    wgmma::fence_regs(dka);
     wgmma::fence_regs(pt);
+    __syncwarp();
+    if (lane == 0) tma::mbar_arrive(&empty_q[s]);
+    wgmma::wait<0>();
+    wgmma::fence_regs(dqa);
 
     // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
     tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
     {
-      const int r0 = 16 * (warp & 3) + (lane >> 2);
+      // Row r0 (+ 8) of the tile, columns 8 nn + col0 (+ 1): box (8 nn) / 32, 16-byte chunk
+      // ((8 nn) % 32 + col0) / 4 swizzled with the row's low three bits (lane >> 2).
+      const int r0 = 16 * (warp & 3) + (lane >> 2), sw = lane >> 2;
 #pragma unroll
-      for (int nn = 0; nn < kNq / 8; ++nn)
+      for (int nn = 0; nn < kNq / 8; ++nn) {
+        const int cc = (8 * nn) % kDqBox + col0;
+        float* box = dq_tile + (8 * nn / kDqBox) * (kBr * kDqBox) + ((((cc >> 2) ^ sw) << 2) | (cc & 3));
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(dq_tile + (r0 + 8 * r) * kDqStride + nn * 8 + col0) =
-              make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
+          *reinterpret_cast<float2*>(box + (r0 + 8 * r) * kDqBox) = make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
+      }
     }
     wgmma::fence_proxy_async();
     tma::mbar_arrive(&dq_full[cw]);
-
-    wgmma::wait<0>();  // dK: this item's Q and dO stage is no longer read
-    wgmma::fence_regs(dka);
-    __syncwarp();
-    if (lane == 0) tma::mbar_arrive(&empty_q[s]);
   }
 
 #pragma unroll
@@ -352,8 +384,9 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
   const CUtensorMap mdo = tma::make_bshd_map(dout, p.batch, p.seq, p.heads, p.head_dim, kBr);
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const CUtensorMap mdq = tma::make_bshd_map_f32(dq_acc, p.batch, p.seq, p.heads, p.head_dim, kBr);
   const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
-  kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, mdo, p, lse, dsum, dq_acc, dk, dv);
+  kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, mdo, mdq, p, lse, dsum, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

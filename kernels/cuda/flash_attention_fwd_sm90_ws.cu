@@ -246,7 +246,9 @@ void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, con
 
 namespace loom::cuda::tma {
 
-CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows) {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
@@ -259,17 +261,34 @@ CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t 
                "flash attention (LOOM_FLASH_FWD=6): the driver has no cuTensorMapEncodeTiled");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  const cuuint64_t row = cuuint64_t(head_dim) * sizeof(bf16);
+  return encode;
+}
+
+// [batch, seq, heads, head_dim] of `elem` bytes per element in boxes of box_cols x box_rows, 128-byte swizzle.
+CUtensorMap make_bshd(CUtensorMapDataType type, size_t elem, void* base, int64_t batch, int64_t seq, int64_t heads,
+                      int64_t head_dim, int box_cols, int box_rows) {
+  const cuuint64_t row = cuuint64_t(head_dim) * elem;
   const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(seq), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {row, row * cuuint64_t(heads), row * cuuint64_t(heads) * cuuint64_t(seq)};
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(box_rows), 1}, elem_strides[4] = {1, 1, 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(box_cols), 1, cuuint32_t(box_rows), 1}, elem_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  LOOM_CHECK(r == CUDA_SUCCESS, "flash attention (LOOM_FLASH_FWD=6): cuTensorMapEncodeTiled failed (", int(r),
-             ") for batch=", batch, " seq=", seq, " heads=", heads, " head_dim=", head_dim);
+  const CUresult r = tensor_map_encoder()(&map, type, 4, base, dims, strides, box, elem_strides,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LOOM_CHECK(r == CUDA_SUCCESS, "flash attention (sm_90a warp-specialised): cuTensorMapEncodeTiled failed (", int(r),
+             ") for batch=", batch, " seq=", seq, " heads=", heads, " head_dim=", head_dim, " element bytes=", elem);
   return map;
+}
+
+}  // namespace
+
+CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows) {
+  return make_bshd(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, sizeof(bf16), const_cast<void*>(base), batch, seq, heads, head_dim,
+                   64, box_rows);
+}
+
+CUtensorMap make_bshd_map_f32(void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows) {
+  return make_bshd(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, sizeof(float), base, batch, seq, heads, head_dim, 32, box_rows);
 }
 
 }  // namespace loom::cuda::tma

@@ -1,9 +1,9 @@
 // Hopper (sm_90a) PTX wrappers for warp-specialised kernels: shared-memory mbarriers (init, arrive,
 // arrive with an expected transaction count, parity wait), TMA tensor copies global -> shared that
-// complete on an mbarrier, bulk f32 reductions shared -> global, named barriers between
-// warpgroups, and setmaxnreg. Host side: a
-// CUtensorMap for a [batch, seq, heads, head_dim] bf16 tensor, encoded through the driver entry
-// point that the runtime hands out (no link against libcuda).
+// complete on an mbarrier, f32 reductions shared -> global (bulk ranges and tensor-map boxes),
+// named barriers between warpgroups, and setmaxnreg. Host side: CUtensorMaps for [batch, seq,
+// heads, head_dim] bf16 and f32 tensors, encoded through the driver entry point that the runtime
+// hands out (no link against libcuda).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -74,12 +74,27 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src
                "r"(smem_u32(src)), "r"(bytes)
                : "memory");
 }
+// Adds the f32 box at src (shared, laid out as the map's swizzle says) element-wise to the box at
+// coordinates (c0 innermost, c1, c2, c3) of a rank-4 f32 tensor map; elements out of range are
+// skipped. Completes in this thread's bulk group, like bulk_reduce_add_f32.
+__device__ __forceinline__ void reduce_add_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until this thread's bulk operations have read their shared-memory source (kRead) or completed.
 template <bool kRead>
 __device__ __forceinline__ void bulk_wait_all() {
   if constexpr (kRead) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Until at most kPending of this thread's newest bulk groups have not read their shared-memory source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
 }
 
 // ---- warpgroup coordination ----
@@ -111,5 +126,9 @@ __device__ __forceinline__ void regs_inc() {
 // of wgmma::sw128) x box_rows sequence positions of one head of one batch row. Coordinates are
 // (column, head, position, batch); columns >= head_dim and positions >= seq read as zeros.
 CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows);
+// The same for a [batch, seq, heads, head_dim] f32 tensor (head_dim % 4 == 0), in boxes of 32
+// columns (128 bytes, 128-byte swizzle: element (r, c) of a box at float r * 32 + (((c >> 2) ^
+// (r & 7)) << 2) + (c & 3)) x box_rows positions; for reductions into it (reduce_add_4d).
+CUtensorMap make_bshd_map_f32(void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows);
 
 }  // namespace loom::cuda::tma
