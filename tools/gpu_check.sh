@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: build with CUDA, run every CTest label (cuda included), then the kernel
 # benchmarks against the PyTorch peer. Logs go to ${OUT:-gpu-out} (build.log, ctest.log,
-# compare.txt, bench.json, torch.json). Stages: LOOM_STAGES="build test bench train sanitize" (default:
-# the first three; train = the 1B-shape LoRA training benchmark against transformers + PEFT; sanitize =
-# every cuda-labelled test program under compute-sanitizer memcheck, and the attention, reduction and
-# optimizer kernel tests under racecheck and synccheck, logs in $OUT/sanitize/).
+# compare.txt, bench.json, torch.json). Stages: LOOM_STAGES="build test bench train sanitize attn nf4"
+# (default: the first three). train = the 1B-shape LoRA training benchmark against transformers +
+# PEFT; sanitize = every cuda-labelled test program under compute-sanitizer memcheck, and the
+# attention, reduction and optimizer kernel tests under racecheck and synccheck, logs in
+# $OUT/sanitize/; attn = tools/gpu_attn_check.sh for FWD_VARIANTS / BWD_VARIANTS, logs in $OUT/attn;
+# nf4 = the NF4 test and dequantise benchmark for each LOOM_NF4_GRID x LOOM_NF4_STAGES setting, then
+# bitsandbytes' (when .peers carries its wheel).
 # LOOM_BENCH_ARGS / LOOM_PEER_ARGS pass through to bench/run_all.sh (e.g. a --benchmark_filter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,4 +90,22 @@ print("\n".join(seen))')
     done
   done
   echo "sanitize: $([ $failed = 0 ] && echo clean || echo FINDINGS, see $out/sanitize/)"
+fi
+if [[ $stages == *attn* ]]; then
+  OUT="$out/attn" timeout "${LOOM_ATTN_TIMEOUT:-400}" tools/gpu_attn_check.sh 2>&1 | grep -E "^(test|== |peer|build)|/bf16/.*enable_gqa"
+fi
+if [[ $stages == *nf4* ]]; then
+  # The knobs are read once per process: one loom_bench run per setting, then bitsandbytes once.
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DLOOM_BUILD_BENCH=ON > /dev/null && ninja -C build-gpu loom_bench kernels_test_nf4_cuda >> "$out/build.log" 2>&1
+  for setting in "even 2" "full 2" "even 3" "full 3"; do
+    read -r grid stages_n <<< "$setting"
+    LOOM_NF4_GRID=$grid LOOM_NF4_STAGES=$stages_n build-gpu/tests/kernels/kernels_test_nf4_cuda > "$out/nf4_test.log" 2>&1 ||
+      { echo "nf4 test FAILED with grid $grid, $stages_n stages"; continue; }
+    LOOM_NF4_GRID=$grid LOOM_NF4_STAGES=$stages_n timeout 60 build-gpu/bench/loom_bench --benchmark_filter=nf4_deq \
+      --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | grep median | sed "s/^/grid $grid, $stages_n stages: /"
+  done
+  ls .peers/bitsandbytes-*.whl > /dev/null 2>&1 &&
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
+  PYTHONPATH=/tmp/site python3 bench/peer_torch.py --out "$out/nf4_torch.json" --filter nf4_deq 2>&1 | grep -i "nf4\|error" | head -4
 fi
