@@ -89,19 +89,40 @@ print("\n".join(seen))')
       [ $triage -ne 0 ] && failed=1
     done
   done
+  # The opt-in warp-specialised backward (LOOM_FLASH_BWD=6: mbarriers, named barriers, tensor-map
+  # reductions) once under racecheck and synccheck as well.
+  att=$(find build-gpu -name kernels_test_attention_cuda -type f -perm -u+x | head -1)
+  for tool in ${att:+racecheck synccheck}; do
+    log="$out/sanitize/${tool}_attention_bwd6.log"
+    LOOM_FLASH_BWD=6 timeout "${LOOM_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --error-exitcode 86 \
+      "$att" --gtest_filter='AttentionCuda*Backward*' > "$log" 2>&1
+    rc=$?
+    verdict=$(python3 tools/sanitizer_triage.py "$log")
+    triage=$?
+    [ $rc -ne 0 ] && [ $rc -ne 86 ] && { triage=1; verdict="$verdict; the test exited $rc"; }
+    echo "sanitize $tool attention backward variant 6: $verdict"
+    [ $triage -ne 0 ] && failed=1
+  done
   echo "sanitize: $([ $failed = 0 ] && echo clean || echo FINDINGS, see $out/sanitize/)"
 fi
 if [[ $stages == *attn* ]]; then
-  OUT="$out/attn" timeout "${LOOM_ATTN_TIMEOUT:-400}" tools/gpu_attn_check.sh 2>&1 | grep -E "^(test|== |peer|build)|/bf16/.*enable_gqa"
+  # The Hopper variants by default (6 is the forward default; backward 6 is the candidate).
+  OUT="$out/attn" FWD_VARIANTS=${FWD_VARIANTS:-3 6} BWD_VARIANTS=${BWD_VARIANTS:-3 6} FWD_FOR_BWD=${FWD_FOR_BWD:-6} \
+    timeout "${LOOM_ATTN_TIMEOUT:-540}" tools/gpu_attn_check.sh 2>&1 |
+    grep -E "^(test|== |peer|build)|/bf16/.*enable_gqa|Failure|rel_error|which is|b[0-9]+ s[0-9]+"
 fi
 if [[ $stages == *nf4* ]]; then
   # The knobs are read once per process: one loom_bench run per setting, then bitsandbytes once.
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DLOOM_BUILD_BENCH=ON > /dev/null && ninja -C build-gpu loom_bench kernels_test_nf4_cuda >> "$out/build.log" 2>&1
+  if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+           -DLOOM_BUILD_BENCH=ON && ninja -C build-gpu loom_bench kernels_test_nf4_cuda; } >> "$out/build.log" 2>&1; then
+    echo "nf4: build FAILED (see $out/build.log)"
+    grep -E "error|FAILED" "$out/build.log" | tail -10
+  fi
   for setting in "even 2" "full 2" "even 3" "full 3"; do
     read -r grid stages_n <<< "$setting"
-    LOOM_NF4_GRID=$grid LOOM_NF4_STAGES=$stages_n build-gpu/tests/kernels/kernels_test_nf4_cuda > "$out/nf4_test.log" 2>&1 ||
-      { echo "nf4 test FAILED with grid $grid, $stages_n stages"; continue; }
+    log="$out/nf4_test_${grid}_${stages_n}.log"
+    LOOM_NF4_GRID=$grid LOOM_NF4_STAGES=$stages_n timeout 120 build-gpu/tests/kernels/kernels_test_nf4_cuda > "$log" 2>&1 ||
+      { echo "nf4 test FAILED with grid $grid, $stages_n stages (see $log)"; continue; }
     LOOM_NF4_GRID=$grid LOOM_NF4_STAGES=$stages_n timeout 60 build-gpu/bench/loom_bench --benchmark_filter=nf4_deq \
       --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | grep median | sed "s/^/grid $grid, $stages_n stages: /"
   done

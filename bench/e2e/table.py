@@ -80,9 +80,14 @@ def main():
             uns = peer(rs, ["unsloth QLoRA", "unsloth ("] if q else ["unsloth ("], ck)
 
             def ratio(b):
-                if not b or b is r:
+                if not b or b is r or not b.get("tok_s"):
                     return "—"
-                return f"{t / b['tok_s']:.2f}x at {r['peak_GiB'] / b['peak_GiB']:.2f}x mem"
+                out = f"{t / b['tok_s']:.2f}x"
+                if r.get("peak_GiB") and b.get("peak_GiB"):
+                    out += f" at {r['peak_GiB'] / b['peak_GiB']:.2f}x mem"
+                if q and not qlora(b["who"]):
+                    out += " (bf16 base)"
+                return out
             host = f" (+{r['host_GiB']} host)" if r.get("host_GiB") else ""
             print(f"| {who} | {t:,.0f} | {r['peak_GiB']}{host} | {100 * t * fpt / PEAK:.1f}% | {ratio(base)} | {ratio(uns)} |")
         ctx = [r for r in rs if r.get("batch") == 1]

@@ -258,7 +258,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     LOOM_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found));
 #endif
     LOOM_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-               "flash attention (LOOM_FLASH_FWD=6): the driver has no cuTensorMapEncodeTiled");
+               "flash attention (sm_90a warp-specialised kernels): the driver has no cuTensorMapEncodeTiled");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   return encode;

@@ -1,4 +1,4 @@
-// CUDA attention against the CPU reference: odd sequence lengths, head_dim 64/80/128/256 (and
+// CUDA attention against the CPU reference: odd sequence lengths, head_dim 32/64/80/96/128/256 (and
 // one under a warp), grouped-query heads, sliding windows, soft-capping and segment ids. bf16 with
 // head_dim % 8 == 0 runs the flash kernels: the longer cases cross many 64-row tiles, end inside
 // one, skip tiles by window and by document, and mask inside the diagonal ones.
@@ -30,6 +30,9 @@ const Case kCases[] = {
     {1, 333, 8, 2, 128, 0.f, 0, false}, {2, 200, 4, 1, 64, 0.f, 0, false},  {1, 300, 4, 2, 256, 0.f, 0, false},
     {1, 333, 4, 1, 128, 0.f, 100, false}, {1, 257, 2, 2, 64, 0.f, 30, false}, {2, 400, 4, 2, 128, 0.f, 0, true},
     {1, 300, 4, 4, 256, 30.f, 0, true},  {1, 513, 8, 2, 96, 20.f, 150, true},
+    // Plain causal below and between the warp-specialised kernels' 64-column boxes: head_dim 32
+    // (one box, half of it past the row) and 96 (the second box half past the row).
+    {1, 70, 4, 2, 32, 0.f, 0, false},    {1, 130, 4, 2, 96, 0.f, 0, false},
 };
 
 std::string name_of(const Case& c) {
