@@ -22,7 +22,7 @@ void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const 
                   int warpgroups, Stream s);
 // Warp-specialised Hopper forward (flash_attention_fwd_sm90_ws.cu, LOOM_FLASH_FWD=6): a TMA
 // producer warpgroup and two ping-ponging consumer warpgroups. sm90_ws_supported: plain causal
-// attention (no soft-cap, window or segments) at head_dim <= 128; forward() sends the rest to
+// attention (no soft-cap, window or segments) at head_dim 64 to 128; forward() sends the rest to
 // forward_sm90.
 bool sm90_ws_supported(const AttentionParams& p);
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
@@ -39,7 +39,7 @@ void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const
 // Warp-specialised Hopper backward (flash_attention_bwd_sm90_ws.cu, LOOM_FLASH_BWD=6): a TMA
 // producer warp, a dQ-writer warp (bulk reductions) and two wgmma consumer warpgroups; dsum and
 // dq_acc as for backward_sm90. sm90_ws_bwd_supported: plain causal attention (no soft-cap, window
-// or segments) at head_dim <= 128; backward() sends the rest to variant 3.
+// or segments) at head_dim 64 to 128; backward() sends the rest to variant 3.
 bool sm90_ws_bwd_supported(const AttentionParams& p);
 void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                       const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);

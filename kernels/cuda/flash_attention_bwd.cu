@@ -319,8 +319,8 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 //      addition overlaps them (4 under soft-capping);
 //   6: warp-specialised Hopper kernel (flash_attention_bwd_sm90_ws.cu: a TMA producer warp for Q,
 //      dO, lse and D in a ring, a lane adding dQ tiles with tensor reductions, two wgmma consumer
-//      warpgroups of 64 keys each) for plain causal attention at head_dim <= 128 on sm_90a;
-//      soft-capping, windows, segments and head_dim 256 run variant 3 (0 off sm_90a). H200 with
+//      warpgroups of 64 keys each) for plain causal attention at head_dim 64 to 128 on sm_90a;
+//      soft-capping, windows, segments and other head dims run variant 3 (0 off sm_90a). H200 with
 //      per-row bulk dQ reductions and consumers in lockstep: 1495 us at head_dim 128 (3: 1446),
 //      1387 at 64 (3: 1191); the tensor-reduction version is not measured yet.
 // H200, b4 s2048 h32/8, head_dim 128: 0 2567 us, 3 1595, 4 1667, 5 1551 (SDPA 978); head_dim 64:

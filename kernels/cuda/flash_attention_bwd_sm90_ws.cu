@@ -392,9 +392,10 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
 
 }  // namespace
 
+// As the forward's: rows at least one 64-column box wide (narrower ones run variant 3).
 bool sm90_ws_bwd_supported(const AttentionParams& p) {
-  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim <= 128 && p.head_dim % 8 == 0 &&
-         p.seq < (int64_t(1) << 30);
+  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 &&
+         p.head_dim % 8 == 0 && p.seq < (int64_t(1) << 30);
 }
 
 void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,

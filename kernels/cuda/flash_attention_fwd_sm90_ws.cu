@@ -232,8 +232,11 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
 
 }  // namespace
 
+// Rows at least one 64-column TMA box wide: a box wider than the tensor's row is not a shape the
+// kernel has been run with (head_dim 32 and below go to variant 3).
 bool sm90_ws_supported(const AttentionParams& p) {
-  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim <= 128 && p.head_dim % 8 == 0;
+  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 &&
+         p.head_dim % 8 == 0;
 }
 
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,

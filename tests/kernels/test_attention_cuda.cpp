@@ -30,8 +30,8 @@ const Case kCases[] = {
     {1, 333, 8, 2, 128, 0.f, 0, false}, {2, 200, 4, 1, 64, 0.f, 0, false},  {1, 300, 4, 2, 256, 0.f, 0, false},
     {1, 333, 4, 1, 128, 0.f, 100, false}, {1, 257, 2, 2, 64, 0.f, 30, false}, {2, 400, 4, 2, 128, 0.f, 0, true},
     {1, 300, 4, 4, 256, 30.f, 0, true},  {1, 513, 8, 2, 96, 20.f, 150, true},
-    // Plain causal below and between the warp-specialised kernels' 64-column boxes: head_dim 32
-    // (one box, half of it past the row) and 96 (the second box half past the row).
+    // Plain causal at head_dim 32 (below the warp-specialised kernels' 64-column box: variant 3)
+    // and 96 (their second box half past the row).
     {1, 70, 4, 2, 32, 0.f, 0, false},    {1, 130, 4, 2, 96, 0.f, 0, false},
 };
 
