@@ -64,6 +64,22 @@ print("\n".join(seen))')
   # reports the failing cudaMallocAsync as an API error, so they are left out here.
   gtest_skip='-*OutOfMemory*'
   failed=0
+  # sanitize TOOL LABEL LOG [sanitizer flags...] -- COMMAND...: one run, its verdict printed; a
+  # failing test fails the stage too (exit 86 alone is the sanitizer counting NVIDIA's reports).
+  sanitize() {
+    local tool=$1 label=$2 log=$3 flags=()
+    shift 3
+    while [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    timeout "${LOOM_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" "${flags[@]}" --error-exitcode 86 \
+      "$@" > "$log" 2>&1
+    local rc=$? verdict triage
+    verdict=$(python3 tools/sanitizer_triage.py "$log")
+    triage=$?
+    [ $rc -ne 0 ] && [ $rc -ne 86 ] && { triage=1; verdict="$verdict; the test exited $rc"; }
+    echo "sanitize $tool $label: $verdict"
+    [ $triage -ne 0 ] && failed=1
+  }
   for run in "${runs[@]}"; do
     kind=${run%% *} target=${run#* }
     name=$(basename "$target")
@@ -78,30 +94,15 @@ print("\n".join(seen))')
         extra+=(--target-processes all)
         cmd=(ctest --test-dir build-gpu -R "^${target}\$" --output-on-failure)
       fi
-      timeout "${LOOM_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 86 \
-        "${cmd[@]}" > "$out/sanitize/${tool}_${name}.log" 2>&1
-      rc=$?
-      verdict=$(python3 tools/sanitizer_triage.py "$out/sanitize/${tool}_${name}.log")
-      triage=$?
-      # A failing test fails the stage too (exit 86 alone is the sanitizer counting NVIDIA's reports).
-      [ $rc -ne 0 ] && [ $rc -ne 86 ] && { triage=1; verdict="$verdict; the test exited $rc"; }
-      echo "sanitize $tool $name: $verdict"
-      [ $triage -ne 0 ] && failed=1
+      sanitize "$tool" "$name" "$out/sanitize/${tool}_${name}.log" "${extra[@]}" -- "${cmd[@]}"
     done
   done
   # The opt-in warp-specialised backward (LOOM_FLASH_BWD=6: mbarriers, named barriers, tensor-map
   # reductions) once under racecheck and synccheck as well.
   att=$(find build-gpu -name kernels_test_attention_cuda -type f -perm -u+x | head -1)
   for tool in ${att:+racecheck synccheck}; do
-    log="$out/sanitize/${tool}_attention_bwd6.log"
-    LOOM_FLASH_BWD=6 timeout "${LOOM_SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --error-exitcode 86 \
-      "$att" --gtest_filter='AttentionCuda*Backward*' > "$log" 2>&1
-    rc=$?
-    verdict=$(python3 tools/sanitizer_triage.py "$log")
-    triage=$?
-    [ $rc -ne 0 ] && [ $rc -ne 86 ] && { triage=1; verdict="$verdict; the test exited $rc"; }
-    echo "sanitize $tool attention backward variant 6: $verdict"
-    [ $triage -ne 0 ] && failed=1
+    LOOM_FLASH_BWD=6 sanitize "$tool" "attention backward variant 6" "$out/sanitize/${tool}_attention_bwd6.log" -- \
+      "$att" --gtest_filter='AttentionCuda*Backward*'
   done
   echo "sanitize: $([ $failed = 0 ] && echo clean || echo FINDINGS, see $out/sanitize/)"
 fi

@@ -8,7 +8,7 @@
 
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/flash_softmax_sm90.cuh"
+#include "kernels/cuda/flash_sm90_steps.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash {
@@ -66,13 +66,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
   // S = Q K^T for this warpgroup's 64 rows against the K tile in `stage` (issued, not waited for).
   float sacc[kBc / 2];
   auto issue_s = [&](int stage) {
-    const uint64_t dq = wgmma::tile_desc(sQ, 16), dk = wgmma::tile_desc(sK0 + stage * kBc * kD, 16);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      Wgmma<kBc>::template ss<0, 0>(sacc, wgmma::desc_k_major<kBr>(dq, 64 * wg, kk),
-                                    wgmma::desc_k_major<kBc>(dk, 0, kk), kk > 0);
-    wgmma::commit();
+    sm90::issue_qk<kD, kBr, kBc>(sacc, sQ, sK0 + stage * kBc * kD, 64 * wg);
   };
 
   // Prologue: Q and K(t0) (group 0); V(t0) and K(t1) (group 1); S(t0).

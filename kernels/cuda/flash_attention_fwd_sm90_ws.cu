@@ -31,7 +31,7 @@
 
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/flash_softmax_sm90.cuh"
+#include "kernels/cuda/flash_sm90_steps.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -126,13 +126,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto parity = [](int t) { return uint32_t((t / kStages) & 1); };
   float sacc[kBc / 2];
   auto issue_s = [&](int stage) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
-    const uint64_t dq = wgmma::tile_desc(sQ, 16), dk = wgmma::tile_desc(sK0 + stage * kBc * kD, 16);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      Wgmma<kBc>::template ss<0, 0>(sacc, wgmma::desc_k_major<kBr>(dq, 64 * cw, kk),
-                                    wgmma::desc_k_major<kBc>(dk, 0, kk), kk > 0);
-    wgmma::commit();
+    sm90::issue_qk<kD, kBr, kBc>(sacc, sQ, sK0 + stage * kBc * kD, 64 * cw);
   };
   auto masked = [&](int t) {  // causal only: tiles that reach past the block's first row or past seq
     return classify(p, q0, kBr, int64_t(t) * kBc, kBc, 0, 0, 0, 0) == TileKind::kMasked;

@@ -1,14 +1,31 @@
-// The per-thread softmax steps the Hopper forward kernels (flash_attention_fwd_sm90.cu and the
-// warp-specialised flash_attention_fwd_sm90_ws.cu) share, on wgmma m64nN accumulator fragments:
-// a thread holds rows row0 and row0 + 8 of its warp's 16, columns n * 8 + col0 + {0, 1}, element
-// 4 n + 2 r + {0, 1} for row r. S is in raw dot products; m in the same units, l a partial row sum.
+// Steps the Hopper flash-attention forward kernels share (flash_attention_fwd_sm90.cu and the
+// warp-specialised flash_attention_fwd_sm90_ws.cu): the wgmma issue of S = Q K^T and the per-thread
+// softmax steps. Those work on wgmma m64nN accumulator fragments: a thread holds rows row0 and
+// row0 + 8 of its warp's 16, columns n * 8 + col0 + {0, 1}, element 4 n + 2 r + {0, 1} for row r.
+// S is in raw dot products; m in the same units, l a partial row sum.
 #pragma once
 #include <cmath>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash::sm90 {
+
+using wgmma::Wgmma;
+
+// S = Q K^T for the 64 query rows from q_row0 of a kBr-row Q tile against a kBc-key K tile, both
+// swizzled with head_dim kD: issued, not waited for.
+template <int kD, int kBr, int kBc>
+__device__ __forceinline__ void issue_qk(float (&sacc)[kBc / 2], const bf16* sQ, const bf16* sK, int q_row0) {
+  const uint64_t dq = wgmma::tile_desc(sQ, 16), dk = wgmma::tile_desc(sK, 16);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    Wgmma<kBc>::template ss<0, 0>(sacc, wgmma::desc_k_major<kBr>(dq, q_row0, kk), wgmma::desc_k_major<kBc>(dk, 0, kk),
+                                  kk > 0);
+  wgmma::commit();
+}
 
 // Causal mask of the tile of keys from k0: key offset n * 8 + e % 2 is visible while <= d0 + 8 (e / 2),
 // with d0 = row0 - k0 - col0.
