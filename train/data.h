@@ -48,6 +48,12 @@ struct Batch {
   int64_t target_tokens = 0;  // labels != -100
 };
 
+// True when every row of the batch is a single piece of one document with no padding (segment ids
+// all 0): attention then needs no segment mask, and plain causal attention runs the faster kernels
+// (the warp-specialised Hopper ones) with the same result. Rows filled from documents longer than
+// seq_len are like that.
+bool one_segment_per_row(const Batch& batch);
+
 struct LoaderState {
   int64_t epoch = 0;
   int64_t cursor = 0;  // next example index in this epoch's order (of this rank's shard)

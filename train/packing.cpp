@@ -157,6 +157,14 @@ Batch PackedLoader::next() {
   return batch;
 }
 
+bool one_segment_per_row(const Batch& batch) {
+  if (!batch.segment_ids.defined()) return true;
+  for (int32_t s : batch.segment_ids.to_ints()) {
+    if (s != 0) return false;
+  }
+  return true;
+}
+
 LoaderState PackedLoader::state() const { return state_; }
 
 void PackedLoader::set_state(const LoaderState& s) {

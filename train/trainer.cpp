@@ -88,7 +88,8 @@ absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batche
     d.input_ids = stage(b.input_ids, device, d.staging);
     d.targets = stage(targets, device, d.staging);
     d.positions = stage(b.positions, device, d.staging);
-    d.segment_ids = stage(b.segment_ids, device, d.staging);
+    // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).
+    if (!one_segment_per_row(b)) d.segment_ids = stage(b.segment_ids, device, d.staging);
   }
   return out;
 }

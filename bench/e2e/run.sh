@@ -10,7 +10,9 @@
 # --qlora, default none), LOOM_E2E_PEERS (default "peft peft-gc";
 # add "bnb unsloth" to run those too), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
-# LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run).
+# LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run),
+# LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, for the
+# kernel-by-kernel time of a step: $OUT/profile-<shape>-<mode>.txt, see tools/kernel_profile.sh).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -40,9 +42,14 @@ JSON
   echo "$d"
 }
 
-data_file() {  # enough packed tokens for the run: the demo paragraphs repeated
+data_file() {  # one document of ~1.8M tokens (the demo paragraphs, 1500 times over): every row is a
+  # piece of it, full causal attention over 2048 tokens as the peers' random rows get, no packing mask
   local f="$work/data.jsonl"
-  [ -f "$f" ] || for _ in $(seq 1 4000); do cat examples/demo/weaving.jsonl; done > "$f"
+  [ -f "$f" ] || python3 - "$f" <<'PY'
+import json, sys
+text = " ".join(json.loads(l)["text"] for l in open("examples/demo/weaving.jsonl"))
+open(sys.argv[1], "w").write(json.dumps({"text": " ".join([text] * 1500)}) + "\n")
+PY
   echo "$f"
 }
 
@@ -86,6 +93,12 @@ for shape in ${@:-1b}; do
   if [ "$shape" = 8b ]; then batch=4; else batch=8; fi
   for mode in $modes; do emit "$(loom_run "$shape" "$mode" "$batch" 2048)"; done
   for mode in ${LOOM_E2E_QLORA_MODES:-}; do emit "$(loom_run "$shape" "$mode" "$batch" 2048 --qlora)"; done
+  for mode in ${LOOM_E2E_PROFILE:-}; do
+    STEPS=3 TOP=45 timeout 400 tools/kernel_profile.sh "$work/profile.csv" "$loom" train --model "$(model_dir "$shape")" \
+      --data "$(data_file)" --out "$work/profile-run" --device cuda --dtype bf16 --seq-len 2048 --batch-size "$batch" \
+      --max-steps 3 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$out/profile-$shape-$mode.txt" 2>&1
+    rm -rf "$work/profile-run"
+  done
   for p in $peers; do
     case $p in
       peft) emit "$(peft_run "$shape" 0 "$batch" 2048)" ;;

@@ -308,8 +308,8 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-// Tile shape: LOOM_FLASH_BWD=<variant> picks one for bench/ (a tuning knob; default 3, which is 0
-// above head_dim 128 or off sm_90a: H200, b4 s2048 h32/8 d128, 1595 us against 2567 us for 0).
+// Tile shape: LOOM_FLASH_BWD=<variant> picks one for bench/ (a tuning knob; default 6, which runs 3
+// for what 6 does not cover, and 0 above head_dim 128 or off sm_90a).
 //   0: 128 keys per block, 8 warps of 32 keys x half the queries / head_dim, so each Q and dO
 //      fragment serves two key tiles (64 keys and 16 warps of 16 at head_dim 256);
 //   1: 64 keys, 8 warps of 16;  2: 128 keys, 8 warps of 16;
@@ -320,15 +320,13 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
 //   6: warp-specialised Hopper kernel (flash_attention_bwd_sm90_ws.cu: a TMA producer warp for Q,
 //      dO, lse and D in a ring, a lane adding dQ tiles with tensor reductions, two wgmma consumer
 //      warpgroups of 64 keys each) for plain causal attention at head_dim 64 to 128 on sm_90a;
-//      soft-capping, windows, segments and other head dims run variant 3 (0 off sm_90a). H200 with
-//      per-row bulk dQ reductions and consumers in lockstep: 1495 us at head_dim 128 (3: 1446),
-//      1387 at 64 (3: 1191); the tensor-reduction version is not measured yet.
-// H200, b4 s2048 h32/8, head_dim 128: 0 2567 us, 3 1595, 4 1667, 5 1551 (SDPA 978); head_dim 64:
-// 0 1664 us, 3 1270 (SDPA 667).
+//      soft-capping, windows, segments and other head dims run variant 3 (0 off sm_90a).
+// H200, b4 s2048 h32/8, causal, same run (2026-12-02): head_dim 128: 6 990 us, 3 1448 (SDPA 998);
+// head_dim 64: 6 654 us, 3 1193 (SDPA 656). Earlier: head_dim 128 0 2567 us, 4 1667, 5 1551.
 int bwd_variant() {
   static const int v = [] {
     const char* e = std::getenv("LOOM_FLASH_BWD");
-    return e ? std::atoi(e) : 3;
+    return e ? std::atoi(e) : 6;
   }();
   return v;
 }

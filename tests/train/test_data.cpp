@@ -398,6 +398,20 @@ TEST(PackedLoader, GreedyRowsAndLongDocumentSplit) {
   EXPECT_EQ(one.state().epoch, 1);
 }
 
+TEST(PackedLoader, OneSegmentPerRowOnlyForRowsOfOneDocumentPieceWithoutPadding) {
+  // 20 tokens in rows of 8: two full pieces of the document, then the tail with padding.
+  PackedLoader one(make_docs({20}), 8, 1, 3, 0, 1, kPad);
+  EXPECT_TRUE(one_segment_per_row(one.next()));
+  EXPECT_TRUE(one_segment_per_row(one.next()));
+  EXPECT_FALSE(one_segment_per_row(one.next()));  // tail + padding: two segments
+  // Two documents that share a row.
+  PackedLoader two(make_docs({3, 5}), 8, 1, 3, 0, 1, kPad);
+  EXPECT_FALSE(one_segment_per_row(two.next()));
+  // Batch of two rows: one piece each (16-token document, rows of 8).
+  PackedLoader rows(make_docs({16}), 8, 2, 3, 0, 1, kPad);
+  EXPECT_TRUE(one_segment_per_row(rows.next()));
+}
+
 TEST(PackedLoader, ShuffleIsPinnedDeterministicAndVaries) {
   // One document per row: the rows show the order. The order for seed 42 is pinned so that a change
   // of platform, compiler or standard library cannot silently change the data order.
