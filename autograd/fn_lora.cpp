@@ -4,6 +4,16 @@
 // In bf16 the adapter's small operands (A, B, A x, dy B) enter the GEMMs as hi + lo bf16 pairs
 // (kernels/bf16_split.h), so the adapter keeps PEFT's f32 arithmetic to about 16 bits while the
 // large operands (x, dy) stay the bf16 tensors they are.
+//
+// Order of the two products into one output (y, and dx in backward), bf16 without bias: the
+// adapter's skinny product first, written (beta 0), then the base GEMM adds onto it (beta 1). The
+// skinny product is memory-bound: written alone it moves the output once, where adding it after
+// the base moved it twice (read and write), and the base GEMM, compute-bound, reads the output in
+// its epilogue. The result is rounded to bf16 once where PEFT rounds twice (base, then base +
+// adapter). LOOM_LORA_ORDER=base keeps PEFT's order (base, then the adapter added).
+#include <cstdlib>
+#include <string_view>
+
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 
@@ -12,6 +22,14 @@ using detail::Grads;
 using detail::node_of;
 
 namespace {
+
+bool adapter_first() {
+  static const bool first = [] {
+    const char* e = std::getenv("LOOM_LORA_ORDER");
+    return !(e && std::string_view(e) == "base");
+  }();
+  return first;
+}
 
 // [rows, cols] f32 -> bf16 [parts * rows, cols]: the parts stacked along the rows (a view of the
 // flattened split).
@@ -45,17 +63,23 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   out_shape.back() = out;
   const Tensor x2 = xv.reshape({-1, in});
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
-  Tensor y = ops::matmul(x2, w.value(), false, true);  // [n, in] x [out, in]^T -> [n, out]
-  if (bias) y = ops::add_bias(y, bias->value());        // the base layer's output, rounded, as PEFT adds to it
+  const bool first = split && !bias && adapter_first();  // see the top of the file
+  Tensor y;
+  if (!first) {
+    y = ops::matmul(x2, w.value(), false, true);    // [n, in] x [out, in]^T -> [n, out]
+    if (bias) y = ops::add_bias(y, bias->value());  // the base layer's output, rounded, as PEFT adds to it
+  }
 
   // What backward keeps: t (or its bf16 parts), B and A in the forms the GEMMs take.
   Tensor t_keep, b_keep, a_keep;
   if (split) {
     // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], blocks summed -> [n, r].
     const Tensor t = ops::block_sum(ops::matmul(xd, split_rows(a.value(), "hl"), false, true, DType::f32), 2);
-    // y += scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
+    // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
+    if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
     ops::matmul_into(ops::bf16_split(t, "hlh"), ops::bf16_split(b.value().to(DType::f32), "hhl"), y, false, true,
-                     lora.scale, 1.f);
+                     lora.scale, first ? 0.f : 1.f);
+    if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
     t_keep = ops::bf16_split(t, "hl");                                          // [n, 2r]
     b_keep = ops::bf16_split(b.value().to(DType::f32), "hl");                   // [out, 2r]
     if (x.requires_grad()) a_keep = split_rows(a.value(), "hhl");               // [3r, in]
@@ -70,8 +94,8 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
   Tensor keep_x = recompute_x ? Tensor() : x2;
   const DType a_dtype = a.dtype(), b_dtype = b.dtype(), bias_dtype = bias ? bias->dtype() : DType::f32;
-  auto backward = [keep_x, recompute_x, keep_w, rematerialize, a_keep, b_keep, t_keep, lora, split, r, in, a_dtype,
-                   b_dtype, bias_dtype, xshape = xv.shape()](Node& n, const Grads& g) {
+  auto backward = [keep_x, recompute_x, keep_w, rematerialize, a_keep, b_keep, t_keep, lora, split, first, r, in,
+                   a_dtype, b_dtype, bias_dtype, xshape = xv.shape()](Node& n, const Grads& g) {
     const Tensor dy = g[0].reshape({-1, g[0].size(-1)});  // [n, out]
     const float scale = lora.scale;
     Tensor dx, dw, da, db, dbias;
@@ -107,7 +131,12 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
         // x, is allocated (down_proj: [tokens, intermediate] less at the layer's backward peak).
         if (recompute_x && !n.needs_grad(1)) x2 = Tensor();
       }
-      if (n.needs_grad(0)) {  // dx = dy W + dropout'(scale * dt A)
+      if (n.needs_grad(0) && first && lora.dropout <= 0.f) {  // dx = scale * dt A, then += dy W
+        dx = Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
+        ops::matmul_into(ops::bf16_split(dt, "hlh"), a_keep, dx, false, false, scale, 0.f);
+        ops::matmul_into(dy, rematerialize ? rematerialize() : keep_w, dx, false, false, 1.f, 1.f);
+        dx = dx.view(xshape);
+      } else if (n.needs_grad(0)) {  // dx = dy W + dropout'(scale * dt A)
         dx = ops::matmul(dy, rematerialize ? rematerialize() : keep_w);  // [n, out] x [out, in]
         const Tensor dt_parts = split ? ops::bf16_split(dt, "hlh") : dt;  // pairs with a_keep's [A_hi; A_hi; A_lo]
         if (lora.dropout > 0.f) {

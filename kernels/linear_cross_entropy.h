@@ -17,11 +17,17 @@ inline int64_t linear_cross_entropy_default_chunk_rows(int64_t vocab) {
   if (rows >= 256) rows -= rows % 128;
   return rows < 1 ? 1 : rows;
 }
+// Whether bf16 inputs give bf16 logits (rounded once from the f32 accumulation, then read in f32),
+// as transformers computes them (its lm_head is a bf16 Linear; the loss upcasts its output) and
+// Unsloth's fused loss does; on CUDA the logits pass then moves half the bytes. True unless the
+// environment says LOOM_LCE_LOGITS=f32 (keep the f32 accumulation unrounded; read once per process).
+// f32 and f64 inputs always keep their logits in their own type.
+bool linear_cross_entropy_bf16_logits();
 }  // namespace loom
 
 namespace loom::cpu {
 // h [n, hidden], w [vocab, hidden], targets [n]; z = softcap > 0 ? softcap * tanh(l / softcap) : l
-// with l = h w^T. *loss = mean over rows with t_i != ignore_index of lse_i - z[i, t_i] (0 when
+// with l = h w^T (rounded to bf16 for bf16 inputs: linear_cross_entropy_bf16_logits()). *loss = mean over rows with t_i != ignore_index of lse_i - z[i, t_i] (0 when
 // every row is ignored). dh [n, hidden] (nullable) gets d loss / d h; dw [vocab, hidden] (nullable)
 // gets d loss / d w (overwritten: the first chunk's GEMM has beta 0, later ones accumulate in
 // Acc<T>, so no zero-fill pass is needed). chunk_rows <= 0 picks the default.

@@ -20,29 +20,37 @@ struct BwdConfig {
   static constexpr size_t kSmem = (size_t(2 * kBc + 4 * kBr) * kD + 2 * size_t(kBc) * kBr) * sizeof(bf16);
 };
 
-// D_i = dout_i . out_i (f32) for every (batch, head, query): one warp per row; the row's dq_acc
-// (same [batch, seq, heads, head_dim] layout) is zeroed on the way (instead of a memset).
+// D_i = dout_i . out_i (f32) for every (batch, head, query): `group` lanes per row (a power of two
+// <= 32 with group * 8 >= head_dim, or 32 looping over longer rows), 8 elements per lane; the row's
+// dq_acc (same [batch, seq, heads, head_dim] layout) is zeroed on the way (instead of a memset).
+// Groups of a few lanes keep every lane busy at head_dim 64 (8 lanes a row, 4 rows a warp), where
+// a warp per row left three quarters of it idle.
 __global__ void dsum_kernel(AttentionParams p, const bf16* __restrict__ out, const bf16* __restrict__ dout,
-                            float* __restrict__ dsum, float* __restrict__ dq_acc) {
-  const int lane = int(threadIdx.x) & 31;
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);  // (b, i, h) as in q
-  if (row >= p.batch * p.seq * p.heads) return;
-  const int64_t h = row % p.heads, i = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
-  const bf16* o = out + row * p.head_dim;
-  const bf16* d = dout + row * p.head_dim;
-  float* z = dq_acc + row * p.head_dim;
+                            float* __restrict__ dsum, float* __restrict__ dq_acc, int group) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = t / group;  // (b, i, h) as in q
+  const int sub = int(t % group);
+  const bool valid = row < p.batch * p.seq * p.heads;
   float acc = 0.f;
-  for (int64_t c = lane * 8; c < p.head_dim; c += 256) {
-    reinterpret_cast<float4*>(z + c)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    reinterpret_cast<float4*>(z + c)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    float a[8], bb[8];
-    load_vec<8>(o + c, a);
-    load_vec<8>(d + c, bb);
+  if (valid) {
+    const bf16* o = out + row * p.head_dim;
+    const bf16* d = dout + row * p.head_dim;
+    float* z = dq_acc + row * p.head_dim;
+    for (int64_t c = int64_t(sub) * 8; c < p.head_dim; c += int64_t(group) * 8) {
+      reinterpret_cast<float4*>(z + c)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      reinterpret_cast<float4*>(z + c)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      float a[8], bb[8];
+      load_vec<8>(o + c, a);
+      load_vec<8>(d + c, bb);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc += a[e] * bb[e];
+      for (int e = 0; e < 8; ++e) acc += a[e] * bb[e];
+    }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) dsum[(b * p.heads + h) * p.seq + i] = acc;
+  for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);  // whole warp
+  if (valid && sub == 0) {
+    const int64_t h = row % p.heads, i = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
+    dsum[(b * p.heads + h) * p.seq + i] = acc;
+  }
 }
 
 // dq = scale * dq_acc, rounded to bf16; n a multiple of 8.
@@ -345,7 +353,10 @@ void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16
   float* dsum = static_cast<float*>(workspace);
   float* dq_acc = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + dsum_bytes(p));
   const int64_t n_q = p.batch * p.seq * p.heads * p.head_dim, rows = p.batch * p.seq * p.heads;
-  dsum_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(p, out, dout, dsum, dq_acc);  // also zeroes dq_acc
+  int group = 1;
+  while (group < 32 && group * 8 < p.head_dim) group *= 2;
+  const int64_t dsum_threads = rows * group;
+  dsum_kernel<<<unsigned((dsum_threads + 255) / 256), 256, 0, s>>>(p, out, dout, dsum, dq_acc, group);  // zeroes dq_acc
   LOOM_CUDA_LAUNCH_CHECK();
   const int variant = bwd_variant();
   if (variant == 6 && sm90_ready() && sm90_ws_bwd_supported(p)) {

@@ -42,8 +42,10 @@ struct Result {
 };
 
 // The unfused composition ag::cross_entropy(ag::linear(h, w)) computes, on raw pointers.
+// bf16_logits: the logits are rounded to bf16 before the loss (what a bf16 lm_head hands it).
 template <class T>
-Result<T> unfused(const std::vector<T>& h, const std::vector<T>& w, const std::vector<int32_t>& t, const Case& c) {
+Result<T> unfused(const std::vector<T>& h, const std::vector<T>& w, const std::vector<int32_t>& t, const Case& c,
+                  bool bf16_logits = false) {
   const int64_t n = c.n, V = c.vocab, H = c.hidden;
   std::vector<T> logits(n * V), dl(n * V), dloss(n);
   std::vector<T> loss(n), lse(n);
@@ -51,6 +53,8 @@ Result<T> unfused(const std::vector<T>& h, const std::vector<T>& w, const std::v
   g.m = n, g.n = V, g.k = H, g.trans_b = true, g.a = h.data(), g.lda = H, g.b = w.data(), g.ldb = H;
   g.c = logits.data(), g.ldc = V, g.ab_type = g.c_type = gtype<T>();
   cpu::gemm(g);
+  if (bf16_logits)
+    for (T& x : logits) x = T(bf16_to_float(float_to_bf16(float(x))));
   cpu::cross_entropy_forward(logits.data(), t.data(), loss.data(), lse.data(), n, V, c.softcap, kIgnoreIndex);
   int64_t count = 0;
   for (int32_t x : t) count += x != kIgnoreIndex;
@@ -101,8 +105,10 @@ void check_against_unfused(double tol) {
 TEST(LinearCrossEntropyCpu, MatchesUnfusedF64) { check_against_unfused<double>(1e-12); }
 TEST(LinearCrossEntropyCpu, MatchesUnfusedF32) { check_against_unfused<float>(2e-5); }
 
-// bf16 in, f32 logits: the fused path rounds only dlogits and dh to bf16, the unfused one also
-// rounds logits; compare with the f64 result of the same rounded inputs at bf16's ~1e-2.
+// bf16 in: logits accumulate in f32 and are rounded to bf16 (as transformers' bf16 lm_head gives
+// them; linear_cross_entropy_bf16_logits), the loss is taken in f32 from them, dlogits and dh are
+// rounded to bf16. Against the f64 unfused path of the same bf16 inputs with its logits rounded
+// the same way: the loss to f32 summation (1e-5), the gradients at bf16's ~1e-2.
 TEST(LinearCrossEntropyCpu, Bf16CloseToF64) {
   const Case c{7, 23, 16, 3, 2.f};
   const auto hb = random_vec<bf16>(c.n * c.hidden, 1), wb = random_vec<bf16>(c.vocab * c.hidden, 2);
@@ -110,13 +116,13 @@ TEST(LinearCrossEntropyCpu, Bf16CloseToF64) {
   std::vector<double> h(hb.size()), w(wb.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = to_acc(hb[i]);
   for (size_t i = 0; i < w.size(); ++i) w[i] = to_acc(wb[i]);
-  const Result<double> ref = fused(h, w, t, c);
+  const Result<double> ref = unfused(h, w, t, c, linear_cross_entropy_bf16_logits());
   std::vector<bf16> dh(c.n * c.hidden);
   std::vector<float> dw(c.vocab * c.hidden, NAN);
   float loss = 0;
   cpu::linear_cross_entropy(hb.data(), wb.data(), t.data(), &loss, dh.data(), dw.data(), c.n, c.vocab, c.hidden,
                             c.softcap, kIgnoreIndex, c.chunk);
-  EXPECT_NEAR(loss, ref.loss, 1e-5 * std::max(1.0, ref.loss));  // f32 logits of exact bf16 inputs
+  EXPECT_NEAR(loss, ref.loss, 1e-5 * std::max(1.0, ref.loss));  // the same logits, f32 against f64 sums
   EXPECT_LT(rel_error(dh, ref.dh), 1e-2);
   EXPECT_LT(rel_error(dw, ref.dw), 1e-2);
 }
