@@ -73,8 +73,10 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   // What backward keeps: t (or its bf16 parts), B and A in the forms the GEMMs take.
   Tensor t_keep, b_keep, a_keep;
   if (split) {
+    // [A_hi; A_hi; A_lo] for dx; its last 2r rows are [A_hi; A_lo] (one split for both).
+    const Tensor a_hhl = split_rows(a.value(), "hhl");
     // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], blocks summed -> [n, r].
-    const Tensor t = ops::block_sum(ops::matmul(xd, split_rows(a.value(), "hl"), false, true, DType::f32), 2);
+    const Tensor t = ops::block_sum(ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), 2);
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
     if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
     ops::matmul_into(ops::bf16_split(t, "hlh"), ops::bf16_split(b.value().to(DType::f32), "hhl"), y, false, true,
@@ -82,7 +84,7 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
     if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
     t_keep = ops::bf16_split(t, "hl");                                          // [n, 2r]
     b_keep = ops::bf16_split(b.value().to(DType::f32), "hl");                   // [out, 2r]
-    if (x.requires_grad()) a_keep = split_rows(a.value(), "hhl");               // [3r, in]
+    if (x.requires_grad()) a_keep = a_hhl;                                      // [3r, in]
   } else {
     const Tensor ac = a.value().to(cdt);
     b_keep = b.value().to(cdt);
