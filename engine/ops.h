@@ -39,6 +39,12 @@ Tensor softcap_backward(const Tensor& a, const Tensor& dout, float cap);
 // Scalars (f32, shape []) on a's device.
 Tensor sum(const Tensor& a);
 Tensor sum_squares(const Tensor& a);
+// f32 [2] on the gradients' device (all on one; the CPU when none is defined): the global norm
+// sqrt(sum over grads of sum(g^2)) and torch.nn.utils.clip_grad_norm_'s coefficient
+// min(max_norm / (norm + 1e-6), 1) (NaN kept). Undefined tensors are skipped. On CUDA a few
+// launches for all of them (kernels/grad_norm.h) and nothing read back; on the CPU per-tensor sums
+// added in f32.
+Tensor grad_norm_coef(const std::vector<Tensor>& grads, float max_norm);
 
 // ---- matrix products (f32 accumulation) ----
 // a [..., m, k] (or [..., k, m] with trans_a) times b [k, n] (or [n, k] with trans_b), b either

@@ -2,6 +2,9 @@
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "kernels/elementwise.h"
+#include "kernels/grad_norm.h"
+
+#include <cmath>
 
 namespace loom::ops {
 using namespace detail;
@@ -200,5 +203,35 @@ Tensor reduce(const char* op, const Tensor& a_in) {
 
 Tensor sum(const Tensor& a) { return reduce<false>("sum", a); }
 Tensor sum_squares(const Tensor& a) { return reduce<true>("sum_squares", a); }
+
+Tensor grad_norm_coef(const std::vector<Tensor>& grads, float max_norm) {
+  const char* op = "grad_norm_coef";
+  std::vector<Tensor> gs;
+  for (const Tensor& g : grads)
+    if (g.defined()) gs.push_back(g.contiguous());
+  for (const Tensor& g : gs) same_device(op, gs.front(), g);
+  if (!gs.empty() && gs.front().is_cuda()) {
+#if LOOM_WITH_CUDA
+    std::vector<cuda::GradSpan> spans;
+    for (const Tensor& g : gs) {
+      LOOM_CHECK(g.dtype() == DType::f32 || g.dtype() == DType::bf16, op, ": gradients must be f32 or bf16 on CUDA, got ",
+                 g.str());
+      spans.push_back({g.data_ptr(), g.numel(), g.dtype() == DType::bf16});
+    }
+    Tensor out = Tensor::empty({2}, DType::f32, gs.front().device());
+    Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::grad_norm_workspace_floats(spans.size()))}, DType::f32,
+                              gs.front().device());
+    cuda::grad_norm_coef(spans, max_norm, out.data<float>(), ws.data<float>(), stream_of(out));
+    return out;
+#else
+    LOOM_CHECK(false, op, ": Loom was built without CUDA (LOOM_CUDA=OFF)");
+#endif
+  }
+  Tensor total;
+  for (const Tensor& g : gs) total = total.defined() ? add(total, sum_squares(g)) : sum_squares(g);
+  const float sum = total.defined() ? total.item() : 0.f;
+  const float norm = std::sqrt(sum), c = max_norm / (norm + 1e-6f);
+  return Tensor::from_floats({norm, std::isnan(c) ? c : std::min(c, 1.f)}, {2});
+}
 
 }  // namespace loom::ops

@@ -12,6 +12,9 @@ struct AdamWParams {
   float lr = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
   int64_t step = 1;        // 1-based, already incremented for this update
   float grad_scale = 1.f;  // gradients are multiplied by this first (clipping, loss-scale undo)
+  // When set, the scale is read from here instead (memory of the device that runs the step: a
+  // clipping coefficient the GPU computed, so the host need not wait for it).
+  const float* grad_scale_at = nullptr;
 };
 
 // The per-step scalars, computed in double on the host as PyTorch does with Python floats, then

@@ -12,6 +12,7 @@ class AdamW : public UpdateRule {
  public:
   explicit AdamW(const AdamConfig& c) : c_(c) {}
   std::string name() const override { return "adamw"; }
+  bool reads_grad_scale_at() const override { return true; }
   std::vector<std::pair<std::string, Tensor>> init_state(int64_t numel, Device device) const override {
     return {{"exp_avg", Tensor::zeros({numel}, DType::f32, device)},
             {"exp_avg_sq", Tensor::zeros({numel}, DType::f32, device)}};

@@ -25,6 +25,7 @@ inline AdamWParams adamw_params(const AdamConfig& c, const StepArgs& a) {
   p.weight_decay = a.weight_decay;
   p.step = a.step;
   p.grad_scale = a.grad_scale;
+  p.grad_scale_at = a.grad_scale_at;
   return p;
 }
 

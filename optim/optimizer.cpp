@@ -64,6 +64,22 @@ void Optimizer::add_param(const std::string& name, const ag::Variable& var, int 
 void Optimizer::step(float lr, float grad_scale) {
   LOOM_CHECK(!sharded_, "Optimizer::step on a sharded optimizer: dist::Zero2 steps its shard");
   if (offloaded()) return step_on_host(lr, grad_scale);
+  step_on_device(lr, grad_scale, nullptr);
+}
+
+void Optimizer::step(float lr, const Tensor& grad_scale) {
+  LOOM_CHECK(!sharded_, "Optimizer::step on a sharded optimizer: dist::Zero2 steps its shard");
+  LOOM_CHECK(grad_scale.numel() == 1 && grad_scale.dtype() == DType::f32, "Optimizer::step: the gradient scale must ",
+             "be one f32 value, got ", grad_scale.str());
+  bool in_place = !offloaded() && rule_->reads_grad_scale_at();
+  for (const Param& p : params_)
+    if (p.var.grad().defined() && p.master.device() != grad_scale.device()) in_place = false;
+  if (!in_place) return step(lr, static_cast<float>(grad_scale.to_doubles()[0]));
+  const Tensor scale = grad_scale.contiguous();
+  step_on_device(lr, 1.f, &scale);
+}
+
+void Optimizer::step_on_device(float lr, float grad_scale, const Tensor* grad_scale_at) {
   for (Param& p : params_) {
     const Tensor& grad = p.var.grad();
     if (!grad.defined()) continue;
@@ -72,6 +88,7 @@ void Optimizer::step(float lr, float grad_scale) {
     a.lr = lr * g.lr_scale;
     a.weight_decay = g.weight_decay;
     a.grad_scale = grad_scale;
+    if (grad_scale_at) a.grad_scale_at = grad_scale_at->data<float>();
     a.step = ++p.step;
     Tensor compute = p.var.value();
     const bool separate = p.master.storage() != compute.storage();

@@ -20,6 +20,9 @@ struct StepArgs {
   float lr = 0.f;            // base lr times the group's lr_scale
   float weight_decay = 0.f;  // the group's
   float grad_scale = 1.f;    // gradients are multiplied by this first (clipping, loss-scale undo)
+  // When set, grad_scale is read from here instead: one f32 in the memory of the device the update
+  // runs on (only given to rules whose reads_grad_scale_at() is true).
+  const float* grad_scale_at = nullptr;
   int64_t step = 1;          // 1-based, already incremented for this update
 };
 
@@ -31,6 +34,8 @@ class UpdateRule {
   virtual ~UpdateRule() = default;
   virtual std::string name() const = 0;  // "adamw", "adamw8bit"
   virtual int64_t alignment() const { return 1; }
+  // Whether update() honours StepArgs::grad_scale_at (else the Optimizer reads the scale to the host).
+  virtual bool reads_grad_scale_at() const { return false; }
   // Zero state for `numel` master values on `device`, as (name, tensor) pairs (names like
   // "exp_avg"; the Optimizer saves them as "<name>.<param>").
   virtual std::vector<std::pair<std::string, Tensor>> init_state(int64_t numel, Device device) const = 0;
@@ -88,6 +93,11 @@ class Optimizer {
   // One update of every parameter that has a gradient; the others are skipped and their step
   // count stays (PyTorch's rule). lr is the base rate; each group multiplies it by lr_scale.
   void step(float lr, float grad_scale = 1.f);
+  // The same with the scale in a one-element f32 tensor, e.g. the clipping coefficient the GPU
+  // computed (ops::grad_norm_coef): read where the update runs, so the host does not wait for it.
+  // Falls back to reading it to the host for rules that cannot (8-bit AdamW), CPU offload, or a
+  // tensor on another device than a parameter.
+  void step(float lr, const Tensor& grad_scale);
   void zero_grad();
 
   // Named tensors that restore this optimizer exactly: "<state>.<param>" per parameter,
@@ -129,6 +139,7 @@ class Optimizer {
 
  private:
   void step_on_host(float lr, float grad_scale);
+  void step_on_device(float lr, float grad_scale, const Tensor* grad_scale_at);
 
   std::unique_ptr<UpdateRule> rule_;
   bool sharded_ = false;

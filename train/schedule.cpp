@@ -63,6 +63,20 @@ int64_t warmup_steps_for(int64_t warmup_steps, double warmup_ratio, int64_t tota
 }
 
 GradNorm clip_grad_norm(const std::vector<Tensor>& grads, float max_norm) {
+  const Tensor* first = nullptr;
+  bool one_device = true;
+  for (const Tensor& g : grads) {
+    if (!g.defined()) continue;
+    if (!first) first = &g;
+    one_device = one_device && g.device() == first->device();
+  }
+  GradNorm out;
+  if (one_device) {
+    const std::vector<double> v = ops::grad_norm_coef(grads, max_norm).to_doubles();
+    out.norm = static_cast<float>(v[0]);
+    out.coef = static_cast<float>(v[1]);
+    return out;
+  }
   // One running f32 scalar per device, so a step costs one host synchronization per device.
   std::vector<Tensor> totals;
   for (const Tensor& g : grads) {
@@ -76,7 +90,6 @@ GradNorm clip_grad_norm(const std::vector<Tensor>& grads, float max_norm) {
   }
   float sum = 0.f;
   for (const Tensor& t : totals) sum += t.item();
-  GradNorm out;
   out.norm = std::sqrt(sum);
   const float c = max_norm / (out.norm + 1e-6f);
   out.coef = std::isnan(c) ? c : std::min(c, 1.f);  // torch.clamp(max=1) keeps NaN

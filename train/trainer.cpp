@@ -473,19 +473,26 @@ absl::Status Trainer::run() {
     }
     const float lr = s.schedule.lr(s.cfg.lr, s.step);
     GradNorm gn;
+    Tensor norm_coef;  // single process: [norm, clip coefficient], computed and used on the device
     if (s.dist) {  // reduce over the ranks, clip by the global norm, update (ZeRO-2: the shard)
       gn = s.dist->step(*s.optimizer, lr, s.cfg.max_grad_norm);
     } else {
       std::vector<Tensor> grads;
       for (const auto& p : s.optimizer->params())
         if (p.var.grad().defined()) grads.push_back(p.var.grad());
-      gn = clip_grad_norm(grads, s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY);
-      s.optimizer->step(lr, gn.coef);  // the clipping factor scales the gradients inside the update
+      norm_coef = ops::grad_norm_coef(grads, s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY);
+      // The clipping factor scales the gradients inside the update, read where the update runs.
+      s.optimizer->step(lr, norm_coef.narrow(0, 1, 1));
     }
     s.optimizer->zero_grad();
     ++s.step;
     // The step's one read-back (with the grad norm's); a rank whose rows had no targets adds 0.
     double loss_sum = loss_total.defined() ? loss_total.to_doubles()[0] : 0.0;
+    if (norm_coef.defined()) {
+      const std::vector<double> nc = norm_coef.to_doubles();
+      gn.norm = static_cast<float>(nc[0]);
+      gn.coef = static_cast<float>(nc[1]);
+    }
     if (s.dist) loss_sum = s.dist->sum(loss_sum);
     s.losses.push_back(static_cast<float>(loss_sum));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

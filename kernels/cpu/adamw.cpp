@@ -12,7 +12,8 @@ namespace {
 template <bool kSmall, bool kCopy, class G>
 void adamw_loop(float* param, const G* grad, float* exp_avg, float* exp_avg_sq, int64_t n, const AdamWParams& p,
                 const AdamWScalars& k, bf16* param_bf16) {
-  const float beta2 = p.beta2, eps = p.eps, scale = p.grad_scale, neg_step = -k.step_size;
+  const float beta2 = p.beta2, eps = p.eps, neg_step = -k.step_size;
+  const float scale = p.grad_scale_at ? *p.grad_scale_at : p.grad_scale;
   const float w1 = k.w1, w1c = 1.f - k.w1, w2 = k.w2, decay = k.decay, bc2_sqrt = k.bc2_sqrt;
 #pragma omp parallel for simd if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {

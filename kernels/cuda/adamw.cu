@@ -12,7 +12,8 @@ constexpr int kThreads = 256;
 template <class G>
 __global__ void adamw_kernel(float* __restrict__ param, const G* __restrict__ grad, float* __restrict__ exp_avg,
                              float* __restrict__ exp_avg_sq, int64_t n, AdamWScalars k, float beta2, float eps,
-                             float scale, bf16* __restrict__ param_bf16) {
+                             float scale, const float* __restrict__ scale_at, bf16* __restrict__ param_bf16) {
+  if (scale_at) scale = *scale_at;
   const bool small = adamw_lerp_weight_small(k.w1);
   const float w1c = __fsub_rn(1.f, k.w1), neg_step = -k.step_size;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -42,7 +43,7 @@ void adamw_step(float* param, const G* grad, float* exp_avg, float* exp_avg_sq, 
   LOOM_CHECK(param && grad && exp_avg && exp_avg_sq, "cuda adamw_step: null pointer");
   const AdamWScalars k = adamw_scalars(p);
   adamw_kernel<G><<<blocks_for(n, kThreads), kThreads, 0, s>>>(param, grad, exp_avg, exp_avg_sq, n, k, p.beta2,
-                                                                 p.eps, p.grad_scale, param_bf16);
+                                                                 p.eps, p.grad_scale, p.grad_scale_at, param_bf16);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -58,6 +58,31 @@ TEST(Optimizer, AdamWEqualsTheKernelWithGroups) {
   }
 }
 
+// A gradient scale given as a tensor (the clipping coefficient left where it was computed) gives
+// the same bits as the same scale given as a float: read in place by AdamW, read to the host first
+// by 8-bit AdamW.
+TEST(Optimizer, ScaleFromATensorEqualsTheFloat) {
+  for (const char* rule : {"adamw", "adamw8bit"}) {
+    auto make = [&] { return std::move(*optim::make_update_rule(rule, {0.9f, 0.999f, 1e-8f}, Device::cpu())); };
+    optim::Optimizer by_float(make()), by_tensor(make());
+    ag::Variable a(random_tensor({64, 80}, 3), true), b(random_tensor({64, 80}, 3), true);
+    by_float.add_param("w", a, by_float.add_group({"all", 1.f, 0.1f}));
+    by_tensor.add_param("w", b, by_tensor.add_group({"all", 1.f, 0.1f}));
+    const Tensor coef = Tensor::from_floats({7.f, 0.6f}, {2});  // [norm, coefficient], as ops::grad_norm_coef
+    for (int step = 0; step < 3; ++step) {
+      const Tensor g = random_tensor({64, 80}, 40 + step);
+      set_grad(a, g);
+      set_grad(b, g);
+      by_float.step(1e-2f, 0.6f);
+      by_tensor.step(1e-2f, coef.narrow(0, 1, 1));
+      by_float.zero_grad();
+      by_tensor.zero_grad();
+      EXPECT_TRUE(bits_equal(a.value(), b.value())) << rule << " step " << step;
+    }
+    EXPECT_THROW(by_tensor.step(1e-2f, coef), Error) << "two values are not one scale";
+  }
+}
+
 TEST(Optimizer, Bf16WeightsGetAnF32MasterAndTheRoundedCopy) {
   optim::Optimizer opt(optim::make_adamw({}));
   opt.add_group({"all", 1.f, 0.f});
