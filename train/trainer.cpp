@@ -9,6 +9,7 @@
 #include <cstring>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -21,6 +22,7 @@
 #include "dist/launch_env.h"
 #include "engine/memory.h"
 #include "engine/offload.h"
+#include "engine/stream_mark.h"
 #include "engine/status_macros.h"
 #include "optim/adamw.h"
 #include "train/checkpointing_plan.h"
@@ -422,8 +424,30 @@ absl::Status Trainer::State::save_final() {
   return write_loss_svg(metrics->path(), (fs::path(cfg.out_dir) / "loss.svg").string());
 }
 
+// LOOM_STEP_TIMING=1: each step prints to stderr where its wall time went, the GPU's side from
+// marks on the compute stream (engine/stream_mark.h): idle before the step's first work, the
+// forward and backward, clipping and the update, each beside the host's time to queue it.
+struct StepTiming {
+  bool on = std::getenv("LOOM_STEP_TIMING") != nullptr;
+  StreamMark prev_end;
+  std::chrono::steady_clock::time_point data_done, queued_fb, queued_opt;
+  StreamMark start, fb, opt;
+  void print(int64_t step, std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point read) {
+    using ms = std::chrono::duration<double, std::milli>;
+    const double idle = prev_end.recorded() ? StreamMark::elapsed_ms(prev_end, start) : 0.0;
+    std::fprintf(stderr,
+                 "step %lld timing (ms): device idle before %.2f | device fwd+bwd %.2f (host queued it in %.2f) | device "
+                 "clip+update %.2f (host %.2f) | host: data %.2f, waiting for the GPU %.2f\n",
+                 static_cast<long long>(step), idle, StreamMark::elapsed_ms(start, fb), ms(queued_fb - data_done).count(),
+                 StreamMark::elapsed_ms(fb, opt), ms(queued_opt - queued_fb).count(), ms(data_done - t0).count(),
+                 ms(read - queued_opt).count());
+    prev_end = opt;
+  }
+};
+
 absl::Status Trainer::run() {
   State& s = *s_;
+  StepTiming timing;
   g_stop.store(false);
   const bool tty = isatty(fileno(stdout)) && (!s.dist || s.dist->root());
   int64_t empty_steps = 0;
@@ -450,6 +474,10 @@ absl::Status Trainer::run() {
     empty_steps = 0;
     // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46),
     // summed on the device: the step reads nothing back until its end.
+    if (timing.on) {
+      timing.data_done = std::chrono::steady_clock::now();
+      timing.start = StreamMark::record(s.device);
+    }
     std::vector<DeviceBatch> uploaded;
     LOOM_ASSIGN_OR_RETURN(uploaded, upload(batches, s.device, s.model->config().vocab_size));
     Tensor loss_total;
@@ -471,6 +499,10 @@ absl::Status Trainer::run() {
       loss_total = loss_total.defined() ? ops::add(loss_total, weighted.value()) : weighted.value();
       ag::backward(weighted);
     }
+    if (timing.on) {
+      timing.queued_fb = std::chrono::steady_clock::now();
+      timing.fb = StreamMark::record(s.device);
+    }
     const float lr = s.schedule.lr(s.cfg.lr, s.step);
     GradNorm gn;
     Tensor norm_coef;  // single process: [norm, clip coefficient], computed and used on the device
@@ -485,6 +517,10 @@ absl::Status Trainer::run() {
       s.optimizer->step(lr, norm_coef.narrow(0, 1, 1));
     }
     s.optimizer->zero_grad();
+    if (timing.on) {
+      timing.queued_opt = std::chrono::steady_clock::now();
+      timing.opt = StreamMark::record(s.device);
+    }
     ++s.step;
     // The step's one read-back (with the grad norm's); a rank whose rows had no targets adds 0.
     double loss_sum = loss_total.defined() ? loss_total.to_doubles()[0] : 0.0;
@@ -493,6 +529,7 @@ absl::Status Trainer::run() {
       gn.norm = static_cast<float>(nc[0]);
       gn.coef = static_cast<float>(nc[1]);
     }
+    if (timing.on) timing.print(s.step, t0, std::chrono::steady_clock::now());
     if (s.dist) loss_sum = s.dist->sum(loss_sum);
     s.losses.push_back(static_cast<float>(loss_sum));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
