@@ -76,13 +76,15 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
     // [A_hi; A_hi; A_lo] for dx; its last 2r rows are [A_hi; A_lo] (one split for both).
     const Tensor a_hhl = split_rows(a.value(), "hhl");
     // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], blocks summed -> [n, r].
-    const Tensor t = ops::block_sum(ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), 2);
+    // Kept as its [t_hi, t_lo] parts for dB, and as [t_hi, t_lo, t_hi] for the product below.
+    const std::vector<Tensor> t_parts = ops::block_sum_split(
+        ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), 2, 1.f, {"hlh", "hl"});
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
     if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-    ops::matmul_into(ops::bf16_split(t, "hlh"), ops::bf16_split(b.value().to(DType::f32), "hhl"), y, false, true,
-                     lora.scale, first ? 0.f : 1.f);
+    ops::matmul_into(t_parts[0], ops::bf16_split(b.value().to(DType::f32), "hhl"), y, false, true, lora.scale,
+                     first ? 0.f : 1.f);
     if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
-    t_keep = ops::bf16_split(t, "hl");                                          // [n, 2r]
+    t_keep = t_parts[1];                                                        // [n, 2r]
     b_keep = ops::bf16_split(b.value().to(DType::f32), "hl");                   // [out, 2r]
     if (x.requires_grad()) a_keep = a_hhl;                                      // [3r, in]
   } else {
@@ -118,13 +120,23 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
       }
     }
     if (n.needs_grad(0) || n.needs_grad(2)) {
-      // dt = dy B (scale applied below): [n, out] x [out, r] (or [out, 2r] parts, summed, f32).
-      const Tensor dt = split ? ops::block_sum(ops::matmul(dy, b_keep, false, false, DType::f32), 2)
-                              : ops::matmul(dy, b_keep);
+      // dt = dy B (scale applied below): [n, out] x [out, r]; in bf16 [out, 2r] parts, summed in f32
+      // and split at once into the parts dA ([dt_hi, dt_lo]) and dx ([dt_hi, dt_lo, dt_hi]) take.
+      Tensor dt, dt_hl, dt_hlh;
+      if (split) {
+        std::vector<std::string> patterns;
+        if (n.needs_grad(2)) patterns.push_back("hl");
+        if (n.needs_grad(0)) patterns.push_back("hlh");
+        const std::vector<Tensor> parts =
+            ops::block_sum_split(ops::matmul(dy, b_keep, false, false, DType::f32), 2, 1.f, patterns);
+        if (n.needs_grad(2)) dt_hl = parts[0];
+        if (n.needs_grad(0)) dt_hlh = parts.back();
+      } else {
+        dt = ops::matmul(dy, b_keep);
+      }
       if (n.needs_grad(2)) {  // dA = scale * dt^T dropout(x): [r, n] x [n, in]
         if (split) {
-          da = sum_row_parts(ops::matmul(ops::bf16_split(dt, "hl"), dropped(), true, false, DType::f32), 2, scale)
-                   .to(a_dtype);
+          da = sum_row_parts(ops::matmul(dt_hl, dropped(), true, false, DType::f32), 2, scale).to(a_dtype);
         } else {
           da = Tensor::empty({r, in}, a_dtype, dy.device());
           ops::matmul_into(dt, dropped(), da, true, false, scale, 0.f);
@@ -135,12 +147,12 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
       }
       if (n.needs_grad(0) && first && lora.dropout <= 0.f) {  // dx = scale * dt A, then += dy W
         dx = Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
-        ops::matmul_into(ops::bf16_split(dt, "hlh"), a_keep, dx, false, false, scale, 0.f);
+        ops::matmul_into(dt_hlh, a_keep, dx, false, false, scale, 0.f);
         ops::matmul_into(dy, rematerialize ? rematerialize() : keep_w, dx, false, false, 1.f, 1.f);
         dx = dx.view(xshape);
       } else if (n.needs_grad(0)) {  // dx = dy W + dropout'(scale * dt A)
         dx = ops::matmul(dy, rematerialize ? rematerialize() : keep_w);  // [n, out] x [out, in]
-        const Tensor dt_parts = split ? ops::bf16_split(dt, "hlh") : dt;  // pairs with a_keep's [A_hi; A_hi; A_lo]
+        const Tensor dt_parts = split ? dt_hlh : dt;  // pairs with a_keep's [A_hi; A_hi; A_lo]
         if (lora.dropout > 0.f) {
           dx = ops::add(dx, ops::scale(ops::dropout(ops::matmul(dt_parts, a_keep), lora.dropout, lora.seed, lora.offset),
                                        scale));

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/tensor.h"
 
@@ -61,6 +62,8 @@ Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype =
 Tensor bf16_split(const Tensor& x, const std::string& pattern);
 // f32 in [rows, m * k] -> f32 [rows, k]: alpha times the sum of the m blocks of each row.
 Tensor block_sum(const Tensor& in, int m, float alpha = 1.f);
+// bf16_split(block_sum(in, m, alpha), pattern) for one or two patterns, in one pass (the same bits).
+std::vector<Tensor> block_sum_split(const Tensor& in, int m, float alpha, const std::vector<std::string>& patterns);
 
 // ---- normalization, position, activation, lookup ----
 struct RmsNormOut {

@@ -109,16 +109,23 @@ Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype) 
   return y.view(out_shape);
 }
 
-Tensor bf16_split(const Tensor& x_in, const std::string& pattern) {
-  const char* op = "bf16_split";
-  expect_dtype(op, x_in, DType::f32, "x");
-  LOOM_CHECK(x_in.dim() == 2, op, ": x must be [rows, k], got ", x_in.str());
+namespace {
+SplitPattern split_pattern(const char* op, const std::string& pattern) {
   SplitPattern p;
   LOOM_CHECK(!pattern.empty() && pattern.size() <= size_t(kMaxSplitParts), op, ": 1 to 4 parts, got '", pattern, "'");
   for (char c : pattern) {
     LOOM_CHECK(c == 'h' || c == 'l', op, ": parts are 'h' or 'l', got '", pattern, "'");
     p.parts[p.count++] = c;
   }
+  return p;
+}
+}  // namespace
+
+Tensor bf16_split(const Tensor& x_in, const std::string& pattern) {
+  const char* op = "bf16_split";
+  expect_dtype(op, x_in, DType::f32, "x");
+  LOOM_CHECK(x_in.dim() == 2, op, ": x must be [rows, k], got ", x_in.str());
+  const SplitPattern p = split_pattern(op, pattern);
   const Tensor x = x_in.contiguous();
   const int64_t rows = x.size(0), k = x.size(1);
   Tensor out = Tensor::empty({rows, p.count * k}, DType::bf16, x.device());
@@ -142,6 +149,32 @@ Tensor block_sum(const Tensor& in_t, int m, float alpha) {
     cpu::block_sum(in.data<float>(), out.data<float>(), rows, k, m, alpha);
   } else {
     LOOM_ON_CUDA(op, float, cuda::block_sum(in.data<float>(), out.data<float>(), rows, k, m, alpha, stream_of(in)));
+  }
+  return out;
+}
+
+std::vector<Tensor> block_sum_split(const Tensor& in_t, int m, float alpha, const std::vector<std::string>& patterns) {
+  const char* op = "block_sum_split";
+  expect_dtype(op, in_t, DType::f32, "in");
+  LOOM_CHECK(in_t.dim() == 2 && m >= 1 && in_t.size(1) % m == 0, op, ": in must be [rows, m * k] with m = ", m,
+             ", got ", in_t.str());
+  LOOM_CHECK(patterns.size() == 1 || patterns.size() == 2, op, ": one or two patterns, got ", patterns.size());
+  const Tensor in = in_t.contiguous();
+  const int64_t rows = in.size(0), k = in.size(1) / m;
+  std::vector<SplitPattern> ps;
+  std::vector<Tensor> out;
+  for (const std::string& pattern : patterns) {
+    ps.push_back(split_pattern(op, pattern));
+    out.push_back(Tensor::empty({rows, ps.back().count * k}, DType::bf16, in.device()));
+  }
+  bf16* b = out.size() > 1 ? out[1].data<bf16>() : nullptr;
+  const SplitPattern pb = ps.size() > 1 ? ps[1] : SplitPattern{};
+  if (in.is_cpu()) {
+    cpu::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb);
+  } else {
+    LOOM_ON_CUDA(op, float,
+                 cuda::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb,
+                                       stream_of(in)));
   }
   return out;
 }

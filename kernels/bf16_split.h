@@ -27,9 +27,16 @@ namespace loom::cpu {
 void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern);
 // out [rows, k] f32 = alpha * sum over the m blocks of in [rows, m * k] (f32).
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha);
+// block_sum, then bf16_split of its result with pattern a into out_a [rows, a.count * k] and, when
+// out_b is not null, with pattern b into out_b: the same values as the three calls, in one pass,
+// without the f32 sum in memory.
+void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
+                     bf16* out_b, SplitPattern b);
 }  // namespace loom::cpu
 
 namespace loom::cuda {
 void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, Stream s);
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha, Stream s);
+void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
+                     bf16* out_b, SplitPattern b, Stream s);
 }  // namespace loom::cuda

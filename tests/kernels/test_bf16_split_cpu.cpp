@@ -44,5 +44,32 @@ TEST(Bf16Split, BlockSumAddsTheBlocks) {
     }
 }
 
+SplitPattern pattern_of(const char* s) {
+  SplitPattern p;
+  for (; *s; ++s) p.parts[p.count++] = *s;
+  return p;
+}
+
+// The fused pass writes what block_sum followed by bf16_split writes, bit for bit, for one pattern
+// and for two (the alpha chosen so that alpha * sum rounds).
+TEST(Bf16Split, BlockSumSplitEqualsBlockSumThenSplit) {
+  const int64_t rows = 7, k = 13;
+  for (int m : {1, 2, 3}) {
+    const auto in = random_vec<float>(rows * m * k, 20 + m);
+    std::vector<float> sum(rows * k);
+    cpu::block_sum(in.data(), sum.data(), rows, k, m, 0.3f);
+    const SplitPattern a = pattern_of("hlh"), b = pattern_of("hl");
+    std::vector<bf16> want_a(rows * 3 * k), want_b(rows * 2 * k), got_a(want_a.size()), got_b(want_b.size()),
+        only_a(want_a.size());
+    cpu::bf16_split(sum.data(), want_a.data(), rows, k, a);
+    cpu::bf16_split(sum.data(), want_b.data(), rows, k, b);
+    cpu::block_sum_split(in.data(), rows, k, m, 0.3f, got_a.data(), a, got_b.data(), b);
+    cpu::block_sum_split(in.data(), rows, k, m, 0.3f, only_a.data(), a, nullptr, SplitPattern{});
+    EXPECT_EQ(rel_error(got_a, want_a), 0.0) << m;
+    EXPECT_EQ(rel_error(got_b, want_b), 0.0) << m;
+    EXPECT_EQ(rel_error(only_a, want_a), 0.0) << m;
+  }
+}
+
 }  // namespace
 }  // namespace loom::test

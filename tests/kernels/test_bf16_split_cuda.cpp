@@ -28,5 +28,25 @@ TEST(Bf16SplitCuda, MatchesCpuExactly) {
   }
 }
 
+// The fused block sum + split against the CPU's, bit for bit (two patterns and one).
+TEST(Bf16SplitCuda, BlockSumSplitMatchesCpuExactly) {
+  LOOM_REQUIRE_GPU();
+  SplitPattern a, b;
+  for (char c : {'h', 'l', 'h'}) a.parts[a.count++] = c;
+  for (char c : {'h', 'l'}) b.parts[b.count++] = c;
+  for (auto [rows, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 16}, {16384, 16}}) {
+    const auto in = random_vec<float>(rows * 2 * k, 30 + k);
+    std::vector<bf16> ref_a(rows * 3 * k), ref_b(rows * 2 * k);
+    cpu::block_sum_split(in.data(), rows, k, 2, 0.3f, ref_a.data(), a, ref_b.data(), b);
+    DeviceBuffer<float> d_in(in);
+    DeviceBuffer<bf16> d_a(ref_a.size()), d_b(ref_b.size()), d_only(ref_a.size());
+    cuda::block_sum_split(d_in.get(), rows, k, 2, 0.3f, d_a.get(), a, d_b.get(), b, nullptr);
+    cuda::block_sum_split(d_in.get(), rows, k, 2, 0.3f, d_only.get(), a, nullptr, SplitPattern{}, nullptr);
+    EXPECT_EQ(rel_error(d_a.to_host(), ref_a), 0.0) << rows << "x" << k;
+    EXPECT_EQ(rel_error(d_b.to_host(), ref_b), 0.0) << rows << "x" << k;
+    EXPECT_EQ(rel_error(d_only.to_host(), ref_a), 0.0) << rows << "x" << k;
+  }
+}
+
 }  // namespace
 }  // namespace loom::test
