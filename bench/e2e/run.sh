@@ -12,13 +12,17 @@
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
 # LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run),
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, for the
-# kernel-by-kernel time of a step: $OUT/profile-<shape>-<mode>.txt, see tools/kernel_profile.sh).
+# kernel-by-kernel time of a step: $OUT/profile-<shape>-<mode>.txt, see tools/kernel_profile.sh),
+# LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
+# call's results, so that a table too long for one device call, e.g. the 8B shape with every peer,
+# is printed whole by the second: LOOM_E2E_PEERS=" " first, then LOOM_E2E_MODES=" " with the peers).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
 out=${OUT:-e2e-out}
 mkdir -p "$out"
 results="$out/e2e.jsonl"
+if [ -n "${LOOM_E2E_PREVIOUS:-}" ]; then cp "$LOOM_E2E_PREVIOUS" "$results" || exit 1; fi
 loom=${LOOM_BIN:-build-gpu/tools/loom}
 steps=${LOOM_E2E_STEPS:-12}
 modes=${LOOM_E2E_MODES:-none recompute offload}
