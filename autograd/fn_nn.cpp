@@ -20,6 +20,27 @@ Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one)
   return record1(node_of("rms_norm", backward), {&x, &w}, r.y);
 }
 
+std::pair<Variable, Variable> add_rms_norm(const Variable& x, const Variable& r, const Variable& w, float eps,
+                                           bool add_one) {
+  ops::AddRmsNormOut o = ops::add_rms_norm(x.value(), r.value(), w.value(), eps, add_one);
+  Tensor hv = o.h, wv = w.value(), rstd = o.rstd;
+  auto backward = [hv, wv, rstd, add_one](Node& n, const Grads& g) {
+    // g[0]: h's gradient from the residual stream; g[1]: the norm output's. Either may be absent.
+    Tensor dw, dh;
+    if (n.needs_grad(2) && g[1].defined()) dw = Tensor::zeros({wv.numel()}, ops::acc_dtype(wv.dtype()), wv.device());
+    if (g[1].defined()) {
+      dh = ops::rms_norm_backward(hv, wv, rstd, g[1], dw.defined() ? &dw : nullptr, add_one,
+                                  g[0].defined() ? &g[0] : nullptr);
+    } else {
+      dh = g[0];
+    }
+    if (dw.defined() && dw.dtype() != wv.dtype()) dw = dw.to(wv.dtype());
+    return Grads{n.needs_grad(0) ? dh : Tensor(), n.needs_grad(1) ? dh : Tensor(), dw};
+  };
+  std::vector<Variable> out = record(node_of("add_rms_norm", backward), {&x, &r, &w}, {o.h, o.y});
+  return {out[0], out[1]};
+}
+
 Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq) {
   auto backward = [positions, inv_freq](Node&, const Grads& g) {
     return Grads{ops::rope_backward(g[0], positions, inv_freq)};

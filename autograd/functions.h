@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <optional>
+#include <utility>
 
 #include "autograd/tape.h"
 #include "engine/ops.h"
@@ -54,6 +55,11 @@ Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rem
 
 // ---- normalization, position, activation, lookup (fn_nn.cpp) ----
 Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one = false);
+// The residual add and the norm after it as one node: {h = x + r, rms_norm(h)} (ops::add_rms_norm),
+// with backward's two gradients of h (the residual stream's and the norm's) summed in the norm's
+// backward pass instead of a separate addition. Same values as add then rms_norm.
+std::pair<Variable, Variable> add_rms_norm(const Variable& x, const Variable& r, const Variable& w, float eps,
+                                           bool add_one = false);
 // x [batch, seq, heads, head_dim]; positions i32 [batch*seq]; inv_freq f32 [head_dim/2].
 Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq);
 Variable swiglu(const Variable& gate, const Variable& up);

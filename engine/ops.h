@@ -72,9 +72,18 @@ struct RmsNormOut {
 };
 // x [..., C], w [C]; add_one: Gemma's (1 + w).
 RmsNormOut rms_norm(const Tensor& x, const Tensor& w, float eps, bool add_one);
-// Returns dx; accumulates into *dw (acc dtype, [C]) when dw is non-null.
+// h = x + r (the residual add) and rms_norm(h), in one pass on CUDA (the same bits as add, then
+// rms_norm).
+struct AddRmsNormOut {
+  Tensor h;     // x + r
+  Tensor y;     // rms_norm(h)
+  Tensor rstd;  // acc dtype, [rows]
+};
+AddRmsNormOut add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, float eps, bool add_one);
+// Returns dx; accumulates into *dw (acc dtype, [C]) when dw is non-null. dres (nullable, like x):
+// a gradient x gets by another path, added to dx (in the same pass on CUDA; the bits of add(dres, dx)).
 Tensor rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor* dw,
-                         bool add_one);
+                         bool add_one, const Tensor* dres = nullptr);
 
 // x [batch, seq, heads, head_dim] (or [tokens, heads, head_dim]); positions i32 [batch*seq];
 // inv_freq f32 [head_dim/2]. Hugging Face rotate-half layout.

@@ -30,13 +30,44 @@ RmsNormOut rms_norm(const Tensor& x_in, const Tensor& w_in, float eps, bool add_
   return r;
 }
 
+AddRmsNormOut add_rms_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in, float eps, bool add_one) {
+  const char* op = "add_rms_norm";
+  same_shape(op, x_in, r_in);
+  same_dtype(op, x_in, r_in);
+  same_device(op, x_in, r_in);
+  if (!x_in.is_cuda()) {  // the CPU reference is the composition itself
+    Tensor h = add(x_in, r_in);
+    RmsNormOut n = rms_norm(h, w_in, eps, add_one);
+    return {h, n.y, n.rstd};
+  }
+  same_device(op, x_in, w_in);
+  same_dtype(op, x_in, w_in);
+  LOOM_CHECK(w_in.dim() == 1 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": weight ", w_in.str(),
+             " does not match the last dim of ", x_in.str());
+  Tensor x = x_in.contiguous(), r = r_in.contiguous(), w = w_in.contiguous();
+  const int64_t cols = w.numel(), rows = cols ? x.numel() / cols : 0;
+  AddRmsNormOut o{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty(x.shape(), x.dtype(), x.device()),
+                  Tensor::empty({rows}, acc_dtype(x.dtype()), x.device())};
+  dispatch_float(op, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    LOOM_ON_CUDA(op, T, cuda::rms_norm_forward(x.data<T>(), w.data<T>(), o.y.data<T>(), o.rstd.data<Acc<T>>(), rows,
+                                               cols, eps, add_one, stream_of(x), r.data<T>(), o.h.data<T>()));
+  });
+  return o;
+}
+
 Tensor rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd, const Tensor& dy_in, Tensor* dw,
-                         bool add_one) {
+                         bool add_one, const Tensor* dres_in) {
   const char* op = "rms_norm_backward";
   same_shape(op, x_in, dy_in);
   same_dtype(op, x_in, dy_in);
   same_dtype(op, x_in, w_in);
   same_device(op, x_in, dy_in);
+  if (dres_in) {
+    same_shape(op, x_in, *dres_in);
+    same_dtype(op, x_in, *dres_in);
+    same_device(op, x_in, *dres_in);
+  }
   Tensor x = x_in.contiguous(), w = w_in.contiguous(), dy = dy_in.contiguous();
   const int64_t cols = w.numel(), rows = cols ? x.numel() / cols : 0;
   LOOM_CHECK(rstd.numel() == rows && rstd.dtype() == acc_dtype(x.dtype()), op, ": rstd ", rstd.str(), " for ", x.str());
@@ -46,6 +77,7 @@ Tensor rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& r
     same_device(op, x, *dw);
   }
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  bool added = false;
   dispatch_float(op, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = Acc<T>;
@@ -54,14 +86,17 @@ Tensor rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& r
       LOOM_ON_CUDA(op, T, {
         Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::rms_norm_backward_workspace_bytes(rows, cols))}, DType::u8,
                                   x.device());
+        const Tensor dres = dres_in ? dres_in->contiguous() : Tensor();
         cuda::rms_norm_backward(x.data<T>(), w.data<T>(), rstd.data<A>(), dy.data<T>(), dx.data<T>(), dwp, rows, cols,
-                                add_one, ws.data_ptr(), stream_of(x));
+                                add_one, ws.data_ptr(), stream_of(x), dres_in ? dres.data<T>() : nullptr);
+        added = dres_in != nullptr;
       });
     } else {
       cpu::rms_norm_backward(x.data<T>(), w.data<T>(), rstd.data<A>(), dy.data<T>(), dx.data<T>(), dwp, rows, cols,
                              add_one);
     }
   });
+  if (dres_in && !added) dx = add(*dres_in, dx);
   return dx;
 }
 

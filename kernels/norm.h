@@ -23,14 +23,18 @@ void rms_norm_backward(const T* x, const T* w, const Acc<T>* rstd, const T* dy, 
 
 namespace loom::cuda {
 // Same contracts as loom::cpu (T = float or bf16, statistics and dw in f32). One block per row.
+// With residual and sum (both or neither): the norm of h = x + residual (rounded to T, the unfused
+// add's value), h written to sum [rows, cols]: the residual add fused into the norm's pass.
 template <class T>
 void rms_norm_forward(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t cols, float eps,
-                      bool add_one, Stream s);
+                      bool add_one, Stream s, const T* residual = nullptr, T* sum = nullptr);
 // Scratch for the deterministic weight gradient (per-block partial column sums, f32). With
 // dw = nullptr no workspace is needed (pass nullptr). cols * 4 bytes of shared memory per block
 // must fit the device's opt-in limit (~58k columns on H100/H200); a loom::Error says otherwise.
 size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t cols);
+// dres (nullable, [rows, cols]): the gradient x also gets by another path (the residual stream),
+// added to dx: dx = T(dres + T(dx)), the bits the separate addition gives.
 template <class T>
 void rms_norm_backward(const T* x, const T* w, const float* rstd, const T* dy, T* dx, float* dw, int64_t rows,
-                       int64_t cols, bool add_one, void* workspace, Stream s);
+                       int64_t cols, bool add_one, void* workspace, Stream s, const T* dres = nullptr);
 }  // namespace loom::cuda

@@ -47,6 +47,10 @@ struct RmsNorm {
   float eps = 1e-6f;
   bool add_one = false;  // Gemma: x * (1 + w)
   ag::Variable forward(const ag::Variable& x) const { return ag::rms_norm(x, weight, eps, add_one); }
+  // {h = x + r, forward(h)}: the residual add before the norm, fused with it (ag::add_rms_norm).
+  std::pair<ag::Variable, ag::Variable> forward_residual(const ag::Variable& x, const ag::Variable& r) const {
+    return ag::add_rms_norm(x, r, weight, eps, add_one);
+  }
 };
 
 struct Attention {

@@ -38,8 +38,10 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
 }
 
 ag::Variable llama_layer(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
-  ag::Variable h = ag::add(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
-  return ag::add(h, L.mlp.forward(L.post_attention_layernorm.forward(h)));
+  // The attention's residual add and the MLP's norm in one pass (forward and backward).
+  auto [h, normed] =
+      L.post_attention_layernorm.forward_residual(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
+  return ag::add(h, L.mlp.forward(normed));
 }
 
 }  // namespace loom::detail

@@ -23,9 +23,12 @@ int64_t backward_blocks(int64_t rows, int64_t cols) {
 
 // y[row, :] = x[row, :] * rstd * g. One block per row; columns in groups of N per thread.
 // Launched with up to 1024 threads: __launch_bounds__ keeps registers within 64 per thread.
+// With a residual: the row is first h = x + residual, rounded to T and written to `sum` (as the
+// unfused add writes it), and the norm is taken of that h (each thread re-reads what it wrote).
 template <class T, int N>
 __global__ void __launch_bounds__(1024)
-    rms_forward_kernel(const T* x, const T* w, T* y, float* rstd, int64_t cols, float eps, bool add_one) {
+    rms_forward_kernel(const T* x, const T* w, T* y, float* rstd, int64_t cols, float eps, bool add_one,
+                       const T* residual, T* sum) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
   T* yr = y + row * cols;
@@ -34,9 +37,18 @@ __global__ void __launch_bounds__(1024)
   for (int64_t c = int64_t(threadIdx.x) * N; c < cols; c += step) {
     float v[N];
     load_vec<N>(xr + c, v);
+    if (residual) {
+      float rv[N];
+      load_vec<N>(residual + row * cols + c, rv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = v[k] + rv[k];
+      store_vec<N>(sum + row * cols + c, v);
+      load_vec<N>(sum + row * cols + c, v);  // the rounded h
+    }
 #pragma unroll
     for (int k = 0; k < N; ++k) ss += v[k] * v[k];
   }
+  if (residual) xr = sum + row * cols;
   ss = block_sum(ss);
   const float inv = 1.f / sqrtf(ss / float(cols) + eps);
   if (rstd != nullptr && threadIdx.x == 0) rstd[row] = inv;
@@ -54,10 +66,12 @@ __global__ void __launch_bounds__(1024)
 // dy x r over its rows (row = blockIdx.x, + gridDim.x, ...) into shared memory and writes that
 // column sum to partial[blockIdx.x, :]. Column c = G * N + k (G = group index) is kept at
 // acc[k * (cols / N) + G] so a warp touches consecutive banks; every thread owns its columns.
+// With dres: dx = dres + (dx rounded to T), rounded again: what adding the residual path's
+// gradient after the unfused backward gives, bit for bit.
 template <class T, int N>
 __global__ void __launch_bounds__(1024)
     rms_backward_kernel(const T* x, const T* w, const float* rstd, const T* dy, T* dx, float* partial, int64_t rows,
-                        int64_t cols, bool add_one) {
+                        int64_t cols, bool add_one, const T* dres) {
   extern __shared__ float acc[];  // [cols] when partial != nullptr
   const int64_t groups = cols / N;
   const bool want_dw = partial != nullptr;
@@ -91,6 +105,18 @@ __global__ void __launch_bounds__(1024)
         o[k] = r * (add_one ? 1.f + g[k] : g[k]) * dv[k] - xv[k] * coef;
         if (want_dw) acc[k * groups + gi] += dv[k] * xv[k] * r;
       }
+      if (dres) {
+        float rv[N];
+        T rounded[N];
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          store(&rounded[k], o[k]);
+          o[k] = load(&rounded[k]);
+        }
+        load_vec<N>(dres + row * cols + gi * N, rv);
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] = rv[k] + o[k];
+      }
       store_vec<N>(dxr + gi * N, o);
     }
   }
@@ -120,14 +146,14 @@ __global__ void dw_reduce_kernel(const float* partial, int64_t parts, int64_t co
 
 template <class T, int N>
 void launch_forward(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t cols, float eps, bool add_one,
-                    Stream s) {
+                    const T* residual, T* sum, Stream s) {
   rms_forward_kernel<T, N><<<static_cast<unsigned>(rows), threads_for(cols), 0, s>>>(x, w, y, rstd, cols, eps,
-                                                                                   add_one);
+                                                                                   add_one, residual, sum);
 }
 
 template <class T, int N>
 void launch_backward(const T* x, const T* w, const float* rstd, const T* dy, T* dx, float* partial, int64_t rows,
-                     int64_t cols, bool add_one, Stream s) {
+                     int64_t cols, bool add_one, const T* dres, Stream s) {
   const size_t smem = partial != nullptr ? static_cast<size_t>(cols) * sizeof(float) : 0;
   if (smem > 48 * 1024) {
     int dev = 0, optin = 0;
@@ -140,20 +166,22 @@ void launch_backward(const T* x, const T* w, const float* rstd, const T* dy, T* 
   }
   const auto blocks = static_cast<unsigned>(backward_blocks(rows, cols));
   rms_backward_kernel<T, N><<<blocks, threads_for(cols), smem, s>>>(x, w, rstd, dy, dx, partial, rows, cols,
-                                                                     add_one);
+                                                                     add_one, dres);
 }
 
 }  // namespace
 
 template <class T>
 void rms_norm_forward(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t cols, float eps,
-                      bool add_one, Stream s) {
+                      bool add_one, Stream s, const T* residual, T* sum) {
   LOOM_CHECK(rows >= 0 && rows <= INT32_MAX && cols > 0, "rms_norm_forward: bad shape [", rows, ", ", cols, "]");
+  LOOM_CHECK(!residual == !sum, "rms_norm_forward: a residual needs the sum's output and the other way round");
   if (rows == 0) return;
-  if (cols % kVecN<T> == 0 && aligned16(x) && aligned16(w) && aligned16(y))
-    launch_forward<T, kVecN<T>>(x, w, y, rstd, rows, cols, eps, add_one, s);
+  if (cols % kVecN<T> == 0 && aligned16(x) && aligned16(w) && aligned16(y) && (!residual || (aligned16(residual) &&
+                                                                                             aligned16(sum))))
+    launch_forward<T, kVecN<T>>(x, w, y, rstd, rows, cols, eps, add_one, residual, sum, s);
   else
-    launch_forward<T, 1>(x, w, y, rstd, rows, cols, eps, add_one, s);
+    launch_forward<T, 1>(x, w, y, rstd, rows, cols, eps, add_one, residual, sum, s);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -164,16 +192,17 @@ size_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
 
 template <class T>
 void rms_norm_backward(const T* x, const T* w, const float* rstd, const T* dy, T* dx, float* dw, int64_t rows,
-                       int64_t cols, bool add_one, void* workspace, Stream s) {
+                       int64_t cols, bool add_one, void* workspace, Stream s, const T* dres) {
   LOOM_CHECK(rows >= 0 && rows <= INT32_MAX && cols > 0, "rms_norm_backward: bad shape [", rows, ", ", cols, "]");
   LOOM_CHECK(dw == nullptr || workspace != nullptr, "rms_norm_backward: dw needs a workspace of ",
              rms_norm_backward_workspace_bytes(rows, cols), " bytes (rms_norm_backward_workspace_bytes)");
   if (rows == 0) return;
   float* partial = dw != nullptr ? static_cast<float*>(workspace) : nullptr;
-  if (cols % kVecN<T> == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx))
-    launch_backward<T, kVecN<T>>(x, w, rstd, dy, dx, partial, rows, cols, add_one, s);
+  if (cols % kVecN<T> == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx) &&
+      (!dres || aligned16(dres)))
+    launch_backward<T, kVecN<T>>(x, w, rstd, dy, dx, partial, rows, cols, add_one, dres, s);
   else
-    launch_backward<T, 1>(x, w, rstd, dy, dx, partial, rows, cols, add_one, s);
+    launch_backward<T, 1>(x, w, rstd, dy, dx, partial, rows, cols, add_one, dres, s);
   LOOM_CUDA_LAUNCH_CHECK();
   if (dw == nullptr) return;
   const dim3 block(32, 8);
@@ -183,9 +212,10 @@ void rms_norm_backward(const T* x, const T* w, const float* rstd, const T* dy, T
 }
 
 #define LOOM_INST(T)                                                                                         \
-  template void rms_norm_forward<T>(const T*, const T*, T*, float*, int64_t, int64_t, float, bool, Stream); \
+  template void rms_norm_forward<T>(const T*, const T*, T*, float*, int64_t, int64_t, float, bool, Stream,   \
+                                    const T*, T*);                                                           \
   template void rms_norm_backward<T>(const T*, const T*, const float*, const T*, T*, float*, int64_t, int64_t, \
-                                     bool, void*, Stream);
+                                     bool, void*, Stream, const T*);
 LOOM_INST(float)
 LOOM_INST(bf16)
 #undef LOOM_INST

@@ -73,6 +73,36 @@ TEST(GradCheck, RmsNormBothVariants) {
     gradcheck([=](const V& v) { return ag::rms_norm(v[0], v[1], 1e-6f, add_one); }, {x, w});
 }
 
+// The fused residual add + norm with both outputs used (h by the residual stream, the norm by the
+// next layer), both variants of the weight; and the same bits as add then rms_norm on the CPU.
+TEST(GradCheck, AddRmsNorm) {
+  auto x = random_f64({3, 7}, 21), r = random_f64({3, 7}, 22), w = random_f64({7}, 23, 0.5, 1.5);
+  auto c = random_f64({3, 7}, 24);
+  for (bool add_one : {false, true}) {
+    gradcheck(
+        [=](const V& v) {
+          auto [h, y] = ag::add_rms_norm(v[0], v[1], v[2], 1e-6f, add_one);
+          return ag::add(ag::mul(h, Variable(c)), y);
+        },
+        {x, r, w});
+  }
+  const Tensor xf = x.to(DType::f32), rf = r.to(DType::f32), wf = w.to(DType::f32), cf = c.to(DType::f32);
+  std::vector<Tensor> grads[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    Variable xv(xf.clone(), true), rv(rf.clone(), true), wv(wf.clone(), true);
+    Variable h, y;
+    if (fused) {
+      std::tie(h, y) = ag::add_rms_norm(xv, rv, wv, 1e-6f);
+    } else {
+      h = ag::add(xv, rv);
+      y = ag::rms_norm(h, wv, 1e-6f);
+    }
+    ag::backward(ag::sum(ag::add(ag::mul(h, Variable(cf)), y)));
+    grads[fused] = {h.value(), y.value(), xv.grad(), rv.grad(), wv.grad()};
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i].to_floats(), grads[1][i].to_floats()) << i;
+}
+
 TEST(GradCheck, Rope) {
   const int64_t b = 2, s = 3, h = 2, d = 8;
   auto x = random_f64({b, s, h, d}, 16);

@@ -104,6 +104,38 @@ TEST(OpsCuda, NormRopeActivationsEmbedding) {
   });
 }
 
+// The residual add fused into RMSNorm (forward) and the residual gradient into its backward: on
+// CUDA the same bits as the unfused add / rms_norm / rms_norm_backward / add on CUDA, and close to
+// the CPU (the table's tolerances). 2048 columns take the vector path, 13 the scalar one.
+TEST(OpsCuda, AddRmsNormEqualsTheUnfusedOps) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  for (int64_t cols : {int64_t(2048), int64_t(13)}) {
+    Tensor x = in.randn({6, cols}), r = in.randn({6, cols}), w = in.randn({cols}, 0.5f, 1.5f);
+    Tensor dy = in.randn({6, cols}), dres = in.randn({6, cols});
+    auto fused = [&](Device d, DType t) {
+      ops::AddRmsNormOut o = ops::add_rms_norm(x.to(d, t), r.to(d, t), w.to(d, t), 1e-6f, false);
+      Tensor dw = Tensor::zeros({cols}, DType::f32, d);
+      const Tensor dr = dres.to(d, t);
+      Tensor dx = ops::rms_norm_backward(o.h, w.to(d, t), o.rstd, dy.to(d, t), &dw, false, &dr);
+      return std::vector<Tensor>{o.h, o.y, o.rstd, dx, dw};
+    };
+    auto unfused = [&](Device d, DType t) {
+      Tensor h = ops::add(x.to(d, t), r.to(d, t));
+      ops::RmsNormOut n = ops::rms_norm(h, w.to(d, t), 1e-6f, false);
+      Tensor dw = Tensor::zeros({cols}, DType::f32, d);
+      Tensor dx = ops::add(dres.to(d, t), ops::rms_norm_backward(h, w.to(d, t), n.rstd, dy.to(d, t), &dw, false));
+      return std::vector<Tensor>{h, n.y, n.rstd, dx, dw};
+    };
+    check("add_rms_norm", fused);
+    for (DType t : {DType::f32, DType::bf16}) {
+      const std::vector<Tensor> a = fused(Device::cuda(0), t), b = unfused(Device::cuda(0), t);
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_EQ(a[i].to_floats(), b[i].to_floats()) << "output " << i << " " << loom::name(t) << " cols " << cols;
+    }
+  }
+}
+
 TEST(OpsCuda, AttentionAndCrossEntropy) {
   LOOM_REQUIRE_CUDA();
   Inputs in;
