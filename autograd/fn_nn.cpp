@@ -48,6 +48,17 @@ Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq
   return record1(node_of("rope", backward), {&x}, ops::rope(x.value(), positions, inv_freq));
 }
 
+std::pair<Variable, Variable> rope_qk(const Variable& q, const Variable& k, const Tensor& positions,
+                                      const Tensor& inv_freq) {
+  auto backward = [positions, inv_freq](Node&, const Grads& g) {
+    auto [dq, dk] = ops::rope_pair(g[0], g[1], positions, inv_freq, true);
+    return Grads{dq, dk};
+  };
+  auto [qr, kr] = ops::rope_pair(q.value(), k.value(), positions, inv_freq, false);
+  std::vector<Variable> out = record(node_of("rope_qk", backward), {&q, &k}, {qr, kr});
+  return {out[0], out[1]};
+}
+
 Variable swiglu(const Variable& gate, const Variable& up) {
   Tensor gv = gate.value(), uv = up.value();
   // The node hands gate and up over (it runs once): where nothing else holds them, their buffers

@@ -62,6 +62,9 @@ std::pair<Variable, Variable> add_rms_norm(const Variable& x, const Variable& r,
                                            bool add_one = false);
 // x [batch, seq, heads, head_dim]; positions i32 [batch*seq]; inv_freq f32 [head_dim/2].
 Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq);
+// rope of q and of k as one node: one launch each way on CUDA (ops::rope_pair), the same values.
+std::pair<Variable, Variable> rope_qk(const Variable& q, const Variable& k, const Tensor& positions,
+                                      const Tensor& inv_freq);
 Variable swiglu(const Variable& gate, const Variable& up);
 Variable geglu(const Variable& gate, const Variable& up);
 Variable embedding(const Tensor& ids, const Variable& table);

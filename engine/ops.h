@@ -89,6 +89,10 @@ Tensor rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, c
 // inv_freq f32 [head_dim/2]. Hugging Face rotate-half layout.
 Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
 Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& inv_freq);
+// rope (or rope_backward) of q and of k, which share tokens, positions and head_dim: one launch on
+// CUDA (the same bits as two). Either may be undefined (then its result is too).
+std::pair<Tensor, Tensor> rope_pair(const Tensor& q, const Tensor& k, const Tensor& positions, const Tensor& inv_freq,
+                                    bool backward);
 // The inverse frequencies as an f32 tensor on device.
 Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, Device device);
 

@@ -144,6 +144,40 @@ Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& in
   return rope_apply("rope_backward", dy, positions, inv_freq, true);
 }
 
+std::pair<Tensor, Tensor> rope_pair(const Tensor& q_in, const Tensor& k_in, const Tensor& positions,
+                                    const Tensor& inv_freq, bool backward) {
+  const char* op = backward ? "rope_pair (backward)" : "rope_pair";
+  if (!q_in.defined() || !k_in.defined() || !q_in.is_cuda()) {
+    auto one = [&](const Tensor& x) { return x.defined() ? rope_apply(op, x, positions, inv_freq, backward) : Tensor(); };
+    return {one(q_in), one(k_in)};
+  }
+  same_device(op, q_in, k_in);
+  same_dtype(op, q_in, k_in);
+  same_device(op, q_in, positions);
+  same_device(op, q_in, inv_freq);
+  expect_dtype(op, positions, DType::i32, "positions");
+  expect_dtype(op, inv_freq, DType::f32, "inv_freq");
+  LOOM_CHECK(q_in.dim() >= 3 && k_in.dim() >= 3 && q_in.size(-1) == k_in.size(-1), op, ": q ", q_in.str(), " and k ",
+             k_in.str(), " must be [..., heads, head_dim] with one head_dim");
+  const int64_t head_dim = q_in.size(-1), q_heads = q_in.size(-2), k_heads = k_in.size(-2);
+  const int64_t tokens = q_in.numel() / std::max<int64_t>(q_heads * head_dim, 1);
+  LOOM_CHECK(k_in.numel() == tokens * k_heads * head_dim, op, ": q ", q_in.str(), " and k ", k_in.str(),
+             " do not have the same tokens");
+  LOOM_CHECK(head_dim % 2 == 0 && inv_freq.numel() == head_dim / 2, op, ": inv_freq ", inv_freq.str(),
+             " does not fit head_dim ", head_dim);
+  LOOM_CHECK(positions.numel() == tokens, op, ": ", positions.numel(), " positions for ", tokens, " tokens of ",
+             q_in.str());
+  Tensor q = q_in.contiguous(), k = k_in.contiguous(), pos = positions.contiguous(), f = inv_freq.contiguous();
+  Tensor qo = Tensor::empty(q.shape(), q.dtype(), q.device()), ko = Tensor::empty(k.shape(), k.dtype(), k.device());
+  dispatch_float(op, q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    LOOM_ON_CUDA(op, T, cuda::rope_pair(q.data<T>(), qo.data<T>(), q_heads, k.data<T>(), ko.data<T>(), k_heads,
+                                        pos.data<int32_t>(), f.data<float>(), tokens, head_dim, backward,
+                                        stream_of(q)));
+  });
+  return {qo, ko};
+}
+
 Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, Device device) {
   std::vector<float> f = cpu::rope_inv_freq(head_dim, theta, scaling);
   Tensor t = Tensor::from_floats(f, {static_cast<int64_t>(f.size())});

@@ -44,4 +44,10 @@ void rope_forward(const T* x, T* y, const int32_t* positions, const float* inv_f
 template <class T>
 void rope_backward(const T* dy, T* dx, const int32_t* positions, const float* inv_freq, int64_t tokens,
                    int64_t heads, int64_t head_dim, Stream s);
+// q and k (the same tokens and head_dim, their own head counts) rotated in one launch, each angle's
+// sine and cosine computed once for both: rope_forward (or rope_backward) of each, the same bits.
+// k_heads = 0 rotates q alone.
+template <class T>
+void rope_pair(const T* q, T* q_out, int64_t q_heads, const T* k, T* k_out, int64_t k_heads, const int32_t* positions,
+               const float* inv_freq, int64_t tokens, int64_t head_dim, bool backward, Stream s);
 }  // namespace loom::cuda

@@ -1,6 +1,8 @@
 // The Llama decoder layer, shared by Mistral, Qwen2 (biased q/k/v) and Qwen3 (q/k norms):
 //   x = x + o_proj(attention(rope(q_proj(norm(x))), rope(k_proj(...)), v_proj(...)))
 //   x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
+#include <tuple>
+
 #include "models/family.h"
 
 namespace loom::detail {
@@ -12,8 +14,7 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
   ag::Variable v = ag::reshape(attn.v_proj.forward(h), {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
   if (attn.q_norm) q = attn.q_norm->forward(q);
   if (attn.k_norm) k = attn.k_norm->forward(k);
-  q = ag::rope(q, ctx.positions, ctx.inv_freq);
-  k = ag::rope(k, ctx.positions, ctx.inv_freq);
+  std::tie(q, k) = ag::rope_qk(q, k, ctx.positions, ctx.inv_freq);  // one launch for both
   ops::AttentionOptions opt;
   opt.scale = c.attention_scale();
   opt.softcap = c.attn_logit_softcapping;

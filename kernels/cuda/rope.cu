@@ -10,7 +10,7 @@ namespace {
 // elements of a pair before writing them, and no other thread touches that pair.
 template <class T, int kSign>
 __global__ void rope_kernel(const T* in, T* out, const int32_t* positions, const float* inv_freq, int64_t tokens,
-                            int64_t heads, int64_t half) {
+                            int64_t heads, int64_t half, const T* in2, T* out2, int64_t heads2) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (t >= tokens) return;
   const float pos = static_cast<float>(positions[t]);
@@ -26,12 +26,18 @@ __global__ void rope_kernel(const T* in, T* out, const int32_t* positions, const
       store(out + base + i, x1 * c - x2 * sn);
       store(out + base + i + half, x2 * c + x1 * sn);
     }
+    for (int64_t h = 0; h < heads2; ++h) {  // the second tensor (k beside q): the same angles
+      const int64_t base = (t * heads2 + h) * 2 * half;
+      const float x1 = load(in2 + base + i), x2 = load(in2 + base + i + half);
+      store(out2 + base + i, x1 * c - x2 * sn);
+      store(out2 + base + i + half, x2 * c + x1 * sn);
+    }
   }
 }
 
 template <class T, int kSign>
 void launch(const T* in, T* out, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads,
-            int64_t head_dim, Stream s) {
+            int64_t head_dim, Stream s, const T* in2 = nullptr, T* out2 = nullptr, int64_t heads2 = 0) {
   LOOM_CHECK(tokens >= 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0, "rope: bad shape [", tokens, ", ",
              heads, ", ", head_dim, "] (head_dim must be even)");
   if (tokens == 0) return;
@@ -42,7 +48,7 @@ void launch(const T* in, T* out, const int32_t* positions, const float* inv_freq
   const int64_t blocks = (tokens + by - 1) / by;
   LOOM_CHECK(blocks <= INT32_MAX, "rope: too many tokens (", tokens, ")");
   rope_kernel<T, kSign><<<static_cast<unsigned>(blocks), dim3(bx, by), 0, s>>>(in, out, positions, inv_freq, tokens,
-                                                                               heads, half);
+                                                                               heads, half, in2, out2, heads2);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -60,9 +66,21 @@ void rope_backward(const T* dy, T* dx, const int32_t* positions, const float* in
   launch<T, -1>(dy, dx, positions, inv_freq, tokens, heads, head_dim, s);
 }
 
+template <class T>
+void rope_pair(const T* q, T* q_out, int64_t q_heads, const T* k, T* k_out, int64_t k_heads, const int32_t* positions,
+               const float* inv_freq, int64_t tokens, int64_t head_dim, bool backward, Stream s) {
+  LOOM_CHECK(k_heads >= 0 && (k_heads == 0 || (k && k_out)), "rope_pair: bad second tensor (", k_heads, " heads)");
+  if (backward)
+    launch<T, -1>(q, q_out, positions, inv_freq, tokens, q_heads, head_dim, s, k, k_out, k_heads);
+  else
+    launch<T, 1>(q, q_out, positions, inv_freq, tokens, q_heads, head_dim, s, k, k_out, k_heads);
+}
+
 #define LOOM_INST(T)                                                                                            \
   template void rope_forward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t, Stream); \
-  template void rope_backward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t, Stream);
+  template void rope_backward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t, Stream); \
+  template void rope_pair<T>(const T*, T*, int64_t, const T*, T*, int64_t, const int32_t*, const float*, int64_t,  \
+                             int64_t, bool, Stream);
 LOOM_INST(float)
 LOOM_INST(bf16)
 #undef LOOM_INST

@@ -103,6 +103,22 @@ TEST(GradCheck, AddRmsNorm) {
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i].to_floats(), grads[1][i].to_floats()) << i;
 }
 
+// q and k through one rope node (grouped-query head counts), both outputs used.
+TEST(GradCheck, RopeQk) {
+  const int64_t b = 2, s = 3, d = 8;
+  auto q = random_f64({b, s, 4, d}, 31), k = random_f64({b, s, 2, d}, 32), c = random_f64({b, s, 2, d}, 33);
+  Tensor pos = Tensor::from_ints({0, 1, 2, 0, 1, 5}, {b * s});
+  Tensor inv = Tensor::from_floats(cpu::rope_inv_freq(d, 10000.0, RopeScaling{}), {d / 2});
+  gradcheck(
+      [=](const V& v) {
+        auto [qr, kr] = ag::rope_qk(v[0], v[1], pos, inv);
+        // q's four heads summed in pairs onto k's two, so every output reaches the result.
+        Variable q_pairs = ag::add(ag::narrow(qr, 2, 0, 2), ag::narrow(qr, 2, 2, 2));
+        return ag::add(ag::mul(kr, Variable(c)), q_pairs);
+      },
+      {q, k});
+}
+
 TEST(GradCheck, Rope) {
   const int64_t b = 2, s = 3, h = 2, d = 8;
   auto x = random_f64({b, s, h, d}, 16);

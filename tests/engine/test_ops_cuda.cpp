@@ -136,6 +136,30 @@ TEST(OpsCuda, AddRmsNormEqualsTheUnfusedOps) {
   }
 }
 
+// q and k rotated in one launch: the bits of two separate ropes, forward and backward, with
+// different head counts (grouped-query), and one of the two absent in backward.
+TEST(OpsCuda, RopePairEqualsTwoRopes) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  Tensor q = in.randn({2, 5, 4, 16}), k = in.randn({2, 5, 2, 16});
+  Tensor pos = Tensor::from_ints({0, 1, 2, 3, 4, 0, 1, 2, 0, 9}, {10});
+  for (DType t : {DType::f32, DType::bf16}) {
+    const Device d = Device::cuda(0);
+    Tensor inv = ops::rope_inv_freq(16, 10000.0, RopeScaling{}, d), pd = pos.to(d);
+    Tensor qd = q.to(d, t), kd = k.to(d, t);
+    for (bool backward : {false, true}) {
+      auto [a, b] = ops::rope_pair(qd, kd, pd, inv, backward);
+      const Tensor ra = backward ? ops::rope_backward(qd, pd, inv) : ops::rope(qd, pd, inv);
+      const Tensor rb = backward ? ops::rope_backward(kd, pd, inv) : ops::rope(kd, pd, inv);
+      EXPECT_EQ(a.to_floats(), ra.to_floats()) << loom::name(t) << " backward " << backward;
+      EXPECT_EQ(b.to_floats(), rb.to_floats()) << loom::name(t) << " backward " << backward;
+    }
+    auto [only_q, none] = ops::rope_pair(qd, Tensor(), pd, inv, true);
+    EXPECT_FALSE(none.defined());
+    EXPECT_EQ(only_q.to_floats(), ops::rope_backward(qd, pd, inv).to_floats());
+  }
+}
+
 TEST(OpsCuda, AttentionAndCrossEntropy) {
   LOOM_REQUIRE_CUDA();
   Inputs in;
