@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops.h"
+#include "kernels/grad_norm.h"
 
 namespace loom::dist {
 
@@ -139,10 +140,7 @@ ClipResult Zero2::step(float lr, float max_norm) {
   comm_.all_reduce(sq, ReduceOp::kSum);
   comm_.wait();
   c.norm = std::sqrt(sq.item());
-  if (max_norm > 0) {
-    const float coef = max_norm / (c.norm + 1e-6f);
-    c.coef = std::isnan(coef) ? coef : std::min(coef, 1.f);  // as train/schedule.h's clip_grad_norm
-  }
+  if (max_norm > 0) c.coef = clip_coefficient(c.norm, max_norm);
   const int64_t base = comm_.rank() * layout_.shard;
   std::vector<optim::HostRange> offloaded;
   for (Piece& p : pieces_) {

@@ -230,8 +230,8 @@ Tensor grad_norm_coef(const std::vector<Tensor>& grads, float max_norm) {
   Tensor total;
   for (const Tensor& g : gs) total = total.defined() ? add(total, sum_squares(g)) : sum_squares(g);
   const float sum = total.defined() ? total.item() : 0.f;
-  const float norm = std::sqrt(sum), c = max_norm / (norm + 1e-6f);
-  return Tensor::from_floats({norm, std::isnan(c) ? c : std::min(c, 1.f)}, {2});
+  const float norm = std::sqrt(sum);
+  return Tensor::from_floats({norm, clip_coefficient(norm, max_norm)}, {2});
 }
 
 }  // namespace loom::ops

@@ -9,51 +9,53 @@
 namespace loom::ops {
 using namespace detail;
 
-RmsNormOut rms_norm(const Tensor& x_in, const Tensor& w_in, float eps, bool add_one) {
-  const char* op = "rms_norm";
-  same_device(op, x_in, w_in);
-  same_dtype(op, x_in, w_in);
-  LOOM_CHECK(w_in.dim() == 1 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": weight ", w_in.str(),
-             " does not match the last dim of ", x_in.str());
-  Tensor x = x_in.contiguous(), w = w_in.contiguous();
+namespace {
+// rms_norm of x, or with a residual of h = x + residual (then out.h is h): on CUDA the add is
+// fused into the norm's pass, on the CPU it is the add op itself.
+AddRmsNormOut norm_of(const char* op, const Tensor& x_in, const Tensor* residual, const Tensor& w_in, float eps,
+                      bool add_one) {
+  AddRmsNormOut o;
+  const Tensor* src = &x_in;
+  if (residual) {
+    same_shape(op, x_in, *residual);
+    same_dtype(op, x_in, *residual);
+    same_device(op, x_in, *residual);
+    if (!x_in.is_cuda()) {
+      o.h = add(x_in, *residual);
+      src = &o.h;
+      residual = nullptr;
+    }
+  }
+  same_device(op, *src, w_in);
+  same_dtype(op, *src, w_in);
+  LOOM_CHECK(w_in.dim() == 1 && src->dim() >= 1 && src->size(-1) == w_in.size(0), op, ": weight ", w_in.str(),
+             " does not match the last dim of ", src->str());
+  Tensor x = src->contiguous(), w = w_in.contiguous(), r = residual ? residual->contiguous() : Tensor();
   const int64_t cols = w.numel(), rows = cols ? x.numel() / cols : 0;
-  RmsNormOut r{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, acc_dtype(x.dtype()), x.device())};
+  o.y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  o.rstd = Tensor::empty({rows}, acc_dtype(x.dtype()), x.device());
+  if (residual) o.h = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(op, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = Acc<T>;
     if (x.is_cuda())
-      LOOM_ON_CUDA(op, T, cuda::rms_norm_forward(x.data<T>(), w.data<T>(), r.y.data<T>(), r.rstd.data<A>(), rows, cols,
-                                                 eps, add_one, stream_of(x)));
+      LOOM_ON_CUDA(op, T, cuda::rms_norm_forward(x.data<T>(), w.data<T>(), o.y.data<T>(), o.rstd.data<A>(), rows, cols,
+                                                 eps, add_one, stream_of(x), residual ? r.data<T>() : nullptr,
+                                                 residual ? o.h.data<T>() : nullptr));
     else
-      cpu::rms_norm_forward(x.data<T>(), w.data<T>(), r.y.data<T>(), r.rstd.data<A>(), rows, cols, eps, add_one);
-  });
-  return r;
-}
-
-AddRmsNormOut add_rms_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in, float eps, bool add_one) {
-  const char* op = "add_rms_norm";
-  same_shape(op, x_in, r_in);
-  same_dtype(op, x_in, r_in);
-  same_device(op, x_in, r_in);
-  if (!x_in.is_cuda()) {  // the CPU reference is the composition itself
-    Tensor h = add(x_in, r_in);
-    RmsNormOut n = rms_norm(h, w_in, eps, add_one);
-    return {h, n.y, n.rstd};
-  }
-  same_device(op, x_in, w_in);
-  same_dtype(op, x_in, w_in);
-  LOOM_CHECK(w_in.dim() == 1 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": weight ", w_in.str(),
-             " does not match the last dim of ", x_in.str());
-  Tensor x = x_in.contiguous(), r = r_in.contiguous(), w = w_in.contiguous();
-  const int64_t cols = w.numel(), rows = cols ? x.numel() / cols : 0;
-  AddRmsNormOut o{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty(x.shape(), x.dtype(), x.device()),
-                  Tensor::empty({rows}, acc_dtype(x.dtype()), x.device())};
-  dispatch_float(op, x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    LOOM_ON_CUDA(op, T, cuda::rms_norm_forward(x.data<T>(), w.data<T>(), o.y.data<T>(), o.rstd.data<Acc<T>>(), rows,
-                                               cols, eps, add_one, stream_of(x), r.data<T>(), o.h.data<T>()));
+      cpu::rms_norm_forward(x.data<T>(), w.data<T>(), o.y.data<T>(), o.rstd.data<A>(), rows, cols, eps, add_one);
   });
   return o;
+}
+}  // namespace
+
+RmsNormOut rms_norm(const Tensor& x, const Tensor& w, float eps, bool add_one) {
+  AddRmsNormOut o = norm_of("rms_norm", x, nullptr, w, eps, add_one);
+  return {o.y, o.rstd};
+}
+
+AddRmsNormOut add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, float eps, bool add_one) {
+  return norm_of("add_rms_norm", x, &r, w, eps, add_one);
 }
 
 Tensor rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd, const Tensor& dy_in, Tensor* dw,
@@ -102,18 +104,25 @@ Tensor rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& r
 
 namespace {
 // x [..., heads, head_dim] with tokens = numel / (heads*head_dim) matching positions.
-Tensor rope_apply(const char* op, const Tensor& x_in, const Tensor& positions, const Tensor& inv_freq, bool backward) {
-  same_device(op, x_in, positions);
-  same_device(op, x_in, inv_freq);
+// Checks x against positions and inv_freq; returns its tokens (numel / (heads * head_dim)).
+int64_t rope_tokens(const char* op, const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  same_device(op, x, positions);
+  same_device(op, x, inv_freq);
   expect_dtype(op, positions, DType::i32, "positions");
   expect_dtype(op, inv_freq, DType::f32, "inv_freq");
-  LOOM_CHECK(x_in.dim() >= 3, op, ": x must be [..., heads, head_dim], got ", x_in.str());
-  const int64_t head_dim = x_in.size(-1), heads = x_in.size(-2);
-  const int64_t tokens = x_in.numel() / std::max<int64_t>(heads * head_dim, 1);
+  LOOM_CHECK(x.dim() >= 3, op, ": x must be [..., heads, head_dim], got ", x.str());
+  const int64_t head_dim = x.size(-1), heads = x.size(-2);
+  const int64_t tokens = x.numel() / std::max<int64_t>(heads * head_dim, 1);
   LOOM_CHECK(head_dim % 2 == 0 && inv_freq.numel() == head_dim / 2, op, ": inv_freq ", inv_freq.str(),
              " does not fit head_dim ", head_dim);
   LOOM_CHECK(positions.numel() == tokens, op, ": ", positions.numel(), " positions for ", tokens, " tokens of ",
-             x_in.str());
+             x.str());
+  return tokens;
+}
+
+Tensor rope_apply(const char* op, const Tensor& x_in, const Tensor& positions, const Tensor& inv_freq, bool backward) {
+  const int64_t tokens = rope_tokens(op, x_in, positions, inv_freq);
+  const int64_t head_dim = x_in.size(-1), heads = x_in.size(-2);
   Tensor x = x_in.contiguous(), pos = positions.contiguous(), f = inv_freq.contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(op, x.dtype(), [&](auto tag) {
@@ -151,22 +160,11 @@ std::pair<Tensor, Tensor> rope_pair(const Tensor& q_in, const Tensor& k_in, cons
     auto one = [&](const Tensor& x) { return x.defined() ? rope_apply(op, x, positions, inv_freq, backward) : Tensor(); };
     return {one(q_in), one(k_in)};
   }
-  same_device(op, q_in, k_in);
   same_dtype(op, q_in, k_in);
-  same_device(op, q_in, positions);
-  same_device(op, q_in, inv_freq);
-  expect_dtype(op, positions, DType::i32, "positions");
-  expect_dtype(op, inv_freq, DType::f32, "inv_freq");
-  LOOM_CHECK(q_in.dim() >= 3 && k_in.dim() >= 3 && q_in.size(-1) == k_in.size(-1), op, ": q ", q_in.str(), " and k ",
-             k_in.str(), " must be [..., heads, head_dim] with one head_dim");
+  const int64_t tokens = rope_tokens(op, q_in, positions, inv_freq);
+  rope_tokens(op, k_in, positions, inv_freq);  // as many as q's: the positions are shared
+  LOOM_CHECK(k_in.size(-1) == q_in.size(-1), op, ": q ", q_in.str(), " and k ", k_in.str(), " differ in head_dim");
   const int64_t head_dim = q_in.size(-1), q_heads = q_in.size(-2), k_heads = k_in.size(-2);
-  const int64_t tokens = q_in.numel() / std::max<int64_t>(q_heads * head_dim, 1);
-  LOOM_CHECK(k_in.numel() == tokens * k_heads * head_dim, op, ": q ", q_in.str(), " and k ", k_in.str(),
-             " do not have the same tokens");
-  LOOM_CHECK(head_dim % 2 == 0 && inv_freq.numel() == head_dim / 2, op, ": inv_freq ", inv_freq.str(),
-             " does not fit head_dim ", head_dim);
-  LOOM_CHECK(positions.numel() == tokens, op, ": ", positions.numel(), " positions for ", tokens, " tokens of ",
-             q_in.str());
   Tensor q = q_in.contiguous(), k = k_in.contiguous(), pos = positions.contiguous(), f = inv_freq.contiguous();
   Tensor qo = Tensor::empty(q.shape(), q.dtype(), q.device()), ko = Tensor::empty(k.shape(), k.dtype(), k.device());
   dispatch_float(op, q.dtype(), [&](auto tag) {

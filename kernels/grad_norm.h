@@ -11,6 +11,15 @@
 
 #include "kernels/common.h"
 
+namespace loom {
+// torch.nn.utils.clip_grad_norm_'s factor for a global norm: min(max_norm / (norm + 1e-6), 1), a
+// NaN kept as NaN (torch.clamp(max=1) keeps it), so that a poisoned step is not hidden.
+LOOM_HD float clip_coefficient(float norm, float max_norm) {
+  const float c = max_norm / (norm + 1e-6f);
+  return c != c || c < 1.f ? c : 1.f;
+}
+}  // namespace loom
+
 namespace loom::cuda {
 // One gradient: `n` contiguous f32 or bf16 values.
 struct GradSpan {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/ops.h"
+#include "kernels/grad_norm.h"
 
 namespace loom {
 
@@ -91,8 +92,7 @@ GradNorm clip_grad_norm(const std::vector<Tensor>& grads, float max_norm) {
   float sum = 0.f;
   for (const Tensor& t : totals) sum += t.item();
   out.norm = std::sqrt(sum);
-  const float c = max_norm / (out.norm + 1e-6f);
-  out.coef = std::isnan(c) ? c : std::min(c, 1.f);  // torch.clamp(max=1) keeps NaN
+  out.coef = clip_coefficient(out.norm, max_norm);
   return out;
 }
 

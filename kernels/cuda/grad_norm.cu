@@ -52,9 +52,8 @@ __global__ void __launch_bounds__(kFinalThreads)
   acc = block_sum(acc);
   if (threadIdx.x == 0) {
     const float norm = sqrtf(acc);
-    const float c = max_norm / (norm + 1e-6f);
     out[0] = norm;
-    out[1] = isnan(c) ? c : fminf(c, 1.f);
+    out[1] = clip_coefficient(norm, max_norm);
   }
 }
 
