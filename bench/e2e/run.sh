@@ -8,12 +8,14 @@
 #   bench/e2e/run.sh [1b|8b ...]            (default: 1b)
 # Env: LOOM_E2E_MODES (default "none recompute offload"), LOOM_E2E_QLORA_MODES (the same with
 # --qlora, default none), LOOM_E2E_PEERS (default "peft peft-gc";
-# add "bnb unsloth" to run those too), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
+# add "bnb unsloth" to run those too; Unsloth runs LOOM_E2E_UNSLOTH, default "<shape>-lora
+# <shape>-lora-nogc", plus "<shape>-qlora" when LOOM_E2E_QLORA_MODES is set), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
 # LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run),
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, for the
 # kernel-by-kernel time of a step: $OUT/profile-<shape>-<mode>.txt, see tools/kernel_profile.sh),
-# LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
+# LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
+# $OUT/timing-<shape>-<mode>-<seq>.txt), LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
 # call's results, so that a table too long for one device call, e.g. the 8B shape with every peer,
 # is printed whole by the second: LOOM_E2E_PEERS=" " first, then LOOM_E2E_MODES=" " with the peers).
 set -uo pipefail
@@ -65,6 +67,7 @@ loom_run() {  # shape mode batch seq [extra flags, e.g. --qlora] -> one JSON lin
     --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --lora-r 16 --lora-alpha 16 --lr 2e-4 \
     --checkpointing "$mode" $extra --quiet > "$run.log" 2>&1
   local rc=$?
+  if [ -n "${LOOM_STEP_TIMING:-}" ]; then grep -h "timing (ms)" "$run.log" > "$out/timing-$shape-$mode-$seq${extra// /}.txt"; fi
   python3 - "$run/metrics.jsonl" "$shape" "$mode" "$batch" "$seq" "$rc" "$run.log" "$extra" "$steps" <<'PY'
 import json, statistics, sys
 path, shape, mode, batch, seq, rc, log, extra, steps = sys.argv[1:]
@@ -110,7 +113,9 @@ for shape in ${@:-1b}; do
       bnb|unsloth)
         [ -d .peers ] || { echo "{\"who\": \"$p\", \"ok\": false, \"error\": \"no .peers folder carried\"}"; continue; }
         if [ "$p" = unsloth ]; then
-          OUT="$work/unsloth" bash .peers/run_unsloth.sh "$shape-lora" "$shape-lora-nogc" > "$work/unsloth.log" 2>&1
+          umodes=${LOOM_E2E_UNSLOTH:-$shape-lora $shape-lora-nogc${LOOM_E2E_QLORA_MODES:+ $shape-qlora}}
+          # shellcheck disable=SC2086
+          OUT="$work/unsloth" bash .peers/run_unsloth.sh $umodes > "$work/unsloth.log" 2>&1
           grep -h '"mode"' "$work"/unsloth/r/results.jsonl 2>/dev/null | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"unsloth\", \"raw\": $l}"; done
         else
           python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
