@@ -80,7 +80,7 @@ Variable cross_entropy(const Variable& logits, const Tensor& targets, float soft
 // cross_entropy(linear(h, w), targets, softcap, ignore_index) without the [n, vocab] logits:
 // h [n, hidden], w [vocab, hidden] (the lm_head weight), targets i32 [n]; an acc-dtype scalar.
 // The gradients are computed during the forward (only for inputs that require grad) and held
-// until backward; chunk_rows 0 picks rows whose f32 logits fit in 512 MiB.
+// until backward; chunk_rows 0 picks rows whose logits (bf16 or f32) fit in 512 MiB.
 Variable linear_cross_entropy(const Variable& h, const Variable& w, const Tensor& targets, float softcap = 0.f,
                               int32_t ignore_index = ops::kIgnoreIndex, int64_t chunk_rows = 0);
 

@@ -34,8 +34,8 @@ void register_linear_cross_entropy(int64_t n, int64_t vocab, int64_t hidden) {
       DeviceArray<float> loss(1);
       DeviceArray<bf16> dh(size_t(n * hidden));
       DeviceArray<float> dw(train_w ? size_t(vocab * hidden) : 1);
-      const int64_t chunk = linear_cross_entropy_default_chunk_rows(vocab);
-      DeviceArray<uint8_t> scratch(cuda::linear_cross_entropy_scratch_bytes(n, vocab, chunk));
+      const int64_t chunk = linear_cross_entropy_chunk_rows(n, vocab, 0, true);
+      DeviceArray<uint8_t> scratch(cuda::linear_cross_entropy_scratch_bytes(n, vocab, chunk, true));
       // Forward logits GEMM and dh GEMM; the dW GEMM when trained: 2 n vocab hidden FLOPs each.
       const double gemm = 2.0 * double(n) * double(vocab) * double(hidden);
       Work work{0, (train_w ? 3.0 : 2.0) * gemm, Bound::kCompute};

@@ -153,7 +153,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 struct LinearCrossEntropyOptions {
   float softcap = 0.f;
   int32_t ignore_index = kIgnoreIndex;
-  int64_t chunk_rows = 0;  // 0: rows whose f32 logits fit in 512 MiB
+  int64_t chunk_rows = 0;  // 0: rows whose logits (bf16 or f32) fit in 512 MiB
   bool need_dh = true, need_dw = false;
 };
 struct LinearCrossEntropyOut {

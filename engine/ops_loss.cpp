@@ -34,7 +34,7 @@ LinearCrossEntropyOut linear_cross_entropy(const Tensor& h_in, const Tensor& w_i
 #if LOOM_WITH_CUDA
       LOOM_ON_CUDA(op, T, {
         CudaContext& ctx = CudaContext::get(h.device().index);
-        const size_t bytes = cuda::linear_cross_entropy_scratch_bytes(n, vocab, opt.chunk_rows);
+        const size_t bytes = cuda::linear_cross_entropy_scratch_bytes(n, vocab, opt.chunk_rows, std::is_same_v<T, bf16>);
         Tensor scratch = Tensor::empty({static_cast<int64_t>(bytes)}, DType::u8, h.device());
         cuda::linear_cross_entropy(h.data<T>(), w.data<T>(), t.data<int32_t>(), r.loss.data<A>(), dh, dw, n, vocab,
                                    hidden, opt.softcap, opt.ignore_index, opt.chunk_rows, scratch.data_ptr(),

@@ -9,10 +9,11 @@
 #include "kernels/gemm.h"
 
 namespace loom {
-// Rows per chunk so that one chunk's f32 logits stay <= 512 MiB, a multiple of 128 (GEMM tiles)
-// when that allows more than 128 rows; at least 1.
-inline int64_t linear_cross_entropy_default_chunk_rows(int64_t vocab) {
-  const int64_t budget = (int64_t(512) << 20) / 4;
+// Rows per chunk so that one chunk's logits (logit_bytes each) stay <= 512 MiB, a multiple of 128
+// (GEMM tiles) when that allows more than 128 rows; at least 1. bf16 logits give twice the rows of
+// f32 ones: half as many chunks, so half as many passes over an f32 dW (2 GiB for Llama-3's head).
+inline int64_t linear_cross_entropy_default_chunk_rows(int64_t vocab, int64_t logit_bytes = 4) {
+  const int64_t budget = (int64_t(512) << 20) / (logit_bytes > 0 ? logit_bytes : 4);
   int64_t rows = vocab > 0 ? budget / vocab : 1;
   if (rows >= 256) rows -= rows % 128;
   return rows < 1 ? 1 : rows;
@@ -23,6 +24,17 @@ inline int64_t linear_cross_entropy_default_chunk_rows(int64_t vocab) {
 // environment says LOOM_LCE_LOGITS=f32 (keep the f32 accumulation unrounded; read once per process).
 // f32 and f64 inputs always keep their logits in their own type.
 bool linear_cross_entropy_bf16_logits();
+// Bytes of one logit in a chunk's buffer for inputs in bf16 (bf16_input) or f32: 2 when the logits
+// are bf16 (above), else 4.
+inline int64_t linear_cross_entropy_logit_bytes(bool bf16_input) {
+  return bf16_input && linear_cross_entropy_bf16_logits() ? 2 : 4;
+}
+// The rows of one chunk: chunk_rows when > 0, else the default for the logit size; at most n.
+inline int64_t linear_cross_entropy_chunk_rows(int64_t n, int64_t vocab, int64_t chunk_rows, bool bf16_input) {
+  const int64_t rows = chunk_rows > 0 ? chunk_rows
+                                      : linear_cross_entropy_default_chunk_rows(vocab, linear_cross_entropy_logit_bytes(bf16_input));
+  return rows < n ? rows : n;
+}
 }  // namespace loom
 
 namespace loom::cpu {
@@ -42,13 +54,14 @@ void scale_by_scalar(T* x, const Acc<T>* scalar, int64_t n);
 }  // namespace loom::cpu
 
 namespace loom::cuda {
-// Device scratch linear_cross_entropy needs: 256 B for the row scale, n floats of per-row losses
-// and chunk_rows * vocab f32 logits (dlogits overwrite them in place in T).
-size_t linear_cross_entropy_scratch_bytes(int64_t n, int64_t vocab, int64_t chunk_rows);
+// Device scratch linear_cross_entropy needs for inputs in bf16 (bf16_input) or f32: 256 B for the
+// row scale, n floats of per-row losses and one chunk's logits, linear_cross_entropy_chunk_rows x
+// vocab x linear_cross_entropy_logit_bytes (dlogits overwrite them in place in T).
+size_t linear_cross_entropy_scratch_bytes(int64_t n, int64_t vocab, int64_t chunk_rows, bool bf16_input);
 // As the CPU version with T = float or bf16 (GEMMs: T in, f32 accumulate; dh in T, dw in f32),
 // except that a target outside [0, vocab) is treated as ignored. loss is one device float; the
 // row scale 1/count is counted on the device (no host synchronisation). scratch holds at least
-// linear_cross_entropy_scratch_bytes(n, vocab, chunk_rows) bytes, 256-byte aligned.
+// linear_cross_entropy_scratch_bytes(n, vocab, chunk_rows, T is bf16) bytes, 256-byte aligned.
 template <class T>
 void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float* loss, T* dh, float* dw, int64_t n,
                           int64_t vocab, int64_t hidden, float softcap, int32_t ignore_index, int64_t chunk_rows,

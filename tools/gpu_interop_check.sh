@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after tools/gpu_check.sh built build-gpu: checks Loom's files in the Hugging
 # Face ecosystem for every fixture variant — a Loom-saved adapter loads in PEFT with the reference
-# logits, and `loom merge` output loads in transformers with the merged reference logits — then
+# logits, `loom merge` output loads in transformers with the merged reference logits, and `loom
+# quantize` output loads in transformers + bitsandbytes (tools/check_bnb_load.py) — then
 # times checkpoint loading of a Llama-3-8B-shaped bf16 checkpoint against raw reads.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,16 @@ loom=build-gpu/tools/loom
     $loom merge --model $f --adapter $f/adapter --out /tmp/merged_$v --device cuda > /dev/null &&
       python3 tools/check_merged.py /tmp/merged_$v $f 2>&1 | tail -2
   done
+  # `loom quantize` output as transformers + bitsandbytes load it (needs the wheel: carry .peers).
+  if ls .peers/bitsandbytes-*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
+    for v in llama mistral qwen2 qwen3 gemma gemma2; do
+      rm -rf /tmp/q_$v && $loom quantize --model tests/fixtures/models/$v --out /tmp/q_$v > /dev/null &&
+        PYTHONPATH=/tmp/site python3 tools/check_bnb_load.py /tmp/q_$v $v 2>&1 | tail -1
+    done
+  else
+    echo "loom quantize vs transformers + bitsandbytes: skipped (no .peers/bitsandbytes-*.whl carried)"
+  fi
 } 2>&1 | tee "$out/interop.log"
 if [[ "${LOOM_SKIP_LOAD_BENCH:-0}" != 1 ]]; then
   python3 tools/make_big_checkpoint.py /tmp/llama8b > /dev/null && build-gpu/bench/loom_load_bench /tmp/llama8b 2>&1 | tee "$out/load_bench.log"

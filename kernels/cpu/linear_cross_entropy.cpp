@@ -57,7 +57,7 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
     return;
   }
   const A row_scale = count > 0 ? A(1) / A(count) : A(0);
-  const int64_t rows_max = std::min(n, chunk_rows > 0 ? chunk_rows : linear_cross_entropy_default_chunk_rows(vocab));
+  const int64_t rows_max = linear_cross_entropy_chunk_rows(n, vocab, chunk_rows, std::is_same_v<T, bf16>);
   std::vector<A> logits(static_cast<size_t>(rows_max * vocab));
   std::vector<T> dlogits(static_cast<size_t>(rows_max * vocab));
   std::vector<double> row_loss(static_cast<size_t>(n), 0.0);

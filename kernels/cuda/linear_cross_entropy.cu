@@ -143,9 +143,10 @@ constexpr GemmType gemm_type() {
 
 }  // namespace
 
-size_t linear_cross_entropy_scratch_bytes(int64_t n, int64_t vocab, int64_t chunk_rows) {
-  const int64_t rows = std::min(n, chunk_rows > 0 ? chunk_rows : linear_cross_entropy_default_chunk_rows(vocab));
-  return 256 + align256(size_t(std::max<int64_t>(n, 1)) * 4) + size_t(std::max<int64_t>(rows, 1)) * size_t(vocab) * 4;
+size_t linear_cross_entropy_scratch_bytes(int64_t n, int64_t vocab, int64_t chunk_rows, bool bf16_input) {
+  const int64_t rows = linear_cross_entropy_chunk_rows(n, vocab, chunk_rows, bf16_input);
+  return 256 + align256(size_t(std::max<int64_t>(n, 1)) * 4) +
+         size_t(std::max<int64_t>(rows, 1)) * size_t(vocab) * size_t(linear_cross_entropy_logit_bytes(bf16_input));
 }
 
 template <class T>
@@ -159,14 +160,15 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float*
   LOOM_CHECK(scratch != nullptr && (reinterpret_cast<uintptr_t>(scratch) & 255u) == 0, op,
              ": scratch must be non-null and 256-byte aligned");
   LOOM_CHECK(loss != nullptr, op, ": loss must be non-null");
-  const int64_t rows_max = std::min(n, chunk_rows > 0 ? chunk_rows : linear_cross_entropy_default_chunk_rows(vocab));
+  constexpr bool is_bf16 = std::is_same_v<T, bf16>;
+  const int64_t rows_max = linear_cross_entropy_chunk_rows(n, vocab, chunk_rows, is_bf16);
   char* base = static_cast<char*>(scratch);
   float* row_scale = reinterpret_cast<float*>(base);
   float* row_loss = reinterpret_cast<float*>(base + 256);
   void* logits = base + 256 + align256(size_t(std::max<int64_t>(n, 1)) * 4);
   T* dlogits = reinterpret_cast<T*>(logits);
-  const bool bf16_logits = std::is_same_v<T, bf16> && linear_cross_entropy_bf16_logits();
-  const int64_t logit_bytes = bf16_logits ? 2 : 4;
+  const int64_t logit_bytes = linear_cross_entropy_logit_bytes(is_bf16);
+  const bool bf16_logits = logit_bytes == 2;
   const int64_t ld_d = vocab * logit_bytes / int64_t(sizeof(T));  // dlogits row stride, in T elements
 
   if (n == 0 && dw) LOOM_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(vocab) * size_t(hidden) * sizeof(float), s));

@@ -65,7 +65,7 @@ class LinearCrossEntropyCuda : public CublasLtTest {
       DeviceBuffer<int32_t> targets(t_gpu);
       // dw starts as NaN: the first chunk must overwrite it (beta 0), not accumulate into it.
       DeviceBuffer<float> loss(1), dw(std::vector<float>(c.vocab * c.hidden, NAN));
-      DeviceBuffer<unsigned char> scratch(cuda::linear_cross_entropy_scratch_bytes(c.n, c.vocab, c.chunk));
+      DeviceBuffer<unsigned char> scratch(cuda::linear_cross_entropy_scratch_bytes(c.n, c.vocab, c.chunk, std::is_same_v<T, bf16>));
       cuda::linear_cross_entropy(dh_in.get(), dw_in.get(), targets.get(), loss.get(), dh.get(),
                                  c.dw ? dw.get() : nullptr, c.n, c.vocab, c.hidden, c.softcap, kIgnoreIndex, c.chunk,
                                  scratch.get(), handle_, {ws_->get(), kGemmWorkspaceBytes}, nullptr);
@@ -88,7 +88,7 @@ TEST_F(LinearCrossEntropyCuda, AllIgnoredGivesZeroLossAndGradients) {
   DeviceBuffer<bf16> hd(h), wd(w), dh(n * hidden);
   DeviceBuffer<int32_t> targets(std::vector<int32_t>(n, kIgnoreIndex));
   DeviceBuffer<float> loss(1), dw(std::vector<float>(vocab * hidden, NAN));
-  DeviceBuffer<unsigned char> scratch(cuda::linear_cross_entropy_scratch_bytes(n, vocab, 4));
+  DeviceBuffer<unsigned char> scratch(cuda::linear_cross_entropy_scratch_bytes(n, vocab, 4, true));
   cuda::linear_cross_entropy(hd.get(), wd.get(), targets.get(), loss.get(), dh.get(), dw.get(), n, vocab, hidden, 0.f,
                              kIgnoreIndex, 4, scratch.get(), handle_, {ws_->get(), kGemmWorkspaceBytes}, nullptr);
   EXPECT_EQ(loss.to_host()[0], 0.f);
