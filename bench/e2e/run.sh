@@ -8,8 +8,9 @@
 #   bench/e2e/run.sh [1b|8b ...]            (default: 1b)
 # Env: LOOM_E2E_MODES (default "none recompute offload"), LOOM_E2E_QLORA_MODES (the same with
 # --qlora, default none), LOOM_E2E_PEERS (default "peft peft-gc";
-# add "bnb unsloth" to run those too; Unsloth runs LOOM_E2E_UNSLOTH, default "<shape>-lora
-# <shape>-lora-nogc", plus "<shape>-qlora" when LOOM_E2E_QLORA_MODES is set), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
+# add "bnb unsloth" to run those too; Unsloth runs LOOM_E2E_UNSLOTH, modes of .peers/unsloth_bench.py
+# without the shape ("lora lora-nogc", plus "qlora" when LOOM_E2E_QLORA_MODES is set) or with one
+# ("8b-qlora": that shape only); bitsandbytes' script measures both shapes at once), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
 # LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run),
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, for the
@@ -113,13 +114,19 @@ for shape in ${@:-1b}; do
       bnb|unsloth)
         [ -d .peers ] || { echo "{\"who\": \"$p\", \"ok\": false, \"error\": \"no .peers folder carried\"}"; continue; }
         if [ "$p" = unsloth ]; then
-          umodes=${LOOM_E2E_UNSLOTH:-$shape-lora $shape-lora-nogc${LOOM_E2E_QLORA_MODES:+ $shape-qlora}}
-          # shellcheck disable=SC2086
-          OUT="$work/unsloth" bash .peers/run_unsloth.sh $umodes > "$work/unsloth.log" 2>&1
-          grep -h '"mode"' "$work"/unsloth/r/results.jsonl 2>/dev/null | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"unsloth\", \"raw\": $l}"; done
+          umodes=()  # LOOM_E2E_UNSLOTH: modes without a shape run for every shape, "8b-qlora" for its own
+          for m in ${LOOM_E2E_UNSLOTH:-lora lora-nogc${LOOM_E2E_QLORA_MODES:+ qlora}}; do
+            case $m in 1b-*|8b-*) [[ $m == "$shape"-* ]] && umodes+=("$m") ;; *) umodes+=("$shape-$m") ;; esac
+          done
+          [ ${#umodes[@]} -gt 0 ] || continue
+          OUT="$work/unsloth-$shape" bash .peers/run_unsloth.sh "${umodes[@]}" > "$work/unsloth-$shape.log" 2>&1
+          grep -h '"mode"' "$work/unsloth-$shape"/r/results.jsonl 2>/dev/null | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"unsloth\", \"raw\": $l}"; done
         else
-          python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
-          PYTHONPATH=/tmp/site timeout 400 python3 .peers/peft_bnb_qlora.py 2>/dev/null | grep -i "$shape" | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"peft+bnb\", \"raw\": $l}"; done
+          if [ ! -f "$work/bnb.out" ]; then  # one run measures both shapes; the next shape of this call reuses it
+            python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
+            PYTHONPATH=/tmp/site timeout 400 python3 .peers/peft_bnb_qlora.py > "$work/bnb.out" 2>/dev/null
+          fi
+          grep -i "$shape" "$work/bnb.out" | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"peft+bnb\", \"raw\": $l}"; done
         fi ;;
     esac
   done
