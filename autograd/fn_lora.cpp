@@ -38,6 +38,13 @@ Tensor split_rows(const Tensor& m, const std::string& pattern) {
   return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern)
       .view({static_cast<int64_t>(pattern.size()) * rows, cols});
 }
+// x's gradient from its other consumers so far, as [rows, in], for dx to be added into by the GEMMs
+// themselves (q/k/v and gate/up read one x: two and one add passes per layer fewer), or undefined
+// (see Node::take_grad_so_far).
+Tensor grad_so_far(Node& n, int64_t in) {
+  const Tensor g = n.take_grad_so_far(0);
+  return g.defined() ? g.view({-1, in}) : g;
+}
 // [parts * rows, cols] f32 -> [rows, cols]: alpha times the sum of the stacked parts.
 Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
   const int64_t rows = m.size(0) / parts, cols = m.size(1);
@@ -145,13 +152,21 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
         // x, is allocated (down_proj: [tokens, intermediate] less at the layer's backward peak).
         if (recompute_x && !n.needs_grad(1)) x2 = Tensor();
       }
-      if (n.needs_grad(0) && first && lora.dropout <= 0.f) {  // dx = scale * dt A, then += dy W
-        dx = Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
-        ops::matmul_into(dt_hlh, a_keep, dx, false, false, scale, 0.f);
+      if (n.needs_grad(0) && first && lora.dropout <= 0.f) {  // dx (+)= scale * dt A, then += dy W
+        const Tensor so_far = grad_so_far(n, in);
+        dx = so_far.defined() ? so_far : Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
+        ops::matmul_into(dt_hlh, a_keep, dx, false, false, scale, so_far.defined() ? 1.f : 0.f);
         ops::matmul_into(dy, rematerialize ? rematerialize() : keep_w, dx, false, false, 1.f, 1.f);
         dx = dx.view(xshape);
-      } else if (n.needs_grad(0)) {  // dx = dy W + dropout'(scale * dt A)
-        dx = ops::matmul(dy, rematerialize ? rematerialize() : keep_w);  // [n, out] x [out, in]
+      } else if (n.needs_grad(0)) {  // dx (+)= dy W + dropout'(scale * dt A)
+        const Tensor so_far = lora.dropout > 0.f ? Tensor() : grad_so_far(n, in);
+        const Tensor wt = rematerialize ? rematerialize() : keep_w;
+        if (so_far.defined()) {
+          dx = so_far;
+          ops::matmul_into(dy, wt, dx, false, false, 1.f, 1.f);
+        } else {
+          dx = ops::matmul(dy, wt);  // [n, out] x [out, in]
+        }
         const Tensor dt_parts = split ? dt_hlh : dt;  // pairs with a_keep's [A_hi; A_hi; A_lo]
         if (lora.dropout > 0.f) {
           dx = ops::add(dx, ops::scale(ops::dropout(ops::matmul(dt_parts, a_keep), lora.dropout, lora.seed, lora.offset),
@@ -183,7 +198,17 @@ Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rem
   auto backward = [keep_w, rematerialize, bias_dtype, xshape = xv.shape()](Node& n, const Grads& g) {
     const Tensor dy = g[0].reshape({-1, g[0].size(-1)});
     Tensor dx, dbias;
-    if (n.needs_grad(0)) dx = ops::matmul(dy, rematerialize ? rematerialize() : keep_w).view(xshape);
+    if (n.needs_grad(0)) {  // dx (+)= dy W
+      const Tensor wt = rematerialize ? rematerialize() : keep_w;
+      const Tensor so_far = grad_so_far(n, wt.size(1));
+      if (so_far.defined()) {
+        dx = so_far;
+        ops::matmul_into(dy, wt, dx, false, false, 1.f, 1.f);
+      } else {
+        dx = ops::matmul(dy, wt);
+      }
+      dx = dx.view(xshape);
+    }
     if (n.needs_grad(2)) dbias = ops::sum_rows(dy, bias_dtype);
     return Grads{dx, Tensor(), dbias};
   };

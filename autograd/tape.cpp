@@ -2,6 +2,7 @@
 #include "autograd/tape.h"
 
 #include <unordered_map>
+#include <utility>
 
 #include "engine/ops.h"
 
@@ -74,6 +75,16 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
     // Intermediates are never modified in place, so they may share storage; sums are new tensors.
     cell.grad = cell.grad.defined() ? ops::add(cell.grad, g) : g.contiguous();
   }
+}
+
+Tensor Node::take_grad_so_far(size_t i) {
+  if (!needs_grad(i)) return Tensor();
+  GradCell& c = *inputs[i];
+  if (c.is_leaf || !c.grad.defined() || !c.grad.is_contiguous()) return Tensor();
+  Tensor g = std::exchange(c.grad, Tensor());
+  if (g.storage().use_count() == 1) return g;
+  c.grad = std::move(g);  // shared with another cell (or a saved tensor): not ours to write
+  return Tensor();
 }
 
 void backward(const Variable& root, Tensor grad) {

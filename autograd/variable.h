@@ -68,6 +68,12 @@ class Node {
   std::vector<std::weak_ptr<GradCell>> outputs;
   // Whether input i needs a gradient (cheap check for backward implementations).
   bool needs_grad(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
+  // The gradient that other consumers of input i have accumulated so far, handed over for this
+  // node to add its own into in place (a GEMM's beta = 1 output instead of a separate add pass):
+  // only an intermediate's, contiguous, and held by nothing else (a gradient one node handed to
+  // two inputs is shared and stays put); else undefined. A node that takes it returns the sum as
+  // input i's gradient: the cell is left empty, so nothing is counted twice.
+  Tensor take_grad_so_far(size_t i);
 };
 
 }  // namespace loom::ag
