@@ -12,7 +12,9 @@
 # without the shape ("lora lora-nogc", plus "qlora" when LOOM_E2E_QLORA_MODES is set) or with one
 # ("8b-qlora": that shape only); bitsandbytes' script measures both shapes at once), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
-# LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run),
+# LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run,
+# LOOM_E2E_CTX_PEERS: "peft peft-gc unsloth" search the same list; LOOM_E2E_CTX_UNSLOTH=qlora for
+# Unsloth's QLoRA),
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, for the
 # kernel-by-kernel time of a step: $OUT/profile-<shape>-<mode>.txt, see tools/kernel_profile.sh),
 # LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
@@ -91,10 +93,19 @@ else:
 PY
 }
 
-peft_run() {  # shape gc batch seq
-  local m; m=$(model_dir "$1") || return 1
-  python3 bench/train_peer.py "$m" --seq-len "$4" --batch-size "$3" --steps "$steps" $([ "$2" = 1 ] && echo --gc) \
-    --json-shape "$1" 2>"$work/peft.err" | tail -1 || tail -3 "$work/peft.err"
+peft_run() {  # shape gc batch seq [warm-up steps] -> one JSON line (ok false with the error's last line)
+  local m line; m=$(model_dir "$1") || return 1
+  line=$(timeout "${LOOM_E2E_PEER_TIMEOUT:-600}" python3 bench/train_peer.py "$m" --seq-len "$4" --batch-size "$3" --steps "$steps" --warmup "${5:-5}" \
+    $([ "$2" = 1 ] && echo --gc) --json-shape "$1" 2>"$work/peft.err" | tail -1)
+  if [[ $line == "{"* ]]; then echo "$line"; return; fi
+  python3 - "$1" "$2" "$3" "$4" "$work/peft.err" <<'PY'
+import json, sys
+shape, gc, batch, seq, err = sys.argv[1:]
+tail = [l for l in open(err).read().splitlines() if l.strip()][-1:]
+print(json.dumps({"shape": shape, "who": "transformers+peft (sdpa)" + (" + gradient checkpointing" if gc == "1" else ""),
+                  "batch": int(batch), "seq": int(seq), "ok": False,
+                  "error": (tail[0] if tail else "no output (timed out?)")[:300]}))
+PY
 }
 
 for shape in ${@:-1b}; do
@@ -140,6 +151,24 @@ if [ "${LOOM_E2E_CTX:-0}" = 1 ]; then  # the longest sequence that trains at bat
       emit "$line"
       echo "$line" | grep -q '"ok": true' || break
     done
+  done
+  for p in ${LOOM_E2E_CTX_PEERS:-}; do  # the same search for the peers: peft, peft-gc, unsloth
+    list=${LOOM_E2E_CTX_LIST:-16384 32768 65536 131072 262144 393216 524288}
+    case $p in
+      peft|peft-gc)
+        steps=$(( ${LOOM_E2E_CTX_STEPS:-2} + 1 ))  # one warm-up step, then the timed ones
+        for seq in $list; do
+          line=$(LOOM_E2E_PEER_TIMEOUT=${LOOM_E2E_CTX_TIMEOUT:-400} peft_run 8b "$([ "$p" = peft-gc ] && echo 1 || echo 0)" 1 "$seq" 1)
+          emit "$line"
+          echo "$line" | grep -q '"ok": true' || break
+        done ;;
+      unsloth)
+        [ -d .peers ] || { echo "{\"who\": \"unsloth\", \"ok\": false, \"error\": \"no .peers folder carried\"}"; continue; }
+        BENCH_CTX_LIST=${list// /,} BENCH_MODE_TIMEOUT_S=${LOOM_E2E_CTX_TIMEOUT:-400} BENCH_TOTAL_S=${LOOM_E2E_CTX_TIMEOUT:-400} \
+          OUT="$work/unsloth-ctx" bash .peers/run_unsloth.sh "8b-${LOOM_E2E_CTX_UNSLOTH:-lora}-ctx" > "$work/unsloth-ctx.log" 2>&1
+        grep -h '"S"' "$work"/unsloth-ctx/r/results.jsonl 2>/dev/null | grep -v ctx_summary | while read -r l; do
+          emit "{\"shape\": \"8b\", \"who\": \"unsloth\", \"batch\": 1, \"raw\": $l}"; done ;;
+    esac
   done
 fi
 python3 bench/e2e/table.py "$results" | tee "$out/e2e_table.md"

@@ -37,6 +37,7 @@ def rows(path):
             else:
                 who = raw.get("who", who)
             r = {"shape": r["shape"], "who": who, "ok": raw.get("ok", "error" not in raw),
+                 "batch": r.get("batch", raw.get("B")), "seq": r.get("seq", raw.get("S")),
                  "tok_s": raw.get("tok_s"), "peak_GiB": raw.get("peak_GiB"), "error": raw.get("error")}
         out.append(r)
     return out
@@ -62,8 +63,11 @@ def peer(rs, prefixes, ckpt):
 def main():
     data = rows(sys.argv[1])
     for shape in SHAPES:
-        rs = [r for r in data if r.get("shape") == shape]
+        every = [r for r in data if r.get("shape") == shape]
+        rs = [r for r in every if r.get("batch") != 1]  # batch 1: the longest-sequence search, below
+        ctx = [r for r in every if r.get("batch") == 1]
         if not rs:
+            ctx_table(shape, ctx)
             continue
         fpt = flops_per_token(shape, SHAPES[shape]["seq"])
         print(f"\n### {shape} shape, batch {rs[0].get('batch', '')} x 2048, LoRA r16 on 7 projections, bf16\n")
@@ -90,10 +94,25 @@ def main():
                 return out
             host = f" (+{r['host_GiB']} host)" if r.get("host_GiB") else ""
             print(f"| {who} | {t:,.0f} | {r['peak_GiB']}{host} | {100 * t * fpt / PEAK:.1f}% | {ratio(base)} | {ratio(uns)} |")
-        ctx = [r for r in rs if r.get("batch") == 1]
-        if ctx:
-            print("\nBatch 1, longest sequence: " + ", ".join(
-                f"{r['seq']}: {'ok, ' + str(r['peak_GiB']) + ' GiB' if r.get('ok') else 'failed'}" for r in ctx))
+        ctx_table(shape, ctx)
+
+
+def ctx_table(shape, ctx):
+    """Per run, the longest batch-1 sequence that trained and the first one that did not."""
+    if not ctx:
+        return
+    print(f"\n### {shape} shape, batch 1, the longest sequence that trains\n")
+    print("| run | longest that trained | peak GPU GiB | tokens/s there | first that failed |")
+    print("|---|---|---|---|---|")
+    for who in dict.fromkeys(r["who"] for r in ctx):
+        tried = sorted((r for r in ctx if r["who"] == who), key=lambda r: r.get("seq") or 0)
+        ok = [r for r in tried if r.get("ok")]
+        bad = [r for r in tried if not r.get("ok")]
+        best = ok[-1] if ok else None
+        fail = f"{bad[0].get('seq')}: {(bad[0].get('error') or '')[:120]}" if bad else "— (none tried)"
+        host = f" (+{best['host_GiB']} host)" if best and best.get("host_GiB") else ""
+        print(f"| {who} | {best['seq'] if best else 'none'} | {str(best['peak_GiB']) + host if best else ''} | "
+              f"{best['tok_s'] if best else ''} | {fail} |")
 
 
 if __name__ == "__main__":
