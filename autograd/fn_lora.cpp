@@ -87,12 +87,13 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
     const std::vector<Tensor> t_parts = ops::block_sum_split(
         ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), 2, 1.f, {"hlh", "hl"});
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
-    const Tensor b32 = b.value().to(DType::f32);
+    // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
+    const Tensor b_hhl = ops::bf16_split(b.value().to(DType::f32), "hhl");  // [out, 3r]
     if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-    ops::matmul_into(t_parts[0], ops::bf16_split(b32, "hhl"), y, false, true, lora.scale, first ? 0.f : 1.f);
+    ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);
     if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
     t_keep = t_parts[1];                                                        // [n, 2r]
-    b_keep = ops::bf16_split(b32, "hl");                                        // [out, 2r]
+    b_keep = b_hhl.narrow(1, r, 2 * r);  // [out, 2r], row stride 3r (GEMMs take it as it is)
     if (x.requires_grad()) a_keep = a_hhl;                                      // [3r, in]
   } else {
     const Tensor ac = a.value().to(cdt);

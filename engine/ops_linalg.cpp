@@ -33,7 +33,18 @@ void run_gemm(const GemmArgs& g, Device device) {
 #endif
 }
 
-// Leading dims of a contiguous row-major [rows, cols] matrix is cols.
+// A GEMM operand and its leading dimension: a matrix whose rows are contiguous, with any row
+// stride (a column slice of a wider one), goes in as it is; anything else is made contiguous
+// (leading dimension: its last size).
+Tensor gemm_operand(const Tensor& t, int64_t& ld) {
+  if (t.dim() == 2 && t.strides()[1] == 1 && t.strides()[0] >= t.size(1) && t.size(0) > 1) {
+    ld = t.strides()[0];
+    return t;
+  }
+  Tensor c = t.contiguous();
+  ld = c.size(-1);
+  return c;
+}
 }  // namespace
 
 void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a, bool trans_b, float alpha,
@@ -44,7 +55,8 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   same_dtype(op, a_in, b_in);
   LOOM_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, op, ": needs matrices, got ", a_in.str(), " and ", b_in.str());
   expect_contiguous(op, c, "output");
-  Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  int64_t lda = 0, ldb = 0;
+  const Tensor a = gemm_operand(a_in, lda), b = gemm_operand(b_in, ldb);
   const int64_t a_rows = a.size(-2), a_cols = a.size(-1), b_rows = b.size(-2), b_cols = b.size(-1);
   const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
   const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
@@ -63,10 +75,10 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   g.trans_a = trans_a;
   g.trans_b = trans_b;
   g.a = a.data_ptr();
-  g.lda = a_cols;
+  g.lda = lda;
   g.stride_a = a_rows * a_cols;
   g.b = b.data_ptr();
-  g.ldb = b_cols;
+  g.ldb = ldb;
   g.stride_b = b.dim() == 2 ? 0 : b_rows * b_cols;
   g.c = c.data_ptr();
   g.ldc = n;

@@ -78,6 +78,13 @@ TEST(OpsCuda, MatmulShapes) {
     return std::vector<Tensor>{ops::matmul(a.to(d, t), b.to(d, t)), ops::matmul(a.to(d, t), bt.to(d, t), false, true),
                                ops::matmul(a.to(d, t), bb.to(d, t)), ops::linear(a.to(d, t), bt.to(d, t), DType::f32)};
   });
+  // Column slices (rows contiguous, a wider row stride) go in with their stride as the leading dimension.
+  Tensor wide = in.randn({48, 96}), wide_t = in.randn({40, 144});
+  check("matmul of column slices", [&](Device d, DType t) {
+    const Tensor s = wide.to(d, t).narrow(1, 32, 64);                         // [48, 64], row stride 96
+    const Tensor u = wide_t.to(d, t).narrow(1, 48, 48), v = wide_t.to(d, t).narrow(1, 0, 48);  // [40, 48], 144
+    return std::vector<Tensor>{ops::matmul(s, s, true, false), ops::matmul(u, v, false, true)};
+  });
 }
 
 TEST(OpsCuda, NormRopeActivationsEmbedding) {
