@@ -35,9 +35,13 @@ peers=${LOOM_E2E_PEERS:-peft peft-gc}
 work=$(mktemp -d)
 emit() { echo "$1" | tee -a "$results"; }
 
+# The random-init models (`loom init --seed 0`, the same bytes every time) are kept across calls on a
+# machine that stays warm: LOOM_E2E_CACHE (default /tmp/loom-e2e); written under a temporary name.
+cache=${LOOM_E2E_CACHE:-/tmp/loom-e2e}
 model_dir() {  # $1: 1b | 8b -> a random-init bf16 Hugging Face folder that both Loom and the peers read
-  local shape=$1 d="$work/model-$1"
+  local shape=$1 d="$cache/model-$1"
   [ -d "$d" ] && { echo "$d"; return; }
+  mkdir -p "$cache"
   mkdir -p "$work/cfg-$shape"
   if [ "$shape" = 8b ]; then h=4096 i=14336 l=32 tied=false; else h=2048 i=8192 l=16 tied=true; fi
   cat > "$work/cfg-$shape/config.json" <<JSON
@@ -47,7 +51,7 @@ model_dir() {  # $1: 1b | 8b -> a random-init bf16 Hugging Face folder that both
  "bos_token_id": 1202, "eos_token_id": 1203, "torch_dtype": "bfloat16"}
 JSON
   cp examples/demo/model-config/tokenizer.json "$work/cfg-$shape/"
-  "$loom" init --from "$work/cfg-$shape" --out "$d" --seed 0 > /dev/null || return 1
+  "$loom" init --from "$work/cfg-$shape" --out "$d.tmp$$" --seed 0 > /dev/null && mv "$d.tmp$$" "$d" || return 1
   echo "$d"
 }
 
