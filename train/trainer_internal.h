@@ -1,0 +1,46 @@
+// Internal to the Trainer (train/trainer*.cpp): what a run holds, shared by its setup
+// (trainer_setup.cpp), its checkpoints (trainer_state.cpp) and its loop (trainer.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "optim/optimizer.h"
+#include "train/checkpointing_plan.h"
+#include "train/distributed.h"
+#include "train/metrics.h"
+#include "train/schedule.h"
+#include "train/train_checkpoint.h"
+#include "train/trainer.h"
+
+namespace loom {
+
+struct Trainer::State {
+  TrainConfig cfg;
+  Device device;
+  DType dtype = DType::bf16;
+  std::unique_ptr<CausalLM> model;
+  Tokenizer tokenizer;
+  std::unique_ptr<PackedLoader> loader;
+  // f32 masters (the LoRA or f32 weights themselves, or copies of bf16 weights) and the state.
+  std::unique_ptr<optim::Optimizer> optimizer;
+  LrSchedule schedule;
+  int64_t step = 0, total_steps = 0;
+  std::vector<float> losses;
+  std::optional<MetricsWriter> metrics;
+  DataStats stats;
+  std::unique_ptr<DistContext> dist;  // data parallelism (--dist), else null
+  Checkpointing checkpointing = Checkpointing::kNone;  // the mode in use (--checkpointing auto decided)
+  nlohmann::json data_fingerprint;    // what the tokenized data was (a changed file refuses to resume)
+
+  absl::Status save_checkpoint();
+  absl::Status check_compatible(const std::string& checkpoint_dir, const nlohmann::json& saved) const;
+  absl::Status restore(const std::string& checkpoint_dir, const TrainCheckpoint& c);
+  absl::Status save_final();
+  nlohmann::json describe() const;
+};
+
+}  // namespace loom
