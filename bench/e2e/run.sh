@@ -14,7 +14,7 @@
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
 # LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run,
 # LOOM_E2E_CTX_PEERS: "peft peft-gc unsloth" search the same list; LOOM_E2E_CTX_UNSLOTH=qlora for
-# Unsloth's QLoRA),
+# Unsloth's QLoRA; LOOM_E2E_CTX_PEER_TOTAL (default 560 s) bounds Unsloth's whole search),
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, for the
 # kernel-by-kernel time of a step: $OUT/profile-<shape>-<mode>.txt, see tools/kernel_profile.sh),
 # LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
@@ -168,7 +168,9 @@ if [ "${LOOM_E2E_CTX:-0}" = 1 ]; then  # the longest sequence that trains at bat
         done ;;
       unsloth)
         [ -d .peers ] || { echo "{\"who\": \"unsloth\", \"ok\": false, \"error\": \"no .peers folder carried\"}"; continue; }
-        BENCH_CTX_LIST=${list// /,} BENCH_MODE_TIMEOUT_S=${LOOM_E2E_CTX_TIMEOUT:-400} BENCH_TOTAL_S=${LOOM_E2E_CTX_TIMEOUT:-400} \
+        # The whole search is one Unsloth mode: its time limits are the search's (one step of 262k
+        # takes Unsloth ~200 s, after a warm-up step).
+        BENCH_CTX_LIST=${list// /,} BENCH_MODE_TIMEOUT_S=${LOOM_E2E_CTX_PEER_TOTAL:-560} BENCH_TOTAL_S=${LOOM_E2E_CTX_PEER_TOTAL:-560} \
           OUT="$work/unsloth-ctx" bash .peers/run_unsloth.sh "8b-${LOOM_E2E_CTX_UNSLOTH:-lora}-ctx" > "$work/unsloth-ctx.log" 2>&1
         grep -h '"S"' "$work"/unsloth-ctx/r/results.jsonl 2>/dev/null | grep -v ctx_summary | while read -r l; do
           emit "{\"shape\": \"8b\", \"who\": \"unsloth\", \"batch\": 1, \"raw\": $l}"; done ;;
