@@ -10,7 +10,8 @@
 # --qlora, default none), LOOM_E2E_PEERS (default "peft peft-gc";
 # add "bnb unsloth" to run those too; Unsloth runs LOOM_E2E_UNSLOTH, modes of .peers/unsloth_bench.py
 # without the shape ("lora lora-nogc", plus "qlora" when LOOM_E2E_QLORA_MODES is set) or with one
-# ("8b-qlora": that shape only); bitsandbytes' script measures both shapes at once), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
+# ("8b-qlora": that shape only); bitsandbytes' script measures both shapes at once, and both are
+# recorded whichever shape asked), LOOM_E2E_STEPS (default 12), LOOM_E2E_CTX ("1" adds the
 # longest-sequence search at batch 1 on the 8B shape: LOOM_E2E_CTX_LIST, LOOM_E2E_CTX_MODES,
 # LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run,
 # LOOM_E2E_CTX_PEERS: "peft peft-gc unsloth" search the same list; LOOM_E2E_CTX_UNSLOTH=qlora for
@@ -137,11 +138,14 @@ for shape in ${@:-1b}; do
           OUT="$work/unsloth-$shape" bash .peers/run_unsloth.sh "${umodes[@]}" > "$work/unsloth-$shape.log" 2>&1
           grep -h '"mode"' "$work/unsloth-$shape"/r/results.jsonl 2>/dev/null | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"unsloth\", \"raw\": $l}"; done
         else
-          if [ ! -f "$work/bnb.out" ]; then  # one run measures both shapes; the next shape of this call reuses it
+          if [ ! -f "$work/bnb.out" ]; then  # one run measures both shapes: both go to the results
+            # (a later call's table for the other shape reads them through LOOM_E2E_PREVIOUS)
             python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
             PYTHONPATH=/tmp/site timeout 400 python3 .peers/peft_bnb_qlora.py > "$work/bnb.out" 2>/dev/null
+            for s in 1b 8b; do
+              grep -i "$s" "$work/bnb.out" | while read -r l; do emit "{\"shape\": \"$s\", \"who\": \"peft+bnb\", \"raw\": $l}"; done
+            done
           fi
-          grep -i "$shape" "$work/bnb.out" | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"peft+bnb\", \"raw\": $l}"; done
         fi ;;
     esac
   done
