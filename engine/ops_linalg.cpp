@@ -57,6 +57,9 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   expect_contiguous(op, c, "output");
   int64_t lda = 0, ldb = 0;
   const Tensor a = gemm_operand(a_in, lda), b = gemm_operand(b_in, ldb);
+  // Operands pass as they are (no copy), so one that overlaps the output would be read while written.
+  LOOM_CHECK(a.storage() != c.storage() && b.storage() != c.storage(), op, ": the output ", c.str(),
+             " shares memory with an operand (", a.str(), ", ", b.str(), ")");
   const int64_t a_rows = a.size(-2), a_cols = a.size(-1), b_rows = b.size(-2), b_cols = b.size(-1);
   const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
   const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
@@ -76,7 +79,7 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   g.trans_b = trans_b;
   g.a = a.data_ptr();
   g.lda = lda;
-  g.stride_a = a_rows * a_cols;
+  g.stride_a = a.dim() == 2 ? 0 : a_rows * a_cols;
   g.b = b.data_ptr();
   g.ldb = ldb;
   g.stride_b = b.dim() == 2 ? 0 : b_rows * b_cols;

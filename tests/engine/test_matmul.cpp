@@ -56,5 +56,13 @@ TEST(Matmul, ColumnSlicesGoInWithTheirRowStride) {
   expect_near(c.to_doubles(), want);
 }
 
+// An operand that shares memory with the output is refused (it would be read while written).
+TEST(Matmul, AnOperandSharingTheOutputsMemoryIsRefused) {
+  Tensor c = random_matrix(5, 6, 5);
+  const Tensor b = random_matrix(5, 6, 6);
+  EXPECT_THROW(ops::matmul_into(c.narrow(1, 0, 5), b, c, false, false, 1.f, 1.f), Error);
+  EXPECT_THROW(ops::matmul_into(b.narrow(1, 0, 5), c, c, false, false), Error);
+}
+
 }  // namespace
 }  // namespace loom::test

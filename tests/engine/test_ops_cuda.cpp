@@ -83,7 +83,11 @@ TEST(OpsCuda, MatmulShapes) {
   check("matmul of column slices", [&](Device d, DType t) {
     const Tensor s = wide.to(d, t).narrow(1, 32, 64);                         // [48, 64], row stride 96
     const Tensor u = wide_t.to(d, t).narrow(1, 48, 48), v = wide_t.to(d, t).narrow(1, 0, 48);  // [40, 48], 144
-    return std::vector<Tensor>{ops::matmul(s, s, true, false), ops::matmul(u, v, false, true)};
+    // Odd offsets and row strides (2-byte aligned in bf16): the LoRA path's [hi, lo] slice at odd ranks.
+    const Tensor o = wide.to(d, t).narrow(1, 1, 45), p = wide_t.to(d, t).narrow(1, 3, 45);  // strides 96, 144
+    const Tensor q = wide.to(d, t).narrow(0, 0, 45).narrow(1, 5, 31);                          // [45, 31], 96
+    return std::vector<Tensor>{ops::matmul(s, s, true, false), ops::matmul(u, v, false, true), ops::matmul(o, q),
+                               ops::matmul(p, o, false, true)};
   });
 }
 
