@@ -10,11 +10,13 @@ one in config.json) gives a bitsandbytes Linear4bit (nf4, blocksize 64, double q
 every decoder projection; every 4-bit weight dequantises (bitsandbytes.functional.dequantize_4bit)
 to what bitsandbytes' own checkpoint of the fixture holds ("dequant.*" of
 tests/fixtures/bnb/models/FAMILY/reference_4bit.safetensors, tools/make_bnb_model_reference.py);
-the logits on the fixture's inputs follow that checkpoint's logits. The two quantisers may differ in
-a code where x / absmax sits within bitsandbytes' fast-math reciprocal of a decision threshold
-(tests/e2e/test_quantize.cpp), so the weights are compared by the share of elements that differ
-(at most 1e-4) and the logits by their relative error (at most 1e-4; the 4-bit error itself against
-the f32 model is ~1e-2). Prints one line; exits non-zero on a failed check.
+the logits on the fixture's inputs, in float32 compute as the reference ran (`loom quantize` writes
+bfloat16 by default), follow that checkpoint's logits. The two quantisers may differ in a code
+where x / absmax sits within bitsandbytes' fast-math reciprocal of a decision threshold
+(tests/e2e/test_quantize.cpp), and in a block's scale by the double-quantisation offset's few ulps;
+so an element counts as different when it moves by more than 1e-4 relative (a code step is > 1e-2),
+at most 1e-4 of them may, and the logits' relative error is at most 1e-4 (the 4-bit error itself
+against the f32 model is ~1e-2). Prints one line; exits non-zero on a failed check.
 
 Needs a CUDA device, torch, transformers 5.x and the bitsandbytes wheel (PYTHONPATH).
 """

@@ -151,8 +151,9 @@ for shape in ${@:-1b}; do
   done
 done
 if [ "${LOOM_E2E_CTX:-0}" = 1 ]; then  # the longest sequence that trains at batch 1 on the 8B shape
+  list=${LOOM_E2E_CTX_LIST:-16384 32768 65536 131072 262144 393216 524288}
   for mode in ${LOOM_E2E_CTX_MODES:-offload}; do
-    for seq in ${LOOM_E2E_CTX_LIST:-16384 32768 65536 131072 262144 393216 524288}; do
+    for seq in $list; do
       steps=${LOOM_E2E_CTX_STEPS:-2}
       LOOM_E2E_RUN_TIMEOUT=${LOOM_E2E_CTX_TIMEOUT:-400}
       line=$(loom_run 8b "$mode" 1 "$seq" "${LOOM_E2E_CTX_EXTRA:-}")
@@ -161,7 +162,6 @@ if [ "${LOOM_E2E_CTX:-0}" = 1 ]; then  # the longest sequence that trains at bat
     done
   done
   for p in ${LOOM_E2E_CTX_PEERS:-}; do  # the same search for the peers: peft, peft-gc, unsloth
-    list=${LOOM_E2E_CTX_LIST:-16384 32768 65536 131072 262144 393216 524288}
     case $p in
       peft|peft-gc)
         steps=$(( ${LOOM_E2E_CTX_STEPS:-2} + 1 ))  # one warm-up step, then the timed ones

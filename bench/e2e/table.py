@@ -32,7 +32,9 @@ def rows(path):
         if raw is not None:  # a peer script's own line
             who = r["who"]
             if who == "unsloth":
-                who = ("unsloth QLoRA (" if raw.get("load_in_4bit") else "unsloth (") + (
+                # The batch-1 search's per-length lines carry only the mode ("8b-qlora-ctx").
+                four_bit = raw.get("load_in_4bit") or "qlora" in raw.get("mode", "")
+                who = ("unsloth QLoRA (" if four_bit else "unsloth (") + (
                     "no checkpointing" if "nogc" in raw.get("mode", "") else "offload checkpointing") + ")"
             else:
                 who = raw.get("who", who)

@@ -1,8 +1,10 @@
 // Finite-difference gradient check in f64 on the CPU: compares backward() against central
-// differences of L(x) = sum(r * f(x)) for a random r, element by element.
+// differences of L(x) = sum(r * f(x)) for a random r, element by element; and the comparison
+// helpers the autograd tests share.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -17,6 +19,20 @@ inline Tensor random_f64(const Shape& shape, uint32_t seed, double lo = -1, doub
   std::vector<double> v(numel_of(shape));
   for (auto& x : v) x = d(gen);
   return Tensor::from_doubles(v, shape);
+}
+
+// Relative L2 error of a against b, both read as f64.
+inline double rel_err(const Tensor& a, const Tensor& b) {
+  const auto x = a.to(DType::f64).to_doubles(), y = b.to(DType::f64).to_doubles();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) num += (x[i] - y[i]) * (x[i] - y[i]), den += y[i] * y[i];
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+// Random f64 values in [-scale, scale) rounded to bf16 once, so that a bf16 path and an f64 one
+// start from identical values.
+inline Tensor bf16_values(const Shape& s, uint32_t seed, double scale) {
+  return ops::scale(random_f64(s, seed), float(scale)).to(DType::bf16).to(DType::f64);
 }
 
 using Fn = std::function<ag::Variable(const std::vector<ag::Variable>&)>;

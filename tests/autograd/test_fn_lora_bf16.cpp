@@ -14,18 +14,6 @@ namespace {
 
 using ag::Variable;
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto x = a.to(DType::f64).to_doubles(), y = b.to(DType::f64).to_doubles();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) num += (x[i] - y[i]) * (x[i] - y[i]), den += y[i] * y[i];
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
-}
-
-// Rounded to bf16 once, so that both paths start from identical values.
-Tensor bf16_values(const Shape& s, uint32_t seed, double scale) {
-  return ops::scale(random_f64(s, seed), float(scale)).to(DType::bf16).to(DType::f64);
-}
-
 // n tokens, in -> out, rank r. Tolerances: the bf16 path rounds y, dx (bf16 outputs, 2^-9) and
 // its adapter operands to ~16 bits; 1e-2 relative L2 for y and dx is bf16's own rounding with
 // margin, and A, B's gradients (f32, from bf16 dy and x) 1e-2 as well.

@@ -14,17 +14,6 @@ namespace {
 
 using ag::Variable;
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto x = a.to(DType::f64).to_doubles(), y = b.to(DType::f64).to_doubles();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) num += (x[i] - y[i]) * (x[i] - y[i]), den += y[i] * y[i];
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
-}
-
-Tensor bf16_values(const Shape& s, uint32_t seed, double scale) {
-  return ops::scale(random_f64(s, seed), float(scale)).to(DType::bf16).to(DType::f64);
-}
-
 // u = 1.5 x feeds a frozen linear, a LoRA linear and another frozen linear (recorded in that order,
 // so backward runs them last to first: the second and third add into the first's dx). With one
 // upstream gradient g for all three: dx = 1.5 g (W1 + W2 + s B A + W3).
