@@ -9,8 +9,8 @@ import json
 import sys
 
 PEAK = 989e12
-SHAPES = {"1b": dict(h=2048, i=8192, layers=16, kv=512, vocab=128256, seq=2048),
-          "8b": dict(h=4096, i=14336, layers=32, kv=1024, vocab=128256, seq=2048)}
+SHAPES = {"1b": dict(h=2048, i=8192, layers=16, kv=512, vocab=128256, seq=2048, batch=8),
+          "8b": dict(h=4096, i=14336, layers=32, kv=1024, vocab=128256, seq=2048, batch=4)}
 
 
 def flops_per_token(shape, seq):
@@ -72,7 +72,8 @@ def main():
             ctx_table(shape, ctx)
             continue
         fpt = flops_per_token(shape, SHAPES[shape]["seq"])
-        print(f"\n### {shape} shape, batch {rs[0].get('batch', '')} x 2048, LoRA r16 on 7 projections, bf16\n")
+        # bitsandbytes' lines carry no batch of their own: the shape's, as run.sh runs it
+        print(f"\n### {shape} shape, batch {SHAPES[shape]['batch']} x 2048, LoRA r16 on 7 projections, bf16\n")
         print("Ratios are tokens/s at peak memory against the peer with the same checkpointing and base weights.\n")
         print("| run | tokens/s | peak GPU GiB | MFU | vs PEFT | vs Unsloth |")
         print("|---|---|---|---|---|---|")
