@@ -51,7 +51,8 @@ std::string gib(double bytes) {
   return buf;
 }
 
-// What ran out, what Loom holds, and what to try.
+// What ran out and what Loom holds; the caller, who knows what it was doing, adds what to try
+// (e.g. `loom train`: train/checkpointing_plan.h).
 std::string out_of_memory_message(Device device, size_t nbytes, const char* cuda_error) {
   const MemoryStats st = memory_stats(device);
   size_t free_b = 0, total_b = 0;
@@ -60,8 +61,7 @@ std::string out_of_memory_message(Device device, size_t nbytes, const char* cuda
   return detail::cat("CUDA out of memory on cuda:", device.index, " allocating ", gib(double(nbytes)), " (", cuda_error,
                      "): Loom holds ", gib(double(st.current_bytes)), " (peak ", gib(double(st.peak_bytes)),
                      ") of the card's ", gib(double(total_b)), ", ", gib(double(free_b)),
-                     " free. Try a smaller --batch-size with a larger --grad-accum (same global batch), ",
-                     "a shorter --seq-len, or --dtype bf16; other processes on this GPU count too (nvidia-smi).");
+                     " free (other processes on this GPU count too: nvidia-smi).");
 }
 #endif
 

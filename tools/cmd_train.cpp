@@ -3,12 +3,15 @@
 #include <csignal>
 #include <cstdio>
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/precision.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "train/checkpointing_plan.h"
 #include "train/trainer.h"
 
 namespace loom::cli {
@@ -152,12 +155,22 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.dist_timeout = *timeout;
   c.offload_optimizer = args->flag("offload-optimizer");
 
-  auto trainer = Trainer::create(c);
-  if (!trainer.ok()) return fail(trainer.status());
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
-  if (absl::Status s = (*trainer)->run(); !s.ok()) return fail(s);
-  if (!c.quiet) std::printf("loom train: %lld steps; output in %s\n", static_cast<long long>((*trainer)->step()), c.out_dir.c_str());
+  // Running out of device memory: the engine says what and how much; this adds what to try with
+  // this run's flags (tools/loom.cpp prints it without "internal error").
+  std::unique_ptr<Trainer> trainer;
+  try {
+    auto created = Trainer::create(c);
+    if (!created.ok()) return fail(created.status());
+    trainer = std::move(*created);
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    if (absl::Status s = trainer->run(); !s.ok()) return fail(s);
+  } catch (const OutOfMemoryError& e) {
+    std::optional<Checkpointing> mode;
+    if (trainer) mode = trainer->checkpointing();
+    throw OutOfMemoryError(absl::StrCat(e.what(), " ", out_of_memory_advice(c, mode, trainer ? trainer->step() + 1 : 0)));
+  }
+  if (!c.quiet) std::printf("loom train: %lld steps; output in %s\n", static_cast<long long>(trainer->step()), c.out_dir.c_str());
   return 0;
 }
 

@@ -2,6 +2,7 @@
 #include "train/checkpointing_plan.h"
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace loom {
 namespace {
@@ -49,6 +50,31 @@ CheckpointingChoice choose_checkpointing(const CheckpointingNeeds& needs, int64_
           absl::StrFormat("--checkpointing auto: offload (even offload needs about %s and %s are available on %s: "
                           "a smaller --batch-size or --seq-len may be needed)",
                           gib(needs.offload), gib(available_bytes), device_name)};
+}
+
+std::string out_of_memory_advice(const TrainConfig& cfg, std::optional<Checkpointing> mode, int64_t step) {
+  std::vector<std::string> tries;
+  if (mode == Checkpointing::kNone)
+    tries.push_back("--checkpointing recompute (each decoder layer keeps only its input and recomputes the rest in "
+                    "backward, about a third more time) or --checkpointing offload (those inputs in pinned host memory)");
+  if (mode == Checkpointing::kRecompute)
+    tries.push_back("--checkpointing offload (the layer inputs go to pinned host memory, a few per cent more time)");
+  if (mode && cfg.batch_size > 1)
+    tries.push_back(absl::StrFormat("a smaller --batch-size (now %d) with a larger --grad-accum (now %d) for the same "
+                                    "global batch",
+                                    cfg.batch_size, cfg.grad_accum));
+  if (mode) tries.push_back(absl::StrFormat("a shorter --seq-len (now %d)", cfg.seq_len));
+  if (!cfg.full && !cfg.qlora) tries.push_back("--qlora (4-bit base weights: about 0.28x the bf16 bytes)");
+  if (cfg.dtype == DType::f32) tries.push_back("--dtype bf16");
+  if (cfg.full && cfg.optim == "adamw") tries.push_back("--optim adamw8bit (optimizer state in 8 bits)");
+  if (cfg.full && !cfg.offload_optimizer)
+    tries.push_back("--offload-optimizer (f32 masters and optimizer state in host memory)");
+  const std::string doing =
+      !mode ? std::string("Loading the model")
+            : absl::StrFormat("Training step %d (%d x %d tokens a micro-batch, --checkpointing %s)", step, cfg.batch_size,
+                              cfg.seq_len, checkpointing_name(*mode));
+  if (tries.empty()) return doing + ": nothing leaner is left to try on this device.";
+  return absl::StrCat(doing, ": try ", absl::StrJoin(tries, "; "), ".");
 }
 
 }  // namespace loom

@@ -8,6 +8,7 @@
 #include "engine/dtype.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
+#include "train/trainer.h"
 
 namespace loom {
 
@@ -31,5 +32,11 @@ struct CheckpointingChoice {
 // available_bytes; offload when none does (it may still run out: the error then says so).
 CheckpointingChoice choose_checkpointing(const CheckpointingNeeds& needs, int64_t available_bytes,
                                          const std::string& device_name);
+
+// What to try after the device ran out of memory while training with `cfg`, leanest change
+// first, naming the flags and their values now: `mode` is the checkpointing in use (unset while
+// the model was loading), `step` the step that ran out (0: before the first). One sentence that
+// begins with what was being done, for the end of the engine's out-of-memory message.
+std::string out_of_memory_advice(const TrainConfig& cfg, std::optional<Checkpointing> mode, int64_t step);
 
 }  // namespace loom

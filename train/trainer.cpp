@@ -70,6 +70,7 @@ int64_t Trainer::step() const { return s_->step; }
 int64_t Trainer::total_steps() const { return s_->total_steps; }
 const std::vector<float>& Trainer::losses() const { return s_->losses; }
 const CausalLM& Trainer::model() const { return *s_->model; }
+Checkpointing Trainer::checkpointing() const { return s_->checkpointing; }
 
 // LOOM_STEP_TIMING=1: each step prints to stderr where its wall time went, the GPU's side from
 // marks on the compute stream (engine/stream_mark.h): idle before the step's first work, the

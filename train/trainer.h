@@ -68,6 +68,7 @@ class Trainer {
   int64_t total_steps() const;
   const std::vector<float>& losses() const;  // per completed step of this run
   const CausalLM& model() const;
+  Checkpointing checkpointing() const;  // the mode in use (what --checkpointing auto chose)
 
  private:
   struct State;

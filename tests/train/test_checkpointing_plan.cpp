@@ -66,5 +66,55 @@ TEST(CheckpointingPlan, PicksTheFastestModeThatFits) {
   EXPECT_NE(c.reason.find("smaller --batch-size"), std::string::npos) << c.reason;
 }
 
+// Out of memory in `loom train`: the advice names the leaner settings this run has not used yet,
+// with the values it runs with, and nothing it already uses.
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(OutOfMemoryAdvice, NoCheckpointingSuggestsBothModesAndTheShape) {
+  TrainConfig c;
+  c.batch_size = 8;
+  c.seq_len = 2048;
+  const std::string a = out_of_memory_advice(c, Checkpointing::kNone, 3);
+  EXPECT_EQ(a.rfind("Training step 3 (8 x 2048 tokens a micro-batch, --checkpointing none): try ", 0), 0u) << a;
+  for (const char* part : {"--checkpointing recompute", "--checkpointing offload", "--batch-size (now 8)",
+                           "--grad-accum (now 1)", "--seq-len (now 2048)", "--qlora"})
+    EXPECT_TRUE(has(a, part)) << part << " missing from: " << a;
+  EXPECT_FALSE(has(a, "--dtype")) << a;  // already bf16
+}
+
+TEST(OutOfMemoryAdvice, LeanestLoRARunIsOnlyToldToShortenTheSequence) {
+  TrainConfig c;
+  c.qlora = true;
+  c.batch_size = 1;
+  c.seq_len = 524288;
+  const std::string a = out_of_memory_advice(c, Checkpointing::kOffload, 1);
+  EXPECT_TRUE(has(a, "try a shorter --seq-len (now 524288).")) << a;
+  for (const char* part : {"--checkpointing recompute", "--checkpointing offload (", "--batch-size", "--qlora ("})
+    EXPECT_FALSE(has(a, part)) << part << " in: " << a;
+}
+
+TEST(OutOfMemoryAdvice, RecomputeSuggestsOffloadOnly) {
+  TrainConfig c;
+  const std::string a = out_of_memory_advice(c, Checkpointing::kRecompute, 1);
+  const std::string tries = a.substr(a.find(": try ") + 2);  // after "(..., --checkpointing recompute)"
+  EXPECT_EQ(tries.rfind("try --checkpointing offload (", 0), 0u) << a;
+  EXPECT_FALSE(has(tries, "--checkpointing recompute")) << a;
+}
+
+TEST(OutOfMemoryAdvice, WhileLoadingNamesTheWeightsNotTheStep) {
+  TrainConfig c;
+  c.full = true;
+  c.dtype = DType::f32;
+  const std::string a = out_of_memory_advice(c, std::nullopt, 0);
+  EXPECT_EQ(a.rfind("Loading the model: try ", 0), 0u) << a;
+  for (const char* part : {"--dtype bf16", "--optim adamw8bit", "--offload-optimizer"})
+    EXPECT_TRUE(has(a, part)) << part << " missing from: " << a;
+  for (const char* part : {"--seq-len", "--checkpointing", "--qlora"}) EXPECT_FALSE(has(a, part)) << part << " in: " << a;
+  c.dtype = DType::bf16;
+  c.optim = "adamw8bit";
+  c.offload_optimizer = true;
+  EXPECT_EQ(out_of_memory_advice(c, std::nullopt, 0), "Loading the model: nothing leaner is left to try on this device.");
+}
+
 }  // namespace
 }  // namespace loom
