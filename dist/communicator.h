@@ -35,6 +35,12 @@ class Communicator {
   // Everything issued so far has finished for the caller: for MPI, on the host; for NCCL, the
   // compute stream waits for the communication stream (no host synchronization).
   virtual void wait() = 0;
+  // Collectives issued so far: the k-th one issued (from 1) is ticket k.
+  virtual int64_t issued() const = 0;
+  // As wait(), for the collectives up to ticket `ticket` only (later ones may still run), and their
+  // tensors, which a collective keeps alive until waited for, are released: a reducer frees each
+  // bucket once its collective is done instead of holding every bucket to the end of backward.
+  virtual void wait_until(int64_t ticket) = 0;
 };
 
 // Seconds a collective may take before the watchdog declares the job dead (--dist-timeout).

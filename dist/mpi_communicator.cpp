@@ -76,7 +76,7 @@ MPI_Datatype mpi_type(DType t, MPI_Datatype bf16_type) {
 }  // namespace
 
 void MpiCommunicator::issue(Pending p) {
-  ++issued_;
+  p.ticket = ++issued_;
   pending_.push_back(std::move(p));
 }
 
@@ -109,6 +109,15 @@ void MpiCommunicator::wait() {
   std::vector<Pending> pending = std::move(pending_);
   pending_.clear();
   for (Pending& p : pending) wait_one(p);
+}
+
+void MpiCommunicator::wait_until(int64_t ticket) {
+  // Pending is in issue order; the ones up to `ticket` leave the list before their done() runs.
+  size_t n = 0;
+  while (n < pending_.size() && pending_[n].ticket <= ticket) ++n;
+  std::vector<Pending> ready(std::make_move_iterator(pending_.begin()), std::make_move_iterator(pending_.begin() + n));
+  pending_.erase(pending_.begin(), pending_.begin() + n);
+  for (Pending& p : ready) wait_one(p);
 }
 
 void MpiCommunicator::all_reduce(Tensor& t, ReduceOp op) {

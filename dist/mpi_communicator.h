@@ -28,12 +28,15 @@ class MpiCommunicator : public Communicator {
   void broadcast(Tensor& t, int root) override;
   void barrier() override;
   void wait() override;
+  int64_t issued() const override { return issued_; }
+  void wait_until(int64_t ticket) override;
 
   MPI_Comm comm() const { return comm_; }
 
  private:
   struct Pending {
     MPI_Request request = MPI_REQUEST_NULL;
+    int64_t ticket = 0;
     std::string what;
     std::vector<Tensor> keep;    // alive until complete
     std::function<void()> done;  // runs after completion (averaging)

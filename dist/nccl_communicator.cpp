@@ -74,6 +74,7 @@ class NcclCommunicator : public Communicator {
     CudaDeviceGuard guard(device_);
     cudaStreamSynchronize(stream_);
     for (auto& e : inflight_) cudaEventDestroy(e.event);
+    release(issued_);
     ncclCommDestroy(comm_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(finished_);
@@ -157,7 +158,21 @@ class NcclCommunicator : public Communicator {
     LOOM_CUDA_CHECK(cudaEventRecord(finished_, stream_));
     LOOM_CUDA_CHECK(cudaStreamWaitEvent(compute_, finished_, 0));
     // The pool frees on the compute stream, which now runs after the collectives: safe to drop.
-    keep_.clear();
+    release(issued_);
+  }
+
+  int64_t issued() const override { return issued_; }
+
+  void wait_until(int64_t ticket) override {
+    CudaDeviceGuard guard(device_);
+    // The communication stream runs in issue order: the compute stream waits for the last
+    // collective up to `ticket` (no host synchronisation), then their tensors can go.
+    const Kept* last = nullptr;
+    for (const Kept& k : keep_)
+      if (k.ticket <= ticket) last = &k;
+    if (last == nullptr) return;
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(compute_, last->done, 0));
+    release(ticket);
   }
 
  private:
@@ -169,6 +184,22 @@ class NcclCommunicator : public Communicator {
 
   static ncclRedOp_t red(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
 
+  // A collective's tensors and the event its end records, until the compute stream waits for it.
+  struct Kept {
+    int64_t ticket = 0;
+    cudaEvent_t done = nullptr;
+    std::vector<Tensor> tensors;
+  };
+
+  // Drops the tensors of the collectives up to `ticket`: the compute stream (where the pool frees)
+  // already waits for them.
+  void release(int64_t ticket) {
+    while (!keep_.empty() && keep_.front().ticket <= ticket) {
+      cudaEventDestroy(keep_.front().done);
+      keep_.pop_front();
+    }
+  }
+
   template <class F>
   void launch(std::string what, std::vector<Tensor> keep, F&& call) {
     CudaDeviceGuard guard(device_);
@@ -179,7 +210,10 @@ class NcclCommunicator : public Communicator {
     cudaEvent_t done;
     LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     LOOM_CUDA_CHECK(cudaEventRecord(done, stream_));
-    for (Tensor& t : keep) keep_.push_back(std::move(t));
+    cudaEvent_t kept_done;  // the watchdog destroys `done` once complete; this one waits for wait_until
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&kept_done, cudaEventDisableTiming));
+    LOOM_CUDA_CHECK(cudaEventRecord(kept_done, stream_));
+    keep_.push_back({issued_ + 1, kept_done, std::move(keep)});
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++issued_;
@@ -232,7 +266,7 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr, compute_ = nullptr;
   cudaEvent_t ready_ = nullptr, finished_ = nullptr;
-  std::vector<Tensor> keep_;  // inputs and outputs of collectives not yet waited for
+  std::deque<Kept> keep_;  // inputs and outputs of collectives not yet waited for, in issue order
 
   std::mutex mu_;
   std::condition_variable cv_;

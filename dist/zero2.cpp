@@ -39,7 +39,6 @@ Zero2::Zero2(Communicator& comm, optim::Optimizer& opt, int64_t bucket_bytes) : 
   master_ = host ? optim::pinned_copy(Tensor::zeros({layout_.shard}, DType::f32), DType::f32)
                  : Tensor::zeros({layout_.shard}, DType::f32, device_);
   grad_ = Tensor::zeros({layout_.shard}, DType::f32, device_);
-  compute_ = Tensor::zeros({layout_.shard}, dtype_, device_);
   for (const ShardPiece& sp : layout_.pieces(me)) {
     Piece p;
     p.at = sp;
@@ -97,14 +96,28 @@ void Zero2::launch(Bucket& b) {
     out = grad_.narrow(0, at, mine);
   } else {
     out = Tensor::empty({mine}, dtype_, device_);
-    convert_.emplace_back(out, grad_.narrow(0, at, mine));
+    b.received = out;
+    b.dst = grad_.narrow(0, at, mine);
   }
   comm_.reduce_scatter(b.buffer, out, ReduceOp::kSum, counts);
+  b.ticket = comm_.issued();
+  b.buffer = Tensor();  // the communicator keeps it until the collective is waited for
 }
 
 void Zero2::launch_ready() {
   while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].last - buckets_[next_].first)
     launch(buckets_[next_++]);
+  if (next_ > settled_ + kBucketsInFlight) settle(next_ - kBucketsInFlight);
+}
+
+void Zero2::settle(size_t end) {
+  if (end <= settled_) return;
+  comm_.wait_until(buckets_[end - 1].ticket);
+  for (; settled_ < end; ++settled_) {
+    Bucket& b = buckets_[settled_];
+    if (b.received.defined()) b.dst.copy_(b.received);
+    b.received = b.dst = Tensor();
+  }
 }
 
 void Zero2::finalize() {
@@ -123,15 +136,11 @@ void Zero2::finalize() {
     }
   }
   launch_ready();
+  settle(buckets_.size());
   comm_.wait();
-  for (auto& [received, dst] : convert_) dst.copy_(received);
-  convert_.clear();
-  for (Bucket& b : buckets_) {
-    b.buffer = Tensor();
-    b.ready = 0;
-  }
+  for (Bucket& b : buckets_) b.ready = 0;
   arrived_.assign(arrived_.size(), false);
-  next_ = 0;
+  next_ = settled_ = 0;
 }
 
 ClipResult Zero2::step(float lr, float max_norm) {
@@ -143,6 +152,8 @@ ClipResult Zero2::step(float lr, float max_norm) {
   if (max_norm > 0) c.coef = clip_coefficient(c.norm, max_norm);
   const int64_t base = comm_.rank() * layout_.shard;
   std::vector<optim::HostRange> offloaded;
+  // The updated shard in the parameters' dtype, only for the all-gather (not kept between steps).
+  Tensor rounded = Tensor::zeros({layout_.shard}, dtype_, device_);
   for (Piece& p : pieces_) {
     const optim::ParamGroup& g = opt_.groups()[opt_.params()[p.param].group];
     const int64_t off = p.at.flat - base, len = p.at.end - p.at.begin;
@@ -152,7 +163,7 @@ ClipResult Zero2::step(float lr, float max_norm) {
     a.grad_scale = c.coef;
     a.step = steps_[p.param] + 1;
     Tensor master = master_.narrow(0, off, len);
-    Tensor compute = compute_.narrow(0, off, len);
+    Tensor compute = rounded.narrow(0, off, len);
     if (opt_.offloaded())
       offloaded.push_back({master, &p.state, grad_.narrow(0, off, len), compute, a});
     else
@@ -161,7 +172,7 @@ ClipResult Zero2::step(float lr, float max_norm) {
   if (opt_.offloaded()) host_.run(opt_.rule(), offloaded);
   for (int64_t& s : steps_) ++s;
   Tensor gathered = Tensor::empty({layout_.total()}, dtype_, device_);
-  comm_.all_gather(compute_, gathered);
+  comm_.all_gather(rounded, gathered);
   comm_.wait();
   for (size_t k = 0; k < order_.size(); ++k) {
     Tensor value = opt_.params()[order_[k]].var.value();
@@ -243,6 +254,7 @@ absl::Status Zero2::load_state_dicts(const std::vector<std::map<std::string, Ten
     return absl::OkStatus();
   };
   const int64_t base = comm_.rank() * layout_.shard;
+  Tensor rounded = Tensor::zeros({layout_.shard}, dtype_, device_);  // the masters rounded, for the all-gather
   for (Piece& p : pieces_) {
     const std::string& pname = params[p.param].name;
     const int k = p.at.param;
@@ -280,11 +292,11 @@ absl::Status Zero2::load_state_dicts(const std::vector<std::map<std::string, Ten
     if (covered != p.at.end - p.at.begin)
       return absl::DataLossError(absl::StrCat(where, ": the ", old_world, " shards cover ", covered, " of the ",
                                               p.at.end - p.at.begin, " elements of ", pname, " this rank needs"));
-    compute_.narrow(0, p.at.flat - base, p.at.end - p.at.begin).copy_(master_.narrow(0, p.at.flat - base, p.at.end - p.at.begin));
+    rounded.narrow(0, p.at.flat - base, p.at.end - p.at.begin).copy_(master_.narrow(0, p.at.flat - base, p.at.end - p.at.begin));
   }
   // Every rank now holds its masters; the parameters become the masters rounded once.
   Tensor gathered = Tensor::empty({layout_.total()}, dtype_, device_);
-  comm_.all_gather(compute_, gathered);
+  comm_.all_gather(rounded, gathered);
   comm_.wait();
   for (size_t k = 0; k < order_.size(); ++k) {
     Tensor value = params[order_[k]].var.value();

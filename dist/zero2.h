@@ -3,8 +3,8 @@
 // to back); each rank owns one contiguous shard of the f32 master weights, of the update rule's
 // state (AdamW's f32 moments or 8-bit AdamW's blocks: the Optimizer's UpdateRule runs on the
 // shard's pieces, nothing is re-implemented) and of the gradients. Gradients are reduce-scattered
-// bucket by bucket as backward produces them (the leaf gradients are released once copied), kept
-// in f32 on the owner, clipped by the global norm across shards, the shard is stepped and the
+// bucket by bucket as backward produces them (the leaf gradients are released once copied, each
+// bucket once its collective is done: a few buckets live at a time), kept in f32 on the owner, clipped by the global norm across shards, the shard is stepped and the
 // updated weights are all-gathered in the compute dtype into the parameters. With an Optimizer of
 // placement kHost (CPU offload) the shard's masters and state live in pinned host memory and the
 // shard is stepped on the CPU (optim/host_update.h): each rank offloads only its shard.
@@ -29,6 +29,10 @@ struct ClipResult {
 
 class Zero2 : public Reducer {
  public:
+  // Reduce-scatters still running while backward goes on; older buckets are settled (converted
+  // into the f32 shard and freed), so a step holds a few buckets, not a full-size copy of the gradients.
+  static constexpr size_t kBucketsInFlight = 2;
+
   // opt: constructed with sharded = true, parameters registered; all of one dtype and device.
   // Masters start from the parameters' current values (broadcast them first).
   Zero2(Communicator& comm, optim::Optimizer& opt, int64_t bucket_bytes = kDefaultBucketBytes);
@@ -66,11 +70,14 @@ class Zero2 : public Reducer {
   struct Bucket {
     int first = 0, last = 0;  // flat-order parameter indices [first, last)
     int64_t lo = 0, hi = 0;   // flat range
-    Tensor buffer;
+    Tensor buffer;            // the gradients in flat order, until handed to the reduce-scatter
     int ready = 0;
+    int64_t ticket = 0;       // the reduce-scatter's (Communicator::issued())
+    Tensor received, dst;     // this rank's reduced part in the compute dtype, and its f32 place in grad_
   };
   void launch_ready();
   void launch(Bucket& b);
+  void settle(size_t end);  // buckets [settled_, end): wait for their collective, convert, free
 
   Communicator& comm_;
   optim::Optimizer& opt_;
@@ -79,15 +86,15 @@ class Zero2 : public Reducer {
   ShardLayout layout_;
   DType dtype_;
   Device device_;
-  Tensor master_, grad_, compute_;  // this rank's shard: f32 (pinned host when offloaded), f32, parameter dtype
+  Tensor master_, grad_;  // this rank's shard: f32 (pinned host when offloaded), f32 on the device
   optim::HostUpdater host_;         // offloaded: the shard's CPU step
   std::vector<Piece> pieces_;
   std::vector<int64_t> steps_;  // per registered parameter
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // flat position -> bucket
   std::vector<bool> arrived_;
-  size_t next_ = 0;
-  std::vector<std::pair<Tensor, Tensor>> convert_;  // (received in compute dtype, f32 destination)
+  size_t next_ = 0;     // the next bucket to launch
+  size_t settled_ = 0;  // buckets before it are reduced into grad_ and freed
 };
 
 }  // namespace loom::dist

@@ -5,6 +5,7 @@
 // weights as an unsharded optim::Optimizer given the summed gradients, also after re-sharding an
 // unsharded optimizer's state. Gradients are multiples of 1/64 so every sum is exact in any order:
 // the comparisons are bit for bit, except the clipped run (the norm is summed in another order).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -149,6 +150,37 @@ TEST(Zero2, AdamW8bitBf16EqualsUnsharded) { compare_with_unsharded({"adamw8bit",
 TEST(Zero2, ClipsByTheGlobalNorm) { compare_with_unsharded({"adamw", DType::f32}, 0.5f, false); }
 TEST(Zero2, ReshardsAnUnshardedState) { compare_with_unsharded({"adamw8bit", DType::f32}, 0, true); }
 TEST(Zero2, ReshardsAnUnshardedStateAdamW) { compare_with_unsharded({"adamw", DType::bf16}, 0, true); }
+
+// Backward holds a few buckets at a time, not a copy of every gradient: each bucket (and the bf16
+// part it receives) is freed once its reduce-scatter is done. Counted by the CPU allocator while
+// 40 one-parameter buckets arrive in backward's order.
+TEST(Zero2, FreesEachBucketOnceReduced) {
+  dist::Communicator& c = group().cpu();
+  constexpr int kParams = 40;
+  constexpr int64_t kNumel = 1024, kBucketBytes = kNumel * 2;  // bf16: one parameter per bucket
+  optim::Optimizer sharded(*optim::make_update_rule("adamw", {0.9f, 0.99f, 1e-8f}, Device::cpu()), /*sharded=*/true);
+  sharded.add_group({"all", 1.f, 0.f});
+  std::vector<ag::Variable> params;
+  for (int p = 0; p < kParams; ++p) {
+    params.emplace_back(init_of(p, {kNumel}, DType::bf16), true);
+    sharded.add_param("p" + std::to_string(p), params.back(), 0);
+  }
+  dist::Zero2 zero(c, sharded, kBucketBytes);
+  const int64_t before = memory_stats(Device::cpu()).current_bytes;
+  int64_t most = 0;
+  for (int p = kParams - 1; p >= 0; --p) {  // the last registered parameter's gradient comes first
+    Tensor g = grad_of(p, c.rank(), 0, {kNumel}, DType::bf16);
+    zero.add(p, g);
+    most = std::max(most, memory_stats(Device::cpu()).current_bytes - before);
+  }
+  zero.finalize();
+  // In flight: kBucketsInFlight launched plus the one filling and the one just launched, each its
+  // buffer and its received part (at most as large), with padding to the rule's alignment.
+  const int64_t bucket = bytes_for(DType::bf16, kNumel + sharded.rule().alignment());
+  EXPECT_LE(most, int64_t(dist::Zero2::kBucketsInFlight + 2) * 2 * bucket)
+      << "every bucket would be " << kParams * bucket << " bytes";
+  EXPECT_LE(memory_stats(Device::cpu()).current_bytes - before, 0) << "finalize() frees every bucket";
+}
 
 }  // namespace
 }  // namespace loom::test
