@@ -82,8 +82,8 @@ Tensor Node::take_grad_so_far(size_t i) {
   GradCell& c = *inputs[i];
   if (c.is_leaf || !c.grad.defined() || !c.grad.is_contiguous()) return Tensor();
   Tensor g = std::exchange(c.grad, Tensor());
-  if (g.storage().use_count() == 1) return g;
-  c.grad = std::move(g);  // shared with another cell (or a saved tensor): not ours to write
+  if (g.storage().use_count() == 1 && !g.storage()->borrowed()) return g;
+  c.grad = std::move(g);  // shared with another cell or a saved tensor, or borrowed memory: not ours to write
   return Tensor();
 }
 

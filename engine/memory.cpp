@@ -197,7 +197,9 @@ size_t release_cached_pinned_memory() {
 }
 
 std::shared_ptr<Storage> borrow(void* ptr, size_t nbytes, Device device, std::shared_ptr<const void> keepalive) {
-  return std::make_shared<Storage>(ptr, nbytes, device, [keepalive](void*) {});
+  auto s = std::make_shared<Storage>(ptr, nbytes, device, [keepalive](void*) {});
+  s->borrowed_ = true;
+  return s;
 }
 
 MemoryStats memory_stats(Device device) {

@@ -26,13 +26,18 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
+  // Memory Loom does not own (borrow(): a mapped file, a caller's buffer): never written in place
+  // by an optimisation that assumes a sole owner (autograd's Node::take_grad_so_far).
+  bool borrowed() const { return borrowed_; }
 
  private:
+  friend std::shared_ptr<Storage> borrow(void*, size_t, Device, std::shared_ptr<const void>);
   void* ptr_;
   size_t nbytes_;
   Device device_;
   std::function<void(void*)> release_;
   bool pinned_;
+  bool borrowed_ = false;
 };
 
 // Allocates nbytes on device: CPU memory 64-byte aligned; CUDA memory from the device's

@@ -1,12 +1,16 @@
 // Node::take_grad_so_far: linear layers that share one input (q/k/v, gate/up) add their dx into the
 // gradient the others accumulated, in place through the GEMM's beta = 1, instead of a separate add.
 // Checked against the sum written out by hand in f64 (f64 and bf16 paths, adapter or not), and that
-// a gradient one node handed to two inputs (shared storage) is never written in place.
+// a gradient one node handed to two inputs (shared storage) or one in memory Loom does not own
+// (borrowed) is never written in place.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "autograd/functions.h"
+#include "autograd/lambda_node.h"
+#include "autograd/tape.h"
+#include "engine/memory.h"
 #include "tests/autograd/gradcheck.h"
 
 namespace loom::test {
@@ -59,6 +63,31 @@ TEST(GradSoFar, AGradientSharedWithAnotherInputStaysPut) {
   EXPECT_LT(rel_err(xv.grad(), want), 1e-12);
   // The caller's upstream gradients are theirs: untouched.
   EXPECT_EQ(g2.to_doubles(), random_f64({6, 8}, 4).to_doubles());
+}
+
+// A node hands its input a gradient in borrowed memory (a caller's buffer; here a vector) and
+// dies: the gradient's storage has one owner left, yet the linear on the same input must not add
+// its dx into it.
+TEST(GradSoFar, ABorrowedGradientStaysPut) {
+  const Tensor x = random_f64({6, 8}, 1), w = random_f64({5, 8}, 2), g1 = random_f64({6, 5}, 3);
+  std::vector<double> buffer = random_f64({6, 8}, 4).to_doubles();
+  const std::vector<double> before = buffer;
+  Variable xv(x, true);
+  const Variable u = ag::scale(xv, 1.f);
+  const Variable z = ag::frozen_linear(u, Variable(w), {});
+  Tensor borrowed = Tensor::from_storage(
+      borrow(buffer.data(), buffer.size() * sizeof(double), Device::cpu(), nullptr), {6, 8}, DType::f64);
+  // c = sum(u) in value; its backward hands `borrowed` (moved out: the node keeps no reference).
+  const Variable c = ag::record1(
+      ag::detail::node_of("hand_borrowed", [borrowed](ag::Node&, const std::vector<Tensor>&) mutable {
+        return std::vector<Tensor>{std::move(borrowed)};
+      }),
+      {&u}, ops::sum(u.value()));
+  borrowed = Tensor();
+  ag::backward(std::vector<Variable>{z, c}, std::vector<Tensor>{g1, Tensor::full({}, 1.f, c.dtype())});
+  const Tensor want = ops::add(ops::matmul(g1, w), Tensor::from_doubles(before, {6, 8}));
+  EXPECT_LT(rel_err(xv.grad(), want), 1e-12);
+  EXPECT_EQ(buffer, before) << "the borrowed buffer was written";
 }
 
 }  // namespace
