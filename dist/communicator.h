@@ -40,6 +40,7 @@ class Communicator {
   // As wait(), for the collectives up to ticket `ticket` only (later ones may still run), and their
   // tensors, which a collective keeps alive until waited for, are released: a reducer frees each
   // bucket once its collective is done instead of holding every bucket to the end of backward.
+  // A ticket already covered by an earlier wait is a no-op.
   virtual void wait_until(int64_t ticket) = 0;
 };
 

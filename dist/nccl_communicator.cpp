@@ -168,8 +168,10 @@ class NcclCommunicator : public Communicator {
     // The communication stream runs in issue order: the compute stream waits for the last
     // collective up to `ticket` (no host synchronisation), then their tensors can go.
     const Kept* last = nullptr;
-    for (const Kept& k : keep_)
-      if (k.ticket <= ticket) last = &k;
+    for (const Kept& k : keep_) {  // in issue order
+      if (k.ticket > ticket) break;
+      last = &k;
+    }
     if (last == nullptr) return;
     LOOM_CUDA_CHECK(cudaStreamWaitEvent(compute_, last->done, 0));
     release(ticket);
@@ -203,15 +205,16 @@ class NcclCommunicator : public Communicator {
   template <class F>
   void launch(std::string what, std::vector<Tensor> keep, F&& call) {
     CudaDeviceGuard guard(device_);
+    // The watchdog destroys `done` once complete; `kept_done` stays for wait_until. Both exist
+    // before the collective is queued.
+    cudaEvent_t done, kept_done;
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&kept_done, cudaEventDisableTiming));
     // The communication stream starts after everything queued on the compute stream so far.
     LOOM_CUDA_CHECK(cudaEventRecord(ready_, compute_));
     LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     call();
-    cudaEvent_t done;
-    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     LOOM_CUDA_CHECK(cudaEventRecord(done, stream_));
-    cudaEvent_t kept_done;  // the watchdog destroys `done` once complete; this one waits for wait_until
-    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&kept_done, cudaEventDisableTiming));
     LOOM_CUDA_CHECK(cudaEventRecord(kept_done, stream_));
     keep_.push_back({issued_ + 1, kept_done, std::move(keep)});
     {

@@ -4,8 +4,9 @@
 // state (AdamW's f32 moments or 8-bit AdamW's blocks: the Optimizer's UpdateRule runs on the
 // shard's pieces, nothing is re-implemented) and of the gradients. Gradients are reduce-scattered
 // bucket by bucket as backward produces them (the leaf gradients are released once copied, each
-// bucket once its collective is done: a few buckets live at a time), kept in f32 on the owner, clipped by the global norm across shards, the shard is stepped and the
-// updated weights are all-gathered in the compute dtype into the parameters. With an Optimizer of
+// bucket once its collective is done: a few buckets live at a time), kept in f32 on the owner,
+// clipped by the global norm across shards, the shard is stepped and the updated weights are
+// all-gathered in the compute dtype into the parameters. With an Optimizer of
 // placement kHost (CPU offload) the shard's masters and state live in pinned host memory and the
 // shard is stepped on the CPU (optim/host_update.h): each rank offloads only its shard.
 #pragma once
