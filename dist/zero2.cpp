@@ -105,9 +105,15 @@ void Zero2::launch(Bucket& b) {
 }
 
 void Zero2::launch_ready() {
-  while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].last - buckets_[next_].first)
-    launch(buckets_[next_++]);
-  if (next_ > settled_ + kBucketsInFlight) settle(next_ - kBucketsInFlight);
+  auto complete = [&](size_t i) {
+    return i < buckets_.size() && buckets_[i].ready == buckets_[i].last - buckets_[i].first;
+  };
+  if (!complete(next_)) return;
+  // Before launching, settle what earlier calls launched beyond the window: those collectives have
+  // had backward's compute to run behind. Buckets that become complete together (a late parameter)
+  // all launch now, and none of them is waited for here.
+  if (next_ + 1 > settled_ + kBucketsInFlight) settle(next_ + 1 - kBucketsInFlight);
+  while (complete(next_)) launch(buckets_[next_++]);
 }
 
 void Zero2::settle(size_t end) {
