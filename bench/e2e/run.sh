@@ -56,14 +56,9 @@ JSON
   echo "$d"
 }
 
-data_file() {  # one document of ~1.8M tokens (the demo paragraphs, 1500 times over): every row is a
-  # piece of it, full causal attention over 2048 tokens as the peers' random rows get, no packing mask
+data_file() {  # one document of ~1.8M tokens: every row is a plain causal piece of it (long_document.py)
   local f="$work/data.jsonl"
-  [ -f "$f" ] || python3 - "$f" <<'PY'
-import json, sys
-text = " ".join(json.loads(l)["text"] for l in open("examples/demo/weaving.jsonl"))
-open(sys.argv[1], "w").write(json.dumps({"text": " ".join([text] * 1500)}) + "\n")
-PY
+  [ -f "$f" ] || python3 bench/e2e/long_document.py "$f" || return 1
   echo "$f"
 }
 
