@@ -4,7 +4,8 @@
 # `mpirun -np N loom train --full --dist ddp` and `--dist zero2` against PyTorch DDP and FSDP2
 # (fully_shard, reshard_after_forward=False: ZeRO-2) on the same model, same global batch, same
 # run. Usage: tools/gpu_dist_bench.sh [N] (default: every visible GPU). Prints one JSON line per
-# system: global tokens/s and peak memory per GPU; writes $OUT/dist_bench.txt.
+# system: global tokens/s and peak memory per GPU; writes $OUT/dist_bench.txt. LOOM_DIST_LORA=1 adds
+# LoRA and QLoRA of the Llama-3-8B shape with --dist ddp on N GPUs and on one (below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -28,18 +29,37 @@ build-gpu/tools/loom init --from "$work/cfg" --out "$work/model" --seed 0 > /dev
 # short demo paragraphs packed would give Loom a document mask that skips most of the attention).
 python3 bench/e2e/long_document.py "$work/data.jsonl" $((1500 * (n + 3) / 4)) || exit 1
 : > "$out/dist_bench.txt"
-for mode in ddp zero2; do
-  mpirun -np "$n" --bind-to none build-gpu/tools/loom train --model "$work/model" --data "$work/data.jsonl" \
-    --out "$work/run-$mode" --device cuda --dtype bf16 --full --seq-len $seq --batch-size $batch \
-    --max-steps "$steps" --lr 1e-5 --dist "$mode" 2>&1 | grep "loom dist:"
-  python3 - "$work/run-$mode/metrics.jsonl" "$mode" "$n" <<'PY' | tee -a "$out/dist_bench.txt"
+# loom_dist NP MODEL TAG FLAGS...: `mpirun -np NP loom train FLAGS`, one JSON line (median tokens/s
+# after 5 warm-up steps, rank 0's peak GPU memory, the last loss).
+loom_dist() {
+  local np=$1 model=$2 tag=$3
+  shift 3
+  mpirun -np "$np" --bind-to none build-gpu/tools/loom train --model "$model" --data "$work/data.jsonl" \
+    --out "$work/run-$tag-$np" --device cuda --dtype bf16 --seq-len $seq --batch-size $batch \
+    --max-steps "$steps" "$@" 2>&1 | grep "loom dist:"
+  python3 - "$work/run-$tag-$np/metrics.jsonl" "loom train $*" "$np" <<'PY' | tee -a "$out/dist_bench.txt"
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])][5:]
-print(json.dumps({"loom": f"loom train --full --dist {sys.argv[2]} (bf16)", "world": int(sys.argv[3]),
+print(json.dumps({"loom": sys.argv[2], "world": int(sys.argv[3]),
                   "tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
                   "peak_mem_bytes_rank0": max(r["mem_bytes"] for r in rows), "loss": rows[-1]["loss"]}))
 PY
-done
+}
+for mode in ddp zero2; do loom_dist "$n" "$work/model" "full-$mode" --full --lr 1e-5 --dist "$mode"; done
+# LOOM_DIST_LORA=1: LoRA and QLoRA (r16, seven projections) of the Llama-3-8B shape with --dist ddp on
+# N GPUs and on one (the scaling: N-GPU tokens/s over N x one-GPU tokens/s).
+if [ "${LOOM_DIST_LORA:-0}" = 1 ]; then
+  mkdir -p "$work/cfg8b"
+  sed -e 's/"hidden_size": 2048/"hidden_size": 4096/' -e 's/"intermediate_size": 8192/"intermediate_size": 14336/' \
+      -e 's/"num_hidden_layers": 16/"num_hidden_layers": 32/' -e 's/"tie_word_embeddings": true/"tie_word_embeddings": false/' \
+      "$work/cfg/config.json" > "$work/cfg8b/config.json"
+  cp "$work/cfg/tokenizer.json" "$work/cfg8b/"
+  build-gpu/tools/loom init --from "$work/cfg8b" --out "$work/model8b" --seed 0 > /dev/null
+  for np in 1 "$n"; do
+    loom_dist "$np" "$work/model8b" "lora8b" --lora-r 16 --lora-alpha 16 --lr 2e-4 --dist ddp
+    loom_dist "$np" "$work/model8b" "qlora8b" --qlora --lora-r 16 --lora-alpha 16 --lr 2e-4 --dist ddp
+  done
+fi
 for mode in ddp fsdp2; do
   torchrun --standalone --nproc-per-node "$n" bench/dist_peer.py "$work/model" --mode $mode --seq-len $seq \
     --batch-size $batch --steps "$steps" 2>&1 | grep '^{' | tee -a "$out/dist_bench.txt"
