@@ -22,4 +22,21 @@ inline bool is_directory_path(const std::string& path) {
   return std::filesystem::is_directory(path, ec);
 }
 
+// True when `path` is the folder `dir` or lies below it, after resolving "..", "." and the symbolic
+// links that exist (for "never write an output over an input" checks). False when either is empty.
+inline bool path_is_within(const std::string& path, const std::string& dir) {
+  if (path.empty() || dir.empty()) return false;
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  if (ec) return false;
+  const std::filesystem::path d = std::filesystem::weakly_canonical(dir, ec);
+  if (ec) return false;
+  auto pi = p.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
+    if (di->empty()) continue;  // a trailing separator
+    if (pi == p.end() || *pi != *di) return false;
+  }
+  return true;
+}
+
 }  // namespace loom

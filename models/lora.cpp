@@ -269,6 +269,10 @@ void merge_lora(CausalLM& model) {
 absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) {
   const fs::path tmp(out_dir);  // each file below is written to a temporary name and renamed
   std::error_code ec;
+  // A sharded model's index beside the new single file would be loaded instead of it.
+  if (fs::exists(tmp / "model.safetensors.index.json", ec))
+    return absl::AlreadyExistsError(absl::StrCat(out_dir, " holds a sharded model (model.safetensors.index.json): a model ",
+                                                 "written there would not be the one loaded; choose another folder"));
   if (absl::Status s = ensure_dir(tmp.string()); !s.ok()) return s;
   for (const Linear* l : model.linears())
     if (l->quantized())

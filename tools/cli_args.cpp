@@ -1,8 +1,12 @@
 // Flag parsing for `loom` subcommands (see cli_args.h).
 #include "tools/cli_args.h"
 
+#include <cmath>
+#include <filesystem>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/io_error.h"
 
 namespace loom::cli {
 
@@ -58,7 +62,32 @@ absl::StatusOr<double> Args::number(const std::string& name) const {
   double v = 0;
   const std::string s = str(name);
   if (!absl::SimpleAtod(s, &v)) return absl::InvalidArgumentError(absl::StrCat("--", name, " expects a number, got '", s, "'"));
+  // inf and nan parse, and would train to a NaN loss or sample garbage without a word.
+  if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat("--", name, " expects a finite number, got '", s, "'"));
   return v;
+}
+
+absl::Status check_not_over_inputs(const std::string& out_flag, const std::string& out,
+                                   const std::vector<std::pair<std::string, std::string>>& inputs, bool inside) {
+  for (const auto& [flag, in] : inputs) {
+    if (in.empty()) continue;
+    const bool same = path_is_within(out, in) && path_is_within(in, out);
+    if (same || (inside && path_is_within(out, in)))
+      return absl::InvalidArgumentError(absl::StrCat(out_flag, " ", out, same ? " is " : " lies inside ", flag, " ", in,
+                                                     ": the output would be written over an input"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_model_out(const std::string& out_flag, const std::string& out) {
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json"}) {
+    std::error_code ec;
+    const std::filesystem::path f = std::filesystem::path(out) / name;
+    if (std::filesystem::exists(f, ec))
+      return absl::AlreadyExistsError(absl::StrCat(out_flag, " ", out, " already holds a model (", f.string(),
+                                                   "): choose another folder or remove it first"));
+  }
+  return absl::OkStatus();
 }
 
 std::string usage(const std::string& command, const std::vector<FlagSpec>& specs) {

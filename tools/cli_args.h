@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,5 +34,15 @@ class Args {
 };
 
 std::string usage(const std::string& command, const std::vector<FlagSpec>& specs);
+
+// Outputs never go over inputs. `out` (the value of flag `out_flag`) is refused when it is the same
+// path as one of `inputs` ({flag, path}; empty paths skipped) or, with `inside`, lies inside one of
+// those folders; the error names both flags.
+absl::Status check_not_over_inputs(const std::string& out_flag, const std::string& out,
+                                   const std::vector<std::pair<std::string, std::string>>& inputs, bool inside);
+// A folder a command writes a whole model into: refused when it already holds a model's weights
+// (model.safetensors or model.safetensors.index.json), which the new files would replace or be
+// mixed with (a stale index would even be loaded instead).
+absl::Status check_model_out(const std::string& out_flag, const std::string& out);
 
 }  // namespace loom::cli

@@ -62,6 +62,7 @@ int run_convert(const std::vector<std::string>& argv) {
   const DType dtype = dtype_name == "bf16" ? DType::bf16 : DType::f32;
   const std::string src = args->str("gguf");
   const fs::path out = args->str("out");
+  if (absl::Status s = check_model_out("--out", out.string()); !s.ok()) return fail(s);
 
   auto file = GgufFile::open(src);
   if (!file.ok()) return fail(file.status());

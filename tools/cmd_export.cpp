@@ -48,6 +48,7 @@ int run_export(const std::vector<std::string>& argv) {
   else return fail(absl::InvalidArgumentError(absl::StrCat("--type ", type_name, ": expected f16, bf16 or q8_0")));
   const std::string src = args->str("model"), out = args->str("out");
   if (!out.ends_with(".gguf")) return fail(absl::InvalidArgumentError(absl::StrCat("--out ", out, ": expected a .gguf file name")));
+  if (absl::Status s = check_not_over_inputs("--out", out, {{"--model", src}}, /*inside=*/false); !s.ok()) return fail(s);
   std::error_code ec;
   if (fs::is_directory(out, ec)) return fail(absl::InvalidArgumentError(absl::StrCat("--out ", out, ": is a directory")));
 

@@ -51,6 +51,14 @@ int run_forward(const std::vector<std::string>& argv) {
   }
   for (const char* required : {"model", "input", "output"})
     if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  // The results file has no business inside the model or adapter folder (--output
+  // <model>/model.safetensors would replace the weights) or over the input.
+  if (absl::Status s = check_not_over_inputs("--output", args->str("output"),
+                                             {{"--model", args->str("model")}, {"--adapter", args->str("adapter")},
+                                              {"--input", args->str("input")}},
+                                             /*inside=*/true);
+      !s.ok())
+    return fail(s);
   auto device = parse_device(args->str("device"));
   if (!device.ok()) return fail(device.status());
   if (device->is_cuda() && device->index >= cuda_device_count())

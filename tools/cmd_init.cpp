@@ -31,6 +31,8 @@ int run_init(const std::vector<std::string>& argv) {
   }
   for (const char* required : {"from", "out"})
     if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  // --out may be --from's folder when it holds only a config.json; never a model's weights.
+  if (absl::Status s = check_model_out("--out", args->str("out")); !s.ok()) return fail(s);
   auto seed = args->integer("seed");
   if (!seed.ok()) return fail(seed.status());
   auto model = CausalLM::init_random(args->str("from"), {DType::f32, Device::cpu()}, static_cast<uint64_t>(*seed));

@@ -31,6 +31,12 @@ int run_merge(const std::vector<std::string>& argv) {
   }
   for (const char* required : {"model", "adapter", "out"})
     if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
+  if (absl::Status s = check_not_over_inputs("--out", args->str("out"),
+                                             {{"--model", args->str("model")}, {"--adapter", args->str("adapter")}},
+                                             /*inside=*/false);
+      !s.ok())
+    return fail(s);
+  if (absl::Status s = check_model_out("--out", args->str("out")); !s.ok()) return fail(s);
   auto device = parse_device(args->str("device"));
   if (!device.ok()) return fail(device.status());
   if (device->is_cuda() && device->index >= cuda_device_count())

@@ -35,6 +35,12 @@ struct Trainer::State {
   std::unique_ptr<DistContext> dist;  // data parallelism (--dist), else null
   Checkpointing checkpointing = Checkpointing::kNone;  // the mode in use (--checkpointing auto decided)
   nlohmann::json data_fingerprint;    // what the tokenized data was (a changed file refuses to resume)
+  // A fresh run into a folder holding an earlier run's checkpoint-<step> folders removes them when
+  // it saves for the first time, not at start: a run that fails first loses nothing.
+  bool stale_checkpoints = false;
+
+  // Removes the earlier run's checkpoints (once, on the writing rank) before this run's first save.
+  void remove_stale_checkpoints();
 
   absl::Status save_checkpoint();
   absl::Status check_compatible(const std::string& checkpoint_dir, const nlohmann::json& saved) const;

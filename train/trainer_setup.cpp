@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "dist/launch_env.h"
+#include "engine/io_error.h"
 #include "engine/memory.h"
 #include "engine/status_macros.h"
 #include "optim/adamw.h"
@@ -120,19 +121,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   LrScheduleKind kind;
   LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
 
-  // The output folder must be writable before hours of training are spent.
+  if (path_is_within(cfg.out_dir, cfg.model_dir) && path_is_within(cfg.model_dir, cfg.out_dir))
+    return absl::InvalidArgumentError(absl::StrCat("--out ", cfg.out_dir, " is the --model folder: the run's adapter and ",
+                                                   "checkpoints (with --full, the model) would be written over it"));
   std::error_code ec;
+  if (cfg.full && fs::exists(fs::path(cfg.out_dir) / "model.safetensors.index.json", ec))
+    return absl::AlreadyExistsError(absl::StrCat("--out ", cfg.out_dir, " holds a sharded model (model.safetensors.index.",
+                                                 "json): the trained model could not be saved there; choose another folder"));
+  // The output folder must be writable before hours of training are spent.
   fs::create_directories(cfg.out_dir, ec);
   const fs::path probe = fs::path(cfg.out_dir) / absl::StrCat(".write-test.", getpid());
   if (ec || !std::ofstream(probe)) return absl::PermissionDeniedError(absl::StrCat("output folder ", cfg.out_dir, " is not writable"));
   fs::remove(probe, ec);
-  // Leftovers of earlier runs: temporary folders of killed saves; a fresh run's stale checkpoints.
+  // Leftovers of earlier runs: temporary folders of killed saves now; a fresh run's stale
+  // checkpoints at its first save (State::remove_stale_checkpoints), once this run has started.
   if (!s->dist || s->dist->root()) {
-    const std::vector<std::string> removed = clean_output_folder(cfg.out_dir, /*fresh_run=*/cfg.resume.empty());
+    const std::vector<std::string> removed = clean_output_folder(cfg.out_dir, /*fresh_run=*/false);
     if (!removed.empty() && !cfg.quiet)
       std::printf("removed %zu leftover folder(s) of an earlier run from %s: %s\n", removed.size(), cfg.out_dir.c_str(),
                   absl::StrJoin(removed, ", ").c_str());
   }
+  s->stale_checkpoints = cfg.resume.empty();
 
   if (cfg.qlora && cfg.full)
     return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
@@ -195,6 +204,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     LOOM_ASSIGN_OR_RETURN(point, find_resume_checkpoint(cfg.resume));
     for (const std::string& bad : point.skipped)
       std::fprintf(stderr, "loom train: skipping %s; falling back to an older checkpoint\n", bad.c_str());
+    if (path_is_within(cfg.out_dir, point.dir))
+      return absl::InvalidArgumentError(absl::StrCat("--out ", cfg.out_dir, " lies inside the checkpoint ", point.dir,
+                                                     " that --resume continues from: its files would be written over; ",
+                                                     "give the run's folder as --out (the one that holds checkpoint-<step>)"));
     resume_dir = point.dir;
     resume_from = std::move(point.checkpoint);
     LOOM_RETURN_IF_ERROR(s->check_compatible(point.dir, resume_from.state));  // before touching its adapter

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
 #include "train/optimizer_memory.h"
 #include "train/trainer_internal.h"
@@ -28,7 +29,18 @@ nlohmann::json Trainer::State::describe() const {
           {"weight_decay", cfg.weight_decay}};
 }
 
+void Trainer::State::remove_stale_checkpoints() {
+  if (!stale_checkpoints) return;
+  stale_checkpoints = false;
+  if (dist && !dist->root()) return;
+  const std::vector<std::string> removed = clean_output_folder(cfg.out_dir, /*fresh_run=*/true);
+  if (!removed.empty() && !cfg.quiet)
+    std::printf("removed %zu checkpoint folder(s) of an earlier run from %s: %s\n", removed.size(), cfg.out_dir.c_str(),
+                absl::StrJoin(removed, ", ").c_str());
+}
+
 absl::Status Trainer::State::save_checkpoint() {
+  remove_stale_checkpoints();
   TrainCheckpoint c;
   const LoaderState ls = loader->state();
   c.state = describe();
@@ -101,6 +113,7 @@ absl::Status Trainer::State::restore(const std::string& dir, const TrainCheckpoi
 }
 
 absl::Status Trainer::State::save_final() {
+  remove_stale_checkpoints();
   if (dist && !dist->root()) return absl::OkStatus();
   if (cfg.full) {
     LOOM_RETURN_IF_ERROR(save_pretrained(*model, cfg.out_dir));

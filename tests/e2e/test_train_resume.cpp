@@ -102,9 +102,16 @@ TEST(TrainResume, AFreshRunClearsLeftoversOfAnEarlierOne) {
   int dead = 4000000;
   while (kill(dead, 0) == 0) --dead;
   fs::create_directories(out + "/.checkpoint-9.tmp." + std::to_string(dead));
+  // A fresh run that fails before training (here: its data file is missing) clears the killed
+  // save's folder at its start but removes nothing the earlier run saved.
+  RunResult failed = run_loom(args(out, 2, "/nonexistent/data.jsonl"));
+  ASSERT_NE(failed.exit_code, 0) << failed.output;
+  EXPECT_TRUE(has(failed, "removed 1 leftover folder(s)")) << failed.output;
+  for (int step = 1; step <= 3; ++step) EXPECT_TRUE(fs::exists(out + "/checkpoint-" + std::to_string(step)));
+  // A run that trains removes the earlier run's checkpoints when it first saves.
   RunResult r = run_loom(args(out, 2));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(has(r, "removed 4 leftover folder(s)")) << r.output;
+  EXPECT_TRUE(has(r, "removed 3 checkpoint folder(s) of an earlier run")) << r.output;
   EXPECT_FALSE(fs::exists(out + "/checkpoint-3"));
   EXPECT_FALSE(fs::exists(out + "/.checkpoint-9.tmp." + std::to_string(dead)));
   EXPECT_TRUE(fs::exists(out + "/checkpoint-2"));
