@@ -71,7 +71,12 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
   if (device.is_cpu()) {
     const size_t rounded = (std::max<size_t>(nbytes, 1) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
     void* p = std::aligned_alloc(kHostAlignment, rounded);
-    LOOM_CHECK(p != nullptr, "out of host memory allocating ", nbytes, " bytes");
+    // A limit the user can act on (a smaller model, batch or rank), reported as such.
+    if (p == nullptr) {
+      char gib[32];
+      std::snprintf(gib, sizeof gib, "%.2f", static_cast<double>(nbytes) / double(1 << 30));
+      throw OutOfMemoryError(detail::cat("out of host memory allocating ", gib, " GiB."));
+    }
     count_alloc(device, static_cast<int64_t>(nbytes));
     return std::make_shared<Storage>(p, nbytes, device, [device, nbytes](void* q) {
       std::free(q);

@@ -309,6 +309,7 @@ ModelConfig parse(const json& j, const std::string& origin) {
   if (fam == ModelFamily::kQwen2 || fam == ModelFamily::kQwen3) max_pos = 32768;
   if (gemma) max_pos = 8192;
   c.max_position_embeddings = f.get_int("max_position_embeddings", max_pos);
+  if (c.max_position_embeddings < 1) f.bad("max_position_embeddings", "must be >= 1");
 
   c.rms_norm_eps = f.get_double("rms_norm_eps", 1e-6);
   if (!(c.rms_norm_eps > 0)) f.bad("rms_norm_eps", "must be > 0");

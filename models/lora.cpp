@@ -185,6 +185,8 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
   try {
     if (!j.contains("peft_type") || !j["peft_type"].is_string() || j["peft_type"] != "LORA")
       return bad(absl::StrCat("peft_type must be \"LORA\", got ", j.value("peft_type", nlohmann::json()).dump()));
+    for (const char* key : {"r", "target_modules"})
+      if (!j.contains(key)) return bad(absl::StrCat("missing field \"", key, "\""));
     c.r = j.at("r").get<int64_t>();
     c.alpha = j.value("lora_alpha", 8.f);
     c.dropout = j.value("lora_dropout", 0.f);
@@ -226,7 +228,8 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (!info) return absl::NotFoundError(absl::StrCat(st_path, ": missing tensor ", name));
     if (info->shape != shape)
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " has shape ", shape_str(info->shape),
-                                                     ", the model needs ", shape_str(shape)));
+                                                     ", expected ", shape_str(shape), " (r = ", c.r, " from ", cfg_path,
+                                                     " and the layer's features: an adapter of another rank or model?)"));
     if (!is_float(info->dtype))
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " is not a float tensor"));
     used.insert(name);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/device.h"
 #include "engine/json_file.h"
+#include "engine/ops.h"
 #include "engine/safetensors.h"
 #include "models/bnb_checkpoint.h"
 #include "models/checkpoint.h"
@@ -80,6 +82,11 @@ absl::Status quantize_folder(const std::string& model_dir, const fs::path& tmp, 
       const DType load_as = info->dtype == DType::bf16 ? DType::bf16 : DType::f32;
       auto w = ckpt->load(name, load_as, device);
       if (!w.ok()) return w.status();
+      // inf or nan would give an infinite nested offset that no loader accepts (beyond ~1e19 the
+      // square overflows too: no trained weight is that large).
+      if (!std::isfinite(ops::sum_squares(*w).to(Device::cpu()).to(DType::f32).item()))
+        return absl::InvalidArgumentError(absl::StrCat(ckpt->file_of(name), ": tensor ", name,
+                                                       " holds inf or nan values: it cannot be quantised"));
       const DType recorded = info->dtype == DType::f64 ? DType::f32 : info->dtype;
       for (auto& t : nf4_state_tensors(name, Nf4Weight::quantize(*w, recorded))) owned.push_back(std::move(t));
       ++*quantized;

@@ -70,7 +70,7 @@ std::string out_of_memory_advice(const TrainConfig& cfg, std::optional<Checkpoin
   if (cfg.full && !cfg.offload_optimizer)
     tries.push_back("--offload-optimizer (f32 masters and optimizer state in host memory)");
   const std::string doing =
-      !mode ? std::string("Loading the model")
+      !mode ? std::string("Setting up the run (the model, LoRA, the optimizer)")
             : absl::StrFormat("Training step %d (%d x %d tokens a micro-batch, --checkpointing %s)", step, cfg.batch_size,
                               cfg.seq_len, checkpointing_name(*mode));
   if (tries.empty()) return doing + ": nothing leaner is left to try on this device.";

@@ -35,7 +35,7 @@ CheckpointingChoice choose_checkpointing(const CheckpointingNeeds& needs, int64_
 
 // What to try after the device ran out of memory while training with `cfg`, leanest change
 // first, naming the flags and their values now: `mode` is the checkpointing in use (unset while
-// the model was loading), `step` the step that ran out (0: before the first). One sentence that
+// the run was being set up), `step` the step that ran out (0: before the first). One sentence that
 // begins with what was being done, for the end of the engine's out-of-memory message.
 std::string out_of_memory_advice(const TrainConfig& cfg, std::optional<Checkpointing> mode, int64_t step);
 

@@ -177,6 +177,13 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
   c.state = nlohmann::json::parse(f, nullptr, false);
   if (c.state.is_discarded() || !c.state.is_object())
     return absl::InvalidArgumentError(absl::StrCat(state_path, ": not a JSON object"));
+  // The run's position: counts (checkpoints without checksums.json are not verified byte for byte).
+  for (const char* key : {"step", "total_steps", "epoch", "cursor", "offset"}) {
+    const auto it = c.state.find(key);
+    if (it != c.state.end() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
+      return absl::InvalidArgumentError(
+          absl::StrCat(state_path, ": \"", key, "\" must be a whole number >= 0, got ", it->dump()));
+  }
   auto tensors = load_tensors((fs::path(dir) / "optimizer.safetensors").string());
   if (!tensors.ok()) return tensors.status();
   c.tensors = *std::move(tensors);

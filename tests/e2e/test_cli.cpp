@@ -71,6 +71,17 @@ struct BadCase {
 
 TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
   const std::string tmp = ::testing::TempDir();
+  // A model whose vocab_size is smaller than its tokenizer (generate used to crash in the
+  // embedding on the first id past it).
+  const std::string small_vocab = tmp + "loom_small_vocab";
+  std::filesystem::remove_all(small_vocab);
+  std::filesystem::create_directories(small_vocab + "/cfg");
+  const std::string demo_cfg = std::string(LOOM_SOURCE_DIR) + "/examples/demo/model-config";
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(demo_cfg + "/config.json"));
+  cfg["vocab_size"] = 1000;
+  std::ofstream(small_vocab + "/cfg/config.json") << cfg.dump();
+  std::filesystem::copy_file(demo_cfg + "/tokenizer.json", small_vocab + "/cfg/tokenizer.json");
+  ASSERT_EQ(run_loom("init --from " + small_vocab + "/cfg --out " + small_vocab + "/model").exit_code, 0);
   const std::string out = tmp + "loom_bad_out.safetensors";
   std::ofstream(tmp + "loom_not_safetensors.safetensors") << "this is not a safetensors file";
   auto ids = read_all(kQwen2 + "/inputs.safetensors")["input_ids"].to_ints();
@@ -95,6 +106,7 @@ TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
        "/nonexistent/dir"},
       {"merge --model " + kQwen2 + " --adapter " + fixture_dir("qwen3") + "/adapter --out " + tmp + "loom_bad_merge", "lora"},
       {"no-such-command", "unknown command"},
+      {"generate --model " + small_vocab + "/model --prompt hello --max-new-tokens 2", "vocab_size is 1000"},
       {"demo --steps zero", "--steps"},
   };
   for (const auto& c : cases) {

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "engine/safetensors.h"
+#include "engine/tensor_io.h"
 #include "kernels/dynamic_map.h"
 #include "kernels/nf4.h"
 #include "models/bnb_checkpoint.h"
@@ -214,6 +215,23 @@ TEST(Quantize, Errors) {
   r = test::run_loom("quantize --model " + dir.file("q") + " --out " + dir.file("q2"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("already quantised"), std::string::npos) << r.output;
+  // A weight holding inf is refused naming it (it used to give an infinite nested offset that no
+  // loader accepts, and exit 0).
+  fs::copy(kModels + "llama", dir.file("inf"), fs::copy_options::recursive);
+  auto tensors = load_tensors(dir.file("inf") + "/model.safetensors");
+  ASSERT_TRUE(tensors.ok());
+  std::vector<std::pair<std::string, Tensor>> edited;
+  for (auto& [name, t] : *tensors) {
+    Tensor c = t.to(DType::f32).contiguous();
+    if (name == "model.layers.0.mlp.up_proj.weight") c.data<float>()[3] = INFINITY;
+    edited.emplace_back(name, c);
+  }
+  ASSERT_TRUE(save_tensors(dir.file("inf") + "/model.safetensors", edited, DType::f32).ok());
+  r = test::run_loom("quantize --model " + dir.file("inf") + " --out " + dir.file("qinf"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("tensor model.layers.0.mlp.up_proj.weight holds inf or nan values"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir.file("qinf")));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "nlohmann/json.hpp"
 #include "tests/e2e/cli.h"
 #include "tests/e2e/train_dirs.h"
 
@@ -85,6 +86,23 @@ TEST(TrainResume, CorruptedCheckpointFallsBackToTheLastGoodOne) {
   r = run_loom(args(out, 8) + " --resume " + out + "/checkpoint-2 --quiet");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(has(r, "adapter_model.safetensors: checksum mismatch")) << r.output;
+}
+
+// A checkpoint's position fields are counts: a string or a negative step (in a checkpoint without
+// checksums.json, as older versions wrote) is refused naming the file and the field.
+TEST(TrainResume, TrainerStateFieldsAreChecked) {
+  const std::string out = fresh_dir("state_fields");
+  ASSERT_EQ(run_loom(args(out, 2) + " --save-every 1 --quiet").exit_code, 0);
+  const std::string ck = out + "/checkpoint-1";
+  fs::remove(ck + "/checksums.json");
+  for (const std::string step : {"\"1\"", "-5"}) {
+    nlohmann::json state = nlohmann::json::parse(std::ifstream(ck + "/trainer_state.json"));
+    state["step"] = nlohmann::json::parse(step);
+    std::ofstream(ck + "/trainer_state.json") << state.dump();
+    RunResult r = run_loom(args(fresh_dir("state_fields_run"), 3) + " --resume " + ck + " --quiet");
+    EXPECT_NE(r.exit_code, 0) << step;
+    EXPECT_TRUE(has(r, ck + "/trainer_state.json: \"step\" must be a whole number >= 0, got " + step)) << r.output;
+  }
 }
 
 TEST(TrainResume, InterruptedRunLeavesTheAdapterAtTheTopOfOut) {

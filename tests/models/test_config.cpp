@@ -422,6 +422,9 @@ TEST(ModelConfigErrors, WrongJsonTypes) {
   j = minimal("llama");
   j["hidden_size"] = -64;
   expect_error(j, {"'hidden_size'", "must be > 0"});
+  j = minimal("llama");
+  j["max_position_embeddings"] = 0;
+  expect_error(j, {"'max_position_embeddings'", "must be >= 1"});
   // Sizes no model has, which would size an allocation (fuzz_config found 8888888888882 layers).
   j = minimal("qwen3");
   j["num_hidden_layers"] = 8888888888882;

@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "models/lora.h"
 #include "nlohmann/json.hpp"
 #include "tests/models/fixtures.h"
@@ -114,6 +115,35 @@ TEST(LoadErrors, AdapterTargetModulesThatMatchNothingBlameTheConfig) {
       << msg;
   EXPECT_NE(msg.find("q_proj"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("adapter_model.safetensors"), std::string::npos) << msg;
+}
+
+// An adapter_config.json without "r" or "target_modules" says which field is missing (not a JSON
+// library's message), and one whose r disagrees with its tensors names r and the file it came from.
+TEST(LoadErrors, AdapterConfigFieldsAreNamed) {
+  auto model = CausalLM::load(fixture_dir("qwen2"), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok());
+  const std::string dir = ::testing::TempDir() + "loom_adapter_fields";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fixture_dir("qwen2") + "/adapter/adapter_model.safetensors", dir + "/adapter_model.safetensors");
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(fixture_dir("qwen2") + "/adapter/adapter_config.json"));
+  for (const char* key : {"r", "target_modules"}) {
+    nlohmann::json c = cfg;
+    c.erase(key);
+    std::ofstream(dir + "/adapter_config.json") << c.dump();
+    auto r = load_adapter(**model, dir);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(std::string(r.status().message()).find(std::string("adapter_config.json: missing field \"") + key + "\""),
+              std::string::npos)
+        << r.status();
+  }
+  nlohmann::json c = cfg;
+  c["r"] = cfg["r"].get<int>() * 2;
+  std::ofstream(dir + "/adapter_config.json") << c.dump();
+  auto r = load_adapter(**model, dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find(absl::StrCat("(r = ", c["r"].get<int>(), " from ")), std::string::npos)
+      << r.status();
 }
 
 // A weight stored as integers is refused when the model loads, naming the tensor.

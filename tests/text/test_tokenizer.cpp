@@ -175,7 +175,19 @@ TEST(Tokenizer, LoadErrorsNameTheFile) {
   auto e = Tokenizer::load(merge);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.status().message().find("merges[0]"), std::string::npos) << e.status();
-  for (const auto& p : {wordpiece, malformed, regex, merge}) std::filesystem::remove(p);
+
+  // Ids past int32 are refused, not wrapped (2^32 + 7 used to become 7, 2^40 became 0).
+  const std::string wide_vocab = temp_file("wide_vocab.json", R"({"model": {"type": "BPE", "vocab": {"a": 4294967303}, "merges": []}})");
+  auto f = Tokenizer::load(wide_vocab);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("model.vocab[a]: id 4294967303 is outside"), std::string::npos) << f.status();
+  const std::string wide_added = temp_file(
+      "wide_added.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                            "added_tokens": [{"content": "<s>", "id": 1099511627776, "special": true}]})");
+  auto g = Tokenizer::load(wide_added);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("\"<s>\" has id 1099511627776, outside"), std::string::npos) << g.status();
+  for (const auto& p : {wordpiece, malformed, regex, merge, wide_vocab, wide_added}) std::filesystem::remove(p);
 }
 
 // Gemma 3's file adds a Split on " " after a normalizer that already replaced every " ": a no-op,

@@ -101,19 +101,20 @@ TEST(OutOfMemoryAdvice, RecomputeSuggestsOffloadOnly) {
   EXPECT_FALSE(has(tries, "--checkpointing recompute")) << a;
 }
 
-TEST(OutOfMemoryAdvice, WhileLoadingNamesTheWeightsNotTheStep) {
+TEST(OutOfMemoryAdvice, WhileSettingUpNamesTheWeightsNotTheStep) {
   TrainConfig c;
   c.full = true;
   c.dtype = DType::f32;
   const std::string a = out_of_memory_advice(c, std::nullopt, 0);
-  EXPECT_EQ(a.rfind("Loading the model: try ", 0), 0u) << a;
+  EXPECT_EQ(a.rfind("Setting up the run (the model, LoRA, the optimizer): try ", 0), 0u) << a;
   for (const char* part : {"--dtype bf16", "--optim adamw8bit", "--offload-optimizer"})
     EXPECT_TRUE(has(a, part)) << part << " missing from: " << a;
   for (const char* part : {"--seq-len", "--checkpointing", "--qlora"}) EXPECT_FALSE(has(a, part)) << part << " in: " << a;
   c.dtype = DType::bf16;
   c.optim = "adamw8bit";
   c.offload_optimizer = true;
-  EXPECT_EQ(out_of_memory_advice(c, std::nullopt, 0), "Loading the model: nothing leaner is left to try on this device.");
+  EXPECT_EQ(out_of_memory_advice(c, std::nullopt, 0),
+            "Setting up the run (the model, LoRA, the optimizer): nothing leaner is left to try on this device.");
 }
 
 }  // namespace
