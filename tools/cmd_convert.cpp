@@ -9,11 +9,14 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "engine/tensor_io.h"
+#include "models/causal_lm.h"
 #include "models/gguf_model.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "text/gguf_tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace loom::cli {
 namespace {
@@ -80,26 +83,55 @@ int run_convert(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "loom convert: warning: no tokenizer files written: %s\n",
                  std::string(tokenizer.status().message()).c_str());
 
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) return fail(absl::InternalError(absl::StrCat(out.string(), ": cannot create the folder: ", ec.message())));
   (*config_json)["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
-  std::vector<std::pair<std::string, Tensor>> named;
-  for (auto& [name, t] : *tensors) named.emplace_back(name, t);
-  if (absl::Status s = save_tensors((out / "model.safetensors").string(), named, dtype, {{"format", "pt"}}); !s.ok())
-    return fail(s);
-  if (absl::Status s = write_text(out / "config.json", config_json->dump(2) + "\n"); !s.ok()) return fail(s);
-  if (absl::Status s = write_text(out / "generation_config.json", gguf_generation_config(*file).dump(2) + "\n"); !s.ok())
-    return fail(s);
-  if (tokenizer.ok()) {
-    if (absl::Status s = write_text(out / "tokenizer.json", tokenizer->tokenizer_json.dump(2) + "\n"); !s.ok())
-      return fail(s);
-    if (absl::Status s = write_text(out / "tokenizer_config.json", tokenizer->tokenizer_config_json.dump(2) + "\n");
-        !s.ok())
-      return fail(s);
+  // Every text first: a JSON dump throws on invalid UTF-8 (a token's text, say) and nothing may be
+  // half-written by then.
+  std::vector<std::pair<std::string, std::string>> texts;
+  try {
+    texts.emplace_back("config.json", config_json->dump(2) + "\n");
+    texts.emplace_back("generation_config.json", gguf_generation_config(*file).dump(2) + "\n");
+    if (tokenizer.ok()) {
+      texts.emplace_back("tokenizer.json", tokenizer->tokenizer_json.dump(2) + "\n");
+      texts.emplace_back("tokenizer_config.json", tokenizer->tokenizer_config_json.dump(2) + "\n");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(src, ": its metadata cannot be written as JSON (", e.what(),
+                                                        "): a token's text that is not UTF-8?")));
   }
+  // Built in a temporary folder, loaded back (weights against the config, the tokenizer) and only
+  // then moved into --out: a GGUF whose tensors contradict its metadata leaves nothing behind.
+  const fs::path tmp = out.string() + ".tmp." + std::to_string(getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return fail(absl::InternalError(absl::StrCat(tmp.string(), ": cannot create the folder: ", ec.message())));
+  auto written = [&]() -> absl::Status {
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (auto& [name, t] : *tensors) named.emplace_back(name, t);
+    LOOM_RETURN_IF_ERROR(save_tensors((tmp / "model.safetensors").string(), named, dtype, {{"format", "pt"}}));
+    for (const auto& [name, text] : texts) LOOM_RETURN_IF_ERROR(write_text(tmp / name, text));
+    if (auto back = CausalLM::load(tmp.string(), {dtype, Device::cpu()}); !back.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat(src, ": the converted model does not load: ", back.status().message()));
+    if (tokenizer.ok())
+      if (auto tok = Tokenizer::load(tmp.string()); !tok.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat(src, ": the converted tokenizer does not load: ", tok.status().message()));
+    fs::create_directories(out, ec);
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(tmp)) files.push_back(e.path());
+    for (const fs::path& f : files) {
+      fs::rename(f, out / f.filename(), ec);
+      if (ec)
+        return absl::InternalError(absl::StrCat("cannot move ", f.string(), " into ", out.string(), ": ", ec.message()));
+    }
+    return absl::OkStatus();
+  }();
+  fs::remove_all(tmp, ec);
+  if (!written.ok()) return fail(written);
+  const size_t count = tensors->size();
   std::printf("loom convert: %s -> %s (%s, %zu tensors; %s)\n", src.c_str(), out.string().c_str(), dtype_name.c_str(),
-              named.size(), config->summary().c_str());
+              count, config->summary().c_str());
   return 0;
 }
 

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "models/causal_lm.h"
 #include "nlohmann/json.hpp"
@@ -115,6 +117,33 @@ TEST(Convert, Errors) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("not a GGUF file"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir.file("x")));
+  // Metadata that contradicts the tensors (one block more than the file holds): the converted
+  // folder is loaded back before it is moved into place, so the error names the missing tensor
+  // and nothing is left behind (it used to exit 0 with a folder that does not load).
+  std::ifstream in(kDir + "tiny_llama.gguf", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "llama.block_count";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  uint32_t type = 0, blocks = 0;
+  std::memcpy(&type, bytes.data() + at + key.size(), 4);
+  ASSERT_EQ(type, 4u) << "llama.block_count is a uint32";
+  std::memcpy(&blocks, bytes.data() + at + key.size() + 4, 4);
+  ++blocks;
+  std::memcpy(bytes.data() + at + key.size() + 4, &blocks, 4);
+  std::ofstream(dir.file("more_blocks.gguf"), std::ios::binary) << bytes;
+  r = test::run_loom("convert --gguf " + dir.file("more_blocks.gguf") + " --out " + dir.file("y"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("the converted model does not load"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.layers." + std::to_string(blocks - 1)), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("y")));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  // A folder that already holds a model is refused before anything is read.
+  ASSERT_EQ(test::run_loom("convert --gguf " + kDir + "tiny_llama.gguf --out " + dir.file("z")).exit_code, 0);
+  r = test::run_loom("convert --gguf " + kDir + "tiny_llama.gguf --out " + dir.file("z"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("already holds a model"), std::string::npos) << r.output;
 }
 
 }  // namespace
