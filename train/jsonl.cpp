@@ -228,7 +228,7 @@ absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const T
                                                 const DataOptions& options, DataStats* stats) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a folder (Is a directory); --data takes a JSONL file"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a folder (Is a directory); a JSONL file is needed"));
   std::ifstream f(path, std::ios::binary);
   if (!f || is_directory_path(path))
     return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file: ", open_error_reason(path)));

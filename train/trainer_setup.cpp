@@ -48,6 +48,8 @@ nlohmann::json fingerprint(const std::vector<Example>& examples) {
 
 absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv,
                                const std::map<std::string, bool>& flags) {
+  if (is_directory_path(path))
+    return absl::InvalidArgumentError(absl::StrCat("--config ", path, ": is a folder; it takes a file of key = value lines"));
   std::ifstream f(path);
   if (!f) return absl::NotFoundError(absl::StrCat("cannot read config file ", path, ": ", std::strerror(errno)));
   std::vector<std::string> from_file;
@@ -109,7 +111,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     return absl::InvalidArgumentError(absl::StrCat("--dtype must be bf16 or f32, got ", std::string(name(cfg.dtype))));
   s->dtype = cfg.dtype;
   if (cfg.seq_len < 2 || cfg.batch_size < 1 || cfg.grad_accum < 1 || cfg.epochs < 1 || cfg.max_steps < 0)
-    return absl::InvalidArgumentError("--seq-len must be >= 2 and --batch-size, --grad-accum, --epochs >= 1");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seq-len must be >= 2, --batch-size, --grad-accum and --epochs >= 1, --max-steps >= 0 (0: by --epochs); got ",
+        cfg.seq_len, ", ", cfg.batch_size, ", ", cfg.grad_accum, ", ", cfg.epochs, ", ", cfg.max_steps));
   if (!(cfg.lr > 0.f)) return absl::InvalidArgumentError(absl::StrCat("--lr must be positive, got ", cfg.lr));
   if (cfg.warmup_steps < 0) return absl::InvalidArgumentError(absl::StrCat("--warmup must be >= 0, got ", cfg.warmup_steps));
   if (!(cfg.weight_decay >= 0.f))

@@ -55,6 +55,7 @@ TEST(Cli, ForwardWithoutLabelsWritesOnlyLogits) {
 
 TEST(Cli, MergeWritesACheckpointLoomReloads) {
   const std::string out = ::testing::TempDir() + "loom_cli_merged";
+  std::filesystem::remove_all(out);  // merge refuses a folder that already holds a model
   RunResult r = run_loom("merge --model " + kQwen2 + " --adapter " + kQwen2 + "/adapter --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::filesystem::exists(out + "/config.json"));
