@@ -147,6 +147,11 @@ int run_generate(const std::vector<std::string>& argv) {
   if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) std::fputs(text.c_str() + shown.size(), stdout);
   std::printf("\n");
   std::fflush(stdout);
+  const int64_t max_pos = (*model)->config().max_position_embeddings;
+  if (static_cast<int64_t>(produced.size()) < opt.max_new_tokens &&
+      static_cast<int64_t>(prompt.size() + produced.size()) >= max_pos)
+    std::fprintf(stderr, "loom generate: stopped at the model's max_position_embeddings (%lld tokens with the prompt)\n",
+                 static_cast<long long>(max_pos));
   const double total = std::chrono::duration<double>(Clock::now() - start).count();
   const double prefill = std::chrono::duration<double>(first - start).count();
   const double decode = total - prefill;

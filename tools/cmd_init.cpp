@@ -2,9 +2,11 @@
 // from a folder holding config.json (and tokenizer files, copied along): a base for training from
 // scratch and for the demo, with nothing downloaded.
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "models/lora.h"
+#include "text/tokenizer.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 
@@ -38,6 +40,12 @@ int run_init(const std::vector<std::string>& argv) {
   auto model = CausalLM::init_random(args->str("from"), {DType::f32, Device::cpu()}, static_cast<uint64_t>(*seed));
   if (!model.ok()) return fail(model.status());
   if (absl::Status s = save_pretrained(**model, args->str("out")); !s.ok()) return fail(s);
+  // A tokenizer with more tokens than the model has embedding rows: train and generate refuse it.
+  if (std::filesystem::exists(std::filesystem::path(args->str("from")) / "tokenizer.json"))
+    if (auto tok = Tokenizer::load(args->str("from")); tok.ok() && tok->vocab_size() > (*model)->config().vocab_size)
+      std::fprintf(stderr, "loom init: warning: the tokenizer has %lld tokens but vocab_size is %lld: loom train and "
+                   "loom generate will refuse this model\n",
+                   static_cast<long long>(tok->vocab_size()), static_cast<long long>((*model)->config().vocab_size));
   int64_t params = 0;
   for (const auto& [name, v] : std::as_const(**model).named_weights()) params += v->value().numel();
   // save_pretrained stores bf16 (config.json says so): say that, not the f32 it was initialised in.

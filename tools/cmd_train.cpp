@@ -129,7 +129,11 @@ int run_train(const std::vector<std::string>& argv_in) {
   if (!seed.ok()) return fail(seed.status());
   c.seed = static_cast<uint64_t>(*seed);
   c.lora.use_rslora = args->flag("rslora");
-  c.lora.target_modules = absl::StrSplit(args->str("lora-targets"), ',', absl::SkipEmpty());
+  c.lora.target_modules = absl::StrSplit(args->str("lora-targets"), ',');
+  for (const std::string& t : c.lora.target_modules)
+    if (t.empty())
+      return fail(absl::InvalidArgumentError(absl::StrCat("--lora-targets '", args->str("lora-targets"),
+                                                          "': an empty module name (a stray comma?)")));
   c.schedule = args->str("schedule");
   c.optim = args->str("optim");
   auto device = parse_device(args->str("device"));

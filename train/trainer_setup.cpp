@@ -120,6 +120,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     return absl::InvalidArgumentError(absl::StrCat("--weight-decay must be >= 0, got ", cfg.weight_decay));
   if (!(cfg.max_grad_norm >= 0.f))
     return absl::InvalidArgumentError(absl::StrCat("--max-grad-norm must be >= 0 (0 = no clipping), got ", cfg.max_grad_norm));
+  if (cfg.save_every < 0 || cfg.stop_after < 0 || cfg.log_every < 1)
+    return absl::InvalidArgumentError(absl::StrCat("--save-every and --stop-after must be >= 0 (0: off), --log-every >= 1; got ",
+                                                   cfg.save_every, ", ", cfg.stop_after, ", ", cfg.log_every));
   if (cfg.save_total_limit < 0)
     return absl::InvalidArgumentError(absl::StrCat("--save-total-limit must be >= 0, got ", cfg.save_total_limit));
   LrScheduleKind kind;

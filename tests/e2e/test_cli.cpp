@@ -119,6 +119,23 @@ TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
   EXPECT_FALSE(std::filesystem::exists(out)) << "a failed run left an output file";
 }
 
+// generate stops at the model's context length and says so (it used to stop without a word).
+TEST(Cli, GenerateSaysWhenItStopsAtTheContextLength) {
+  const std::string dir = ::testing::TempDir() + "loom_short_context";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/cfg");
+  const std::string demo_cfg = std::string(LOOM_SOURCE_DIR) + "/examples/demo/model-config";
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(demo_cfg + "/config.json"));
+  cfg["max_position_embeddings"] = 12;
+  std::ofstream(dir + "/cfg/config.json") << cfg.dump();
+  std::filesystem::copy_file(demo_cfg + "/tokenizer.json", dir + "/cfg/tokenizer.json");
+  ASSERT_EQ(run_loom("init --from " + dir + "/cfg --out " + dir + "/model").exit_code, 0);
+  RunResult r = run_loom("generate --model " + dir + "/model --prompt hello --max-new-tokens 50 --temperature 0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("stopped at the model's max_position_embeddings (12 tokens with the prompt)"), std::string::npos)
+      << r.output;
+}
+
 TEST(Cli, DemoTrainsAndTheLossFalls) {
   RunResult r = run_loom("demo --steps 12");
   ASSERT_EQ(r.exit_code, 0) << r.output;

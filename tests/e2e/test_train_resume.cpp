@@ -152,6 +152,16 @@ TEST(TrainCli, BadValuesAreRefusedNamingTheFlag) {
     EXPECT_NE(r.exit_code, 0) << flag;
     EXPECT_TRUE(has(r, flag.substr(0, flag.find(' ')) + " must be >= 0")) << r.output;
   }
+  for (const std::string flag : {"--save-every -1", "--stop-after -2", "--log-every 0"}) {
+    RunResult r = run_loom(args(out, 2) + " " + flag + " --quiet");
+    EXPECT_NE(r.exit_code, 0) << flag;
+    EXPECT_TRUE(has(r, "--save-every and --stop-after must be >= 0 (0: off), --log-every >= 1")) << r.output;
+  }
+  {
+    RunResult r = run_loom(args(out, 2) + " --lora-targets q_proj,,v_proj --quiet");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(has(r, "--lora-targets 'q_proj,,v_proj': an empty module name")) << r.output;
+  }
   // A data file that cannot be opened says why.
   RunResult r = run_loom(args(out, 2, "/nonexistent/data.jsonl") + " --quiet");
   EXPECT_TRUE(has(r, "No such file or directory")) << r.output;
