@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -204,6 +205,12 @@ absl::Status Trainer::run() {
                   tty ? "" : "\n");
       std::fflush(stdout);
     }
+    // A NaN or infinite loss means the weights are no longer numbers (every rank sees the same sum):
+    // end the run with an error before anything is saved over the last good checkpoint.
+    if (!std::isfinite(loss_sum))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the loss is ", loss_sum, " at step ", s.step, ": training diverged (a learning rate too high? --lr is ",
+          s.cfg.lr, "); nothing was saved for this step, the checkpoints before it are intact"));
     bool stopping = g_stop.load() || (s.cfg.stop_after > 0 && s.step - first_step >= s.cfg.stop_after);
     if (s.dist) stopping = s.dist->any(stopping);  // a signal may reach the ranks in different steps
     if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());

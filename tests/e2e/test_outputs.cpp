@@ -74,6 +74,17 @@ TEST(Outputs, TrainRefusesItsModelFolderAndTheCheckpointItResumes) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+// A run whose loss turns NaN (a learning rate far too high) ends with an error at that step and
+// saves nothing over what it had saved before.
+TEST(Outputs, ADivergedRunStopsWithAnErrorAndKeepsItsCheckpoints) {
+  const std::string out = fresh_dir("diverged");
+  RunResult r = run_loom("train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " + out +
+                         " --full --lr 1e30 --max-steps 6 --save-every 1 --seq-len 64 --batch-size 2 --dtype f32 --quiet");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors")) << "a diverged model was saved as the result";
+}
+
 TEST(Outputs, NumberFlagsRefuseInfinityAndNan) {
   const std::string common = "train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " +
                              fresh_dir("nonfinite") + " --max-steps 1 --seq-len 64 --quiet";
