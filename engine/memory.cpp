@@ -44,13 +44,13 @@ void count_free(Device d, int64_t n) { counter(d).current.fetch_sub(n); }
 
 constexpr size_t kHostAlignment = 64;
 
-#if LOOM_WITH_CUDA
 std::string gib(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / double(1 << 30));
   return buf;
 }
 
+#if LOOM_WITH_CUDA
 // What ran out and what Loom holds; the caller, who knows what it was doing, adds what to try
 // (e.g. `loom train`: train/checkpointing_plan.h).
 std::string out_of_memory_message(Device device, size_t nbytes, const char* cuda_error) {
@@ -72,11 +72,7 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
     const size_t rounded = (std::max<size_t>(nbytes, 1) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
     void* p = std::aligned_alloc(kHostAlignment, rounded);
     // A limit the user can act on (a smaller model, batch or rank), reported as such.
-    if (p == nullptr) {
-      char gib[32];
-      std::snprintf(gib, sizeof gib, "%.2f", static_cast<double>(nbytes) / double(1 << 30));
-      throw OutOfMemoryError(detail::cat("out of host memory allocating ", gib, " GiB."));
-    }
+    if (p == nullptr) throw OutOfMemoryError(detail::cat("out of host memory allocating ", gib(double(nbytes)), "."));
     count_alloc(device, static_cast<int64_t>(nbytes));
     return std::make_shared<Storage>(p, nbytes, device, [device, nbytes](void* q) {
       std::free(q);

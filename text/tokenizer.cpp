@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "text/tokenizer_pipeline_internal.h"
 #include "text/unicode_nfc.h"
 
@@ -408,6 +409,12 @@ std::string Tokenizer::id_to_token(int32_t id) const {
 }
 
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+
+absl::Status Tokenizer::fits_vocab(int64_t model_vocab_size) const {
+  if (vocab_size() <= model_vocab_size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("the tokenizer has ", vocab_size(), " tokens but the model's vocab_size is ",
+                                                 model_vocab_size, ": token ids would be out of range"));
+}
 Tokenizer::Kind Tokenizer::kind() const { return impl_->kind; }
 std::optional<int32_t> Tokenizer::bos_id() const { return impl_->bos; }
 std::optional<int32_t> Tokenizer::eos_id() const { return impl_->eos; }

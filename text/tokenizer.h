@@ -36,6 +36,9 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::string id_to_token(int32_t id) const;
   int64_t vocab_size() const;  // highest id + 1, added tokens included
+  // OK when every id this tokenizer can produce has a row in a model of `model_vocab_size`;
+  // otherwise the error that `loom train` and `loom generate` give.
+  absl::Status fits_vocab(int64_t model_vocab_size) const;
   Kind kind() const;
   std::optional<int32_t> bos_id() const;  // from the post-processor / added tokens
   std::optional<int32_t> eos_id() const;

@@ -1,7 +1,6 @@
 // The BPE model of tokenizer.json: vocabulary, merge ranks, and the per-piece merge loop of
 // `tokenizers` (lowest rank first, leftmost first on ties) with ignore_merges, byte fallback,
 // fused unknowns and a cache of repeated pieces.
-#include <limits>
 #include <queue>
 
 #include "absl/strings/str_cat.h"
@@ -43,10 +42,9 @@ absl::Status Bpe::load(const json& m, const std::string& path, bool byte_level) 
   vocab_.reserve(vit->size());
   for (auto it = vit->begin(); it != vit->end(); ++it) {
     if (!it.value().is_number_integer()) return bad(path, absl::StrCat("model.vocab[", it.key(), "]: expected an id"));
-    const int64_t wide = it.value().get<int64_t>();  // as 64 bits: int32 would wrap 2^32 + 7 to 7
-    if (wide < 0 || wide > std::numeric_limits<int32_t>::max())
-      return bad(path, absl::StrCat("model.vocab[", it.key(), "]: id ", wide, " is outside [0, 2^31)"));
-    const auto id = static_cast<int32_t>(wide);
+    const std::optional<int32_t> parsed = json_token_id(it.value());
+    if (!parsed) return bad(path, absl::StrCat("model.vocab[", it.key(), "]: id ", it.value().dump(), " is outside [0, 2^31)"));
+    const int32_t id = *parsed;
     vocab_[it.key()] = id;
     max_id = std::max(max_id, id);
   }

@@ -49,6 +49,15 @@ bool parse_split_pattern(std::string_view regex, SplitPattern* out);
 // these patterns match any character).
 void split_pattern(std::string_view text, SplitPattern pattern, std::vector<std::pair<uint32_t, uint32_t>>* out);
 
+// A token id as tokenizer.json writes it, read as 64 bits (int32 would wrap 2^32 + 7 to 7);
+// nullopt when it is not an integer in [0, 2^31).
+inline std::optional<int32_t> json_token_id(const nlohmann::json& v) {
+  if (!v.is_number_integer()) return std::nullopt;
+  const int64_t id = v.get<int64_t>();
+  if (id < 0 || id > INT32_MAX) return std::nullopt;
+  return static_cast<int32_t>(id);
+}
+
 // ---- BPE model ----
 
 class Bpe {

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -67,11 +66,9 @@ absl::Status Tokenizer::Impl::parse_added(const json& j) {
       return bad(path, "added_tokens: each entry needs \"content\" and \"id\"");
     AddedToken a;
     a.content = t["content"].get<std::string>();
-    // Read as 64 bits: get<int32_t> would wrap 2^32 + 7 to 7 without a word.
-    const int64_t id = t["id"].get<int64_t>();
-    if (id < 0 || id > std::numeric_limits<int32_t>::max())
-      return bad(path, absl::StrCat("added_tokens: \"", a.content, "\" has id ", id, ", outside [0, 2^31)"));
-    a.id = static_cast<int32_t>(id);
+    const std::optional<int32_t> id = tok::json_token_id(t["id"]);
+    if (!id) return bad(path, absl::StrCat("added_tokens: \"", a.content, "\" has id ", t["id"].dump(), ", outside [0, 2^31)"));
+    a.id = *id;
     a.special = t.value("special", false);
     a.single_word = t.value("single_word", false);
     a.lstrip = t.value("lstrip", false);

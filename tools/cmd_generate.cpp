@@ -94,10 +94,8 @@ int run_generate(const std::vector<std::string>& argv) {
   if (args->has("adapter"))
     if (auto lc = load_adapter(**model, args->str("adapter")); !lc.ok()) return fail(lc.status());
   // As `loom train` checks: a token the model has no embedding row for would be out of range.
-  if (tokenizer->vocab_size() > (*model)->config().vocab_size)
-    return fail(absl::InvalidArgumentError(absl::StrCat("the tokenizer of ", args->str("model"), " has ", tokenizer->vocab_size(),
-                                                        " tokens but the model's vocab_size is ",
-                                                        (*model)->config().vocab_size, ": token ids would be out of range")));
+  if (absl::Status s = tokenizer->fits_vocab((*model)->config().vocab_size); !s.ok())
+    return fail(absl::InvalidArgumentError(absl::StrCat(args->str("model"), ": ", s.message())));
   for (int64_t id : (*model)->config().eos_token_ids) opt.stop_ids.push_back(static_cast<int32_t>(id));
   if (auto eos = tokenizer->eos_id()) opt.stop_ids.push_back(*eos);
   std::vector<int32_t> prompt;

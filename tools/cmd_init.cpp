@@ -42,10 +42,10 @@ int run_init(const std::vector<std::string>& argv) {
   if (absl::Status s = save_pretrained(**model, args->str("out")); !s.ok()) return fail(s);
   // A tokenizer with more tokens than the model has embedding rows: train and generate refuse it.
   if (std::filesystem::exists(std::filesystem::path(args->str("from")) / "tokenizer.json"))
-    if (auto tok = Tokenizer::load(args->str("from")); tok.ok() && tok->vocab_size() > (*model)->config().vocab_size)
-      std::fprintf(stderr, "loom init: warning: the tokenizer has %lld tokens but vocab_size is %lld: loom train and "
-                   "loom generate will refuse this model\n",
-                   static_cast<long long>(tok->vocab_size()), static_cast<long long>((*model)->config().vocab_size));
+    if (auto tok = Tokenizer::load(args->str("from")); tok.ok())
+      if (absl::Status s = tok->fits_vocab((*model)->config().vocab_size); !s.ok())
+        std::fprintf(stderr, "loom init: warning: %s; loom train and loom generate will refuse this model\n",
+                     std::string(s.message()).c_str());
   int64_t params = 0;
   for (const auto& [name, v] : std::as_const(**model).named_weights()) params += v->value().numel();
   // save_pretrained stores bf16 (config.json says so): say that, not the f32 it was initialised in.

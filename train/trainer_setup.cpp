@@ -181,9 +181,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     return absl::InvalidArgumentError(absl::StrCat("--seq-len ", cfg.seq_len, " exceeds the model's max_position_embeddings ",
                                                    mc.max_position_embeddings, " (", cfg.model_dir, "/config.json)"));
   LOOM_ASSIGN_OR_RETURN(s->tokenizer, Tokenizer::load(cfg.model_dir));
-  if (s->tokenizer.vocab_size() > mc.vocab_size)
-    return absl::InvalidArgumentError(absl::StrCat("the tokenizer has ", s->tokenizer.vocab_size(), " tokens but the model's ",
-                                                   "vocab_size is ", mc.vocab_size, ": token ids would be out of range"));
+  LOOM_RETURN_IF_ERROR(s->tokenizer.fits_vocab(mc.vocab_size));
   DataOptions dopt;
   dopt.skip_bad_lines = cfg.skip_bad_lines;
   std::string template_note;

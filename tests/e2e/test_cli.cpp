@@ -17,6 +17,21 @@ namespace {
 
 const std::string kQwen2 = fixture_dir("qwen2");
 
+// `loom init` of the demo config with one field changed, into tmp/name/model; returns that folder.
+std::string demo_model_with(const std::string& name, const std::string& field, const nlohmann::json& value) {
+  const std::string dir = ::testing::TempDir() + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/cfg");
+  const std::string demo_cfg = std::string(LOOM_SOURCE_DIR) + "/examples/demo/model-config";
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(demo_cfg + "/config.json"));
+  cfg[field] = value;
+  std::ofstream(dir + "/cfg/config.json") << cfg.dump();
+  std::filesystem::copy_file(demo_cfg + "/tokenizer.json", dir + "/cfg/tokenizer.json");
+  RunResult r = run_loom("init --from " + dir + "/cfg --out " + dir + "/model");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return dir + "/model";
+}
+
 TEST(Cli, ForwardWritesLogitsLossAndLoraGradients) {
   const std::string out = ::testing::TempDir() + "loom_forward_out.safetensors";
   RunResult r = run_loom("forward --model " + kQwen2 + " --adapter " + kQwen2 + "/adapter --input " + kQwen2 +
@@ -74,15 +89,7 @@ TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
   const std::string tmp = ::testing::TempDir();
   // A model whose vocab_size is smaller than its tokenizer (generate used to crash in the
   // embedding on the first id past it).
-  const std::string small_vocab = tmp + "loom_small_vocab";
-  std::filesystem::remove_all(small_vocab);
-  std::filesystem::create_directories(small_vocab + "/cfg");
-  const std::string demo_cfg = std::string(LOOM_SOURCE_DIR) + "/examples/demo/model-config";
-  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(demo_cfg + "/config.json"));
-  cfg["vocab_size"] = 1000;
-  std::ofstream(small_vocab + "/cfg/config.json") << cfg.dump();
-  std::filesystem::copy_file(demo_cfg + "/tokenizer.json", small_vocab + "/cfg/tokenizer.json");
-  ASSERT_EQ(run_loom("init --from " + small_vocab + "/cfg --out " + small_vocab + "/model").exit_code, 0);
+  const std::string small_vocab = demo_model_with("loom_small_vocab", "vocab_size", 1000);
   const std::string out = tmp + "loom_bad_out.safetensors";
   std::ofstream(tmp + "loom_not_safetensors.safetensors") << "this is not a safetensors file";
   auto ids = read_all(kQwen2 + "/inputs.safetensors")["input_ids"].to_ints();
@@ -107,7 +114,7 @@ TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
        "/nonexistent/dir"},
       {"merge --model " + kQwen2 + " --adapter " + fixture_dir("qwen3") + "/adapter --out " + tmp + "loom_bad_merge", "lora"},
       {"no-such-command", "unknown command"},
-      {"generate --model " + small_vocab + "/model --prompt hello --max-new-tokens 2", "vocab_size is 1000"},
+      {"generate --model " + small_vocab + " --prompt hello --max-new-tokens 2", "vocab_size is 1000"},
       {"demo --steps zero", "--steps"},
   };
   for (const auto& c : cases) {
@@ -121,16 +128,8 @@ TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
 
 // generate stops at the model's context length and says so (it used to stop without a word).
 TEST(Cli, GenerateSaysWhenItStopsAtTheContextLength) {
-  const std::string dir = ::testing::TempDir() + "loom_short_context";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir + "/cfg");
-  const std::string demo_cfg = std::string(LOOM_SOURCE_DIR) + "/examples/demo/model-config";
-  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(demo_cfg + "/config.json"));
-  cfg["max_position_embeddings"] = 12;
-  std::ofstream(dir + "/cfg/config.json") << cfg.dump();
-  std::filesystem::copy_file(demo_cfg + "/tokenizer.json", dir + "/cfg/tokenizer.json");
-  ASSERT_EQ(run_loom("init --from " + dir + "/cfg --out " + dir + "/model").exit_code, 0);
-  RunResult r = run_loom("generate --model " + dir + "/model --prompt hello --max-new-tokens 50 --temperature 0");
+  const std::string model = demo_model_with("loom_short_context", "max_position_embeddings", 12);
+  RunResult r = run_loom("generate --model " + model + " --prompt hello --max-new-tokens 50 --temperature 0");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("stopped at the model's max_position_embeddings (12 tokens with the prompt)"), std::string::npos)
       << r.output;

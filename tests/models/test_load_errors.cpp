@@ -96,16 +96,22 @@ TEST(LoadErrors, LoraTargetsThatMatchNothing) {
   EXPECT_FALSE(add_lora(**model, c, 0).ok());
 }
 
+// A fresh folder `dir` holding the qwen2 fixture adapter's weights; its adapter_config.json
+// (returned) is for the test to edit and write there.
+nlohmann::json qwen2_adapter_weights_in(const std::string& dir) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fixture_dir("qwen2") + "/adapter/adapter_model.safetensors", dir + "/adapter_model.safetensors");
+  return nlohmann::json::parse(std::ifstream(fixture_dir("qwen2") + "/adapter/adapter_config.json"));
+}
+
 // An adapter whose adapter_config.json names modules the model does not have: the config is
 // blamed (with the model's module names), not the weights file.
 TEST(LoadErrors, AdapterTargetModulesThatMatchNothingBlameTheConfig) {
   auto model = CausalLM::load(fixture_dir("qwen2"), {DType::f32, Device::cpu()});
   ASSERT_TRUE(model.ok());
   const std::string dir = ::testing::TempDir() + "loom_adapter_no_match";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  fs::copy_file(fixture_dir("qwen2") + "/adapter/adapter_model.safetensors", dir + "/adapter_model.safetensors");
-  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(fixture_dir("qwen2") + "/adapter/adapter_config.json"));
+  nlohmann::json cfg = qwen2_adapter_weights_in(dir);
   cfg["target_modules"] = {"query_key_value", "dense"};
   std::ofstream(dir + "/adapter_config.json") << cfg.dump();
   auto r = load_adapter(**model, dir);
@@ -123,10 +129,7 @@ TEST(LoadErrors, AdapterConfigFieldsAreNamed) {
   auto model = CausalLM::load(fixture_dir("qwen2"), {DType::f32, Device::cpu()});
   ASSERT_TRUE(model.ok());
   const std::string dir = ::testing::TempDir() + "loom_adapter_fields";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  fs::copy_file(fixture_dir("qwen2") + "/adapter/adapter_model.safetensors", dir + "/adapter_model.safetensors");
-  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(fixture_dir("qwen2") + "/adapter/adapter_config.json"));
+  const nlohmann::json cfg = qwen2_adapter_weights_in(dir);
   for (const char* key : {"r", "target_modules"}) {
     nlohmann::json c = cfg;
     c.erase(key);
