@@ -88,7 +88,7 @@ TEST(NcclCommunicator, WaitUntilReleasesWhatIsDoneAndNothingElse) {
   int64_t first = 0;
   for (int k = 0; k < kCollectives; ++k) {
     Tensor h = Tensor::from_floats(input_of(me + k, kPer * w), {kPer * w});
-    Tensor hout = Tensor::zeros({kPer});
+    Tensor hout = Tensor::zeros({kPer}, DType::f32);
     mpi.reduce_scatter(h, hout, dist::ReduceOp::kSum);
     mpi.wait();
     want.push_back(hout);
