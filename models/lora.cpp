@@ -84,6 +84,21 @@ std::string peft_tensor_name(const std::string& module, bool lora_a) {
   return absl::StrCat(kPeftPrefix, module, lora_a ? ".lora_A.weight" : ".lora_B.weight");
 }
 
+namespace {
+uint64_t mix(uint64_t x) {  // splitmix64 finalizer
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+void seed_lora_dropout(CausalLM& model, uint64_t seed) {
+  uint64_t index = 0;
+  for (Linear* l : model.linears())
+    if (l->lora) l->lora->dropout_seed = mix(seed ^ mix(++index)), l->lora->dropout_offset = 0;
+}
+
 absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
   if (absl::Status s = check_config(config); !s.ok()) return s;
   int matched = 0;
@@ -98,8 +113,6 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
     const float bound = 1.f / std::sqrt(static_cast<float>(in));
     ops::uniform_(a, seed, index << 32, -bound, bound);
     attach(*l, a, Tensor::zeros({out, config.r}, adapter, model.device()), config);
-    l->lora->dropout_seed = seed ^ 0x9E3779B97F4A7C15ull;
-    l->lora->dropout_offset = index << 40;
   }
   if (matched == 0) {
     std::string names;
@@ -108,6 +121,7 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
                                                    model.config().model_type, " model (its linear layers are q_proj, ",
                                                    "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"));
   }
+  seed_lora_dropout(model, seed);
   return absl::OkStatus();
 }
 

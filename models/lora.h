@@ -24,8 +24,14 @@ struct LoraConfig {
 };
 
 // Adds fresh adapters: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform_ with a = sqrt(5))
-// from the counter-based RNG, B = 0. Errors if nothing matches or r/alpha/dropout are out of range.
+// from the counter-based RNG, B = 0, and dropout streams from seed_lora_dropout(seed). Errors if
+// nothing matches or r/alpha/dropout are out of range.
 absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed);
+
+// The one rule for LoRA dropout's random streams: the i-th adapted module (model order, from 1)
+// draws from Philox key mix(seed ^ mix(i)), offset 0 (the trainer moves the offset each
+// micro-batch). add_lora applies it; a resumed run applies it again after load_adapter.
+void seed_lora_dropout(CausalLM& model, uint64_t seed);
 
 // The adapter tensors under their PEFT names ("base_model.model.<module>.lora_A.weight"), A then B
 // for each adapted module in model order.

@@ -26,13 +26,6 @@ namespace loom {
 namespace fs = std::filesystem;
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer: distinct dropout streams per module
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // The tokenized training data in brief: a changed data file (or tokenizer, or template) changes it.
 nlohmann::json fingerprint(const std::vector<Example>& examples) {
   uint64_t h = 0xCBF29CE484222325ull, tokens = 0;
@@ -238,12 +231,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
       LoraConfig saved;
       LOOM_ASSIGN_OR_RETURN(saved, load_adapter(*s->model, *resume_dir));
       s->cfg.lora = saved;
+      seed_lora_dropout(*s->model, cfg.seed);  // the streams add_lora gave the interrupted run
     } else {
       LOOM_RETURN_IF_ERROR(add_lora(*s->model, cfg.lora, cfg.seed));
     }
-    uint64_t index = 0;
     for (Linear* l : s->model->linears())
-      if (l->lora) l->lora->dropout_seed = mix(cfg.seed ^ mix(++index)), l->lora->training = true;
+      if (l->lora) l->lora->training = true;
     for (auto& [name, v] : lora_parameters(*s->model)) s->optimizer->add_param(name, *v, decay);
   }
   if (s->dist) s->dist->attach(*s->optimizer, cfg.quiet);
