@@ -75,12 +75,19 @@ absl::StatusOr<MetricsWriter> MetricsWriter::open(const std::string& out_dir, st
     }
     if (auto st = write_atomically(path, kept); !st.ok()) return st;
   }
-  std::ofstream out(path, resume_step ? std::ios::app : std::ios::trunc);
+  // Opened for appending either way, so that a fresh run that fails before its first step leaves
+  // an earlier run's metrics as they were; the first write of a fresh run truncates.
+  std::ofstream out(path, std::ios::app);
   if (!out) return absl::InternalError(absl::StrCat("cannot open ", path, " for writing"));
-  return MetricsWriter(std::move(path), std::move(out));
+  return MetricsWriter(std::move(path), std::move(out), /*truncate_on_first_write=*/!resume_step);
 }
 
 absl::Status MetricsWriter::write(const StepMetrics& m) {
+  if (truncate_on_first_write_) {
+    out_.close();
+    out_.open(path_, std::ios::trunc);
+    truncate_on_first_write_ = false;
+  }
   out_ << metrics_json_line(m) << '\n';
   out_.flush();
   if (!out_) return absl::InternalError(absl::StrCat("cannot write to ", path_));

@@ -25,7 +25,7 @@ struct StepMetrics {
 class MetricsWriter {
  public:
   // Opens <out_dir>/metrics.jsonl (creating out_dir). A fresh run (resume_step empty) starts an
-  // empty file; a resumed run keeps the lines with step <= *resume_step and drops the rest (the
+  // empty file at its first write (a run that fails before then leaves the old file alone); a resumed run keeps the lines with step <= *resume_step and drops the rest (the
   // steps after the checkpoint, which will be trained again), then appends.
   static absl::StatusOr<MetricsWriter> open(const std::string& out_dir, std::optional<int64_t> resume_step = {});
 
@@ -35,9 +35,11 @@ class MetricsWriter {
   const std::string& path() const { return path_; }
 
  private:
-  MetricsWriter(std::string path, std::ofstream out) : path_(std::move(path)), out_(std::move(out)) {}
+  MetricsWriter(std::string path, std::ofstream out, bool truncate_on_first_write)
+      : path_(std::move(path)), out_(std::move(out)), truncate_on_first_write_(truncate_on_first_write) {}
   std::string path_;
   std::ofstream out_;
+  bool truncate_on_first_write_;
 };
 
 // One line of metrics.jsonl as JSON text (no newline); non-finite numbers become null.

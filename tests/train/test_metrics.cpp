@@ -79,9 +79,13 @@ TEST(Metrics, WriterFlushesEachLineAndResumeTruncates) {
   auto lines = lines_of(out + "/metrics.jsonl");
   ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(nlohmann::json::parse(lines[3])["loss"], 1.0);
-  auto fresh = MetricsWriter::open(out);  // a new run starts an empty file
+  auto fresh = MetricsWriter::open(out);  // a new run starts an empty file at its first step
   ASSERT_TRUE(fresh.ok());
-  EXPECT_TRUE(lines_of(out + "/metrics.jsonl").empty());
+  EXPECT_EQ(lines_of(out + "/metrics.jsonl").size(), 4u) << "a run that has trained no step yet keeps the old lines";
+  ASSERT_TRUE(fresh->write(metrics(1, 2.0)).ok());
+  lines = lines_of(out + "/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(lines[0])["loss"], 2.0);
 }
 
 // Tags open and close in order (self-closing ones aside); the text starts with the XML declaration.
