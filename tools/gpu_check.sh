@@ -6,8 +6,8 @@
 # PEFT; sanitize = every cuda-labelled test program under compute-sanitizer memcheck, and the
 # attention, reduction and optimizer kernel tests under racecheck and synccheck, logs in
 # $OUT/sanitize/; attn = tools/gpu_attn_check.sh for FWD_VARIANTS / BWD_VARIANTS, logs in $OUT/attn;
-# nf4 = the NF4 test and dequantise benchmark for each LOOM_NF4_GRID x LOOM_NF4_STAGES setting, then
-# bitsandbytes' (when .peers carries its wheel).
+# nf4 = the NF4 test and dequantise benchmark for each LOOM_NF4_GRID x LOOM_NF4_STAGES setting
+# (LOOM_NF4_SETTINGS="default" for the built-in choice only), then bitsandbytes' (when .peers carries its wheel).
 # LOOM_BENCH_ARGS / LOOM_PEER_ARGS pass through to bench/run_all.sh (e.g. a --benchmark_filter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -119,12 +119,16 @@ if [[ $stages == *nf4* ]]; then
     echo "nf4: build FAILED (see $out/build.log)"
     grep -E "error|FAILED" "$out/build.log" | tail -10
   fi
-  for setting in "even 2" "full 2" "even 3" "full 3"; do
+  # LOOM_NF4_SETTINGS: "grid stages" pairs split by commas; "default" runs with neither knob set.
+  IFS=, read -ra settings <<< "${LOOM_NF4_SETTINGS:-even 2,full 2,even 3,full 3}"
+  for setting in "${settings[@]}"; do
     read -r grid stages_n <<< "$setting"
+    knobs=(LOOM_NF4_GRID="$grid" LOOM_NF4_STAGES="$stages_n")
+    [ "$grid" = default ] && knobs=() stages_n=default
     log="$out/nf4_test_${grid}_${stages_n}.log"
-    LOOM_NF4_GRID=$grid LOOM_NF4_STAGES=$stages_n timeout 120 build-gpu/tests/kernels/kernels_test_nf4_cuda > "$log" 2>&1 ||
+    env "${knobs[@]}" timeout 120 build-gpu/tests/kernels/kernels_test_nf4_cuda > "$log" 2>&1 ||
       { echo "nf4 test FAILED with grid $grid, $stages_n stages (see $log)"; continue; }
-    LOOM_NF4_GRID=$grid LOOM_NF4_STAGES=$stages_n timeout 60 build-gpu/bench/loom_bench --benchmark_filter=nf4_deq \
+    env "${knobs[@]}" timeout 60 build-gpu/bench/loom_bench --benchmark_filter=nf4_deq \
       --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | grep median | sed "s/^/grid $grid, $stages_n stages: /"
   done
   ls .peers/bitsandbytes-*.whl > /dev/null 2>&1 &&
