@@ -117,6 +117,9 @@ int run_bench_cpu(const std::vector<std::string>& argv) {
   auto model = CausalLM::load(args->str("model"), {DType::f32, Device::cpu()});
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
+  if (*seq > c.max_position_embeddings)
+    return fail(absl::InvalidArgumentError(absl::StrCat("--seq-len ", *seq, " exceeds the model's max_position_embeddings ",
+                                                        c.max_position_embeddings, " (", args->str("model"), "/config.json)")));
   const int64_t tokens = *batch * *seq;
   const std::string shape = absl::StrCat(tokens, "x", c.hidden_size, "x", c.intermediate_size, " (MLP up)");
   print_sgemm(shape.c_str(), tokens, c.hidden_size, c.intermediate_size);

@@ -116,6 +116,7 @@ TEST(Cli, BadInputGivesAClearErrorAndNonZeroExit) {
       {"no-such-command", "unknown command"},
       {"generate --model " + small_vocab + " --prompt hello --max-new-tokens 2", "vocab_size is 1000"},
       {"demo --steps zero", "--steps"},
+      {"bench-cpu --model " + kQwen2 + " --seq-len 100000 --steps 1", "max_position_embeddings"},
   };
   for (const auto& c : cases) {
     RunResult r = run_loom(c.args);
