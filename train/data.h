@@ -32,6 +32,7 @@ struct DataOptions {
 uint64_t default_max_data_bytes();
 struct DataStats {
   int64_t lines = 0, examples = 0, skipped = 0, tokens = 0, target_tokens = 0;
+  int64_t conversations = 0;  // examples from {"messages"} lines (rendered with the chat template)
 };
 // Reads a JSONL file. A malformed line is an error naming the file and line number, unless
 // skip_bad_lines (then it is counted in stats->skipped). An empty dataset is an error, so are a folder,

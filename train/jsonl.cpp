@@ -118,7 +118,8 @@ absl::StatusOr<Example> from_messages(const json& messages, const Tokenizer& tok
 }
 
 // Parses and tokenizes one non-blank line; the caller adds "<file>:<line>: " to errors.
-absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok, const DataOptions& options) {
+absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok, const DataOptions& options,
+                                   bool* conversation) {
   if (const size_t bad = find_invalid_utf8(line); bad != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("invalid UTF-8 at byte ", bad + 1));
   }
@@ -150,6 +151,7 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
     append(&ex, tok.encode(*text, /*add_special_tokens=*/true), 1);
     append_eos(&ex, tok);
   } else if (has_messages) {
+    *conversation = true;
     auto r = from_messages(j["messages"], tok, options.chat_template);
     if (!r.ok()) return r.status();
     ex = *std::move(r);
@@ -261,7 +263,8 @@ absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const T
     if (is_blank(line)) continue;
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
     ++st.lines;
-    auto ex = parse_line(line, tokenizer, options);
+    bool conversation = false;
+    auto ex = parse_line(line, tokenizer, options, &conversation);
     if (!ex.ok()) {
       if (options.skip_bad_lines) {
         ++st.skipped;
@@ -270,6 +273,7 @@ absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const T
       return absl::Status(ex.status().code(), absl::StrCat(path, ":", lineno, ": ", ex.status().message()));
     }
     ++st.examples;
+    st.conversations += conversation;
     st.tokens += static_cast<int64_t>(ex->ids.size());
     for (uint8_t t : ex->target) st.target_tokens += t;
     out.push_back(*std::move(ex));

@@ -179,9 +179,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   dopt.skip_bad_lines = cfg.skip_bad_lines;
   std::string template_note;
   dopt.chat_template = training_chat_template(cfg.model_dir, cfg.chat_template, &template_note);
-  if (!template_note.empty() && !cfg.quiet) std::fprintf(stderr, "loom train: %s\n", template_note.c_str());
   std::vector<Example> examples;
   LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
+  // Which template {"messages"} lines got: said only when the data has some.
+  if (!template_note.empty() && !cfg.quiet && s->stats.conversations > 0)
+    std::fprintf(stderr, "loom train: %s\n", template_note.c_str());
   if (cfg.skip_bad_lines && s->stats.skipped > 0 && !cfg.quiet)
     std::fprintf(stderr, "loom train: skipped %lld bad line(s) of %lld in %s\n", static_cast<long long>(s->stats.skipped),
                  static_cast<long long>(s->stats.lines), cfg.data_path.c_str());

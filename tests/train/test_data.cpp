@@ -89,6 +89,7 @@ TEST_F(Jsonl, TextShapeAddsBosAndEosAndTrainsOnAll) {
     }
     EXPECT_EQ(st.lines, 2);
     EXPECT_EQ(st.examples, 2);
+    EXPECT_EQ(st.conversations, 0);
     EXPECT_EQ(st.skipped, 0);
     EXPECT_EQ(st.tokens, static_cast<int64_t>((*r)[0].ids.size() + (*r)[1].ids.size()));
     EXPECT_EQ(st.target_tokens, st.tokens);
@@ -134,8 +135,11 @@ TEST_F(Jsonl, MessagesTrainOnAssistantSpansOnly) {
     const Tokenizer& t = tok(name);
     DataOptions opt;
     opt.chat_template = tmpl;
-    auto r = load_jsonl(write(line + "\n"), t, opt, nullptr);
+    DataStats st;
+    auto r = load_jsonl(write(line + "\n{\"text\": \"plain\"}\n"), t, opt, &st);
     ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(st.examples, 2);
+    EXPECT_EQ(st.conversations, 1) << "only the {\"messages\"} line is a conversation";
     auto rendered = render_chat(tmpl, msgs);
     ASSERT_TRUE(rendered.ok());
     EXPECT_EQ((*r)[0].ids, t.encode(rendered->text, false));
