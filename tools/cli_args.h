@@ -1,5 +1,7 @@
 // Minimal flag parsing for `loom` subcommands: `--name value`, `--name=value` and boolean
-// `--name`. Unknown flags, missing values and malformed numbers are errors naming the flag.
+// `--name`. Unknown flags, missing values and malformed numbers are errors naming the flag. A flag
+// given again overrides its earlier value (the last one wins, as scripts that append overrides to a
+// base command expect).
 #pragma once
 #include <map>
 #include <set>
