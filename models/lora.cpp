@@ -1,6 +1,7 @@
 // LoRA injection, PEFT adapter files, merging and saving merged checkpoints (see lora.h).
 #include "models/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +102,13 @@ void seed_lora_dropout(CausalLM& model, uint64_t seed) {
 
 absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) {
   if (absl::Status s = check_config(config); !s.ok()) return s;
+  // A rank past a module's larger side adds nothing a rank of min(in, out) could not, and is
+  // almost always a typo: refused before any adapter is allocated.
+  for (Linear* l : model.linears())
+    if (matches(l->name, config, l->name == "lm_head") && config.r > std::max(l->in_features(), l->out_features()))
+      return absl::InvalidArgumentError(absl::StrCat("LoRA r ", config.r, " exceeds both sides of ", l->name, " (in ",
+                                                     l->in_features(), ", out ", l->out_features(),
+                                                     "): a rank past min(in, out) adds no capacity"));
   int matched = 0;
   uint64_t index = 0;
   for (Linear* l : model.linears()) {

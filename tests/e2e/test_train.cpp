@@ -195,6 +195,7 @@ TEST(Train, BadInputIsAClearErrorWithNoCorruptCheckpoint) {
       {"resume from another model", "train --model " + base_model() + ok + " --resume " + other, "different model"},
       {"bad flag value", "train --model " + base_model() + ok + " --lr fast", "--lr"},
       {"bad schedule", "train --model " + base_model() + ok + " --schedule zigzag", "zigzag"},
+      {"LoRA rank past every dimension", "train --model " + base_model() + ok + " --lora-r 100000000", "exceeds both sides"},
   };
   for (const auto& c : cases) {
     RunResult r = run_loom(c.args);
