@@ -5,17 +5,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/splitmix64.h"
+
 namespace loom {
-namespace {
-
-uint64_t splitmix64(uint64_t* s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 int32_t sample_token(const std::vector<float>& logits, float temperature, float top_p, uint64_t* rng) {
   LOOM_CHECK(!logits.empty(), "sample_token: empty logits");

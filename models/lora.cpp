@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/json_file.h"
+#include "engine/splitmix64.h"
 #include "engine/tensor_io.h"
 #include "models/gguf_model.h"
 #include "nlohmann/json.hpp"
@@ -86,12 +87,7 @@ std::string peft_tensor_name(const std::string& module, bool lora_a) {
 }
 
 namespace {
-uint64_t mix(uint64_t x) {  // splitmix64 finalizer
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+uint64_t mix(uint64_t x) { return splitmix64(&x); }  // one splitmix64 step from x: a 64-bit hash
 }  // namespace
 
 void seed_lora_dropout(CausalLM& model, uint64_t seed) {

@@ -25,8 +25,9 @@ struct StepMetrics {
 class MetricsWriter {
  public:
   // Opens <out_dir>/metrics.jsonl (creating out_dir). A fresh run (resume_step empty) starts an
-  // empty file at its first write (a run that fails before then leaves the old file alone); a resumed run keeps the lines with step <= *resume_step and drops the rest (the
-  // steps after the checkpoint, which will be trained again), then appends.
+  // empty file at its first write (a run that fails before then leaves the old file alone); a
+  // resumed run keeps the lines with step <= *resume_step and drops the rest (the steps after the
+  // checkpoint, which will be trained again), then appends.
   static absl::StatusOr<MetricsWriter> open(const std::string& out_dir, std::optional<int64_t> resume_step = {});
 
   // Appends {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mem_bytes"}

@@ -3,6 +3,7 @@
 // shuffle that is identical on every platform, rank sharding and an exactly resumable position.
 #include <algorithm>
 
+#include "engine/splitmix64.h"
 #include "kernels/error.h"
 #include "train/data.h"
 
@@ -10,15 +11,6 @@ namespace loom {
 namespace {
 
 constexpr int32_t kIgnore = -100;
-
-// splitmix64 (Steele, Lea, Flood 2014): a 64-bit generator whose output is defined bit for bit,
-// unlike std::uniform_int_distribution, whose results differ between standard libraries.
-uint64_t splitmix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Uniform in [0, n) without modulo bias (rejects the low 2^64 mod n values).
 uint64_t uniform_below(uint64_t* state, uint64_t n) {
