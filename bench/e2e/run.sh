@@ -34,7 +34,11 @@ steps=${LOOM_E2E_STEPS:-12}
 modes=${LOOM_E2E_MODES:-none recompute offload}
 peers=${LOOM_E2E_PEERS:-peft peft-gc}
 work=$(mktemp -d)
-emit() { echo "$1" | tee -a "$results"; }
+last=$SECONDS
+emit() {  # one result line; $out/walls.txt gets the seconds since the previous line (the run's wall, for planning calls)
+  echo "$1" | tee -a "$results"
+  echo "$((SECONDS - last)) s  ${1:0:160}" >> "$out/walls.txt"; last=$SECONDS
+}
 
 source bench/e2e/model.sh  # model_dir 1b|8b
 
@@ -114,6 +118,7 @@ for shape in ${@:-1b}; do
           [ ${#umodes[@]} -gt 0 ] || continue
           OUT="$work/unsloth-$shape" bash .peers/run_unsloth.sh "${umodes[@]}" > "$work/unsloth-$shape.log" 2>&1
           grep -h '"mode"' "$work/unsloth-$shape"/r/results.jsonl 2>/dev/null | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"unsloth\", \"raw\": $l}"; done
+          last=$SECONDS  # the lines were emitted in a subshell
         else
           if [ ! -f "$work/bnb.out" ]; then  # one run measures both shapes: both go to the results
             # (a later call's table for the other shape reads them through LOOM_E2E_PREVIOUS)
@@ -122,6 +127,7 @@ for shape in ${@:-1b}; do
             for s in 1b 8b; do
               grep -i "$s" "$work/bnb.out" | while read -r l; do emit "{\"shape\": \"$s\", \"who\": \"peft+bnb\", \"raw\": $l}"; done
             done
+          last=$SECONDS
           fi
         fi ;;
     esac
@@ -154,7 +160,8 @@ if [ "${LOOM_E2E_CTX:-0}" = 1 ]; then  # the longest sequence that trains at bat
         BENCH_CTX_LIST=${list// /,} BENCH_MODE_TIMEOUT_S=${LOOM_E2E_CTX_PEER_TOTAL:-560} BENCH_TOTAL_S=${LOOM_E2E_CTX_PEER_TOTAL:-560} \
           OUT="$work/unsloth-ctx" bash .peers/run_unsloth.sh "8b-${LOOM_E2E_CTX_UNSLOTH:-lora}-ctx" > "$work/unsloth-ctx.log" 2>&1
         grep -h '"S"' "$work"/unsloth-ctx/r/results.jsonl 2>/dev/null | grep -v ctx_summary | while read -r l; do
-          emit "{\"shape\": \"8b\", \"who\": \"unsloth\", \"batch\": 1, \"raw\": $l}"; done ;;
+          emit "{\"shape\": \"8b\", \"who\": \"unsloth\", \"batch\": 1, \"raw\": $l}"; done
+        last=$SECONDS ;;
     esac
   done
 fi
