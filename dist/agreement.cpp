@@ -1,6 +1,9 @@
 // Configuration agreement across ranks (see agreement.h).
 #include "dist/agreement.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -14,6 +17,27 @@ uint64_t fnv1a64(const std::string& s) {
   }
   return h;
 }
+
+namespace {
+
+// Every rank's `value` (collective), each cut to kShown bytes ("..." marks a cut).
+std::vector<std::string> gather_strings(Communicator& comm, const std::string& value) {
+  constexpr int64_t kShown = 200;
+  const std::string mine = static_cast<int64_t>(value.size()) > kShown ? value.substr(0, kShown - 3) + "..." : value;
+  Tensor buf = Tensor::zeros({kShown}, DType::u8);
+  std::copy(mine.begin(), mine.end(), buf.data<uint8_t>());
+  Tensor all = Tensor::zeros({comm.world_size() * kShown}, DType::u8);
+  comm.all_gather(buf, all);
+  comm.wait();
+  std::vector<std::string> out;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const char* p = reinterpret_cast<const char*>(all.data<uint8_t>() + r * kShown);
+    out.emplace_back(p, strnlen(p, kShown));
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::Status check_agreement(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& fields) {
   const int world = comm.world_size();
@@ -45,11 +69,19 @@ absl::Status check_agreement(Communicator& comm, const std::vector<std::pair<std
     if (differ.empty()) continue;
     if (i == 0)
       return absl::FailedPreconditionError("the ranks check different configuration fields: they run different builds of loom");
-    const auto& [name, value] = fields[i - 1];
+    // Every rank names every differing rank's value, so that the first rank to exit (mpirun then
+    // ends the others, perhaps before they print) has already said everything.
+    const std::string& name = fields[i - 1].first;
+    const std::vector<std::string> values = gather_strings(comm, fields[i - 1].second);
+    std::string who = absl::StrCat("rank 0 has ", name, " = '", values[0], "'");
+    constexpr size_t kListed = 7;
+    for (size_t k = 0; k < differ.size() && k < kListed; ++k)
+      absl::StrAppend(&who, ", rank ", differ[k], " has ", name, " = '", values[differ[k]], "'");
+    if (differ.size() > kListed) absl::StrAppend(&who, " and ", differ.size() - kListed, " more ranks differ");
     return absl::FailedPreconditionError(absl::StrCat(
         "the ranks do not agree on the run's configuration: ", name, " differs between rank 0 and rank",
-        differ.size() > 1 ? "s " : " ", absl::StrJoin(differ, ", "), " (rank ", comm.rank(), " has ", name, " = '",
-        value, "'); start every rank with the same flags and files"));
+        differ.size() > 1 ? "s " : " ", absl::StrJoin(differ, ", "), " (", who,
+        "); start every rank with the same flags and files"));
   }
   return absl::OkStatus();
 }

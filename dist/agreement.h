@@ -17,7 +17,8 @@ uint64_t fnv1a64(const std::string& s);
 
 // Collective over `comm`. fields: (name, value) in the same order on every rank. OK when every
 // rank has the same values; otherwise the same FailedPrecondition on every rank naming the first
-// differing field, the ranks that differ from rank 0, and this rank's value.
+// differing field, the ranks that differ from rank 0, and rank 0's and (up to seven of) their values,
+// so that whichever rank prints first says it all.
 absl::Status check_agreement(Communicator& comm, const std::vector<std::pair<std::string, std::string>>& fields);
 
 }  // namespace loom::dist

@@ -110,6 +110,15 @@ TEST(Agreement, SameFieldsPassAndADifferentFieldIsRefusedOnEveryRank) {
   ASSERT_FALSE(s.ok()) << "rank " << c.rank() << " accepted a differing data field";
   const std::string m(s.message());
   EXPECT_NE(m.find("data differs between rank 0 and rank " + std::to_string(c.world_size() - 1)), std::string::npos) << m;
+  // Every rank's message carries both values: the rank that exits first may be the only one heard.
+  EXPECT_NE(m.find("rank 0 has data = '/d.jsonl'"), std::string::npos) << m;
+  EXPECT_NE(m.find("rank " + std::to_string(c.world_size() - 1) + " has data = '/other.jsonl'"), std::string::npos) << m;
+  // A long value is cut, not sent whole.
+  fields[1].second = c.rank() == 0 ? std::string(1000, 'a') : std::string(1000, 'b');
+  const absl::Status t = dist::check_agreement(c, fields);
+  ASSERT_FALSE(t.ok());
+  const std::string cut(t.message());
+  EXPECT_NE(cut.find("rank 1 has data = '" + std::string(197, 'b') + "...'"), std::string::npos) << cut;
 }
 
 }  // namespace
