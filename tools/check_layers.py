@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 # Architecture guard rail (CI): every include and every CMake link of a library folder points down the
-# layers of DESIGN.md; a back-pointing one fails with file:line. Runs in well under a second.
+# layers (ALLOWED below); a back-pointing one fails with file:line. Runs in well under a second.
 import os
 import re
 import sys
 
-# What each library folder may include (itself, and everything below it on DESIGN.md's map):
+# What each library folder may include (itself, and everything below it):
 #   kernels <- engine <- autograd <- models <- train <- tools;  autograd <- optim <- dist <- train;
 #   text (plain C++ over strings and ids) <- train, tools.
 ALLOWED = {
@@ -71,7 +71,7 @@ def check_includes(root, errors):
                             continue
                         errors.append(f"{rel}:{lineno}: {folder}/ includes \"{inc}\" from {target}/, a layer "
                                       f"it must not see (allowed: {', '.join(sorted(ALLOWED[folder]))}; "
-                                      "DESIGN.md 'Layers')")
+                                      "ALLOWED in tools/check_layers.py)")
 
 
 def check_cmake(root, errors):
@@ -102,7 +102,7 @@ def check_cmake(root, errors):
                 if any(r.startswith(owner + "/") and i.startswith(dep + "/") for r, i in EXCEPTIONS):
                     continue
                 errors.append(f"{path}:{lineno}: {words[0]} links {w} ({visibility}), a layer {owner}/ must "
-                              f"not see (allowed: {', '.join(sorted(ALLOWED[owner]))}; DESIGN.md 'Layers')")
+                              f"not see (allowed: {', '.join(sorted(ALLOWED[owner]))}; ALLOWED in tools/check_layers.py)")
 
 
 def main():
@@ -115,7 +115,7 @@ def main():
     if errors:
         print(f"check_layers: {len(errors)} back-pointing include(s)/link(s)", file=sys.stderr)
         return 1
-    print("check_layers: every include and library link follows DESIGN.md's layers")
+    print("check_layers: every include and library link follows the layers (tools/check_layers.py ALLOWED)")
     return 0
 
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-# Architecture guard rail first (under a second): includes and library links follow DESIGN.md's layers.
+# Architecture guard rail first (under a second): includes and library links follow the layers (tools/check_layers.py).
 python3 tools/check_layers.py
 tools/configure.sh
 build=${LOOM_BUILD_DIR:-build}
