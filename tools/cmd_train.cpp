@@ -22,6 +22,10 @@ const std::vector<FlagSpec> kFlags = {
     {"model", false, "Hugging Face model folder (config.json, safetensors, tokenizer.json)", ""},
     {"data", false, "JSONL: {\"text\"} | {\"messages\": [...]} | {\"prompt\", \"completion\"} per line", ""},
     {"out", false, "output folder: adapter or model, checkpoints, metrics.jsonl, loss.svg", ""},
+    {"eval-data", false,
+     "held-out JSONL (same shapes as --data): its mean loss over the target tokens, without dropout, "
+     "every --eval-every steps and after the last, as eval_loss in metrics.jsonl and the progress line", ""},
+    {"eval-every", false, "evaluate --eval-data every N steps (0 = only after the last step)", "0"},
     {"full", true, "full fine-tuning (all weights, f32 master + AdamW state) instead of LoRA", ""},
     {"lora-r", false, "LoRA rank", "16"},
     {"lora-alpha", false, "LoRA alpha (scale alpha/r)", "16"},
@@ -99,6 +103,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   c.model_dir = args->str("model");
   c.data_path = args->str("data");
   c.out_dir = args->str("out");
+  c.eval_data_path = args->str("eval-data");
   c.full = args->flag("full");
   c.qlora = args->flag("qlora");
   if (c.full && (args->has("lora-r") || args->has("lora-targets")))
@@ -110,7 +115,7 @@ int run_train(const std::vector<std::string>& argv_in) {
   for (Int f : {Int{"lora-r", &c.lora.r}, {"seq-len", &c.seq_len}, {"batch-size", &c.batch_size}, {"grad-accum", &c.grad_accum},
                 {"warmup", &c.warmup_steps}, {"epochs", &c.epochs}, {"max-steps", &c.max_steps}, {"save-every", &c.save_every},
                 {"save-total-limit", &c.save_total_limit},
-                {"log-every", &c.log_every}, {"stop-after", &c.stop_after}}) {
+                {"log-every", &c.log_every}, {"stop-after", &c.stop_after}, {"eval-every", &c.eval_every}}) {
     auto v = args->integer(f.flag);
     if (!v.ok()) return fail(v.status());
     *f.dst = *v;

@@ -32,7 +32,8 @@ DistContext::~DistContext() {
   group_.reset();
 }
 
-absl::Status DistContext::agree(const TrainConfig& cfg, const std::string& model_summary, const DataStats& data) {
+absl::Status DistContext::agree(const TrainConfig& cfg, const std::string& model_summary, const DataStats& data,
+                                const DataStats& eval_data) {
   // The data file by content (tokens and examples), not path: hosts may mount it differently.
   std::vector<std::pair<std::string, std::string>> fields = {
       {"--dist", mode_},
@@ -52,6 +53,8 @@ absl::Status DistContext::agree(const TrainConfig& cfg, const std::string& model
                                 " clip=", cfg.max_grad_norm, " steps=", cfg.max_steps, " epochs=", cfg.epochs)},
       {"resume", cfg.resume},
       {"offload-optimizer", cfg.offload_optimizer ? "on" : "off"},
+      {"eval-data", cfg.eval_data_path.empty() ? "" : absl::StrCat(eval_data.examples, " examples, ", eval_data.tokens, " tokens, ",
+                                                                   eval_data.target_tokens, " targets, every ", cfg.eval_every)},
   };
   return dist::check_agreement(group_->cpu(), fields);
 }

@@ -37,7 +37,8 @@ class DistContext {
   Device device() const { return group_->device(); }
 
   // Collective: refuses (on every rank) a run whose ranks differ in what they train.
-  absl::Status agree(const TrainConfig& cfg, const std::string& model_summary, const DataStats& data);
+  absl::Status agree(const TrainConfig& cfg, const std::string& model_summary, const DataStats& data,
+                     const DataStats& eval_data);
   // After the Optimizer's parameters are registered (sharded for zero2): rank 0's values go to
   // every rank, the Reducer is built and hooked, and rank 0 prints the optimizer memory per rank.
   void attach(optim::Optimizer& opt, bool quiet);

@@ -56,6 +56,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["tokens_per_s"] = m.tokens_per_s;
   j["mem_bytes"] = m.mem_bytes;
   if (m.host_mem_bytes >= 0) j["host_mem_bytes"] = m.host_mem_bytes;
+  if (m.eval_loss) j["eval_loss"] = *m.eval_loss;
   return j.dump();
 }
 

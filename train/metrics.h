@@ -20,6 +20,7 @@ struct StepMetrics {
   double tokens_per_s = 0;   // of this step
   int64_t mem_bytes = 0;     // peak device (or host) bytes in use
   int64_t host_mem_bytes = -1;  // peak pinned bytes of offloaded activations (written when >= 0)
+  std::optional<double> eval_loss;  // --eval-data's mean loss after this step (written when evaluated)
 };
 
 class MetricsWriter {
@@ -31,7 +32,7 @@ class MetricsWriter {
   static absl::StatusOr<MetricsWriter> open(const std::string& out_dir, std::optional<int64_t> resume_step = {});
 
   // Appends {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mem_bytes"}
-  // as one line and flushes it.
+  // (and "host_mem_bytes", "eval_loss" when set) as one line and flushes it.
   absl::Status write(const StepMetrics& m);
   const std::string& path() const { return path_; }
 

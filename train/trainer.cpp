@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/memory.h"
@@ -63,6 +64,31 @@ absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batche
 }
 
 }  // namespace
+
+// No dropout, no tape; every rank takes its rows of each global batch and the sums are global, so
+// any world size gives the same figure. Each batch's loss is read back: evaluation is not the hot path.
+absl::StatusOr<double> Trainer::State::evaluate() {
+  ag::NoGradGuard no_grad;
+  std::vector<LoraAdapter*> dropping;
+  for (Linear* l : model->linears())
+    if (l->lora && l->lora->training) dropping.push_back(l->lora.get()), l->lora->training = false;
+  absl::Cleanup train_again = [&] {
+    for (LoraAdapter* w : dropping) w->training = true;
+  };
+  double sum = 0;  // sum over target tokens of their loss
+  int64_t targets = 0;
+  for (const Batch& global : eval_batches) {
+    targets += global.target_tokens;
+    const Batch b = dist ? dist->slice(global) : global;
+    if (b.target_tokens == 0) continue;
+    std::vector<DeviceBatch> d;
+    LOOM_ASSIGN_OR_RETURN(d, upload({b}, device, model->config().vocab_size));
+    const ag::Variable loss = model->loss_from_targets(d[0].input_ids, d[0].targets, {d[0].positions, d[0].segment_ids});
+    sum += loss.value().to_doubles()[0] * static_cast<double>(b.target_tokens);
+  }
+  if (dist) sum = dist->sum(sum);
+  return sum / static_cast<double>(targets);
+}
 
 Trainer::Trainer(std::unique_ptr<State> state) : s_(std::move(state)) {}
 Trainer::~Trainer() = default;
@@ -193,12 +219,18 @@ absl::Status Trainer::run() {
     m.tokens_per_s = static_cast<double>(tokens) / dt;
     m.mem_bytes = memory_stats(s.device).peak_bytes;
     if (s.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
+    if (!s.eval_batches.empty() && std::isfinite(loss_sum) &&
+        ((s.cfg.eval_every > 0 && s.step % s.cfg.eval_every == 0) || s.step == s.total_steps)) {
+      LOOM_ASSIGN_OR_RETURN(m.eval_loss, s.evaluate());
+    }
     if (s.metrics) LOOM_RETURN_IF_ERROR(s.metrics->write(m));
-    if (!s.cfg.quiet && s.metrics && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps)) {
+    if (!s.cfg.quiet && s.metrics && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps ||
+                                            m.eval_loss)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(s.total_steps - s.step);
-      std::printf("%sstep %lld/%lld | loss %.4f | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB%s | ETA %s%s",
+      std::printf("%sstep %lld/%lld | loss %.4f%s | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB%s | ETA %s%s",
                   tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
+                  m.eval_loss ? absl::StrFormat(" | eval %.4f", *m.eval_loss).c_str() : "",
                   lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9,
                   m.host_mem_bytes >= 0 ? absl::StrFormat(" (+%.2f GB host)", static_cast<double>(m.host_mem_bytes) / 1e9).c_str() : "",
                   format_duration(eta).c_str(),

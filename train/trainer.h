@@ -18,6 +18,10 @@ namespace loom {
 
 struct TrainConfig {
   std::string model_dir, data_path, out_dir;
+  // Held-out JSONL (the same shapes as data_path): its loss, the mean over its target tokens with
+  // no dropout and no gradients, every eval_every steps (0: only after the last) and after the last.
+  std::string eval_data_path;
+  int64_t eval_every = 0;
   bool full = false;  // full fine-tuning instead of LoRA
   bool qlora = false;  // LoRA on NF4 base weights quantised as they load (a 4-bit checkpoint is 4-bit anyway)
   LoraConfig lora;

@@ -32,6 +32,9 @@ struct Trainer::State {
   std::vector<float> losses;
   std::optional<MetricsWriter> metrics;
   DataStats stats;
+  // --eval-data packed once at setup: one pass in global batches (every rank evaluates its rows).
+  std::vector<Batch> eval_batches;
+  DataStats eval_stats;
   std::unique_ptr<DistContext> dist;  // data parallelism (--dist), else null
   Checkpointing checkpointing = Checkpointing::kNone;  // the mode in use (--checkpointing auto decided)
   nlohmann::json data_fingerprint;    // what the tokenized data was (a changed file refuses to resume)
@@ -46,6 +49,8 @@ struct Trainer::State {
   absl::Status check_compatible(const std::string& checkpoint_dir, const nlohmann::json& saved) const;
   absl::Status restore(const std::string& checkpoint_dir, const TrainCheckpoint& c);
   absl::Status save_final();
+  // eval_batches' mean loss over their target tokens with the current weights (trainer.cpp).
+  absl::StatusOr<double> evaluate();
   nlohmann::json describe() const;
 };
 

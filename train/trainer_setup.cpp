@@ -116,6 +116,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (cfg.save_every < 0 || cfg.stop_after < 0 || cfg.log_every < 1)
     return absl::InvalidArgumentError(absl::StrCat("--save-every and --stop-after must be >= 0 (0: off), --log-every >= 1; got ",
                                                    cfg.save_every, ", ", cfg.stop_after, ", ", cfg.log_every));
+  if (cfg.eval_every < 0) return absl::InvalidArgumentError(absl::StrCat("--eval-every must be >= 0, got ", cfg.eval_every));
+  if (cfg.eval_every > 0 && cfg.eval_data_path.empty())
+    return absl::InvalidArgumentError("--eval-every needs --eval-data (the held-out JSONL to evaluate)");
   if (cfg.save_total_limit < 0)
     return absl::InvalidArgumentError(absl::StrCat("--save-total-limit must be >= 0, got ", cfg.save_total_limit));
   LrScheduleKind kind;
@@ -191,7 +194,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   const int32_t pad = static_cast<int32_t>(s->tokenizer.eos_id().value_or(0));
   // Every rank packs the global batch (the same on any number of ranks) and trains on its rows.
   const int64_t world = s->dist ? s->dist->world() : 1;
-  if (s->dist) LOOM_RETURN_IF_ERROR(s->dist->agree(cfg, mc.summary(), s->stats));
+  if (!cfg.eval_data_path.empty()) {
+    std::vector<Example> held_out;
+    LOOM_ASSIGN_OR_RETURN(held_out, load_jsonl(cfg.eval_data_path, s->tokenizer, dopt, &s->eval_stats));
+    if (cfg.skip_bad_lines && s->eval_stats.skipped > 0 && !cfg.quiet)
+      std::fprintf(stderr, "loom train: skipped %lld bad line(s) of %lld in %s\n", static_cast<long long>(s->eval_stats.skipped),
+                   static_cast<long long>(s->eval_stats.lines), cfg.eval_data_path.c_str());
+    if (s->eval_stats.target_tokens == 0)
+      return absl::InvalidArgumentError(absl::StrCat("--eval-data ", cfg.eval_data_path, ": no token to take a loss on ",
+                                                     "(every target is masked)"));
+    PackedLoader pass(std::move(held_out), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
+    for (int64_t i = 0; i < pass.steps_per_epoch(); ++i) s->eval_batches.push_back(pass.next());
+  }
+  if (s->dist) LOOM_RETURN_IF_ERROR(s->dist->agree(cfg, mc.summary(), s->stats, s->eval_stats));
   s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
   const int64_t per_epoch = std::max<int64_t>(1, s->loader->steps_per_epoch() / cfg.grad_accum);
   s->total_steps = cfg.max_steps > 0 ? cfg.max_steps : per_epoch * cfg.epochs;

@@ -3,7 +3,7 @@
 // on 1, 2 and 3 ranks (3 does not divide the shards evenly), with gradient accumulation and LoRA
 // dropout; the same with --offload-optimizer bit for bit; a ZeRO-2 checkpoint from 2 ranks resumes
 // on 3 and on 1 with the same losses; a killed or a hung rank makes the job exit non-zero within the
-// deadline; differing configs are refused on every rank.
+// deadline; differing configs are refused on every rank; --eval-data gives the one-process eval loss.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "engine/tensor_io.h"
+#include "nlohmann/json.hpp"
 #include "tests/e2e/train_dirs.h"
 
 namespace loom::test {
@@ -191,6 +192,39 @@ TEST(MpiTrain, OffloadedOptimizerEqualsTheDeviceOneOnEveryRank) {
   r = run_mpi(2, args(split, 6, 3) + " --dist zero2 --offload-optimizer --resume " + split);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(metric_losses(split), metric_losses(whole));
+}
+
+// Every rank evaluates its rows of each global batch of --eval-data and the sums are global: the
+// same eval_loss as one process.
+TEST(MpiTrain, EvalLossIsTheOneProcessEvalLoss) {
+  const std::string eval = fresh_dir("dist_eval_data") + ".jsonl";
+  {
+    std::ifstream in(kData);
+    std::ofstream o(eval);
+    std::string line;
+    for (int i = 0; i < 7 && std::getline(in, line); ++i) o << line << "\n";  // 7 documents: uneven over 2 ranks
+  }
+  auto eval_losses = [](const std::string& out) {
+    std::vector<double> v;
+    std::ifstream f(out + "/metrics.jsonl");
+    for (std::string l; std::getline(f, l);) {
+      const auto j = nlohmann::json::parse(l);
+      if (j.contains("eval_loss")) v.push_back(j["eval_loss"].get<double>());
+    }
+    return v;
+  };
+  const std::string single = fresh_dir("dist_eval_single");
+  RunResult r = run_sh("OMP_NUM_THREADS=1 " + std::string(LOOM_BINARY) + " " + args(single, 4, 6) + " --eval-data " + eval +
+                       " --eval-every 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = eval_losses(single);
+  ASSERT_EQ(want.size(), 2u);
+  for (const char* mode : {"ddp", "zero2"}) {
+    const std::string out = fresh_dir(std::string("dist_eval_") + mode);
+    r = run_mpi(2, args(out, 4, 3) + " --dist " + mode + " --eval-data " + eval + " --eval-every 2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_losses_near(eval_losses(out), want, mode);
+  }
 }
 
 TEST(MpiTrain, MismatchedConfigsAreRefusedOnEveryRank) {
