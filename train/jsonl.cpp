@@ -181,11 +181,12 @@ constexpr size_t kMaxLineBytes = size_t{64} << 20;
 
 enum class LineRead { kLine, kEnd, kTooLong };
 // std::getline with a bound, over 1 MiB blocks (memchr for the newline): a line of more than `max`
-// bytes is skipped to its end and reported as kTooLong.
+// bytes is reported as kTooLong, at once when the caller will stop there, else after skipping to its
+// end (a file of one 10 GB line is not read to report that its first line is too long).
 class LineReader {
  public:
   explicit LineReader(std::istream& f) : f_(f), buf_(size_t{1} << 20) {}
-  LineRead next(std::string* line, size_t max) {
+  LineRead next(std::string* line, size_t max, bool skip_overlong) {
     line->clear();
     bool any = false, too_long = false;
     for (;;) {
@@ -202,6 +203,7 @@ class LineReader {
       if (!too_long && line->size() + n > max) {
         too_long = true;
         std::string().swap(*line);
+        if (!skip_overlong) return LineRead::kTooLong;
       }
       if (!too_long) line->append(start, n);
       pos_ += n;
@@ -249,7 +251,7 @@ absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const T
   int64_t lineno = 0;
   LineReader reader(f);
   for (;;) {
-    const LineRead r = reader.next(&line, kMaxLineBytes);
+    const LineRead r = reader.next(&line, kMaxLineBytes, options.skip_bad_lines);
     if (r == LineRead::kEnd) break;
     ++lineno;
     if (r == LineRead::kTooLong) {
