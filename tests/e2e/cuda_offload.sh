@@ -6,7 +6,8 @@
 # and 8-bit AdamW kernels, which equal the CUDA ones bit for bit (no FMA contraction, IEEE sqrt and
 # division on both; tests/kernels/test_adamw*_cuda check it), the copies are exact, and a run on one
 # GPU is deterministic (dist/cuda_world1.sh relies on that too). It also prints each run's mean
-# tokens/s and peak GPU memory (informative only: the model is tiny).
+# tokens/s and peak GPU memory (informative only: the model is tiny). Every run also evaluates
+# --eval-data after steps 3 and 6 (the eval losses must be equal too).
 # Usage: cuda_offload.sh LOOM_BINARY SOURCE_DIR
 set -euo pipefail
 loom=$1 src=$2
@@ -14,7 +15,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$loom" init --from "$src/examples/demo/model-config" --out "$tmp/base" --seed 3 >/dev/null
 common=(train --model "$tmp/base" --data "$src/examples/demo/weaving.jsonl" --seq-len 64 --batch-size 4 --grad-accum 2
-        --max-steps 6 --lr 5e-3 --warmup 2 --weight-decay 0.1 --max-grad-norm 0.5 --device cuda --dtype bf16 --quiet)
+        --max-steps 6 --lr 5e-3 --warmup 2 --weight-decay 0.1 --max-grad-norm 0.5 --device cuda --dtype bf16 --quiet
+        --eval-data "$src/examples/demo/weaving.jsonl" --eval-every 3)
 fail=0
 compare() {  # name plain_dir offload_dir output_file
   python3 - "$1" "$2" "$3" "$4" <<'PY' || fail=1
@@ -22,6 +24,9 @@ import json, sys
 name, a, b, out = sys.argv[1:]
 la, lb = ([json.loads(l) for l in open(d + "/metrics.jsonl")] for d in (a, b))
 ok = len(la) == 6 and [m["loss"] for m in la] == [m["loss"] for m in lb]
+# --eval-data on the GPU: evaluated after steps 3 and 6, the same figures with and without offload
+evals = [[m.get("eval_loss") for m in l] for l in (la, lb)]
+ok = ok and evals[0] == evals[1] and [e is not None for e in evals[0]] == [False, False, True, False, False, True]
 diff = max(abs(x["loss"] - y["loss"]) for x, y in zip(la, lb)) if len(la) == len(lb) else float("nan")
 for f in (out, "checkpoint-6/optimizer.safetensors"):
     same = open(f"{a}/{f}", "rb").read() == open(f"{b}/{f}", "rb").read()
