@@ -128,7 +128,7 @@ std::string fmt(double v, int decimals) {
 absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::string& svg_path) {
   auto lines = read_lines(metrics_jsonl_path);
   if (!lines.ok()) return lines.status();
-  std::vector<std::pair<double, double>> points;  // (step, loss)
+  std::vector<std::pair<double, double>> points, evals;  // (step, loss), (step, eval_loss)
   for (size_t i = 0; i < lines->size(); ++i) {
     const std::string& line = (*lines)[i];
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -138,8 +138,11 @@ absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::st
       return absl::InvalidArgumentError(absl::StrCat(metrics_jsonl_path, ":", i + 1,
                                                      ": expected a JSON object with a numeric \"step\""));
     if (j.contains("loss") && j["loss"].is_number()) points.emplace_back(j["step"].get<double>(), j["loss"].get<double>());
+    if (j.contains("eval_loss") && j["eval_loss"].is_number())
+      evals.emplace_back(j["step"].get<double>(), j["eval_loss"].get<double>());
   }
   std::sort(points.begin(), points.end());
+  std::sort(evals.begin(), evals.end());
 
   // Layout: the plot area inside margins for the title, tick labels and axis labels.
   const double width = 800, height = 480, left = 80, right = 30, top = 50, bottom = 60;
@@ -149,6 +152,8 @@ absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::st
     x0 = points.front().first, x1 = points.back().first;
     y0 = y1 = points.front().second;
     for (const auto& p : points) y0 = std::min(y0, p.second), y1 = std::max(y1, p.second);
+    for (const auto& p : evals)
+      x0 = std::min(x0, p.first), x1 = std::max(x1, p.first), y0 = std::min(y0, p.second), y1 = std::max(y1, p.second);
   }
   const Axis ax = nice_axis(x0, x1), ay = nice_axis(y0, y1);
   auto px = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
@@ -196,6 +201,21 @@ absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::st
     if (points.size() == 1)
       s << "<circle cx=\"" << fmt(px(points[0].first), 2) << "\" cy=\"" << fmt(py(points[0].second), 2)
         << "\" r=\"3\" fill=\"#1f77b4\"/>\n";
+  }
+  // --eval-data's losses: a second line with a dot per evaluation, and a legend for the two.
+  if (!points.empty() && !evals.empty()) {
+    s << "<polyline class=\"eval\" fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"1.5\" points=\"";
+    for (size_t i = 0; i < evals.size(); ++i)
+      s << (i ? " " : "") << fmt(px(evals[i].first), 2) << ',' << fmt(py(evals[i].second), 2);
+    s << "\"/>\n";
+    for (const auto& e : evals)
+      s << "<circle cx=\"" << fmt(px(e.first), 2) << "\" cy=\"" << fmt(py(e.second), 2) << "\" r=\"3\" fill=\"#ff7f0e\"/>\n";
+    const double lx = left + pw - 150, ly = top + 14;
+    s << "<line x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 24 << "\" y2=\"" << ly << "\" stroke=\"#1f77b4\" "
+      << "stroke-width=\"1.5\"/>\n<text x=\"" << lx + 30 << "\" y=\"" << ly + 4 << "\">training loss</text>\n"
+      << "<line x1=\"" << lx << "\" y1=\"" << ly + 18 << "\" x2=\"" << lx + 24 << "\" y2=\"" << ly + 18
+      << "\" stroke=\"#ff7f0e\" stroke-width=\"1.5\"/>\n<text x=\"" << lx + 30 << "\" y=\"" << ly + 22
+      << "\">eval loss</text>\n";
   }
   s << "</svg>\n";
   return write_atomically(svg_path, s.str());

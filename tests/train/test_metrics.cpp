@@ -146,6 +146,29 @@ TEST(LossSvg, WellFormedAndCarriesEveryPoint) {
   }
 }
 
+TEST(LossSvg, EvalLossIsASecondLineWithALegend) {
+  TempDir dir;
+  {
+    auto w = MetricsWriter::open(dir.path());
+    ASSERT_TRUE(w.ok());
+    for (int i = 1; i <= 10; ++i) {
+      StepMetrics m = metrics(i, 5.0 - 0.4 * i);  // 4.6 .. 1.0
+      if (i == 5) m.eval_loss = 6.0;              // above every training loss: the axis must reach it
+      if (i == 10) m.eval_loss = 1.5;
+      ASSERT_TRUE(w->write(m).ok());
+    }
+  }
+  ASSERT_TRUE(write_loss_svg(dir.file("metrics.jsonl"), dir.file("loss.svg")).ok());
+  const std::string svg = text_of(dir.file("loss.svg"));
+  expect_well_formed(svg);
+  for (const char* s : {">training loss<", ">eval loss<", ">6<", ">1<"}) EXPECT_NE(svg.find(s), std::string::npos) << s;
+  EXPECT_EQ(polyline_points(svg).size(), 10u);  // the training line comes first
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(svg, m, std::regex("<polyline class=\"eval\"[^>]*points=\"([^\"]*)\"")));
+  // x in [80, 770] for steps [0, 10], y in [50, 420] for losses [6, 1].
+  EXPECT_EQ(m[1].str(), "425.00,50.00 770.00,383.00");
+}
+
 TEST(LossSvg, SinglePointEmptyAndDamagedFiles) {
   TempDir dir;
   const std::string jsonl = dir.file("m.jsonl"), svg = dir.file("out.svg");
