@@ -126,6 +126,7 @@ absl::Status Trainer::run() {
   g_stop.store(false);
   const bool tty = isatty(fileno(stdout)) && (!s.dist || s.dist->root());
   int64_t empty_steps = 0;
+  bool line_open = false;  // a terminal's progress line not yet ended by a newline
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t first_step = s.step;
   int64_t micro = s.step * s.cfg.grad_accum;
@@ -234,7 +235,8 @@ absl::Status Trainer::run() {
                   lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9,
                   m.host_mem_bytes >= 0 ? absl::StrFormat(" (+%.2f GB host)", static_cast<double>(m.host_mem_bytes) / 1e9).c_str() : "",
                   format_duration(eta).c_str(),
-                  tty ? "" : "\n");
+                  tty && !m.eval_loss ? "" : "\n");  // on a terminal a line with an eval loss stays
+      line_open = tty && !m.eval_loss;
       std::fflush(stdout);
     }
     // A NaN or infinite loss means the weights are no longer numbers (every rank sees the same sum):
@@ -254,7 +256,7 @@ absl::Status Trainer::run() {
       return absl::OkStatus();
     }
   }
-  if (tty && !s.cfg.quiet) std::printf("\n");
+  if (line_open) std::printf("\n");
   if (s.cfg.save_every == 0 || s.step % s.cfg.save_every != 0) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
   return s.save_final();
 }
