@@ -187,9 +187,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   // Which template {"messages"} lines got: said only when the data has some.
   if (!template_note.empty() && !cfg.quiet && s->stats.conversations > 0)
     std::fprintf(stderr, "loom train: %s\n", template_note.c_str());
-  if (cfg.skip_bad_lines && s->stats.skipped > 0 && !cfg.quiet)
-    std::fprintf(stderr, "loom train: skipped %lld bad line(s) of %lld in %s\n", static_cast<long long>(s->stats.skipped),
-                 static_cast<long long>(s->stats.lines), cfg.data_path.c_str());
+  // With --skip-bad-lines: how many lines of a data file were left out.
+  auto say_skipped = [&](const DataStats& st, const std::string& path) {
+    if (cfg.skip_bad_lines && st.skipped > 0 && !cfg.quiet)
+      std::fprintf(stderr, "loom train: skipped %lld bad line(s) of %lld in %s\n", static_cast<long long>(st.skipped),
+                   static_cast<long long>(st.lines), path.c_str());
+  };
+  say_skipped(s->stats, cfg.data_path);
   s->data_fingerprint = fingerprint(examples);
   const int32_t pad = static_cast<int32_t>(s->tokenizer.eos_id().value_or(0));
   // Every rank packs the global batch (the same on any number of ranks) and trains on its rows.
@@ -197,9 +201,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (!cfg.eval_data_path.empty()) {
     std::vector<Example> held_out;
     LOOM_ASSIGN_OR_RETURN(held_out, load_jsonl(cfg.eval_data_path, s->tokenizer, dopt, &s->eval_stats));
-    if (cfg.skip_bad_lines && s->eval_stats.skipped > 0 && !cfg.quiet)
-      std::fprintf(stderr, "loom train: skipped %lld bad line(s) of %lld in %s\n", static_cast<long long>(s->eval_stats.skipped),
-                   static_cast<long long>(s->eval_stats.lines), cfg.eval_data_path.c_str());
+    say_skipped(s->eval_stats, cfg.eval_data_path);
     if (s->eval_stats.target_tokens == 0)
       return absl::InvalidArgumentError(absl::StrCat("--eval-data ", cfg.eval_data_path, ": no token to take a loss on ",
                                                      "(every target is masked)"));

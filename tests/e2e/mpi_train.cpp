@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "engine/tensor_io.h"
-#include "nlohmann/json.hpp"
 #include "tests/e2e/train_dirs.h"
 
 namespace loom::test {
@@ -204,26 +203,17 @@ TEST(MpiTrain, EvalLossIsTheOneProcessEvalLoss) {
     std::string line;
     for (int i = 0; i < 7 && std::getline(in, line); ++i) o << line << "\n";  // 7 documents: uneven over 2 ranks
   }
-  auto eval_losses = [](const std::string& out) {
-    std::vector<double> v;
-    std::ifstream f(out + "/metrics.jsonl");
-    for (std::string l; std::getline(f, l);) {
-      const auto j = nlohmann::json::parse(l);
-      if (j.contains("eval_loss")) v.push_back(j["eval_loss"].get<double>());
-    }
-    return v;
-  };
   const std::string single = fresh_dir("dist_eval_single");
   RunResult r = run_sh("OMP_NUM_THREADS=1 " + std::string(LOOM_BINARY) + " " + args(single, 4, 6) + " --eval-data " + eval +
                        " --eval-every 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto want = eval_losses(single);
+  const auto want = metric_values(single, "eval_loss");
   ASSERT_EQ(want.size(), 2u);
   for (const char* mode : {"ddp", "zero2"}) {
     const std::string out = fresh_dir(std::string("dist_eval_") + mode);
     r = run_mpi(2, args(out, 4, 3) + " --dist " + mode + " --eval-data " + eval + " --eval-every 2");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    expect_losses_near(eval_losses(out), want, mode);
+    expect_losses_near(metric_values(out, "eval_loss"), want, mode);
   }
 }
 

@@ -36,6 +36,17 @@ inline std::string fresh_dir(const std::string& name) {
   return d;
 }
 
+// Every value of `key` in a run's metrics.jsonl, in step order (lines without it are passed over).
+inline std::vector<double> metric_values(const std::string& out, const std::string& key) {
+  std::vector<double> values;
+  std::ifstream f(out + "/metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) values.push_back(j[key].get<double>());
+  }
+  return values;
+}
+
 inline std::vector<double> metric_losses(const std::string& out) {
   std::vector<double> losses;
   std::ifstream f(out + "/metrics.jsonl");
