@@ -49,9 +49,9 @@ std::string metrics_json_line(const StepMetrics& m);
 
 // Draws loss against step from a metrics.jsonl into a self-contained SVG (axes, ticks, labels,
 // title; eval_loss, where there is some, as a second line with a legend), written to a temporary
-// file next to svg_path and renamed into place. Lines whose loss is null are left out; a truncated last line (a crash mid-write) is ignored; any other line that is
-// not a JSON object with numeric "step" is an error naming the file and line. With no points the
-// chart is drawn empty, saying so.
+// file next to svg_path and renamed into place. Lines whose loss is null are left out; a truncated
+// last line (a crash mid-write) is ignored; any other line that is not a JSON object with numeric
+// "step" is an error naming the file and line. With no points the chart is drawn empty, saying so.
 absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::string& svg_path);
 
 }  // namespace loom

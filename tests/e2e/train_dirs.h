@@ -47,12 +47,6 @@ inline std::vector<double> metric_values(const std::string& out, const std::stri
   return values;
 }
 
-inline std::vector<double> metric_losses(const std::string& out) {
-  std::vector<double> losses;
-  std::ifstream f(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  return losses;
-}
+inline std::vector<double> metric_losses(const std::string& out) { return metric_values(out, "loss"); }
 
 }  // namespace loom::test
