@@ -65,7 +65,7 @@ std::string out_of_memory_advice(const TrainConfig& cfg, std::optional<Checkpoin
                                     cfg.batch_size, cfg.grad_accum));
   if (mode) tries.push_back(absl::StrFormat("a shorter --seq-len (now %d)", cfg.seq_len));
   if (!cfg.full && !cfg.qlora) tries.push_back("--qlora (4-bit base weights: about 0.28x the bf16 bytes)");
-  if (cfg.dtype == DType::f32) tries.push_back("--dtype bf16");
+  if (cfg.resolved_dtype() == DType::f32) tries.push_back("--dtype bf16");
   if (cfg.full && cfg.optim == "adamw") tries.push_back("--optim adamw8bit (optimizer state in 8 bits)");
   if (cfg.full && !cfg.offload_optimizer)
     tries.push_back("--offload-optimizer (f32 masters and optimizer state in host memory)");

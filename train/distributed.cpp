@@ -13,6 +13,7 @@
 #include "engine/status_macros.h"
 #include "engine/tensor_io.h"
 #include "train/optimizer_memory.h"
+#include "train/run_options.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -35,27 +36,14 @@ DistContext::~DistContext() {
 absl::Status DistContext::agree(const TrainConfig& cfg, const std::string& model_summary, const DataStats& data,
                                 const DataStats& eval_data) {
   // The data file by content (tokens and examples), not path: hosts may mount it differently.
-  std::vector<std::pair<std::string, std::string>> fields = {
-      {"--dist", mode_},
-      {"model", model_summary},
-      {"mode (--full, --qlora or LoRA)", cfg.full ? "full" : cfg.qlora ? "qlora" : "lora"},
-      {"LoRA config", cfg.full ? "" : absl::StrCat("r=", cfg.lora.r, " alpha=", cfg.lora.alpha, " dropout=", cfg.lora.dropout,
-                                                    " rslora=", cfg.lora.use_rslora, " targets=",
-                                                    absl::StrJoin(cfg.lora.target_modules, ","))},
-      {"data", absl::StrCat(data.examples, " examples, ", data.tokens, " tokens, ", data.target_tokens, " targets")},
-      {"seed", absl::StrCat(cfg.seed)},
-      {"dtype", std::string(name(cfg.dtype))},
-      {"optim", cfg.optim},
-      {"seq-len", absl::StrCat(cfg.seq_len)},
-      {"batch-size", absl::StrCat(cfg.batch_size)},
-      {"grad-accum", absl::StrCat(cfg.grad_accum)},
-      {"schedule", absl::StrCat(cfg.schedule, " lr=", cfg.lr, " warmup=", cfg.warmup_steps, " wd=", cfg.weight_decay,
-                                " clip=", cfg.max_grad_norm, " steps=", cfg.max_steps, " epochs=", cfg.epochs)},
-      {"resume", cfg.resume},
-      {"offload-optimizer", cfg.offload_optimizer ? "on" : "off"},
-      {"eval-data", cfg.eval_data_path.empty() ? "" : absl::StrCat(eval_data.examples, " examples, ", eval_data.tokens, " tokens, ",
-                                                                   eval_data.target_tokens, " targets, every ", cfg.eval_every)},
-  };
+  // Every option the table marks (run_options.h), and what the paths hold: hosts may mount the files
+  // differently, so the model and the data are compared by content (tokens and examples), not path.
+  std::vector<std::pair<std::string, std::string>> fields = rank_agreement_fields(cfg);
+  fields.emplace_back("model", model_summary);
+  fields.emplace_back("data", absl::StrCat(data.examples, " examples, ", data.tokens, " tokens, ", data.target_tokens, " targets"));
+  if (!cfg.eval_data_path.empty())
+    fields.emplace_back("eval-data", absl::StrCat(eval_data.examples, " examples, ", eval_data.tokens, " tokens, ",
+                                                  eval_data.target_tokens, " targets"));
   return dist::check_agreement(group_->cpu(), fields);
 }
 

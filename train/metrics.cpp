@@ -52,7 +52,8 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["loss"] = m.loss;
   j["lr"] = m.lr;
   j["grad_norm"] = m.grad_norm;
-  j["tokens"] = m.tokens;
+  j["target_tokens"] = m.target_tokens;
+  j["input_tokens"] = m.input_tokens;
   j["tokens_per_s"] = m.tokens_per_s;
   j["mem_bytes"] = m.mem_bytes;
   if (m.host_mem_bytes >= 0) j["host_mem_bytes"] = m.host_mem_bytes;

@@ -16,8 +16,9 @@ struct StepMetrics {
   double loss = 0;           // mean loss over the step's tokens (NaN is written as null)
   double lr = 0;             // learning rate used by this update
   double grad_norm = 0;      // global gradient norm before clipping
-  int64_t tokens = 0;        // tokens with a loss in this step, over all ranks
-  double tokens_per_s = 0;   // of this step
+  int64_t target_tokens = 0; // tokens with a loss (the loss is their mean), this step, over all ranks
+  int64_t input_tokens = 0;  // every non-padding token the step read (targets and the rest), over all ranks
+  double tokens_per_s = 0;   // input_tokens / the step's wall seconds: what throughput figures count
   int64_t mem_bytes = 0;     // peak device (or host) bytes in use
   int64_t host_mem_bytes = -1;  // peak pinned bytes of offloaded activations (written when >= 0)
   std::optional<double> eval_loss;  // --eval-data's mean loss after this step (written when evaluated)
@@ -31,7 +32,7 @@ class MetricsWriter {
   // checkpoint, which will be trained again), then appends.
   static absl::StatusOr<MetricsWriter> open(const std::string& out_dir, std::optional<int64_t> resume_step = {});
 
-  // Appends {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mem_bytes"}
+  // Appends {"step", "epoch", "loss", "lr", "grad_norm", "target_tokens", "input_tokens", "tokens_per_s", "mem_bytes"}
   // (and "host_mem_bytes", "eval_loss" when set) as one line and flushes it.
   absl::Status write(const StepMetrics& m);
   const std::string& path() const { return path_; }

@@ -216,7 +216,8 @@ absl::Status Trainer::run() {
     m.loss = loss_sum;
     m.lr = lr;
     m.grad_norm = gn.norm;
-    m.tokens = targets;
+    m.target_tokens = targets;
+    m.input_tokens = tokens;
     m.tokens_per_s = static_cast<double>(tokens) / dt;
     m.mem_bytes = memory_stats(s.device).peak_bytes;
     if (s.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;

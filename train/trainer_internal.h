@@ -52,6 +52,8 @@ struct Trainer::State {
   // eval_batches' mean loss over their target tokens with the current weights (trainer.cpp).
   absl::StatusOr<double> evaluate();
   nlohmann::json describe() const;
+  // The lines a run prints before its first step (start_summary.cpp).
+  std::string start_summary(int64_t steps_per_epoch) const;
 };
 
 }  // namespace loom

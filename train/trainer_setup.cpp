@@ -20,6 +20,7 @@
 #include "engine/status_macros.h"
 #include "optim/adamw.h"
 #include "train/optimizer_memory.h"
+#include "train/run_options.h"
 #include "train/trainer_internal.h"
 
 namespace loom {
@@ -39,54 +40,11 @@ nlohmann::json fingerprint(const std::vector<Example>& examples) {
 
 }  // namespace
 
-absl::Status apply_config_file(const std::string& path, std::vector<std::string>* argv,
-                               const std::map<std::string, bool>& flags) {
-  if (is_directory_path(path))
-    return absl::InvalidArgumentError(absl::StrCat("--config ", path, ": is a folder; it takes a file of key = value lines"));
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot read config file ", path, ": ", std::strerror(errno)));
-  std::vector<std::string> from_file;
-  std::string line;
-  for (int n = 1; std::getline(f, line); ++n) {
-    size_t hash = line.find('#');
-    while (hash != std::string::npos && hash > 0 && line[hash - 1] != ' ' && line[hash - 1] != '\t')
-      hash = line.find('#', hash + 1);  // a '#' inside a value (a path) is not a comment
-    const std::string l(absl::StripAsciiWhitespace(line.substr(0, hash)));
-    if (l.empty()) continue;
-    const size_t sep = l.find_first_of("=:");
-    std::string key(absl::StripAsciiWhitespace(l.substr(0, sep)));
-    std::string value = sep == std::string::npos ? "" : std::string(absl::StripAsciiWhitespace(l.substr(sep + 1)));
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
-    const std::string where = absl::StrCat(path, ":", n, ": ");
-    auto it = flags.find(key);
-    if (it == flags.end()) {
-      std::string dashed = key;
-      std::replace(dashed.begin(), dashed.end(), '_', '-');
-      return absl::InvalidArgumentError(absl::StrCat(where, "unknown key '", key, "'",
-                                                     flags.count(dashed) ? absl::StrCat(" (did you mean '", dashed, "'?)") : ""));
-    }
-    if (it->second) {  // a switch
-      const std::string v = absl::AsciiStrToLower(value);
-      if (sep == std::string::npos || v == "true" || v == "yes" || v == "on" || v == "1") {
-        from_file.push_back("--" + key);
-      } else if (v != "false" && v != "no" && v != "off" && v != "0") {
-        return absl::InvalidArgumentError(absl::StrCat(where, "'", key, "' is a switch: give true or false (or leave ",
-                                                       "the value out), got '", value, "'"));
-      }
-    } else {
-      if (sep == std::string::npos || value.empty())
-        return absl::InvalidArgumentError(absl::StrCat(where, "'", key, "' needs a value (`", key, " = ...`)"));
-      from_file.push_back("--" + key);
-      from_file.push_back(value);
-    }
-  }
-  argv->insert(argv->begin(), from_file.begin(), from_file.end());  // command-line flags come later and win
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg) {
   auto s = std::make_unique<State>();
   s->cfg = cfg;
+  // Every option's range and the checks between options, from the one table (run_options.h).
+  LOOM_RETURN_IF_ERROR(check_train_config(cfg));
   LaunchEnv launch;
   LOOM_ASSIGN_OR_RETURN(launch, detect_launch_env());
   if (launch.world_size > 1 && cfg.dist.empty())
@@ -100,27 +58,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (s->device.is_cuda() && s->device.index >= cuda_device_count())
     return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device.str(), ": no such CUDA device (",
                                                    cuda_device_count(), " visible)"));
-  if (cfg.dtype != DType::bf16 && cfg.dtype != DType::f32)
-    return absl::InvalidArgumentError(absl::StrCat("--dtype must be bf16 or f32, got ", std::string(name(cfg.dtype))));
-  s->dtype = cfg.dtype;
-  if (cfg.seq_len < 2 || cfg.batch_size < 1 || cfg.grad_accum < 1 || cfg.epochs < 1 || cfg.max_steps < 0)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--seq-len must be >= 2, --batch-size, --grad-accum and --epochs >= 1, --max-steps >= 0 (0: by --epochs); got ",
-        cfg.seq_len, ", ", cfg.batch_size, ", ", cfg.grad_accum, ", ", cfg.epochs, ", ", cfg.max_steps));
-  if (!(cfg.lr > 0.f)) return absl::InvalidArgumentError(absl::StrCat("--lr must be positive, got ", cfg.lr));
-  if (cfg.warmup_steps < 0) return absl::InvalidArgumentError(absl::StrCat("--warmup must be >= 0, got ", cfg.warmup_steps));
-  if (!(cfg.weight_decay >= 0.f))
-    return absl::InvalidArgumentError(absl::StrCat("--weight-decay must be >= 0, got ", cfg.weight_decay));
-  if (!(cfg.max_grad_norm >= 0.f))
-    return absl::InvalidArgumentError(absl::StrCat("--max-grad-norm must be >= 0 (0 = no clipping), got ", cfg.max_grad_norm));
-  if (cfg.save_every < 0 || cfg.stop_after < 0 || cfg.log_every < 1)
-    return absl::InvalidArgumentError(absl::StrCat("--save-every and --stop-after must be >= 0 (0: off), --log-every >= 1; got ",
-                                                   cfg.save_every, ", ", cfg.stop_after, ", ", cfg.log_every));
-  if (cfg.eval_every < 0) return absl::InvalidArgumentError(absl::StrCat("--eval-every must be >= 0, got ", cfg.eval_every));
-  if (cfg.eval_every > 0 && cfg.eval_data_path.empty())
-    return absl::InvalidArgumentError("--eval-every needs --eval-data (the held-out JSONL to evaluate)");
-  if (cfg.save_total_limit < 0)
-    return absl::InvalidArgumentError(absl::StrCat("--save-total-limit must be >= 0, got ", cfg.save_total_limit));
+  s->dtype = cfg.resolved_dtype();
   LrScheduleKind kind;
   LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
 
@@ -146,8 +84,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   }
   s->stale_checkpoints = cfg.resume.empty();
 
-  if (cfg.qlora && cfg.full)
-    return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
   LoadOptions load;
   load.dtype = s->dtype;
   load.device = s->device;
@@ -261,6 +197,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (s->dist) s->dist->attach(*s->optimizer, cfg.quiet);
   else if (cfg.offload_optimizer && !cfg.quiet) print_offload_summary(*s->optimizer);
   if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir, resume_from));
+  if (!cfg.quiet && (!s->dist || s->dist->root())) std::printf("%s", s->start_summary(per_epoch).c_str());
   if (s->dist && !s->dist->root()) return std::unique_ptr<Trainer>(new Trainer(std::move(s)));  // rank 0 writes
   auto metrics = MetricsWriter::open(cfg.out_dir, resume_dir ? std::optional<int64_t>(s->step) : std::nullopt);
   if (!metrics.ok()) return metrics.status();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
 #include "train/optimizer_memory.h"
+#include "train/run_options.h"
 #include "train/trainer_internal.h"
 
 namespace loom {
@@ -20,13 +21,15 @@ nlohmann::json Trainer::State::describe() const {
           {"batch_size", cfg.batch_size * (dist ? dist->world() : 1)},  // global: any world size resumes
           {"grad_accum", cfg.grad_accum},
           {"seed", cfg.seed},
-          {"dtype", std::string(name(cfg.dtype))},
+          {"dtype", std::string(name(dtype))},
           {"optim", cfg.optim},
           {"data", data_fingerprint},
           {"lr", cfg.lr},
           {"schedule", cfg.schedule},
           {"warmup", cfg.warmup_steps},
-          {"weight_decay", cfg.weight_decay}};
+          {"weight_decay", cfg.weight_decay},
+          // Every option as given (run_options.h): `loom train --resume RUN` alone continues with these.
+          {"options", stored_options(cfg)}};
 }
 
 void Trainer::State::remove_stale_checkpoints() {
@@ -63,26 +66,34 @@ absl::Status Trainer::State::save_checkpoint() {
 
 absl::Status Trainer::State::check_compatible(const std::string& dir, const nlohmann::json& saved) const {
   const nlohmann::json want = describe();
-  // What changes the data order or the model refuses; a checkpoint from before a field was saved
-  // is not checked on it.
+  // What changes the data order or the model refuses, every difference at once; a checkpoint from
+  // before a field was saved is not checked on it.
+  std::vector<std::string> differ;
   for (const char* key : {"model", "mode", "lora_r", "seq_len", "batch_size", "grad_accum", "seed", "dtype", "optim", "data"}) {
-    if (std::string(key) == "data" && !saved.contains(key)) continue;
+    const std::string k = key;
+    if (k == "data" && !saved.contains(key)) continue;
     // Checkpoints from before --optim existed were trained with adamw.
-    const nlohmann::json got = saved.value(key, std::string(key) == "optim" ? nlohmann::json("adamw") : nlohmann::json());
-    if (got != want[key])
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot resume from ", dir, ": it was trained with ", key, " = ", got.dump(), ", this run has ",
-          want[key].dump(),
-          (std::string(key) == "model" ? " (a different model)"
-           : std::string(key) == "data" ? absl::StrCat(" (", cfg.data_path, " is not the data it was trained on)")
-                                        : "")));
+    const nlohmann::json got = saved.value(key, k == "optim" ? nlohmann::json("adamw") : nlohmann::json());
+    if (got == want[key]) continue;
+    const std::string what = k == "batch_size" ? "global batch (--batch-size x ranks)" : k;
+    differ.push_back(absl::StrCat(what, " = ", got.dump(), " (this run: ", want[key].dump(),
+                                  k == "model"  ? ", a different model)"
+                                  : k == "data" ? absl::StrCat(": ", cfg.data_path, " is not the data it was trained on)")
+                                                : ")"));
   }
+  if (!differ.empty())
+    return absl::FailedPreconditionError(absl::StrCat("cannot resume from ", dir, ": it was trained with ",
+                                                      absl::StrJoin(differ, "; ")));
   // Optimisation settings may change on purpose (a lower lr to finish): said, not refused.
-  for (const char* key : {"lr", "schedule", "warmup", "weight_decay"}) {
-    if (saved.contains(key) && saved[key] != want[key] && !cfg.quiet)
-      std::fprintf(stderr, "loom train: warning: resuming %s with %s = %s; it was trained with %s = %s\n", dir.c_str(), key,
-                   want[key].dump().c_str(), key, saved[key].dump().c_str());
-  }
+  if (!cfg.quiet && saved.contains("options"))
+    for (const auto& [key, was, now] : warned_changes(saved["options"], want["options"]))
+      std::fprintf(stderr, "loom train: warning: resuming %s with --%s %s; it was trained with %s\n", dir.c_str(),
+                   key.c_str(), now.c_str(), was.c_str());
+  else if (!cfg.quiet)  // a checkpoint from before the options were stored
+    for (const char* key : {"lr", "schedule", "warmup", "weight_decay"})
+      if (saved.contains(key) && saved[key] != want[key])
+        std::fprintf(stderr, "loom train: warning: resuming %s with %s = %s; it was trained with %s = %s\n", dir.c_str(), key,
+                     want[key].dump().c_str(), key, saved[key].dump().c_str());
   // A longer run continues a shorter one; a decaying schedule is laid over the new total.
   const int64_t saved_total = saved.value("total_steps", total_steps), saved_step = saved.value("step", int64_t{0});
   if (total_steps < saved_step)

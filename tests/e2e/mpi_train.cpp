@@ -157,8 +157,9 @@ TEST(MpiTrain, Zero2CheckpointFromTwoRanksResumesOnThreeAndOne) {
   r = run_mpi(1, args(split1, 8, 6) + " --dist zero2 --resume " + split1);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_losses_near(metric_losses(split1), metric_losses(whole), "2 ranks then 1");
-  // Without --dist zero2 the shards cannot be read: a clear refusal.
-  r = run_loom(args(split1, 8, 6) + " --resume " + split + "/checkpoint-4");
+  // Without --dist zero2 (a resumed run inherits its --dist unless told otherwise) the shards cannot
+  // be read: a clear refusal.
+  r = run_loom(args(split1, 8, 6) + " --dist '' --resume " + split + "/checkpoint-4");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--dist zero2"), std::string::npos) << r.output;
 }
@@ -223,8 +224,8 @@ TEST(MpiTrain, MismatchedConfigsAreRefusedOnEveryRank) {
   RunResult r = run_sh(kMpi + "-np 1 " + LOOM_BINARY + " " + a + " --seed 1 : -np 1 " +
                          LOOM_BINARY + " " + a + " --seed 2");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("rank 0 has seed = '1'"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 1 has seed = '2'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 has --seed = '1'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1 has --seed = '2'"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(out + "/metrics.jsonl"));
 }
 

@@ -56,8 +56,40 @@ TEST(TrainResume, ChangedDataIsRefusedChangedHyperparametersWarned) {
   EXPECT_TRUE(has(r, "is not the data it was trained on")) << r.output;
   r = run_loom(args(out, 6) + " --lr 1e-3 --warmup 1 --weight-decay 0.1 --schedule linear --resume " + out);
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  for (const char* key : {"lr = ", "warmup = ", "weight_decay = ", "schedule = "})
+  for (const char* key : {"--lr ", "--warmup ", "--weight-decay ", "--schedule "})
     EXPECT_TRUE(has(r, std::string("warning: resuming ")) && has(r, key)) << key << "\n" << r.output;
+}
+
+// `loom train --resume RUN` alone continues with the settings the run stored: the losses are those
+// of the run trained without a stop. Flags that may change are taken; ones that may not are refused,
+// every one named at once.
+TEST(TrainResume, TheRunFolderAloneResumesWithItsStoredSettings) {
+  const std::string whole = fresh_dir("by_folder_whole"), out = fresh_dir("by_folder");
+  ASSERT_EQ(run_loom(args(whole, 6) + " --quiet").exit_code, 0);
+  ASSERT_EQ(run_loom(args(out, 6) + " --stop-after 2 --quiet").exit_code, 0);
+  RunResult r = run_loom("train --resume " + out + " --stop-after 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r, "resumed from " + out + "/checkpoint-2 at step 2")) << r.output;
+  r = run_loom("train --resume " + out + " --seq-len 32 --lora-r 8 --dtype bf16 --max-steps 9");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r, "--lora-r 8 (the run has 4), --seq-len 32 (the run has 64), --dtype bf16 (the run has f32)")) << r.output;
+  EXPECT_TRUE(has(r, "may not change in a resumed run")) << r.output;
+  r = run_loom("train --resume " + out + " --quiet");  // the rest of the run
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(metric_losses(out), metric_losses(whole));
+}
+
+// Before step 1 a run says what it is about to do.
+TEST(TrainResume, ARunSaysWhatItWillDoBeforeTheFirstStep) {
+  const std::string out = fresh_dir("summary");
+  RunResult r = run_loom(args(out, 2) + " --grad-accum 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"data: ", "examples read", "targets", "rows of 64 tokens per epoch after packing",
+                           "steps: ", "--max-steps = 2 in total", "a step: 4 rows = --batch-size 2 x --grad-accum 2",
+                           "training: LoRA r4 of llama", "trainable", "f32, adamw on cpu",
+                           "memory: --checkpointing none; expected peak about", "options: "})
+    EXPECT_TRUE(has(r, line)) << line << "\n" << r.output;
+  EXPECT_LT(r.output.find("memory: "), r.output.find("step 1/2")) << r.output;
 }
 
 TEST(TrainResume, CorruptedCheckpointFallsBackToTheLastGoodOne) {

@@ -41,7 +41,8 @@ StepMetrics metrics(int64_t step, double loss) {
   m.loss = loss;
   m.lr = 1e-4 * step;
   m.grad_norm = 0.25 * step;
-  m.tokens = 1000 + step;
+  m.target_tokens = 1000 + step;
+  m.input_tokens = 2000 + step;
   m.tokens_per_s = 12345.5;
   m.mem_bytes = int64_t{3} << 32;
   return m;
@@ -50,8 +51,8 @@ StepMetrics metrics(int64_t step, double loss) {
 TEST(Metrics, JsonLineFieldsInOrder) {
   const std::string line = metrics_json_line(metrics(3, 2.5));
   EXPECT_EQ(line,
-            "{\"step\":3,\"epoch\":0.3,\"loss\":2.5,\"lr\":0.00030000000000000003,\"grad_norm\":0.75,\"tokens\":1003,"
-            "\"tokens_per_s\":12345.5,\"mem_bytes\":12884901888}");
+            "{\"step\":3,\"epoch\":0.3,\"loss\":2.5,\"lr\":0.00030000000000000003,\"grad_norm\":0.75,\"target_tokens\":1003,"
+            "\"input_tokens\":2003,\"tokens_per_s\":12345.5,\"mem_bytes\":12884901888}");
   auto j = nlohmann::json::parse(metrics_json_line(metrics(1, std::numeric_limits<double>::quiet_NaN())));
   EXPECT_TRUE(j["loss"].is_null());
 }

@@ -1,0 +1,530 @@
+// The table of `loom train`'s run options (see run_options.h): the declarations first, then what
+// is derived from them.
+#include "train/run_options.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <type_traits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "engine/io_error.h"
+#include "engine/precision.h"
+#include "engine/status_macros.h"
+#include "train/schedule.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kSteps = int64_t{1} << 40;  // a bound on step counts that no run reaches
+
+absl::Status bad(const std::string& name, const std::string& expected, const std::string& text) {
+  return absl::InvalidArgumentError(absl::StrCat("--", name, " ", expected, ", got '", text, "'"));
+}
+
+// Each maker takes `field`, a function returning a reference into the config.
+template <class F>
+RunOption integer(std::string name, std::string def, std::string help, int64_t lo, int64_t hi, OnResume on_resume,
+                  F field) {
+  RunOption o{name, false, std::move(def), std::move(help), on_resume};
+  o.set = [name, lo, hi, field](const std::string& t, TrainConfig& c) -> absl::Status {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(t, &v)) return bad(name, "expects an integer", t);
+    if (v < lo || v > hi) return bad(name, absl::StrCat("must be between ", lo, " and ", hi), t);
+    field(c) = static_cast<std::remove_reference_t<decltype(field(c))>>(v);
+    return absl::OkStatus();
+  };
+  o.get = [field](const TrainConfig& c) { return absl::StrCat(field(const_cast<TrainConfig&>(c))); };
+  return o;
+}
+
+// A finite number in [lo, hi], lo itself excluded when lo_open.
+template <class F>
+RunOption number(std::string name, std::string def, std::string help, double lo, bool lo_open, double hi,
+                 OnResume on_resume, F field) {
+  RunOption o{name, false, std::move(def), std::move(help), on_resume};
+  o.set = [name, lo, lo_open, hi, field](const std::string& t, TrainConfig& c) -> absl::Status {
+    double v = 0;
+    // inf and nan parse, and would train to a NaN loss without a word.
+    if (!absl::SimpleAtod(t, &v) || !std::isfinite(v)) return bad(name, "expects a finite number", t);
+    if (v < lo || (lo_open && v == lo) || v > hi)
+      return bad(name, absl::StrCat("must be ", lo_open ? "above " : "at least ", lo, " and at most ", hi), t);
+    field(c) = static_cast<std::remove_reference_t<decltype(field(c))>>(v);
+    return absl::OkStatus();
+  };
+  o.get = [field](const TrainConfig& c) {  // %.9g round-trips a float, %.17g a double
+    const auto v = field(const_cast<TrainConfig&>(c));
+    return absl::StrFormat(sizeof(v) == 4 ? "%.9g" : "%.17g", static_cast<double>(v));
+  };
+  return o;
+}
+
+// Free text; `check` (may be null) refuses bad values.
+template <class F>
+RunOption text(std::string name, std::string help, OnResume on_resume, F field,
+               std::function<absl::Status(const std::string&)> check = nullptr, std::string def = "") {
+  RunOption o{name, false, std::move(def), std::move(help), on_resume};
+  o.set = [field, check](const std::string& t, TrainConfig& c) -> absl::Status {
+    if (check) LOOM_RETURN_IF_ERROR(check(t));
+    field(c) = t;
+    return absl::OkStatus();
+  };
+  o.get = [field](const TrainConfig& c) { return std::string(field(const_cast<TrainConfig&>(c))); };
+  return o;
+}
+
+template <class F>
+RunOption on_off(std::string name, std::string help, OnResume on_resume, F field) {
+  RunOption o{name, true, "", std::move(help), on_resume};
+  o.set = [name, field](const std::string& t, TrainConfig& c) -> absl::Status {
+    if (t != "true" && t != "false") return bad(name, "is a switch: true or false", t);
+    field(c) = t == "true";
+    return absl::OkStatus();
+  };
+  o.get = [field](const TrainConfig& c) { return field(const_cast<TrainConfig&>(c)) ? "true" : "false"; };
+  return o;
+}
+
+// A path: stored absolute, so that a resumed run finds it from another working directory.
+template <class F>
+RunOption path(std::string name, std::string help, F field) {
+  RunOption o = text(std::move(name), std::move(help), OnResume::kFree, field);
+  o.is_path = true;
+  o.ranks_agree = false;  // hosts may mount files differently: their contents are compared instead
+  return o;
+}
+
+absl::Status one_of(const std::string& name, const std::string& t, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (t == a) return absl::OkStatus();
+  return bad(name, absl::StrCat("must be ", absl::StrJoin(allowed, ", ")), t);
+}
+
+std::vector<RunOption> make_table() {
+  using C = TrainConfig;
+  const auto kFree = OnResume::kFree, kWarned = OnResume::kWarned, kFixed = OnResume::kFixed;
+  std::vector<RunOption> t;
+  t.push_back(path("model", "a Hugging Face model folder (config.json, safetensors, tokenizer.json) or a llama.cpp .gguf file",
+                   [](C& c) -> std::string& { return c.model_dir; }));
+  t.push_back(path("data",
+                   "JSONL, one example per line: {\"text\"} | {\"messages\": [...]} | {\"prompt\", \"completion\"} | Alpaca "
+                   "{\"instruction\", \"input\", \"output\"} | ShareGPT {\"conversations\": [{\"from\", \"value\"}...]}",
+                   [](C& c) -> std::string& { return c.data_path; }));
+  t.push_back(path("out", "output folder: adapter or model, checkpoints, metrics.jsonl, loss.svg (with --resume: the "
+                          "resumed run's folder)",
+                   [](C& c) -> std::string& { return c.out_dir; }));
+  t.push_back(path("eval-data",
+                   "held-out JSONL (same shapes as --data): its mean loss over the target tokens, without dropout, every "
+                   "--eval-every steps and after the last, as eval_loss in metrics.jsonl and the progress line",
+                   [](C& c) -> std::string& { return c.eval_data_path; }));
+  t.push_back(integer("eval-every", "0", "evaluate --eval-data every N steps (0 = only after the last step)", 0, kSteps,
+                      kFree, [](C& c) -> int64_t& { return c.eval_every; }));
+  t.push_back(on_off("full", "full fine-tuning (all weights, f32 master + AdamW state) instead of LoRA", kFixed,
+                     [](C& c) -> bool& { return c.full; }));
+  t.push_back(integer("lora-r", "16", "LoRA rank", 1, 65536, kFixed, [](C& c) -> int64_t& { return c.lora.r; }));
+  t.push_back(number("lora-alpha", "16", "LoRA alpha (scale alpha/r)", 0, true, 1e6, kFixed,
+                     [](C& c) -> float& { return c.lora.alpha; }));
+  t.push_back(number("lora-dropout", "0", "LoRA dropout probability", 0, false, 0.999, kFixed,
+                     [](C& c) -> float& { return c.lora.dropout; }));
+  {
+    RunOption o{"lora-targets", false, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                "comma-separated module names, or all-linear", kFixed};
+    o.set = [](const std::string& t, C& c) -> absl::Status {
+      std::vector<std::string> names = absl::StrSplit(t, ',');
+      for (const std::string& n : names)
+        if (n.empty()) return bad("lora-targets", "has an empty module name (a stray comma?)", t);
+      c.lora.target_modules = std::move(names);
+      return absl::OkStatus();
+    };
+    o.get = [](const C& c) { return absl::StrJoin(c.lora.target_modules, ","); };
+    t.push_back(o);
+  }
+  t.push_back(on_off("rslora", "rank-stabilised LoRA: scale alpha/sqrt(r)", kFixed,
+                     [](C& c) -> bool& { return c.lora.use_rslora; }));
+  t.push_back(on_off("qlora",
+                     "QLoRA: quantise the decoder Linear weights to NF4 (bitsandbytes' format, double quantisation) as "
+                     "they load and train LoRA on them (a checkpoint saved in 4 bits by transformers + bitsandbytes is "
+                     "used as stored, with or without this flag)",
+                     kFixed, [](C& c) -> bool& { return c.qlora; }));
+  t.push_back(integer("seq-len", "1024", "tokens per packed row", 2, int64_t{1} << 24, kFixed,
+                      [](C& c) -> int64_t& { return c.seq_len; }));
+  // Per rank: a resumed run may change it with the number of ranks (the global batch must stay).
+  t.push_back(integer("batch-size", "1", "rows per device per micro-batch", 1, int64_t{1} << 20, kFree,
+                      [](C& c) -> int64_t& { return c.batch_size; }));
+  t.push_back(integer("grad-accum", "1", "micro-batches per optimizer step", 1, int64_t{1} << 20, kFixed,
+                      [](C& c) -> int64_t& { return c.grad_accum; }));
+  t.push_back(number("lr", "2e-4", "peak learning rate", 0, true, 1e3, kWarned, [](C& c) -> float& { return c.lr; }));
+  t.push_back(number("weight-decay", "0", "AdamW decoupled weight decay", 0, false, 1e3, kWarned,
+                     [](C& c) -> float& { return c.weight_decay; }));
+  t.push_back(text("optim", "adamw (torch.optim.AdamW) or adamw8bit (bitsandbytes' 8-bit blockwise state)", kFixed,
+                   [](C& c) -> std::string& { return c.optim; },
+                   [](const std::string& v) { return one_of("optim", v, {"adamw", "adamw8bit"}); }, "adamw"));
+  t.push_back(number("max-grad-norm", "1", "global gradient-norm clip (0 = off)", 0, false, 1e9, kWarned,
+                     [](C& c) -> float& { return c.max_grad_norm; }));
+  t.push_back(text("schedule", "constant, linear or cosine", kWarned, [](C& c) -> std::string& { return c.schedule; },
+                   [](const std::string& v) { return one_of("schedule", v, {"constant", "linear", "cosine"}); }, "linear"));
+  t.push_back(integer("warmup", "0", "warmup steps", 0, kSteps, kWarned, [](C& c) -> int64_t& { return c.warmup_steps; }));
+  t.push_back(integer("epochs", "1", "passes over the data", 1, 1000000, kFree, [](C& c) -> int64_t& { return c.epochs; }));
+  t.push_back(integer("max-steps", "0", "optimizer steps (overrides --epochs; 0 = by --epochs)", 0, kSteps, kFree,
+                      [](C& c) -> int64_t& { return c.max_steps; }));
+  t.push_back(integer("seed", "42", "seed for LoRA init, shuffling and dropout", 0, INT64_MAX, kFixed,
+                      [](C& c) -> uint64_t& { return c.seed; }));
+  t.push_back(integer("save-every", "0", "checkpoint every N steps (0 = only at the end)", 0, kSteps, kFree,
+                      [](C& c) -> int64_t& { return c.save_every; }));
+  t.push_back(integer("save-total-limit", "0", "keep only the newest N checkpoint folders (0 = keep all)", 0, kSteps,
+                      kFree, [](C& c) -> int64_t& { return c.save_total_limit; }));
+  {
+    RunOption o{"device", false, "cpu", "cpu, cuda or cuda:N", kFree, /*ranks_agree=*/false};
+    o.set = [](const std::string& t, C& c) -> absl::Status {
+      LOOM_ASSIGN_OR_RETURN(c.device, parse_device(t));
+      return absl::OkStatus();
+    };
+    o.get = [](const C& c) { return c.device.str(); };
+    t.push_back(o);
+  }
+  {
+    RunOption o{"dtype", false, "auto",
+                "compute dtype: bf16 or f32; auto = f32 on the CPU (bf16 there is slower and its rounding can change "
+                "answers), bf16 on CUDA",
+                kFixed};
+    o.set = [](const std::string& t, C& c) -> absl::Status {
+      if (t == "auto") {
+        c.dtype.reset();
+        return absl::OkStatus();
+      }
+      auto d = parse_model_dtype(t);
+      if (!d.ok() || (*d != DType::bf16 && *d != DType::f32)) return bad("dtype", "must be auto, bf16 or f32", t);
+      c.dtype = *d;
+      return absl::OkStatus();
+    };
+    // Stored as what ran: a run on the CPU resumed on CUDA keeps its f32.
+    o.get = [](const C& c) { return std::string(name(c.resolved_dtype())); };
+    t.push_back(o);
+  }
+  {
+    RunOption o{"checkpointing", false, "auto",
+                "auto (the fastest of the three whose memory fits, estimated once the model is loaded), none (keep "
+                "every activation: fastest, most memory), recompute (keep each layer's input, recompute the layer in "
+                "backward: about a third more compute, activation memory of one layer), offload (as recompute, with "
+                "the layer inputs in pinned host memory, copied on a side stream: the least GPU memory; on the CPU the "
+                "same as recompute)",
+                kFree};
+    o.set = [](const std::string& t, C& c) -> absl::Status {
+      if (t == "auto") {
+        c.checkpointing.reset();
+        return absl::OkStatus();
+      }
+      auto m = parse_checkpointing(t);
+      if (!m.ok()) return bad("checkpointing", "must be auto, none, recompute or offload", t);
+      c.checkpointing = *m;
+      return absl::OkStatus();
+    };
+    o.get = [](const C& c) { return c.checkpointing ? std::string(checkpointing_name(*c.checkpointing)) : "auto"; };
+    t.push_back(o);
+  }
+  t.push_back(path("chat-template", "a .jinja file, or chatml (default: the model's own chat_template)",
+                   [](C& c) -> std::string& { return c.chat_template; }));
+  t.push_back(on_off("skip-bad-lines", "skip and count malformed JSONL lines instead of stopping", kFree,
+                     [](C& c) -> bool& { return c.skip_bad_lines; }));
+  {
+    RunOption o = text("resume",
+                       "continue a run: its --out folder (its latest intact checkpoint) or one checkpoint folder. Alone it "
+                       "continues with the run's stored settings; flags beside it change what may change (--max-steps, "
+                       "--save-every, --eval-every, --device, ...)",
+                       kFree, [](C& c) -> std::string& { return c.resume; });
+    o.stored = false;
+    t.push_back(o);
+  }
+  t.push_back(integer("log-every", "1", "progress line every N steps when not on a terminal", 1, kSteps, kFree,
+                      [](C& c) -> int64_t& { return c.log_every; }));
+  t.back().ranks_agree = false;
+  // Of this invocation, not of the run: a resumed run does not inherit them.
+  t.push_back(integer("stop-after", "0", "stop after N steps of this run as if interrupted (checkpoint, exit 0)", 0, kSteps,
+                      kFree, [](C& c) -> int64_t& { return c.stop_after; }));
+  t.back().stored = false;
+  t.push_back(on_off("quiet", "no progress output", kFree, [](C& c) -> bool& { return c.quiet; }));
+  t.back().ranks_agree = false;
+  t.back().stored = false;
+  t.push_back(text("dist", "data parallelism over the MPI ranks (mpirun -np N loom train ...): ddp or zero2", kFree,
+                   [](C& c) -> std::string& { return c.dist; },
+                   [](const std::string& v) { return one_of("dist", v, {"", "ddp", "zero2"}); }));
+  t.push_back(number("dist-timeout", "300", "seconds a collective may take before the job is aborted (a rank died or hangs)",
+                     0, true, 1e7, kFree, [](C& c) -> double& { return c.dist_timeout; }));
+  t.push_back(on_off("offload-optimizer",
+                     "CPU optimizer offload (DeepSpeed's offload_optimizer: cpu): f32 master weights and optimizer state "
+                     "in pinned host memory, the update on the CPU; saves their GPU memory, costs a gradient copy down and "
+                     "a weight copy up per step and the CPU update's time",
+                     kFree, [](C& c) -> bool& { return c.offload_optimizer; }));
+  return t;
+}
+
+std::string absolute_path(const std::string& p) {
+  if (p.empty() || p == "chatml") return p;
+  std::error_code ec;
+  const std::filesystem::path a = std::filesystem::absolute(p, ec);
+  return ec ? p : a.lexically_normal().string();
+}
+
+// Edit distance, for "did you mean".
+size_t distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+const std::vector<RunOption>& run_options() {
+  static const std::vector<RunOption> table = make_table();
+  return table;
+}
+
+const RunOption* find_run_option(std::string_view name) {
+  for (const RunOption& o : run_options())
+    if (o.name == name) return &o;
+  return nullptr;
+}
+
+std::string closest_run_option(std::string_view name) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
+  for (const RunOption& o : run_options()) {
+    const size_t d = distance(name, o.name);
+    if (d < best_d || (!name.empty() && o.name.rfind(std::string(name), 0) == 0 && best.empty())) best = o.name, best_d = d;
+  }
+  return best;
+}
+
+bool GivenOptions::given(const std::string& name) const {
+  auto it = values.find(name);
+  return it != values.end() && (it->second.second == OptionSource::kCommandLine || it->second.second == OptionSource::kConfigFile);
+}
+
+std::string GivenOptions::text(const std::string& name) const {
+  auto it = values.find(name);
+  return it == values.end() ? "" : it->second.first;
+}
+
+absl::Status parse_train_args(const std::vector<std::string>& argv, OptionSource source, GivenOptions& given, bool* help,
+                              std::string* config) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i] == "-h" ? std::string("--help") : argv[i];
+    if (arg.rfind("--", 0) != 0)
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "' (flags start with --)"));
+    std::string name = arg.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) value = name.substr(eq + 1), name = name.substr(0, eq);
+    if (name == "help" && help) {
+      *help = true;
+      continue;
+    }
+    const RunOption* o = find_run_option(name);
+    const bool is_config = name == "config" && config;
+    if (!o && !is_config) {
+      const std::string near = closest_run_option(name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, near.empty() ? "" : absl::StrCat(" (did you mean --", near, "?)"),
+                       "; `loom train --help` lists them"));
+    }
+    if (o && o->is_switch) {
+      if (inline_value && value != "true" && value != "false")
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value or true/false, got '", value, "'"));
+      given.values[name] = {inline_value ? value : "true", source};
+      continue;
+    }
+    if (!inline_value) {
+      if (i + 1 >= argv.size()) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      value = argv[++i];
+    }
+    if (is_config) *config = value;
+    else given.values[name] = {value, source};
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> read_config_file(const std::string& file) {
+  if (is_directory_path(file))
+    return absl::InvalidArgumentError(absl::StrCat("--config ", file, ": is a folder; it takes a file of key = value lines"));
+  std::ifstream f(file);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot read config file ", file, ": ", std::strerror(errno)));
+  std::vector<std::string> flags;
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    size_t hash = line.find('#');
+    while (hash != std::string::npos && hash > 0 && line[hash - 1] != ' ' && line[hash - 1] != '\t')
+      hash = line.find('#', hash + 1);  // a '#' inside a value (a path) is not a comment
+    const std::string l(absl::StripAsciiWhitespace(line.substr(0, hash)));
+    if (l.empty()) continue;
+    const size_t sep = l.find_first_of("=:");
+    const std::string key(absl::StripAsciiWhitespace(l.substr(0, sep)));
+    std::string value = sep == std::string::npos ? "" : std::string(absl::StripAsciiWhitespace(l.substr(sep + 1)));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+    const std::string where = absl::StrCat(file, ":", n, ": ");
+    const RunOption* o = find_run_option(key);
+    if (!o) {
+      std::string dashed = key;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      const std::string near = find_run_option(dashed) ? dashed : closest_run_option(key);
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "unknown key '", key, "'", near.empty() ? "" : absl::StrCat(" (did you mean '", near, "'?)")));
+    }
+    if (o->is_switch) {
+      const std::string v = absl::AsciiStrToLower(value);
+      if (sep == std::string::npos || v == "true" || v == "yes" || v == "on" || v == "1") {
+        flags.push_back("--" + key);
+      } else if (v == "false" || v == "no" || v == "off" || v == "0") {
+        flags.push_back("--" + key + "=false");  // over a resumed run's stored true
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(where, "'", key, "' is a switch: give true or false (or leave ",
+                                                       "the value out), got '", value, "'"));
+      }
+    } else {
+      if (sep == std::string::npos || value.empty())
+        return absl::InvalidArgumentError(absl::StrCat(where, "'", key, "' needs a value (`", key, " = ...`)"));
+      flags.push_back("--" + key);
+      flags.push_back(value);
+    }
+  }
+  return flags;
+}
+
+absl::Status merge_stored_options(const nlohmann::json& stored, const std::string& where, GivenOptions& given) {
+  if (!stored.is_object()) return absl::OkStatus();
+  std::vector<std::string> differ;
+  for (const RunOption& o : run_options()) {
+    if (!o.stored || !stored.contains(o.name) || !stored[o.name].is_string()) continue;
+    const std::string saved = stored[o.name].get<std::string>();
+    if (!given.given(o.name)) {
+      given.values[o.name] = {saved, OptionSource::kStored};
+      continue;
+    }
+    if (o.on_resume != OnResume::kFixed) continue;
+    // Compare canonical forms: --lr 2e-4 and 0.0002 are one value.
+    TrainConfig a, b;
+    const std::string now = given.text(o.name);
+    if (o.name == "dtype") {  // auto is what ran on the device now asked for
+      LOOM_RETURN_IF_ERROR(o.set(now, a));
+      if (auto d = given.values.find("device"); d != given.values.end())
+        LOOM_RETURN_IF_ERROR(find_run_option("device")->set(d->second.first, a));
+    } else {
+      LOOM_RETURN_IF_ERROR(o.set(now, a));
+    }
+    if (!o.set(saved, b).ok() || o.get(a) != o.get(b))
+      differ.push_back(absl::StrCat("--", o.name, " ", o.get(a), " (the run has ", saved, ")"));
+  }
+  if (!differ.empty())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot resume ", where, " with ", absl::StrJoin(differ, ", "), ": ", differ.size() == 1 ? "this setting" : "these settings",
+        " may not change in a resumed run (leave ", differ.size() == 1 ? "it" : "them", " out to keep the run's own)"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainConfig> build_train_config(const GivenOptions& given) {
+  TrainConfig c;
+  for (const RunOption& o : run_options()) {
+    auto it = given.values.find(o.name);
+    if (it != given.values.end()) {
+      LOOM_RETURN_IF_ERROR(o.set(it->second.first, c));
+    } else if (!o.default_text.empty()) {
+      LOOM_RETURN_IF_ERROR(o.set(o.default_text, c));
+    }
+  }
+  LOOM_RETURN_IF_ERROR(check_train_config(c));
+  return c;
+}
+
+absl::Status check_train_config(const TrainConfig& c) {
+  for (const RunOption& o : run_options()) {
+    TrainConfig scratch;
+    LOOM_RETURN_IF_ERROR(o.set(o.get(c), scratch));
+  }
+  for (const char* required : {"model", "data", "out"})
+    if (find_run_option(required)->get(c).empty())
+      return absl::InvalidArgumentError(absl::StrCat("--", required, " is required (or --resume RUN_FOLDER to continue a run)"));
+  if (c.qlora && c.full)
+    return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
+  if (c.eval_every > 0 && c.eval_data_path.empty())
+    return absl::InvalidArgumentError("--eval-every needs --eval-data (the held-out JSONL to evaluate)");
+  return absl::OkStatus();
+}
+
+nlohmann::json stored_options(const TrainConfig& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const RunOption& o : run_options()) {
+    if (!o.stored) continue;
+    j[o.name] = o.is_path ? absolute_path(o.get(c)) : o.get(c);
+  }
+  return j;
+}
+
+std::vector<std::tuple<std::string, std::string, std::string>> warned_changes(const nlohmann::json& saved,
+                                                                              const nlohmann::json& now) {
+  std::vector<std::tuple<std::string, std::string, std::string>> out;
+  for (const RunOption& o : run_options()) {
+    if (o.on_resume != OnResume::kWarned || !saved.contains(o.name) || !now.contains(o.name)) continue;
+    if (saved[o.name] != now[o.name]) out.emplace_back(o.name, saved[o.name].get<std::string>(), now[o.name].get<std::string>());
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> rank_agreement_fields(const TrainConfig& c) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const RunOption& o : run_options())
+    if (o.ranks_agree) fields.emplace_back("--" + o.name, o.get(c));
+  return fields;
+}
+
+std::string train_usage() {
+  std::string out =
+      "usage: loom train --model M --data D --out RUN [flags]\n"
+      "       loom train --resume RUN [flags that may change]\n"
+      "       loom train --config FILE [flags]   (FILE: `key = value` lines, keys as the flags; the command line wins)\n";
+  for (const RunOption& o : run_options()) {
+    absl::StrAppend(&out, "  --", o.name, o.is_switch ? "" : " VALUE", "\n      ", o.help);
+    if (!o.default_text.empty()) absl::StrAppend(&out, " (default ", o.default_text, ")");
+    if (o.on_resume == OnResume::kFixed) absl::StrAppend(&out, " [fixed for a run: --resume refuses another value]");
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out,
+                  "  --config FILE\n      flags from a file of `key = value` lines (command line wins)\n"
+                  "  --help\n      show this help\n"
+                  "\nThreads: OpenMP uses every core; on a shared machine set OMP_NUM_THREADS to the cores you may use.\n");
+  return out;
+}
+
+std::string non_default_options(const TrainConfig& c) {
+  TrainConfig d;
+  d.device = c.device;  // the dtype's default depends on it
+  std::vector<std::string> parts;
+  for (const RunOption& o : run_options()) {
+    if (!o.stored) continue;
+    const std::string v = o.get(c);
+    TrainConfig def = d;
+    if (!o.default_text.empty() && o.set(o.default_text, def).ok() && o.get(def) == v) continue;
+    if (o.default_text.empty() && v == o.get(d)) continue;
+    parts.push_back(o.is_switch ? absl::StrCat("--", o.name) : absl::StrCat("--", o.name, " ", v));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+}  // namespace loom

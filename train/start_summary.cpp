@@ -1,0 +1,70 @@
+// What a run says before its first step: the data as read and packed, the steps, what is trained,
+// the checkpointing mode and the memory it expects — so that a run of 2 steps is no surprise.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/memory.h"
+#include "train/checkpointing_plan.h"
+#include "train/run_options.h"
+#include "train/trainer_internal.h"
+
+namespace loom {
+namespace {
+
+std::string count(int64_t n) {  // 1234567 -> "1,234,567"
+  std::string s = absl::StrCat(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string gib(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1LL << 30)); }
+
+}  // namespace
+
+std::string Trainer::State::start_summary(int64_t steps_per_epoch) const {
+  const int64_t world = dist ? dist->world() : 1;
+  const int64_t rows = cfg.batch_size * world;
+  std::string out = absl::StrFormat("data: %s: %s examples read", cfg.data_path, count(stats.examples));
+  if (stats.skipped > 0) absl::StrAppend(&out, absl::StrFormat(", %s bad lines skipped", count(stats.skipped)));
+  if (stats.conversations > 0)
+    absl::StrAppend(&out, absl::StrFormat(" (%s rendered with the chat template)", count(stats.conversations)));
+  absl::StrAppend(&out, absl::StrFormat("; %s tokens, %s of them targets (%.1f %%); %s rows of %s tokens per epoch after packing\n",
+                                        count(stats.tokens), count(stats.target_tokens),
+                                        100.0 * static_cast<double>(stats.target_tokens) /
+                                            static_cast<double>(std::max<int64_t>(1, stats.tokens)),
+                                        count(loader->steps_per_epoch() * rows), count(cfg.seq_len)));
+  absl::StrAppend(&out, absl::StrFormat("steps: %s per epoch x %s = %s in total%s (a step: %s rows = --batch-size %d x "
+                                        "--grad-accum %d%s)\n",
+                                        count(steps_per_epoch), cfg.max_steps > 0 ? "--max-steps" : count(cfg.epochs) + " epochs",
+                                        count(total_steps), step > 0 ? absl::StrCat(", resuming at ", step) : "",
+                                        count(rows * cfg.grad_accum), cfg.batch_size, cfg.grad_accum,
+                                        world > 1 ? absl::StrCat(" x ", world, " ranks") : ""));
+  int64_t total = 0, trainable = 0;
+  for (const auto& [name, v] : model->named_weights()) total += v->value().numel();
+  for (const auto& p : optimizer->params()) trainable += p.var.value().numel();
+  const std::string what = cfg.full ? "every weight" : absl::StrFormat("LoRA r%d%s", cfg.lora.r, cfg.qlora ? " on NF4 weights" : "");
+  absl::StrAppend(&out, absl::StrFormat("training: %s of %s (%s parameters): %s trainable (%.2f %%), %s, %s on %s\n", what,
+                                        model->config().model_type, count(total), count(trainable),
+                                        100.0 * static_cast<double>(trainable) / static_cast<double>(std::max<int64_t>(1, total)),
+                                        name(dtype), cfg.optim, device.str()));
+  // The weights, adapters and optimizer state are allocated by now; the step adds what the mode keeps
+  // (the same estimate --checkpointing auto uses) and the trainable parameters' gradients.
+  const int64_t now = memory_stats(device).current_bytes;
+  const int64_t grads = trainable * (cfg.full ? bytes_for(dtype, 1) : 4);
+  const CheckpointingNeeds needs =
+      estimate_checkpointing_needs(model->config(), cfg.batch_size * cfg.seq_len, model->precision().compute, grads);
+  const int64_t need = checkpointing == Checkpointing::kNone        ? needs.none
+                       : checkpointing == Checkpointing::kRecompute ? needs.recompute
+                                                                    : needs.offload;
+  absl::StrAppend(&out, absl::StrFormat("memory: --checkpointing %s; expected peak about %s on %s (%s in use now, "
+                                        "%s available)\n",
+                                        checkpointing_name(checkpointing), gib(now + need), device.str(), gib(now),
+                                        gib(device_available_bytes(device))));
+  const std::string options = non_default_options(cfg);
+  if (!options.empty()) absl::StrAppend(&out, "options: ", options, "\n");
+  return out;
+}
+
+}  // namespace loom

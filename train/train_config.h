@@ -1,0 +1,52 @@
+// TrainConfig: everything a `loom train` run is told, as plain values. Its flags, config keys,
+// checks and resume/rank agreement are declared once in train/run_options.h.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/device.h"
+#include "engine/dtype.h"
+#include "models/causal_lm.h"
+#include "models/lora.h"
+
+namespace loom {
+
+struct TrainConfig {
+  std::string model_dir, data_path, out_dir;
+  // Held-out JSONL (the same shapes as data_path): its loss, the mean over its target tokens with
+  // no dropout and no gradients, every eval_every steps (0: only after the last) and after the last.
+  std::string eval_data_path;
+  int64_t eval_every = 0;
+  bool full = false;  // full fine-tuning instead of LoRA
+  bool qlora = false;  // LoRA on NF4 base weights quantised as they load (a 4-bit checkpoint is 4-bit anyway)
+  LoraConfig lora;
+  int64_t seq_len = 1024, batch_size = 1, grad_accum = 1;
+  float lr = 2e-4f, weight_decay = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, max_grad_norm = 1.f;
+  std::string optim = "adamw";  // adamw (torch.optim.AdamW) or adamw8bit (bitsandbytes' AdamW8bit)
+  std::string schedule = "linear";  // constant, linear, cosine (with warmup)
+  int64_t warmup_steps = 0;
+  int64_t epochs = 1, max_steps = 0;  // max_steps > 0 overrides epochs
+  uint64_t seed = 42;
+  int64_t save_every = 0;  // 0: only at the end
+  int64_t save_total_limit = 0;  // > 0: keep only the newest this many checkpoint-<step> folders
+  Device device = Device::cpu();
+  // Storage and compute dtype of the model, bf16 or f32 (see Precision); unset: f32 on the CPU (where
+  // bf16 is slower and its rounding changes answers), bf16 on CUDA. resolved_dtype() says which.
+  std::optional<DType> dtype;
+  // Unset: `auto`, the fastest mode whose memory fits on the device (train/checkpointing_plan.h).
+  std::optional<Checkpointing> checkpointing;
+  std::string chat_template;       // "" = detect from the model folder
+  bool skip_bad_lines = false;
+  std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder
+  int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
+  int64_t stop_after = 0;          // > 0: stop (save, return) after this many steps of this run, as if interrupted
+  bool quiet = false;
+  std::string dist;                // "" (one process), "ddp" or "zero2": data parallel over the MPI ranks
+  double dist_timeout = 300;       // seconds a collective may take before the job is aborted
+  bool offload_optimizer = false;  // f32 masters and optimizer state in pinned host memory, updated on the CPU
+
+  DType resolved_dtype() const { return dtype.value_or(device.is_cuda() ? DType::bf16 : DType::f32); }
+};
+
+}  // namespace loom
