@@ -1,8 +1,8 @@
 // Chat templates: the model's Jinja chat_template run by Loom's interpreter with the variables
 // transformers' apply_chat_template passes (messages, add_generation_prompt, the special tokens,
-// tools=None, documents=None). Each assistant message's content is a tagged string, so the
-// interpreter's marks say where it landed in the output however the template trims or splits it;
-// that range plus the end-of-turn marker after it is the message's train span.
+// tools, documents=None). Each assistant message's content (and the strings of its tool calls) is a
+// tagged string, so the interpreter's marks say where it landed in the output however the template
+// trims or splits it; that range plus the end-of-turn marker after it is the message's train span.
 #include "text/chat_template.h"
 
 #include <algorithm>
@@ -131,26 +131,88 @@ absl::StatusOr<ChatTemplate> ChatTemplate::from_source(const std::string& source
   return t;
 }
 
-absl::StatusOr<RenderedChat> ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                                  bool add_generation_prompt) const {
+namespace {
+
+// Tags of the marks render() puts on its input strings: an assistant message's content is tagged
+// with its index, the strings of its tool calls with kToolCallTag + index.
+constexpr int kToolCallTag = 1 << 24;
+
+// A JSON value as a Jinja value, keys in the data's order; string leaves carry a mark with `tag`
+// (tag < 0: none).
+jinja::Value to_value(const nlohmann::ordered_json& j, int tag) {
+  using jinja::Value;
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+    case nlohmann::ordered_json::value_t::number_unsigned: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_float: return Value::number(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: {
+      std::string str = j.get<std::string>();
+      std::vector<jinja::Mark> marks;
+      if (tag >= 0 && !str.empty()) marks.push_back({0, str.size(), tag});
+      return Value::string(std::move(str), std::move(marks));
+    }
+    case nlohmann::ordered_json::value_t::array: {
+      std::vector<Value> items;
+      for (const auto& e : j) items.push_back(to_value(e, tag));
+      return Value::list(std::move(items));
+    }
+    case nlohmann::ordered_json::value_t::object: {
+      auto d = std::make_shared<jinja::Dict>();
+      for (const auto& [k, e] : j.items()) d->items.emplace_back(k, to_value(e, tag));
+      return Value::dict(std::move(d));
+    }
+    default: return Value::undefined("binary JSON value");
+  }
+}
+
+bool has_tool_calls(const ChatMessage& m) {
+  const auto it = m.extra.find("tool_calls");
+  return it != m.extra.end() && it->is_array() && !it->empty();
+}
+
+// The function names of a message's tool calls ({"function": {"name"}} or a bare {"name"}).
+std::vector<std::string> tool_call_names(const ChatMessage& m) {
+  std::vector<std::string> names;
+  for (const auto& call : m.extra["tool_calls"]) {
+    if (!call.is_object()) continue;
+    const auto& f = call.contains("function") && call["function"].is_object() ? call["function"] : call;
+    if (f.contains("name") && f["name"].is_string()) names.push_back(f["name"].get<std::string>());
+  }
+  return names;
+}
+
+}  // namespace
+
+absl::StatusOr<jinja::Rendered> ChatTemplate::render_text(const std::vector<ChatMessage>& messages,
+                                                          bool add_generation_prompt,
+                                                          const nlohmann::ordered_json& tools) const {
   if (messages.empty()) return absl::InvalidArgumentError("chat has no messages");
   std::vector<jinja::Value> list;
   for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& r = messages[i].role;
-    if (r != "system" && r != "user" && r != "assistant")
+    const ChatMessage& msg = messages[i];
+    const std::string& r = msg.role;
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
       return absl::InvalidArgumentError(
-          absl::StrCat("message ", i, " has role '", r, "' (expected system, user or assistant)"));
+          absl::StrCat("message ", i, " has role '", r, "' (expected system, user, assistant or tool)"));
+    const bool assistant = r == "assistant";
     auto m = std::make_shared<jinja::Dict>();
     m->set("role", jinja::Value::string(r));
     std::vector<jinja::Mark> marks;
-    if (r == "assistant") marks.push_back({0, messages[i].content.size(), static_cast<int>(i)});
-    m->set("content", jinja::Value::string(messages[i].content, std::move(marks)));
+    if (assistant) marks.push_back({0, msg.content.size(), static_cast<int>(i)});
+    m->set("content", jinja::Value::string(msg.content, std::move(marks)));
+    for (const auto& [key, value] : msg.extra.items()) {
+      if (key == "role") continue;
+      const bool calls = assistant && key == "tool_calls";
+      m->set(key, to_value(value, calls ? kToolCallTag + static_cast<int>(i) : -1));
+    }
     list.push_back(jinja::Value::dict(std::move(m)));
   }
   std::vector<std::pair<std::string, jinja::Value>> vars = {
       {"messages", jinja::Value::list(std::move(list))},
       {"add_generation_prompt", jinja::Value::boolean(add_generation_prompt)},
-      {"tools", jinja::Value::none()},
+      {"tools", tools.is_null() ? jinja::Value::none() : to_value(tools, -1)},
       {"documents", jinja::Value::none()},
   };
   const std::pair<const char*, const std::optional<std::string>*> toks[] = {
@@ -162,23 +224,65 @@ absl::StatusOr<RenderedChat> ChatTemplate::render(const std::vector<ChatMessage>
   }
   auto r = template_->render(vars);
   if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat(origin_, ", ", r.status().message()));
+  return *std::move(r);
+}
 
+absl::StatusOr<RenderedChat> ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                                  bool add_generation_prompt,
+                                                  const nlohmann::ordered_json& tools) const {
+  LOOM_ASSIGN_OR_RETURN(jinja::Rendered r, render_text(messages, add_generation_prompt, tools));
   RenderedChat out;
-  out.text = std::move(r->text);
+  out.text = std::move(r.text);
   std::map<int, std::pair<size_t, size_t>> by_message;  // first and last byte printed from each reply
-  for (const jinja::Mark& m : r->marks) {
-    auto [it, fresh] = by_message.try_emplace(m.tag, m.begin, m.end);
+  for (const jinja::Mark& m : r.marks) {
+    const int msg = m.tag >= kToolCallTag ? m.tag - kToolCallTag : m.tag;
+    auto [it, fresh] = by_message.try_emplace(msg, m.begin, m.end);
     if (!fresh) it->second = {std::min(it->second.first, m.begin), std::max(it->second.second, m.end)};
   }
-  for (auto [tag, span] : by_message) {
-    size_t k = span.second;
-    while (k < out.text.size() && out.text[k] == ' ') ++k;
-    for (const std::string& marker : end_of_turn_) {
-      if (out.text.compare(k, marker.size(), marker) == 0) {
-        span.second = k + marker.size();
+  // An end-of-turn marker at k, or npos.
+  auto marker_at = [&](size_t k) -> size_t {
+    for (const std::string& marker : end_of_turn_)
+      if (out.text.compare(k, marker.size(), marker) == 0) return marker.size();
+    return std::string::npos;
+  };
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role != "assistant" || !has_tool_calls(messages[i])) continue;
+    // The template must print the calls: at least one function name after the conversation before.
+    const std::vector<std::string> names = tool_call_names(messages[i]);
+    std::optional<size_t> begin;
+    if (i > 0) {
+      const std::vector<ChatMessage> before(messages.begin(), messages.begin() + static_cast<std::ptrdiff_t>(i));
+      auto prompt = render_text(before, /*add_generation_prompt=*/true, tools);
+      if (prompt.ok() && out.text.starts_with(prompt->text)) begin = prompt->text.size();
+    }
+    const auto it = by_message.find(static_cast<int>(i));
+    const size_t from = begin ? *begin : it != by_message.end() ? it->second.first : 0;
+    bool printed = false;
+    for (const std::string& name : names) printed |= !name.empty() && out.text.find(name, from) != std::string::npos;
+    if (!printed)
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin_, " does not render tool calls: the tool_calls of message ", i,
+          " do not appear in its text (train such conversations with a template that supports tools, "
+          "--chat-template)"));
+    if (!begin && it == by_message.end())
+      return absl::InvalidArgumentError(absl::StrCat(origin_, ": cannot find where assistant message ", i,
+                                                     " (with tool_calls) starts in the rendered text"));
+    size_t b = begin ? *begin : it->second.first, e = it != by_message.end() ? std::max(b, it->second.second) : b;
+    // The turn ends at the first end-of-turn marker after what it printed.
+    for (size_t k = e; k < out.text.size(); ++k) {
+      if (const size_t n = marker_at(k); n != std::string::npos) {
+        e = k + n;
         break;
       }
     }
+    if (it != by_message.end()) b = std::min(b, it->second.first);
+    out.train_spans.push_back({b, e});
+  }
+  for (auto [tag, span] : by_message) {
+    if (has_tool_calls(messages[static_cast<size_t>(tag)])) continue;  // done above
+    size_t k = span.second;
+    while (k < out.text.size() && out.text[k] == ' ') ++k;
+    if (const size_t n = marker_at(k); n != std::string::npos) span.second = k + n;
     out.train_spans.push_back(span);
   }
   std::sort(out.train_spans.begin(), out.train_spans.end());
@@ -260,8 +364,12 @@ absl::StatusOr<ChatTemplate> training_chat_template(const std::string& model_pat
   if (!choice.empty()) return parse_chat_template(choice, model_path);
   auto t = detect_chat_template(model_path);
   if (t.ok() || !absl::IsNotFound(t.status())) return t;
-  if (note) *note = absl::StrCat(t.status().message(), "; {\"messages\"} lines use plain ChatML (choose with --chat-template)");
-  return parse_chat_template("chatml", model_path);
+  if (note)
+    *note = absl::StrCat(t.status().message(),
+                         "; conversations use plain ChatML, {\"instruction\"} lines the Alpaca prompt (choose with --chat-template)");
+  auto chatml = parse_chat_template("chatml", model_path);
+  if (chatml.ok()) chatml->fallback_ = true;
+  return chatml;
 }
 
 }  // namespace loom

@@ -1,6 +1,7 @@
 // Chat templates: render a conversation with the model's own chat_template (Jinja, run by Loom's
 // interpreter, text/jinja.h) exactly as transformers' apply_chat_template(tokenize=False) does, with
 // the byte spans of each assistant reply and its end-of-turn marker (what the loss is taken on).
+// Tool use as transformers passes it: assistant tool_calls, "tool" messages, a `tools` list.
 #pragma once
 #include <memory>
 #include <optional>
@@ -9,16 +10,23 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 
 namespace loom {
 
 namespace jinja {
 class Template;
+struct Rendered;
 }
 
 struct ChatMessage {
-  std::string role;  // system, user, assistant
+  std::string role;  // system, user, assistant, tool
   std::string content;
+  // The message's other keys as the data gives them, passed to the template as they are (as
+  // transformers does): an assistant's "tool_calls" ([{"type": "function", "function": {"name",
+  // "arguments"}}], arguments a dict or a JSON string), a tool result's "name" / "tool_call_id", or
+  // "content": null (which then replaces content).
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
 };
 
 struct RenderedChat {
@@ -26,6 +34,8 @@ struct RenderedChat {
   // Per assistant message the template prints: from the first to the last byte printed from its
   // content (as the template prints it: trimmed, its <think> part, ...), then, after any spaces,
   // an end-of-turn marker when one follows (<|im_end|>, <|eot_id|>, <end_of_turn>, </s>, ...).
+  // A message with tool_calls: from where the generation prompt of the conversation before it ends
+  // (else its first printed byte) to the first end-of-turn marker after its last printed byte.
   std::vector<std::pair<size_t, size_t>> train_spans;
 };
 
@@ -45,20 +55,30 @@ class ChatTemplate {
                                                   ChatSpecialTokens tokens = {},
                                                   std::vector<std::string> end_of_turn = {});
 
-  // messages must have roles system, user or assistant. A template error (its raise_exception,
-  // an undefined name, ...) is InvalidArgument naming the origin and the template line.
-  absl::StatusOr<RenderedChat> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // messages must have roles system, user, assistant or tool; `tools` (a JSON list, or null for
+  // None) is the template's tools variable. A template error (its raise_exception, an undefined
+  // name, ...) is InvalidArgument naming the origin and the template line; so is a template that
+  // prints none of an assistant message's tool calls.
+  absl::StatusOr<RenderedChat> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                      const nlohmann::ordered_json& tools = nullptr) const;
 
   const std::string& origin() const { return origin_; }
   const std::string& source() const { return source_; }
   const ChatSpecialTokens& special_tokens() const { return tokens_; }
   const std::vector<std::string>& end_of_turn() const { return end_of_turn_; }
+  // True for the ChatML that training_chat_template falls back to when the model has no template
+  // and none was chosen ({"instruction"} lines then use the classic Alpaca prompt instead).
+  bool is_fallback() const { return fallback_; }
 
  private:
+  friend absl::StatusOr<ChatTemplate> training_chat_template(const std::string&, const std::string&, std::string*);
+  absl::StatusOr<jinja::Rendered> render_text(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                                  const nlohmann::ordered_json& tools) const;
   std::shared_ptr<const jinja::Template> template_;
   std::string source_, origin_;
   ChatSpecialTokens tokens_;
   std::vector<std::string> end_of_turn_;
+  bool fallback_ = false;
 };
 
 // The model's template: <dir>/chat_template.jinja, else tokenizer_config.json's chat_template (a

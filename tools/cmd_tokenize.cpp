@@ -1,6 +1,9 @@
 // `loom tokenize`: encodes text with a Hugging Face tokenizer.json and prints the token ids as JSON,
 // one array per input: --text, or each record of a JSONL file rendered exactly as `loom train` does
-// ({"messages"} with the model's chat template, {"prompt","completion"}, {"text"}).
+// (any shape `loom train` reads). --show prints each record's text with the trained spans marked
+// instead: green on a terminal, else between [[ and ]] (as Axolotl's preprocess --debug shows them).
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -22,6 +25,9 @@ const std::vector<FlagSpec> kFlags = {
     {"input", false, "JSONL training data: each record tokenized as `loom train` does, one output line per record", ""},
     {"chat-template", false, "for --input: a .jinja file, or chatml (default: the model's own chat_template)", ""},
     {"add-special-tokens", true, "for --text: add the post-processor's tokens (e.g. BOS)", ""},
+    {"show", true,
+     "for --input: print each record's text (the tokens decoded, special tokens included) with the tokens the loss "
+     "is taken on in green on a terminal, else between [[ and ]]", ""},
     {"help", true, "show this help", ""},
 };
 
@@ -35,6 +41,21 @@ void print_ids(const std::vector<int32_t>& ids) {
   for (size_t i = 0; i < ids.size(); ++i) absl::StrAppend(&line, i ? ", " : "", ids[i]);
   line += "]\n";
   std::fputs(line.c_str(), stdout);
+}
+
+// The record decoded run by run of equal targets, the target runs marked.
+std::string show(const Example& ex, const Tokenizer& tok, bool colour) {
+  const char* open = colour ? "\x1b[32m" : "[[";
+  const char* close = colour ? "\x1b[0m" : "]]";
+  std::string out;
+  for (size_t i = 0; i < ex.ids.size();) {
+    size_t j = i;
+    while (j < ex.ids.size() && ex.target[j] == ex.target[i]) ++j;
+    const std::string text = tok.decode(std::vector<int32_t>(ex.ids.begin() + i, ex.ids.begin() + j));
+    absl::StrAppend(&out, ex.target[i] ? open : "", text, ex.target[i] ? close : "");
+    i = j;
+  }
+  return out;
 }
 
 }  // namespace
@@ -64,10 +85,24 @@ int run_tokenize(const std::vector<std::string>& argv) {
   DataOptions opt;
   std::string note;
   opt.chat_template = training_chat_template(model, args->str("chat-template"), &note);
-  if (!note.empty()) std::fprintf(stderr, "loom tokenize: %s\n", note.c_str());
-  auto examples = load_jsonl(args->str("input"), *tok, opt, nullptr);
+  DataStats stats;
+  auto examples = load_jsonl(args->str("input"), *tok, opt, &stats);
   if (!examples.ok()) return fail(std::string(examples.status().message()));
-  for (const Example& ex : *examples) print_ids(ex.ids);
+  if (!note.empty() && stats.conversations > 0) std::fprintf(stderr, "loom tokenize: %s\n", note.c_str());
+  if (!args->flag("show")) {
+    for (const Example& ex : *examples) print_ids(ex.ids);
+    return 0;
+  }
+  const bool colour = isatty(fileno(stdout));
+  for (size_t k = 0; k < examples->size(); ++k) {
+    const Example& ex = (*examples)[k];
+    int64_t targets = 0;
+    for (uint8_t t : ex.target) targets += t;
+    std::string text = show(ex, *tok, colour);
+    if (text.empty() || text.back() != '\n') text += '\n';
+    std::printf("--- record %zu: %zu tokens, %lld trained ---\n%s", k + 1, ex.ids.size(), static_cast<long long>(targets),
+                text.c_str());
+  }
   return 0;
 }
 

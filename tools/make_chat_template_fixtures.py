@@ -8,8 +8,11 @@
 #   /tmp/venv/bin/python tools/make_chat_template_fixtures.py
 #
 # Writes tests/fixtures/chat/cases.json (real templates x conversations, with and without a
-# system message, add_generation_prompt true and false) and tests/fixtures/chat/jinja_cases.json
-# (small templates, one language feature each, and what Jinja says about them).
+# system message, add_generation_prompt true and false), tests/fixtures/chat/jinja_cases.json
+# (small templates, one language feature each, and what Jinja says about them) and
+# tests/fixtures/chat/data_cases.json (training JSONL lines of each conversational shape — Alpaca,
+# ShareGPT, messages with tool calls — turned into the conversation the documented conventions give,
+# rendered by transformers, with train spans).
 #
 # The templates (tests/fixtures/chat/templates/*.jinja) are the models' published chat_template:
 #   qwen2_5       Qwen/Qwen2.5-*-Instruct          qwen3     Qwen/Qwen3-* (with <think> handling)
@@ -89,7 +92,7 @@ def render(template, tokens, messages, add_generation_prompt):
 def spans_for(template, tokens, marker, messages, agp, text):
     spans = []
     for i, msg in enumerate(messages):
-        if msg["role"] != A:
+        if msg["role"] != A or msg.get("tool_calls"):  # tool-call turns: tool_spans
             continue
         sentinel = f"LOOMSENTINEL{i}Q"
         probe = [dict(x) for x in messages]
@@ -267,6 +270,135 @@ def jinja_cases():
     return cases
 
 
+# Training-data shapes (train/data_formats.cpp). The conversions below are the documented
+# conventions, written here independently of Loom: ShareGPT roles as Unsloth's standardize_sharegpt
+# (plus LLaMA-Factory's function_call/observation), Alpaca as LLaMA-Factory's AlpacaDatasetConverter
+# ("\n".join of instruction and a non-empty input).
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "input": "user", "gpt": "assistant",
+                  "assistant": "assistant", "output": "assistant", "model": "assistant", "tool": "tool",
+                  "observation": "tool"}
+
+
+def sharegpt_messages(line):
+    msgs = [m(S, line["system"])] if line.get("system") else []
+    for turn in line["conversations"]:
+        frm = turn["from"].lower()
+        if frm == "function_call":
+            calls = json.loads(turn["value"])
+            calls = calls if isinstance(calls, list) else [calls]
+            msgs.append({"role": A, "content": "", "tool_calls": [{"type": "function", "function": c} for c in calls]})
+        else:
+            msgs.append(m(SHAREGPT_ROLES[frm], turn["value"]))
+    return msgs
+
+
+def alpaca_messages(line):
+    msgs = [m(S, line["system"])] if line.get("system") else []
+    query = [x for x in (line["instruction"], line.get("input")) if x]
+    return msgs + [m(U, "\n".join(query)), m(A, line["output"])]
+
+
+def messages_of(line):
+    if "conversations" in line:
+        return sharegpt_messages(line)
+    if "instruction" in line:
+        return alpaca_messages(line)
+    msgs = []
+    for x in line["messages"]:
+        x = dict(x)
+        if x.get("tool_calls") and x.get("content") is None:
+            x["content"] = None
+        msgs.append(x)
+    return msgs
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                   "required": ["city"]}}}
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"unit": "celsius", "city": "Paris"}}}
+CALL_STR = {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}
+CALL_ID = dict(CALL, id="call00001")  # Mistral's template wants 9-character ids
+
+DATA_LINES = [
+    ("alpaca_no_input", {"instruction": "Name a primary colour.", "input": "", "output": "Red."}),
+    ("alpaca_input", {"instruction": "Translate to French.", "input": "Good morning", "output": "Bonjour"}),
+    ("alpaca_system", {"instruction": "Add the numbers.", "input": "2 and 3", "output": "5",
+                       "system": "You are a calculator."}),
+    ("sharegpt", {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"},
+                                    {"from": "human", "value": "Bye"}, {"from": "gpt", "value": "Goodbye."}]}),
+    ("sharegpt_system", {"conversations": [{"from": "system", "value": "Be terse."}, {"from": "user", "value": "2+2?"},
+                                           {"from": "assistant", "value": "4"}]}),
+    ("tool_call", {"messages": [m(U, "Weather in Paris?"), {"role": A, "content": "", "tool_calls": [CALL]},
+                                {"role": "tool", "name": "get_weather", "content": "{\"temp\": 21}"},
+                                m(A, "It is 21 degrees in Paris.")], "tools": [WEATHER_TOOL]}),
+    ("tool_call_string_arguments", {"messages": [m(U, "And Oslo?"), {"role": A, "content": None,
+                                                                     "tool_calls": [CALL_STR]},
+                                                 {"role": "tool", "name": "get_weather", "content": "3"},
+                                                 m(A, "3 degrees.")], "tools": [WEATHER_TOOL]}),
+    ("tool_call_mistral_ids", {"messages": [m(U, "Weather in Paris?"), {"role": A, "content": "", "tool_calls": [CALL_ID]},
+                                            {"role": "tool", "tool_call_id": "call00001", "content": "21"},
+                                            m(A, "21 degrees.")], "tools": [WEATHER_TOOL]}),
+    ("sharegpt_function_call", {"conversations": [
+        {"from": "human", "value": "Weather in Paris?"},
+        {"from": "function_call", "value": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}"},
+        {"from": "observation", "value": "{\"temp\": 21}"}, {"from": "gpt", "value": "21 degrees."}],
+        "tools": [WEATHER_TOOL]}),
+]
+# Templates that print tool calls, and the lines each renders (the others raise or ignore them).
+DATA_TEMPLATES = {"qwen2_5": None, "qwen3": None, "llama3_1": None, "mistral_v0_3": None, "gemma3": None,
+                  "smollm2": None}
+TOOL_LINES = {"tool_call", "tool_call_string_arguments", "sharegpt_function_call", "tool_call_mistral_ids"}
+TOOL_TEMPLATES = {"qwen2_5", "qwen3", "llama3_1"}
+
+
+def tool_spans(template, tokens, marker, messages, tools, text):
+    """Assistant turns with tool calls: from the end of the generation prompt of the conversation
+    before them to the first end-of-turn marker after it; other assistant turns as spans_for."""
+    tokens = dict(tokens, tools=tools)
+    spans = spans_for(template, tokens, marker, messages, False, text)
+    for i, msg in enumerate(messages):
+        if msg["role"] != A or not msg.get("tool_calls"):
+            continue
+        prompt = render(template, tokens, messages[:i], True)
+        assert text.startswith(prompt), (text, prompt)
+        end = text.index(marker, len(prompt)) + len(marker)
+        spans.append([len(prompt.encode()), len(text[:end].encode())])
+    return sorted(spans)
+
+
+def data_cases():
+    cases = []
+    for name, (tokens, marker) in TEMPLATES.items():
+        if name not in DATA_TEMPLATES:
+            continue
+        with open(os.path.join(CHAT_DIR, "templates", name + ".jinja"), encoding="utf-8") as f:
+            template = f.read()
+        for line_name, line in DATA_LINES:
+            tools_line = line_name in TOOL_LINES
+            if tools_line and name not in TOOL_TEMPLATES and not (name == "mistral_v0_3" and
+                                                                   line_name == "tool_call_mistral_ids"):
+                continue
+            if line_name == "tool_call_mistral_ids" and name != "mistral_v0_3":
+                continue
+            messages = messages_of(line)
+            tools = line.get("tools")
+            case = {"template": name, "name": line_name, "line": line, "messages": messages, **tokens}
+            try:
+                text = render(template, dict(tokens, tools=tools), messages, False)
+            except Exception as e:
+                case["error"] = str(e)
+            else:
+                case["text"] = text
+                if tools_line:
+                    case["train_spans"] = (None if name == "mistral_v0_3" else
+                                           tool_spans(template, tokens, marker, messages, tools, text))
+                else:
+                    case["train_spans"] = spans_for(template, dict(tokens, tools=tools), marker, messages, False, text)
+            cases.append(case)
+    return cases
+
+
 def write(path, data):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, ensure_ascii=False, indent=1)
@@ -277,6 +409,7 @@ def write(path, data):
 def main():
     write(os.path.join(CHAT_DIR, "cases.json"), chat_cases())
     write(os.path.join(CHAT_DIR, "jinja_cases.json"), jinja_cases())
+    write(os.path.join(CHAT_DIR, "data_cases.json"), data_cases())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-// Training data: JSONL in three shapes ({"text"}, {"messages": [{"role","content"}]} rendered with
-// the model's chat template, {"prompt","completion"}), tokenized with per-token loss masks, then
+// Training data: JSONL in five shapes ({"text"}, {"prompt","completion"}, and rendered with the
+// model's chat template {"messages"} (tool calls too), ShareGPT {"conversations"} and Alpaca
+// {"instruction","input","output"}), tokenized with per-token loss masks, then
 // packed into fixed-length rows with positions restarting per document and segment ids so
 // attention never crosses documents. Shuffled with a seed; each rank reads its own shard; the
 // loader's position is part of a checkpoint.
@@ -23,7 +24,9 @@ struct Example {
 
 struct DataOptions {
   bool skip_bad_lines = false;
-  // For {"messages"} lines; an error status is reported at the first such line.
+  // For {"messages"}, {"conversations"} and {"instruction"} lines; an error status is reported at
+  // the first line that needs it (lines of other shapes never touch it). NotFound, or the ChatML
+  // fallback (is_fallback()), gives Alpaca lines the classic Alpaca prompt instead.
   absl::StatusOr<ChatTemplate> chat_template = absl::NotFoundError("no chat template was chosen");
   int64_t max_tokens = 0;  // documents longer are truncated to this (0 = no limit)
   int64_t max_file_bytes = 0;  // a larger data file is refused (0 = default_max_data_bytes())
@@ -32,7 +35,11 @@ struct DataOptions {
 uint64_t default_max_data_bytes();
 struct DataStats {
   int64_t lines = 0, examples = 0, skipped = 0, tokens = 0, target_tokens = 0;
-  int64_t conversations = 0;  // examples from {"messages"} lines (rendered with the chat template)
+  int64_t conversations = 0;  // examples rendered with the chat template
+  // With skip_bad_lines: lines skipped because the chat template cannot be used, and the first one's
+  // "<file>:<line>: <error naming the template>" (to be said once, not per line).
+  int64_t template_skipped = 0;
+  std::string template_error;
 };
 // Reads a JSONL file. A malformed line is an error naming the file and line number, unless
 // skip_bad_lines (then it is counted in stats->skipped). An empty dataset is an error, so are a folder,

@@ -1,7 +1,7 @@
-// JSONL training data: one document per line in one of three shapes, tokenized with a per-token loss
-// mask. {"text"}: loss on every token (BOS from the tokenizer's post-processor, then EOS);
-// {"messages"}: rendered with the chat template, loss on tokens inside the assistant spans;
-// {"prompt","completion"}: loss on the completion and EOS. Other keys on a line are ignored.
+// JSONL training data: one document per line, tokenized with a per-token loss mask. {"text"}: loss
+// on every token (BOS from the tokenizer's post-processor, then EOS); {"prompt","completion"}: loss
+// on the completion and EOS; {"messages"}, ShareGPT {"conversations"}, Alpaca {"instruction", ...}:
+// train/data_formats.cpp. Other keys on a line are ignored.
 #include <unistd.h>
 
 #include <cstring>
@@ -12,11 +12,12 @@
 #include "nlohmann/json.hpp"
 #include "engine/io_error.h"
 #include "train/data.h"
+#include "train/data_formats.h"
 
 namespace loom {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the data's order (tool-call arguments are printed)
 
 // Byte offset of the first invalid UTF-8 sequence in s (overlong forms, surrogates and code points
 // above U+10FFFF included), or npos.
@@ -78,48 +79,9 @@ void append_eos(Example* ex, const Tokenizer& tok) {
   }
 }
 
-absl::StatusOr<Example> from_messages(const json& messages, const Tokenizer& tok,
-                                      const absl::StatusOr<ChatTemplate>& tmpl) {
-  if (!messages.is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat("\"messages\" must be an array, got ", messages.type_name()));
-  }
-  std::vector<ChatMessage> chat;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const json& m = messages[i];
-    if (!m.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "] must be an object, got ", m.type_name()));
-    }
-    ChatMessage cm;
-    for (const char* key : {"role", "content"}) {
-      if (!m.contains(key)) return absl::InvalidArgumentError(absl::StrCat("messages[", i, "] has no \"", key, "\""));
-      auto s = get_string(m, key);
-      if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("messages[", i, "]: ", s.status().message()));
-      (std::string(key) == "role" ? cm.role : cm.content) = *std::move(s);
-    }
-    chat.push_back(std::move(cm));
-  }
-  if (!tmpl.ok()) return tmpl.status();
-  auto rendered = tmpl->render(chat, /*add_generation_prompt=*/false);
-  if (!rendered.ok()) return rendered.status();
-  std::vector<std::pair<size_t, size_t>> offsets;
-  Example ex;
-  ex.ids = tok.encode_with_offsets(rendered->text, /*add_special_tokens=*/false, &offsets);
-  ex.target.assign(ex.ids.size(), 0);
-  // A token is a target when its (non-empty) byte range lies inside one assistant span.
-  size_t s = 0;
-  const auto& spans = rendered->train_spans;
-  for (size_t i = 0; i < ex.ids.size() && i < offsets.size(); ++i) {
-    const auto [b, e] = offsets[i];
-    if (e <= b) continue;
-    while (s < spans.size() && spans[s].second <= b) ++s;  // offsets are non-decreasing
-    if (s < spans.size() && b >= spans[s].first && e <= spans[s].second) ex.target[i] = 1;
-  }
-  return ex;
-}
-
 // Parses and tokenizes one non-blank line; the caller adds "<file>:<line>: " to errors.
 absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok, const DataOptions& options,
-                                   bool* conversation) {
+                                   LineInfo* info) {
   if (const size_t bad = find_invalid_utf8(line); bad != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("invalid UTF-8 at byte ", bad + 1));
   }
@@ -137,12 +99,16 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
   }
   const bool has_text = j.contains("text"), has_messages = j.contains("messages");
   const bool has_pc = j.contains("prompt") || j.contains("completion");
-  const int shapes = int(has_text) + int(has_messages) + int(has_pc);
+  const bool has_sharegpt = j.contains("conversations");
+  const bool has_alpaca = j.contains("instruction") || j.contains("output");
+  const int shapes = int(has_text) + int(has_messages) + int(has_pc) + int(has_sharegpt) + int(has_alpaca);
   if (shapes != 1) {
-    return absl::InvalidArgumentError(
-        shapes == 0
-            ? "unknown shape: expected {\"text\": ...}, {\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...}"
-            : "ambiguous shape: use only one of \"text\", \"messages\" or \"prompt\"/\"completion\"");
+    std::string keys;
+    for (const auto& [k, v] : j.items()) absl::StrAppend(&keys, keys.empty() ? "" : ", ", "\"", k, "\"");
+    return absl::InvalidArgumentError(absl::StrCat(
+        shapes == 0 ? "unknown shape" : "ambiguous shape (use only one)", ": expected {\"text\"}, {\"messages\": [...]}, "
+        "{\"prompt\", \"completion\"}, ShareGPT {\"conversations\": [...]} or Alpaca {\"instruction\", \"input\", "
+        "\"output\"}; the line has ", keys.empty() ? "no keys" : keys));
   }
   Example ex;
   if (has_text) {
@@ -150,9 +116,9 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
     if (!text.ok()) return text.status();
     append(&ex, tok.encode(*text, /*add_special_tokens=*/true), 1);
     append_eos(&ex, tok);
-  } else if (has_messages) {
-    *conversation = true;
-    auto r = from_messages(j["messages"], tok, options.chat_template);
+  } else if (has_messages || has_sharegpt || has_alpaca) {
+    const LineShape shape = has_messages ? LineShape::kMessages : has_sharegpt ? LineShape::kShareGpt : LineShape::kAlpaca;
+    auto r = example_from_line(shape, j, tok, options, info);
     if (!r.ok()) return r.status();
     ex = *std::move(r);
   } else {
@@ -265,17 +231,19 @@ absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const T
     if (is_blank(line)) continue;
     if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
     ++st.lines;
-    bool conversation = false;
-    auto ex = parse_line(line, tokenizer, options, &conversation);
+    LineInfo info;
+    auto ex = parse_line(line, tokenizer, options, &info);
     if (!ex.ok()) {
       if (options.skip_bad_lines) {
         ++st.skipped;
+        if (info.template_failed && st.template_skipped++ == 0)
+          st.template_error = absl::StrCat(path, ":", lineno, ": ", ex.status().message());
         continue;
       }
       return absl::Status(ex.status().code(), absl::StrCat(path, ":", lineno, ": ", ex.status().message()));
     }
     ++st.examples;
-    st.conversations += conversation;
+    st.conversations += info.conversation;
     st.tokens += static_cast<int64_t>(ex->ids.size());
     for (uint8_t t : ex->target) st.target_tokens += t;
     out.push_back(*std::move(ex));

@@ -120,9 +120,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   dopt.chat_template = training_chat_template(cfg.model_dir, cfg.chat_template, &template_note);
   std::vector<Example> examples;
   LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
-  // Which template {"messages"} lines got: said only when the data has some.
+  // Which template conversations got: said only when the data has some; a template that cannot be
+  // used, once (under --skip-bad-lines the lines that needed it were skipped).
   if (!template_note.empty() && !cfg.quiet && s->stats.conversations > 0)
     std::fprintf(stderr, "loom train: %s\n", template_note.c_str());
+  if (s->stats.template_skipped > 0)
+    std::fprintf(stderr, "loom train: skipped %lld line(s) that need the chat template; the first: %s\n",
+                 static_cast<long long>(s->stats.template_skipped), s->stats.template_error.c_str());
   // With --skip-bad-lines: how many lines of a data file were left out.
   auto say_skipped = [&](const DataStats& st, const std::string& path) {
     if (cfg.skip_bad_lines && st.skipped > 0 && !cfg.quiet)
