@@ -87,13 +87,17 @@ int run_train(const std::vector<std::string>& argv) {
     for (auto& [name, v] : from_file.values) given.values.try_emplace(name, v);  // the command line wins
   }
   if (given.has("resume")) {
+    std::error_code ec;
+    if (!fs::is_directory(given.text("resume"), ec))
+      return fail(absl::NotFoundError(absl::StrCat("--resume ", given.text("resume"), ": no such folder (give a run's --out ",
+                                                   "folder or one of its checkpoint-<step> folders)")));
     const StoredRun run = stored_run(given.text("resume"));
     if (!given.given("out")) given.values["out"] = {run.folder, OptionSource::kStored};
     if (absl::Status s = merge_stored_options(run.options, given.text("resume"), given); !s.ok()) return fail(s);
   }
   if (given.given("full") && given.text("full") == "true")
     for (const char* lora : {"lora-r", "lora-alpha", "lora-dropout", "lora-targets", "rslora"})
-      if (given.given(lora))
+      if (given.given(lora) && given.text(lora) != "false")
         return fail(absl::InvalidArgumentError(absl::StrCat("--full trains every weight; --", lora, " does not apply")));
   auto built = build_train_config(given);
   if (!built.ok()) return fail(built.status());

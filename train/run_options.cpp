@@ -105,9 +105,14 @@ RunOption path(std::string name, std::string help, F field) {
 }
 
 absl::Status one_of(const std::string& name, const std::string& t, std::initializer_list<const char*> allowed) {
-  for (const char* a : allowed)
+  std::vector<std::string> shown;
+  for (const char* a : allowed) {
     if (t == a) return absl::OkStatus();
-  return bad(name, absl::StrCat("must be ", absl::StrJoin(allowed, ", ")), t);
+    if (*a) shown.push_back(a);
+  }
+  const std::string last = shown.back();
+  shown.pop_back();
+  return bad(name, absl::StrCat("must be ", absl::StrJoin(shown, ", "), shown.empty() ? "" : " or ", last), t);
 }
 
 std::vector<RunOption> make_table() {
@@ -117,8 +122,11 @@ std::vector<RunOption> make_table() {
   t.push_back(path("model", "a Hugging Face model folder (config.json, safetensors, tokenizer.json) or a llama.cpp .gguf file",
                    [](C& c) -> std::string& { return c.model_dir; }));
   t.push_back(path("data",
-                   "JSONL, one example per line: {\"text\"} | {\"messages\": [...]} | {\"prompt\", \"completion\"} | Alpaca "
-                   "{\"instruction\", \"input\", \"output\"} | ShareGPT {\"conversations\": [{\"from\", \"value\"}...]}",
+                   "JSONL, one example per line: {\"text\"}, {\"prompt\", \"completion\"}, {\"messages\": [...]} (tool_calls, "
+                   "tool messages and \"tools\" as transformers takes them), ShareGPT {\"conversations\": [{\"from\", "
+                   "\"value\"}...]} or Alpaca {\"instruction\", \"input\", \"output\"}; conversations use the model's chat "
+                   "template (loss on assistant turns), Alpaca without one the classic Alpaca prompt. See what is trained "
+                   "with `loom tokenize --input FILE --show`",
                    [](C& c) -> std::string& { return c.data_path; }));
   t.push_back(path("out", "output folder: adapter or model, checkpoints, metrics.jsonl, loss.svg (with --resume: the "
                           "resumed run's folder)",
@@ -163,8 +171,9 @@ std::vector<RunOption> make_table() {
                       [](C& c) -> int64_t& { return c.batch_size; }));
   t.push_back(integer("grad-accum", "1", "micro-batches per optimizer step", 1, int64_t{1} << 20, kFixed,
                       [](C& c) -> int64_t& { return c.grad_accum; }));
-  t.push_back(number("lr", "2e-4", "peak learning rate", 0, true, 1e3, kWarned, [](C& c) -> float& { return c.lr; }));
-  t.push_back(number("weight-decay", "0", "AdamW decoupled weight decay", 0, false, 1e3, kWarned,
+  // Not a size: any finite float (a huge one is how a divergence is provoked on purpose).
+  t.push_back(number("lr", "2e-4", "peak learning rate", 0, true, 3.4e38, kWarned, [](C& c) -> float& { return c.lr; }));
+  t.push_back(number("weight-decay", "0", "AdamW decoupled weight decay", 0, false, 3.4e38, kWarned,
                      [](C& c) -> float& { return c.weight_decay; }));
   t.push_back(text("optim", "adamw (torch.optim.AdamW) or adamw8bit (bitsandbytes' 8-bit blockwise state)", kFixed,
                    [](C& c) -> std::string& { return c.optim; },
@@ -502,7 +511,7 @@ std::string train_usage() {
   for (const RunOption& o : run_options()) {
     absl::StrAppend(&out, "  --", o.name, o.is_switch ? "" : " VALUE", "\n      ", o.help);
     if (!o.default_text.empty()) absl::StrAppend(&out, " (default ", o.default_text, ")");
-    if (o.on_resume == OnResume::kFixed) absl::StrAppend(&out, " [fixed for a run: --resume refuses another value]");
+    if (o.on_resume == OnResume::kFixed) absl::StrAppend(&out, " [fixed: --resume keeps the run's]");
     absl::StrAppend(&out, "\n");
   }
   absl::StrAppend(&out,

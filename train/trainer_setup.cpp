@@ -96,18 +96,42 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
                                                        "): full fine-tuning needs full-precision weights; use LoRA"));
   const ModelConfig& mc = s->model->config();
   s->checkpointing = cfg.checkpointing.value_or(Checkpointing::kNone);
-  if (!cfg.checkpointing && s->device.is_cuda()) {  // auto: on the CPU there is no device memory to run out of
-    // What every mode adds alike: the trainable parameters' gradients and optimizer state (full
-    // fine-tuning: about 16 bytes each; LoRA's adapters are small) and the fused loss's workspace.
-    int64_t fixed = 1LL << 30;
-    if (cfg.full)
-      for (const auto& [name, v] : s->model->named_weights()) fixed += 16 * v->value().numel();
-    const CheckpointingNeeds needs =
-        estimate_checkpointing_needs(mc, cfg.batch_size * cfg.seq_len, s->model->precision().compute, fixed);
-    const CheckpointingChoice choice = choose_checkpointing(needs, device_available_bytes(s->device), s->device.str());
+  // What every mode adds alike: the trainable parameters' gradients and optimizer state (full
+  // fine-tuning: about 16 bytes each; LoRA's adapters are small) and the fused loss's workspace.
+  int64_t fixed = 1LL << 30;
+  // Sizes are bounded one by one (run_options.cpp); their product may still be past any machine (and
+  // past int64 in the estimate below): one layer's activations of a micro-batch, in double first.
+  const double layer_bytes = static_cast<double>(cfg.batch_size) * static_cast<double>(cfg.seq_len) *
+                             static_cast<double>(2 * mc.intermediate_size + 9 * mc.hidden_size) * 4.0;
+  if (layer_bytes > static_cast<double>(device_available_bytes(s->device)))
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "one decoder layer's activations of a micro-batch (%d x %d tokens) would take about %.3g GiB and %.1f GiB are "
+        "available on %s: use a smaller --batch-size or --seq-len",
+        cfg.batch_size, cfg.seq_len, layer_bytes / (1LL << 30),
+        static_cast<double>(device_available_bytes(s->device)) / (1LL << 30), s->device.str()));
+  if (cfg.full)
+    for (const auto& [name, v] : s->model->named_weights()) fixed += 16 * v->value().numel();
+  const CheckpointingNeeds needs =
+      estimate_checkpointing_needs(mc, cfg.batch_size * cfg.seq_len, s->model->precision().compute, fixed);
+  const int64_t available = device_available_bytes(s->device);
+  if (!cfg.checkpointing) {  // auto; on the CPU offload is recompute (the inputs are in host memory anyway)
+    CheckpointingChoice choice = choose_checkpointing(needs, available, s->device.str());
+    if (s->device.is_cpu() && choice.mode == Checkpointing::kOffload) choice.mode = Checkpointing::kRecompute;
     s->checkpointing = choice.mode;
-    if (!cfg.quiet && (!s->dist || s->dist->root())) std::printf("%s\n", choice.reason.c_str());
+    if (!cfg.quiet && (!s->dist || s->dist->root()) && (s->device.is_cuda() || choice.mode != Checkpointing::kNone))
+      std::printf("%s\n", choice.reason.c_str());
   }
+  // A run that cannot fit is refused before it starts, with what to try. The estimate is an upper
+  // bound, so only a need of twice what is available is certain to fail.
+  const int64_t need = s->checkpointing == Checkpointing::kNone        ? needs.none
+                       : s->checkpointing == Checkpointing::kRecompute ? needs.recompute
+                                                                       : needs.offload;
+  if (need > 2 * available)
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "this run needs about %.1f GiB on %s (--checkpointing %s, %d x %d tokens a micro-batch) and %.1f GiB are "
+        "available. %s",
+        static_cast<double>(need) / (1LL << 30), s->device.str(), checkpointing_name(s->checkpointing), cfg.batch_size,
+        cfg.seq_len, static_cast<double>(available) / (1LL << 30), out_of_memory_advice(cfg, s->checkpointing, 1)));
   s->model->set_checkpointing(s->checkpointing);
   if (cfg.seq_len > mc.max_position_embeddings)
     return absl::InvalidArgumentError(absl::StrCat("--seq-len ", cfg.seq_len, " exceeds the model's max_position_embeddings ",
@@ -149,6 +173,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     for (int64_t i = 0; i < pass.steps_per_epoch(); ++i) s->eval_batches.push_back(pass.next());
   }
   if (s->dist) LOOM_RETURN_IF_ERROR(s->dist->agree(cfg, mc.summary(), s->stats, s->eval_stats));
+  // A step's micro-batches are packed on the host before it runs: 4 int32 values per token.
+  const double step_bytes = 16.0 * static_cast<double>(cfg.batch_size * world) * static_cast<double>(cfg.grad_accum) *
+                            static_cast<double>(cfg.seq_len);
+  if (step_bytes > static_cast<double>(device_available_bytes(Device::cpu())) / 2)
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "a step's %d micro-batches of %d x %d tokens would take %.3g GiB of host memory to pack, more than half of the "
+        "%.1f GiB available: use a smaller --grad-accum or --batch-size",
+        cfg.grad_accum, cfg.batch_size * world, cfg.seq_len, step_bytes / (1LL << 30),
+        static_cast<double>(device_available_bytes(Device::cpu())) / (1LL << 30)));
   s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
   const int64_t per_epoch = std::max<int64_t>(1, s->loader->steps_per_epoch() / cfg.grad_accum);
   s->total_steps = cfg.max_steps > 0 ? cfg.max_steps : per_epoch * cfg.epochs;

@@ -14,7 +14,6 @@ loom="$build/tools/loom"
 work="$build/demo"
 device=cpu
 for a in "$@"; do [ "$a" = cuda ] || [ "$a" = --device=cuda ] && device=cuda; done
-if [ "$device" = cuda ]; then dtype=bf16; else dtype=f32; fi
 steps=${LOOM_DEMO_STEPS:-30}  # 30 x 2 x 256 tokens: about 3.5 passes over the 62 chats
 # OpenMP threads sleep instead of spinning while they wait: on a machine whose cores are shared,
 # spinning threads take the cores from the ones doing the work.
@@ -27,7 +26,7 @@ if ! gguf=$("$repo/tools/fetch_smollm2.sh" "$build"); then
 fi
 rm -rf "$work"
 mkdir -p "$work"
-"$loom" convert --gguf "$gguf" --out "$work/smollm2" --dtype f32
+"$loom" convert --gguf "$gguf" --out "$work/smollm2" --dtype f32  # the file's own precision, dequantised
 
 prompts=("Who are you?" "What is the capital of Spain?" "Give me a tip for staying calm before an exam.")
 ask() {  # ask TITLE [--adapter DIR]
@@ -37,7 +36,7 @@ ask() {  # ask TITLE [--adapter DIR]
   for p in "${prompts[@]}"; do
     echo "> $p"
     "$loom" generate --model "$work/smollm2" "$@" --chat "$p" --temperature 0 --max-new-tokens 48 \
-      --dtype "$dtype" --device "$device" 2>/dev/null
+      --device "$device" 2>/dev/null  # the dtype by default: f32 on the CPU, bf16 on CUDA
   done
 }
 ask "SmolLM2-135M-Instruct before fine-tuning"
@@ -47,7 +46,7 @@ echo "=== LoRA fine-tuning on examples/demo/loom_persona.jsonl ($steps steps) ==
 start=$(date +%s)
 "$loom" train --model "$work/smollm2" --data "$here/loom_persona.jsonl" --out "$work/run" \
   --seq-len 256 --batch-size 2 --max-steps "$steps" --lr 2e-3 --schedule cosine --warmup 2 \
-  --lora-r 16 --lora-alpha 32 --dtype "$dtype" --device "$device" --log-every 2
+  --lora-r 16 --lora-alpha 32 --device "$device" --log-every 2
 echo "trained in $(( $(date +%s) - start )) s; metrics: $work/run/metrics.jsonl, loss curve: $work/run/loss.svg"
 
 ask "After fine-tuning (base + adapter $work/run)" --adapter "$work/run"

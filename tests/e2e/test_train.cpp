@@ -198,6 +198,12 @@ TEST(Train, BadInputIsAClearErrorWithNoCorruptCheckpoint) {
       {"LoRA rank past every dimension", "train --model " + base_model() + ok + " --lora-r 60000", "exceeds both sides"},
       {"LoRA rank past any model", "train --model " + base_model() + ok + " --lora-r 100000000",
        "--lora-r must be between 1 and 65536, got '100000000'"},
+      {"a batch too large for any memory", "train --model " + base_model() + ok + " --batch-size 99999999999",
+       "--batch-size must be between 1 and 1048576"},
+      {"a micro-batch past this machine's memory", "train --model " + base_model() + ok + " --batch-size 1000000",
+       "one decoder layer's activations of a micro-batch (1000000 x 32 tokens)"},
+      {"a step's batches past host memory", "train --model " + base_model() + ok + " --batch-size 4096 --grad-accum 1048576",
+       "a step's 1048576 micro-batches"},
   };
   for (const auto& c : cases) {
     RunResult r = run_loom(c.args);

@@ -90,7 +90,7 @@ TEST(TrainEval, BadEvalFlagsAreClearErrors) {
   EXPECT_NE(r.output.find("--eval-every needs --eval-data"), std::string::npos) << r.output;
   r = run_loom(base + " --eval-data " + eval + " --eval-every -1");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--eval-every must be >= 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--eval-every must be between 0 and"), std::string::npos) << r.output;
   r = run_loom(base + " --eval-data " + out + "/no-such.jsonl");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("no-such.jsonl"), std::string::npos) << r.output;

@@ -72,6 +72,7 @@ bool has(const std::string& text, const std::string& part) { return text.find(pa
 
 TEST(OutOfMemoryAdvice, NoCheckpointingSuggestsBothModesAndTheShape) {
   TrainConfig c;
+  c.dtype = DType::bf16;
   c.batch_size = 8;
   c.seq_len = 2048;
   const std::string a = out_of_memory_advice(c, Checkpointing::kNone, 3);
@@ -84,6 +85,7 @@ TEST(OutOfMemoryAdvice, NoCheckpointingSuggestsBothModesAndTheShape) {
 
 TEST(OutOfMemoryAdvice, LeanestLoRARunIsOnlyToldToShortenTheSequence) {
   TrainConfig c;
+  c.dtype = DType::bf16;
   c.qlora = true;
   c.batch_size = 1;
   c.seq_len = 524288;
