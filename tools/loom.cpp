@@ -1,4 +1,5 @@
 // `loom`: the command-line entry point; dispatches to the subcommands in tools/cmd_*.cpp.
+#include <omp.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -87,7 +88,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (first == "--version" || first == "version") {
-    std::printf("loom %s\n", LOOM_VERSION);
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    const char* spin = std::getenv("GOMP_SPINCOUNT");
+    std::printf("loom %s\nOpenMP: %d threads, OMP_WAIT_POLICY=%s%s%s\n", LOOM_VERSION, omp_get_max_threads(),
+                policy ? policy : "(unset)", spin ? ", GOMP_SPINCOUNT=" : "", spin ? spin : "");
     return 0;
   }
   std::string name = first;
