@@ -75,6 +75,15 @@ TEST(Chat, OldestTurnsAreDroppedToFitTheContext) {
   ASSERT_EQ(r.exit_code, 0) << r.output << err;
   EXPECT_NE(err.find("its oldest turn is dropped"), std::string::npos) << err;
   EXPECT_NE(err.find("context 60 tokens"), std::string::npos) << err;
+  // 60 tokens hold the system message and one exchange of this tokenizer's near-byte tokens: every
+  // turn is trimmed to [system, message], so each answer is the one-turn answer with the system
+  // message (which differs from the answer without it: the system message was kept).
+  const std::string message = "tell me more about weaving";
+  const std::string with_system = one_turn_answer(message, " --system 'Be brief.'");
+  ASSERT_NE(with_system, one_turn_answer(message));
+  std::string want;
+  for (int i = 0; i < 6; ++i) want += "> " + message + "\n" + with_system + "\n";
+  EXPECT_EQ(r.output, want + "> \n");
   // A message longer than the context alone is refused for that turn; the chat goes on.
   std::string long_message;
   for (int i = 0; i < 40; ++i) long_message += "weave ";
