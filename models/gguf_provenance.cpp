@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/json_file.h"
+#include "nlohmann/json.hpp"
 #include "models/gguf_model.h"
 
 namespace loom {
@@ -151,6 +152,47 @@ GgufProvenance finetune_provenance(const GgufProvenance& source, const std::stri
     if (const GgufValue* v = find(source, absl::StrCat("general.", field)))
       p.keys.emplace_back(absl::StrCat("general.base_model.0.", field), *v);
   return p;
+}
+
+std::string gguf_model_card(const GgufFile& f) {
+  auto text = [&](const std::string& key) -> std::string {
+    auto v = f.get_string(key);
+    return v.ok() ? *v : "";
+  };
+  auto list = [&](const std::string& key) -> std::vector<std::string> {
+    auto v = f.get_strings(key);
+    return v.ok() ? *v : std::vector<std::string>{};
+  };
+  // YAML double-quoted scalars: JSON string escapes are valid in them.
+  auto quoted = [](const std::string& s) { return nlohmann::json(s).dump(); };
+  std::string front;
+  for (const auto& [key, yaml] : {std::pair{"general.license", "license"}, std::pair{"general.license.name", "license_name"},
+                                  std::pair{"general.license.link", "license_link"}})
+    if (const std::string v = text(key); !v.empty()) absl::StrAppend(&front, yaml, ": ", quoted(v), "\n");
+  for (const auto& [key, yaml] : {std::pair{"general.languages", "language"}, std::pair{"general.tags", "tags"}})
+    if (const auto v = list(key); !v.empty()) {
+      absl::StrAppend(&front, yaml, ":\n");
+      for (const std::string& item : v) absl::StrAppend(&front, "- ", quoted(item), "\n");
+    }
+  std::vector<std::string> bases;
+  const int64_t count = f.get_int("general.base_model.count").value_or(0);
+  for (int64_t i = 0; i < count && i < 64; ++i) {
+    const std::string k = absl::StrCat("general.base_model.", i, ".");
+    const std::string org = text(k + "organization"), name = text(k + "name");
+    if (!name.empty()) bases.push_back(org.empty() ? name : absl::StrCat(org, "/", name));
+  }
+  if (!bases.empty()) {
+    absl::StrAppend(&front, "base_model:\n");
+    for (const std::string& b : bases) absl::StrAppend(&front, "- ", quoted(b), "\n");
+  }
+  std::string rest;
+  for (const GgufKv& kv : f.metadata())
+    if (kv.key.starts_with("general.") && !kFileKeys.count(kv.key) && kv.value.type == GgufType::kString)
+      absl::StrAppend(&rest, "- ", kv.key, ": ", kv.value.str, "\n");
+  if (front.empty() && rest.empty()) return "";
+  const std::string name = text("general.name");
+  return absl::StrCat("---\n", front, "---\n\n# ", name.empty() ? stem_of(f.path()) : name, "\n\nConverted from ",
+                      fs::path(f.path()).filename().string(), " by `loom convert`. Its GGUF metadata:\n\n", rest);
 }
 
 void add_gguf_provenance(const GgufProvenance& p, GgufWriter& w) {

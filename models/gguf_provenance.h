@@ -33,6 +33,12 @@ absl::StatusOr<GgufProvenance> source_provenance(const std::string& model_path);
 // languages, tags, basename and size_label kept; its own lineage, authorship and datasets dropped.
 GgufProvenance finetune_provenance(const GgufProvenance& source, const std::string& adapter_dir);
 
+// A Hugging Face README.md for a folder converted from GGUF `f`: YAML front matter with the keys
+// the Hub reads (license, license_name, license_link, language, tags, base_model as "org/name"), then
+// a title (general.name) and the other general.* keys as a list. "" when the file has none of them.
+// source_provenance() reads the front matter back.
+std::string gguf_model_card(const GgufFile& f);
+
 // Adds the keys of p.keys the writer does not hold yet (general.name is add_gguf_model's).
 void add_gguf_provenance(const GgufProvenance& p, GgufWriter& w);
 

@@ -1,5 +1,6 @@
 // `loom convert --gguf FILE --out DIR`: a llama.cpp GGUF model written as the Hugging Face folder it
-// stands for (config.json, model.safetensors, generation_config.json, tokenizer files).
+// stands for (config.json, model.safetensors, generation_config.json, tokenizer files, and a
+// README.md model card with the GGUF's license, languages and base model).
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +14,7 @@
 #include "engine/tensor_io.h"
 #include "models/causal_lm.h"
 #include "models/gguf_model.h"
+#include "models/gguf_provenance.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "tools/outputs.h"
@@ -92,6 +94,8 @@ int run_convert(const std::vector<std::string>& argv) {
   try {
     texts.emplace_back("config.json", config_json->dump(2) + "\n");
     texts.emplace_back("generation_config.json", gguf_generation_config(*file).dump(2) + "\n");
+    // The GGUF's license, languages, base model... as a model card the Hub (and loom export) reads.
+    if (std::string card = gguf_model_card(*file); !card.empty()) texts.emplace_back("README.md", std::move(card));
     if (tokenizer.ok()) {
       texts.emplace_back("tokenizer.json", tokenizer->tokenizer_json.dump(2) + "\n");
       texts.emplace_back("tokenizer_config.json", tokenizer->tokenizer_config_json.dump(2) + "\n");

@@ -128,6 +128,33 @@ TEST(GgufProvenance, AHuggingFaceFoldersReadmeAndConfig) {
   EXPECT_TRUE(bare->keys.empty());
 }
 
+// loom convert's README.md: the Hub's keys in the front matter, which an export of the converted
+// folder reads back.
+TEST(GgufProvenance, AConvertedFoldersModelCardCarriesTheKeys) {
+  test::TempDir dir;
+  const std::string src = write_source(dir);
+  auto f = GgufFile::open(src);
+  ASSERT_TRUE(f.ok());
+  const std::string card = gguf_model_card(*f);
+  EXPECT_TRUE(card.starts_with("---\nlicense: \"apache-2.0\"\nlanguage:\n- \"en\"\n- \"fr\"\n---\n\n# Smollm2 135M Instruct\n"))
+      << card;
+  EXPECT_NE(card.find("- general.organization: HuggingFaceTB\n"), std::string::npos) << card;
+  std::filesystem::create_directories(dir.file("hf"));
+  std::ofstream(dir.file("hf/README.md")) << card;
+  auto p = source_provenance(dir.file("hf"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->keys.size(), 2u);
+  EXPECT_EQ(p->keys[0].first, "general.license");
+  EXPECT_EQ(p->keys[0].second.str, "apache-2.0");
+  EXPECT_EQ(p->keys[1].first, "general.languages");
+  ASSERT_EQ(p->keys[1].second.items.size(), 2u);
+  EXPECT_EQ(p->keys[1].second.items[1].str, "fr");
+  // A GGUF without provenance gets no model card.
+  auto bare = GgufFile::open(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/tiny_qwen2.gguf");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(gguf_model_card(*bare), "");
+}
+
 TEST(GgufProvenance, FrontMatterAsYamlReadsIt) {
   const auto fm = readme_front_matter(
       "---\nlicense: \"mit\"\nlanguage: [en, 'de']\nmodel-index:\n  - name: x\n    results: []\n"
