@@ -10,7 +10,7 @@
 
 namespace loom::cli {
 
-inline constexpr char kOverwriteHelp[] = "replace an existing output (without it, an existing --out is refused)";
+inline constexpr char kOverwriteHelp[] = "replace an existing output (without it, an existing output file or folder is refused)";
 
 // A file output (flag `flag` = `path`): refused when it is a folder, or exists and !overwrite.
 absl::Status check_out_file(const std::string& flag, const std::string& path, bool overwrite);
