@@ -36,7 +36,7 @@ const Command kCommands[] = {
 };
 
 void print_help(std::FILE* out) {
-  std::fprintf(out, "usage: loom [--threads N] <command> [flags]\n\ncommands:\n");
+  std::fprintf(out, "usage: loom <command> [flags]\n       loom --threads N <command> [flags]\n\ncommands:\n");
   for (const auto& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.help);
   std::fprintf(out,
                "\n`loom <command> --help` (or `loom help <command>`) lists a command's flags; "
