@@ -1,8 +1,10 @@
 // Flag parsing for `loom` subcommands (see cli_args.h).
 #include "tools/cli_args.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
-#include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,7 +14,8 @@ namespace loom::cli {
 
 absl::StatusOr<Args> Args::parse(const std::vector<std::string>& argv, const std::vector<FlagSpec>& specs) {
   Args a;
-  std::map<std::string, const FlagSpec*> by_name;
+  static const FlagSpec kThreads{"threads", false, kThreadsHelp, ""};
+  std::map<std::string, const FlagSpec*> by_name = {{"threads", &kThreads}};
   for (const auto& s : specs) {
     by_name[s.name] = &s;
     if (!s.default_value.empty()) a.defaults_[s.name] = s.default_value;
@@ -29,7 +32,13 @@ absl::StatusOr<Args> Args::parse(const std::vector<std::string>& argv, const std
       name = name.substr(0, eq);
     }
     auto it = by_name.find(name);
-    if (it == by_name.end()) return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    if (it == by_name.end()) {
+      std::vector<std::string> known;
+      for (const auto& [n, spec] : by_name) known.push_back(n);
+      const std::string near = closest_match(name, known);
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, near.empty() ? "" : absl::StrCat(" (did you mean --", near, "?)")));
+    }
     if (it->second->is_bool) {
       if (inline_value && value != "true" && value != "false")
         return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value or true/false, got '", value, "'"));
@@ -42,7 +51,47 @@ absl::StatusOr<Args> Args::parse(const std::vector<std::string>& argv, const std
     }
     a.values_[name] = value;
   }
+  if (a.has("threads")) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(a.str("threads"), &n) || n < 1 || n > 4096)
+      return absl::InvalidArgumentError(absl::StrCat("--threads expects a thread count >= 1, got '", a.str("threads"), "'"));
+    omp_set_num_threads(static_cast<int>(n));
+  }
   return a;
+}
+
+std::string closest_match(const std::string& given, const std::vector<std::string>& candidates) {
+  // Optimal string alignment distance: Levenshtein plus the swap of two neighbours ("--modle").
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+    for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (size_t i = 1; i <= a.size(); ++i)
+      for (size_t j = 1; j <= b.size(); ++j) {
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    return d[a.size()][b.size()];
+  };
+  const size_t limit = std::max<size_t>(1, given.size() / 3);
+  std::string best;
+  size_t best_d = limit + 1;
+  for (const std::string& c : candidates)
+    if (const size_t d = distance(given, c); d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  return best;
+}
+
+DType default_dtype(const Device& device) { return device.is_cuda() ? DType::bf16 : DType::f32; }
+
+absl::StatusOr<DType> dtype_flag(const Args& args, const Device& device, const std::string& flag) {
+  if (!args.has(flag)) return default_dtype(device);
+  const std::string v = args.str(flag);
+  if (v == "f32") return DType::f32;
+  if (v == "bf16") return DType::bf16;
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be f32 or bf16, got '", v, "'"));
 }
 
 std::string Args::str(const std::string& name) const {
@@ -79,17 +128,6 @@ absl::Status check_not_over_inputs(const std::string& out_flag, const std::strin
   return absl::OkStatus();
 }
 
-absl::Status check_model_out(const std::string& out_flag, const std::string& out) {
-  for (const char* name : {"model.safetensors", "model.safetensors.index.json"}) {
-    std::error_code ec;
-    const std::filesystem::path f = std::filesystem::path(out) / name;
-    if (std::filesystem::exists(f, ec))
-      return absl::AlreadyExistsError(absl::StrCat(out_flag, " ", out, " already holds a model (", f.string(),
-                                                   "): choose another folder or remove it first"));
-  }
-  return absl::OkStatus();
-}
-
 std::string usage(const std::string& command, const std::vector<FlagSpec>& specs) {
   std::string out = absl::StrCat("usage: loom ", command, " [flags]\n");
   for (const auto& s : specs) {
@@ -97,6 +135,7 @@ std::string usage(const std::string& command, const std::vector<FlagSpec>& specs
     if (!s.default_value.empty()) absl::StrAppend(&out, " (default ", s.default_value, ")");
     absl::StrAppend(&out, "\n");
   }
+  absl::StrAppend(&out, "  --threads N\n      ", kThreadsHelp, "\n");
   return out;
 }
 

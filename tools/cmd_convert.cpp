@@ -1,5 +1,6 @@
 // `loom convert --gguf FILE --out DIR`: a llama.cpp GGUF model written as the Hugging Face folder it
-// stands for (config.json, model.safetensors, generation_config.json, tokenizer files).
+// stands for (config.json, model.safetensors, generation_config.json, tokenizer files, and a
+// README.md model card with the GGUF's license, languages and base model).
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,8 +14,10 @@
 #include "engine/tensor_io.h"
 #include "models/causal_lm.h"
 #include "models/gguf_model.h"
+#include "models/gguf_provenance.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/outputs.h"
 #include "text/gguf_tokenizer.h"
 #include "text/tokenizer.h"
 
@@ -24,8 +27,9 @@ namespace fs = std::filesystem;
 
 const std::vector<FlagSpec> kFlags = {
     {"gguf", false, "the .gguf file (llama, qwen2, qwen3, gemma, gemma2)", ""},
-    {"out", false, "output folder", ""},
-    {"dtype", false, "bf16 or f32 (the weights are dequantised to f32 first)", "bf16"},
+    {"out", false, "output Hugging Face folder (config.json, model.safetensors, tokenizer files)", ""},
+    {"dtype", false, "storage dtype of the written weights: bf16 or f32 (they are dequantised to f32 first)", "bf16"},
+    {"overwrite", true, kOverwriteHelp, ""},
     {"help", true, "show this help", ""},
 };
 
@@ -65,7 +69,7 @@ int run_convert(const std::vector<std::string>& argv) {
   const DType dtype = dtype_name == "bf16" ? DType::bf16 : DType::f32;
   const std::string src = args->str("gguf");
   const fs::path out = args->str("out");
-  if (absl::Status s = check_model_out("--out", out.string()); !s.ok()) return fail(s);
+  if (absl::Status s = check_out_folder("--out", out.string(), args->flag("overwrite")); !s.ok()) return fail(s);
 
   auto file = GgufFile::open(src);
   if (!file.ok()) return fail(file.status());
@@ -90,6 +94,8 @@ int run_convert(const std::vector<std::string>& argv) {
   try {
     texts.emplace_back("config.json", config_json->dump(2) + "\n");
     texts.emplace_back("generation_config.json", gguf_generation_config(*file).dump(2) + "\n");
+    // The GGUF's license, languages, base model... as a model card the Hub (and loom export) reads.
+    if (std::string card = gguf_model_card(*file); !card.empty()) texts.emplace_back("README.md", std::move(card));
     if (tokenizer.ok()) {
       texts.emplace_back("tokenizer.json", tokenizer->tokenizer_json.dump(2) + "\n");
       texts.emplace_back("tokenizer_config.json", tokenizer->tokenizer_config_json.dump(2) + "\n");
@@ -98,13 +104,11 @@ int run_convert(const std::vector<std::string>& argv) {
     return fail(absl::InvalidArgumentError(absl::StrCat(src, ": its metadata cannot be written as JSON (", e.what(),
                                                         "): a token's text that is not UTF-8?")));
   }
-  // Built in a temporary folder, loaded back (weights against the config, the tokenizer) and only
+  // Built in a staging folder, loaded back (weights against the config, the tokenizer) and only
   // then moved into --out: a GGUF whose tensors contradict its metadata leaves nothing behind.
-  const fs::path tmp = out.string() + ".tmp." + std::to_string(getpid());
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return fail(absl::InternalError(absl::StrCat(tmp.string(), ": cannot create the folder: ", ec.message())));
+  auto staged = StagedFolder::create(out.string());
+  if (!staged.ok()) return fail(staged.status());
+  const fs::path tmp = staged->dir();
   auto written = [&]() -> absl::Status {
     std::vector<std::pair<std::string, Tensor>> named;
     for (auto& [name, t] : *tensors) named.emplace_back(name, t);
@@ -117,17 +121,8 @@ int run_convert(const std::vector<std::string>& argv) {
       if (auto tok = Tokenizer::load(tmp.string()); !tok.ok())
         return absl::InvalidArgumentError(
             absl::StrCat(src, ": the converted tokenizer does not load: ", tok.status().message()));
-    fs::create_directories(out, ec);
-    std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(tmp)) files.push_back(e.path());
-    for (const fs::path& f : files) {
-      fs::rename(f, out / f.filename(), ec);
-      if (ec)
-        return absl::InternalError(absl::StrCat("cannot move ", f.string(), " into ", out.string(), ": ", ec.message()));
-    }
-    return absl::OkStatus();
+    return staged->commit();
   }();
-  fs::remove_all(tmp, ec);
   if (!written.ok()) return fail(written);
   const size_t count = tensors->size();
   std::printf("loom convert: %s -> %s (%s, %zu tensors; %s)\n", src.c_str(), out.string().c_str(), dtype_name.c_str(),

@@ -1,26 +1,27 @@
-// `loom export --model DIR [--adapter DIR] --out FILE.gguf --type f16|bf16|q8_0`: the model with its
-// LoRA adapter folded in (as `loom merge`), written as a llama.cpp GGUF file with the tokenizer and
-// chat template, which llama.cpp and Ollama load.
+// `loom export --model DIR|FILE.gguf [--adapter DIR] --out FILE.gguf --type f16|bf16|q8_0`: the model
+// with its LoRA adapter folded in (as `loom merge`), written as a llama.cpp GGUF file with the
+// tokenizer, chat template and the source's provenance (general.*), which llama.cpp and Ollama load.
 #include <cstdio>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "models/gguf_export.h"
+#include "models/gguf_provenance.h"
 #include "models/lora.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/outputs.h"
 #include "train/gguf_tokenizer_export.h"
 
 namespace loom::cli {
 namespace {
-namespace fs = std::filesystem;
 
 const std::vector<FlagSpec> kFlags = {
     {"model", false, "base model: Hugging Face folder or .gguf file", ""},
     {"adapter", false, "PEFT LoRA adapter folder to fold in", ""},
     {"out", false, "the .gguf file to write", ""},
     {"type", false, "f16, bf16 or q8_0 for the matrices (norms and biases stay f32)", "f16"},
-    {"name", false, "general.name (default: the model folder's name)", ""},
+    {"name", false, "general.name (default: the source's name; with --adapter, followed by the adapter folder's name)", ""},
+    {"overwrite", true, kOverwriteHelp, ""},
     {"help", true, "show this help", ""},
 };
 
@@ -49,8 +50,12 @@ int run_export(const std::vector<std::string>& argv) {
   const std::string src = args->str("model"), out = args->str("out");
   if (!out.ends_with(".gguf")) return fail(absl::InvalidArgumentError(absl::StrCat("--out ", out, ": expected a .gguf file name")));
   if (absl::Status s = check_not_over_inputs("--out", out, {{"--model", src}}, /*inside=*/false); !s.ok()) return fail(s);
-  std::error_code ec;
-  if (fs::is_directory(out, ec)) return fail(absl::InvalidArgumentError(absl::StrCat("--out ", out, ": is a directory")));
+  if (absl::Status s = check_out_file("--out", out, args->flag("overwrite")); !s.ok()) return fail(s);
+  // The source's license, organization, languages... (and, with an adapter, the fine-tune's name).
+  auto provenance = source_provenance(src);
+  if (!provenance.ok()) return fail(provenance.status());
+  if (args->has("adapter")) *provenance = finetune_provenance(*provenance, args->str("adapter"));
+  if (args->has("name")) provenance->name = args->str("name");
 
   // f32 weights so the merge adds B A to unrounded weights; the file rounds once.
   auto model = CausalLM::load(src, {DType::f32, Device::cpu()});
@@ -64,15 +69,14 @@ int run_export(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "loom export: warning: written as llama (as llama.cpp converts mistral), which attends to "
                          "the whole context instead of the sliding window of %lld\n",
                  static_cast<long long>((*model)->config().sliding_window));
-  std::string name = args->str("name");
-  if (name.empty()) name = fs::path(src).filename().replace_extension().string();
-  if (name.empty()) name = fs::path(src).parent_path().filename().string();
   GgufWriter w;
-  if (absl::Status s = add_gguf_model(**model, type, name, w); !s.ok()) return fail(s);
+  if (absl::Status s = add_gguf_model(**model, type, provenance->name, w); !s.ok()) return fail(s);
+  add_gguf_provenance(*provenance, w);
   if (absl::Status s = add_gguf_tokenizer(src, (*model)->config().vocab_size, w); !s.ok()) return fail(s);
   if (absl::Status s = w.write(out); !s.ok()) return fail(s);
-  std::printf("loom export: %s%s -> %s (%s)\n", src.c_str(),
-              args->has("adapter") ? absl::StrCat(" + ", args->str("adapter")).c_str() : "", out.c_str(), type_name.c_str());
+  std::printf("loom export: %s%s -> %s (%s, general.name \"%s\")\n", src.c_str(),
+              args->has("adapter") ? absl::StrCat(" + ", args->str("adapter")).c_str() : "", out.c_str(), type_name.c_str(),
+              provenance->name.c_str());
   return 0;
 }
 

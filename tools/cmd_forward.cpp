@@ -1,5 +1,5 @@
-// `loom forward`: runs a Hugging Face model (optionally with a PEFT LoRA adapter) on token ids
-// from a safetensors file and writes logits, the loss and, with --grads, the LoRA gradients.
+// `loom forward`: runs a Hugging Face model or .gguf file (optionally with a PEFT LoRA adapter) on
+// token ids from a safetensors file and writes logits, the loss and, with --grads, the LoRA gradients.
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -7,19 +7,21 @@
 #include "models/lora.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/outputs.h"
 
 namespace loom::cli {
 namespace {
 
 const std::vector<FlagSpec> kFlags = {
-    {"model", false, "Hugging Face model folder (config.json + safetensors)", ""},
+    {"model", false, "Hugging Face model folder (config.json + safetensors) or .gguf file", ""},
     {"adapter", false, "PEFT LoRA adapter folder to apply", ""},
     {"device", false, "cpu, cuda or cuda:N", "cpu"},
-    {"dtype", false, "f32 or bf16 weights and activations", "f32"},
+    {"dtype", false, kDtypeHelp, ""},
     {"input", false, "safetensors with input_ids (i32 [B,S]) and optional labels (i32 [B,S], -100 ignored)", ""},
     {"output", false, "safetensors to write: logits, loss, grad.<PEFT name>", ""},
     {"grads", true, "also write the gradient of the loss for every LoRA tensor (needs --adapter and labels)", ""},
-    {"save-adapter", false, "also re-save the loaded adapter here in PEFT format", ""},
+    {"save-adapter", false, "also re-save the loaded adapter into this folder in PEFT format", ""},
+    {"overwrite", true, kOverwriteHelp, ""},
     {"help", true, "show this help", ""},
 };
 
@@ -59,13 +61,23 @@ int run_forward(const std::vector<std::string>& argv) {
                                              /*inside=*/true);
       !s.ok())
     return fail(s);
+  const bool overwrite = args->flag("overwrite");
+  if (absl::Status s = check_out_file("--output", args->str("output"), overwrite); !s.ok()) return fail(s);
+  if (args->has("save-adapter")) {
+    if (absl::Status s = check_out_folder("--save-adapter", args->str("save-adapter"), overwrite); !s.ok()) return fail(s);
+    if (absl::Status s = check_not_over_inputs("--save-adapter", args->str("save-adapter"),
+                                               {{"--model", args->str("model")}, {"--adapter", args->str("adapter")}},
+                                               /*inside=*/true);
+        !s.ok())
+      return fail(s);
+  }
   auto device = parse_device(args->str("device"));
   if (!device.ok()) return fail(device.status());
   if (device->is_cuda() && device->index >= cuda_device_count())
     return fail(absl::InvalidArgumentError(absl::StrCat("--device ", device->str(), ": no such CUDA device")));
-  const std::string dtype_name = args->str("dtype");
-  if (dtype_name != "f32" && dtype_name != "bf16")
-    return fail(absl::InvalidArgumentError(absl::StrCat("--dtype must be f32 or bf16, got '", dtype_name, "'")));
+  auto dtype = dtype_flag(*args, *device);
+  if (!dtype.ok()) return fail(dtype.status());
+  const std::string dtype_name(loom::name(*dtype));
   const bool grads = args->flag("grads");
   if (grads && !args->has("adapter")) return fail(absl::InvalidArgumentError("--grads needs --adapter"));
 
@@ -80,7 +92,7 @@ int run_forward(const std::vector<std::string>& argv) {
                                                         " and input_ids ", shape_str(ids->shape()), " differ in shape")));
   if (grads && !labels->defined()) return fail(absl::InvalidArgumentError("--grads needs labels in the input file"));
 
-  auto model = CausalLM::load(args->str("model"), {*dtype_from_name(dtype_name), *device});
+  auto model = CausalLM::load(args->str("model"), {*dtype, *device});
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
   const std::vector<int32_t> id_values = ids->to_ints();
@@ -100,8 +112,12 @@ int run_forward(const std::vector<std::string>& argv) {
   if (args->has("adapter")) {
     auto lc = load_adapter(**model, args->str("adapter"));
     if (!lc.ok()) return fail(lc.status());
-    if (args->has("save-adapter"))
-      if (absl::Status s = save_adapter(**model, *lc, args->str("save-adapter")); !s.ok()) return fail(s);
+    if (args->has("save-adapter")) {
+      auto staged = StagedFolder::create(args->str("save-adapter"));
+      if (!staged.ok()) return fail(staged.status());
+      if (absl::Status s = save_adapter(**model, *lc, staged->dir()); !s.ok()) return fail(s);
+      if (absl::Status s = staged->commit(); !s.ok()) return fail(s);
+    }
   }
 
   std::optional<ag::NoGradGuard> no_grad;

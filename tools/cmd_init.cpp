@@ -9,13 +9,15 @@
 #include "text/tokenizer.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/outputs.h"
 
 namespace loom::cli {
 namespace {
 const std::vector<FlagSpec> kFlags = {
     {"from", false, "folder with config.json (tokenizer.json etc. are copied too)", ""},
-    {"out", false, "output model folder", ""},
+    {"out", false, "output Hugging Face folder (config.json, model.safetensors in bf16, tokenizer files)", ""},
     {"seed", false, "initialisation seed", "0"},
+    {"overwrite", true, kOverwriteHelp, ""},
     {"help", true, "show this help", ""},
 };
 int fail(const absl::Status& s) {
@@ -33,13 +35,16 @@ int run_init(const std::vector<std::string>& argv) {
   }
   for (const char* required : {"from", "out"})
     if (!args->has(required)) return fail(absl::InvalidArgumentError(absl::StrCat("--", required, " is required")));
-  // --out may be --from's folder when it holds only a config.json; never a model's weights.
-  if (absl::Status s = check_model_out("--out", args->str("out")); !s.ok()) return fail(s);
+  // --out may be --from's folder itself (with --overwrite): the model is built beside it first.
+  if (absl::Status s = check_out_folder("--out", args->str("out"), args->flag("overwrite")); !s.ok()) return fail(s);
   auto seed = args->integer("seed");
   if (!seed.ok()) return fail(seed.status());
   auto model = CausalLM::init_random(args->str("from"), {DType::f32, Device::cpu()}, static_cast<uint64_t>(*seed));
   if (!model.ok()) return fail(model.status());
-  if (absl::Status s = save_pretrained(**model, args->str("out")); !s.ok()) return fail(s);
+  auto staged = StagedFolder::create(args->str("out"));
+  if (!staged.ok()) return fail(staged.status());
+  if (absl::Status s = save_pretrained(**model, staged->dir()); !s.ok()) return fail(s);
+  if (absl::Status s = staged->commit(); !s.ok()) return fail(s);
   // A tokenizer with more tokens than the model has embedding rows: train and generate refuse it.
   if (std::filesystem::exists(std::filesystem::path(args->str("from")) / "tokenizer.json"))
     if (auto tok = Tokenizer::load(args->str("from")); tok.ok())

@@ -6,14 +6,16 @@
 #include "models/lora.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/outputs.h"
 
 namespace loom::cli {
 namespace {
 const std::vector<FlagSpec> kFlags = {
-    {"model", false, "base Hugging Face model folder", ""},
+    {"model", false, "base model: Hugging Face folder or .gguf file", ""},
     {"adapter", false, "PEFT LoRA adapter folder", ""},
-    {"out", false, "output folder (config.json + model.safetensors in bf16)", ""},
-    {"device", false, "cpu, cuda or cuda:N (where the merge is computed)", "cpu"},
+    {"out", false, "output Hugging Face folder (config.json + model.safetensors in bf16, tokenizer files)", ""},
+    {"device", false, "cpu, cuda or cuda:N (where the merge is computed, in f32)", "cpu"},
+    {"overwrite", true, kOverwriteHelp, ""},
     {"help", true, "show this help", ""},
 };
 int fail(const absl::Status& s) {
@@ -36,7 +38,7 @@ int run_merge(const std::vector<std::string>& argv) {
                                              /*inside=*/false);
       !s.ok())
     return fail(s);
-  if (absl::Status s = check_model_out("--out", args->str("out")); !s.ok()) return fail(s);
+  if (absl::Status s = check_out_folder("--out", args->str("out"), args->flag("overwrite")); !s.ok()) return fail(s);
   auto device = parse_device(args->str("device"));
   if (!device.ok()) return fail(device.status());
   if (device->is_cuda() && device->index >= cuda_device_count())
@@ -47,7 +49,10 @@ int run_merge(const std::vector<std::string>& argv) {
   auto lc = load_adapter(**model, args->str("adapter"));
   if (!lc.ok()) return fail(lc.status());
   merge_lora(**model);
-  if (absl::Status s = save_pretrained(**model, args->str("out")); !s.ok()) return fail(s);
+  auto staged = StagedFolder::create(args->str("out"));
+  if (!staged.ok()) return fail(staged.status());
+  if (absl::Status s = save_pretrained(**model, staged->dir()); !s.ok()) return fail(s);
+  if (absl::Status s = staged->commit(); !s.ok()) return fail(s);
   std::printf("loom merge: %s + %s -> %s (bf16)\n", args->str("model").c_str(), args->str("adapter").c_str(),
               args->str("out").c_str());
   return 0;

@@ -1,9 +1,7 @@
 // `loom quantize --model DIR --out DIR`: a bf16/f16/f32 Hugging Face model rewritten as the 4-bit
 // checkpoint transformers + bitsandbytes save (NF4, double quantisation; models/bnb_checkpoint.h).
-// Weights are read and quantised one at a time; the folder is built under a temporary name and
-// renamed into place.
-#include <unistd.h>
-
+// Weights are read and quantised one at a time; the folder is built in a staging folder and its
+// files moved into --out at the end (tools/outputs.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,6 +21,7 @@
 #include "models/checkpoint.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
+#include "tools/outputs.h"
 
 namespace loom::cli {
 namespace {
@@ -30,9 +29,10 @@ namespace fs = std::filesystem;
 
 const std::vector<FlagSpec> kFlags = {
     {"model", false, "Hugging Face model folder (bf16, f16 or f32 safetensors)", ""},
-    {"out", false, "output folder (must not exist yet)", ""},
+    {"out", false, "output Hugging Face folder (4-bit model.safetensors, config.json with its quantization_config, tokenizer files)", ""},
     {"device", false, "cpu, cuda or cuda:N (where the weights are quantised)", "cpu"},
     {"compute-dtype", false, "bnb_4bit_compute_dtype written to config.json: bfloat16, float16 or float32", "bfloat16"},
+    {"overwrite", true, kOverwriteHelp, ""},
     {"help", true, "show this help", ""},
 };
 
@@ -49,6 +49,7 @@ bool is_side_file(const std::string& name) {
   return absl::StartsWith(name, "tokenizer");
 }
 
+// Written into the staging folder, whose files are moved into --out together.
 absl::Status write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
@@ -146,23 +147,18 @@ int run_quantize(const std::vector<std::string>& argv) {
   if (compute != "bfloat16" && compute != "float16" && compute != "float32")
     return fail(absl::InvalidArgumentError(absl::StrCat("--compute-dtype ", compute, ": expected bfloat16, float16 or float32")));
   const fs::path out = fs::path(args->str("out"));
-  std::error_code ec;
-  if (fs::exists(out, ec)) return fail(absl::AlreadyExistsError(absl::StrCat("--out ", out.string(), " already exists")));
-  const fs::path tmp = out.string() + ".tmp." + std::to_string(getpid());
-  fs::create_directories(tmp, ec);
-  if (ec) return fail(absl::InternalError(absl::StrCat(tmp.string(), ": cannot create the folder: ", ec.message())));
+  if (absl::Status s = check_out_folder("--out", out.string(), args->flag("overwrite")); !s.ok()) return fail(s);
+  if (absl::Status s = check_not_over_inputs("--out", out.string(), {{"--model", args->str("model")}}, /*inside=*/false);
+      !s.ok())
+    return fail(s);
+  auto staged = StagedFolder::create(out.string());
+  if (!staged.ok()) return fail(staged.status());
   int quantized = 0;
   int64_t bytes_in = 0, bytes_out = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status s = quantize_folder(args->str("model"), tmp, *device, compute, &quantized, &bytes_in, &bytes_out);
-  if (s.ok()) {
-    fs::rename(tmp, out, ec);
-    if (ec) s = absl::InternalError(absl::StrCat("cannot rename ", tmp.string(), " to ", out.string(), ": ", ec.message()));
-  }
-  if (!s.ok()) {
-    fs::remove_all(tmp, ec);
-    return fail(s);
-  }
+  absl::Status s = quantize_folder(args->str("model"), staged->dir(), *device, compute, &quantized, &bytes_in, &bytes_out);
+  if (s.ok()) s = staged->commit();
+  if (!s.ok()) return fail(s);
   // Read, quantised on --device and written, in wall time (the input's bytes over it).
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("loom quantize: %s -> %s (%d weights in NF4 with double quantisation; tensors %.1f MB -> %.1f MB) "

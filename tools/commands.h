@@ -9,6 +9,7 @@ int run_forward(const std::vector<std::string>& args);
 int run_merge(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
+int run_chat(const std::vector<std::string>& args);
 int run_init(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
 int run_convert(const std::vector<std::string>& args);

@@ -14,9 +14,9 @@ loom=build-gpu/tools/loom
 {
   for v in llama llama_tied_bf16 mistral qwen2 qwen3 gemma gemma2; do
     f=tests/fixtures/models/$v
-    $loom forward --model $f --adapter $f/adapter --input $f/inputs.safetensors --output /tmp/fw_$v.safetensors \
+    $loom forward --model $f --adapter $f/adapter --input $f/inputs.safetensors --output /tmp/fw_$v.safetensors --overwrite \
       --save-adapter /tmp/adapter_$v > /dev/null && python3 tools/check_peft_adapter.py /tmp/adapter_$v $f 2>&1 | tail -1
-    $loom merge --model $f --adapter $f/adapter --out /tmp/merged_$v --device cuda > /dev/null &&
+    $loom merge --model $f --adapter $f/adapter --out /tmp/merged_$v --device cuda --overwrite > /dev/null &&
       python3 tools/check_merged.py /tmp/merged_$v $f 2>&1 | tail -2
   done
   # `loom quantize` output as transformers + bitsandbytes load it (needs the wheel: carry .peers).

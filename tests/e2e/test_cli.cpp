@@ -34,6 +34,7 @@ std::string demo_model_with(const std::string& name, const std::string& field, c
 
 TEST(Cli, ForwardWritesLogitsLossAndLoraGradients) {
   const std::string out = ::testing::TempDir() + "loom_forward_out.safetensors";
+  std::filesystem::remove(out);  // forward refuses an existing --output without --overwrite
   RunResult r = run_loom("forward --model " + kQwen2 + " --adapter " + kQwen2 + "/adapter --input " + kQwen2 +
                          "/inputs.safetensors --output " + out + " --grads");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -61,6 +62,7 @@ TEST(Cli, ForwardWithoutLabelsWritesOnlyLogits) {
                                       std::span<const uint8_t>(static_cast<const uint8_t*>(ids.data_ptr()), ids.nbytes())}})
                   .ok());
   const std::string out = ::testing::TempDir() + "loom_forward_logits.safetensors";
+  std::filesystem::remove(out);
   RunResult r = run_loom("forward --model " + kQwen2 + " --input " + in + " --output " + out + " --dtype bf16");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto got = read_all(out);
@@ -75,6 +77,7 @@ TEST(Cli, MergeWritesACheckpointLoomReloads) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(std::filesystem::exists(out + "/config.json"));
   const std::string logits = ::testing::TempDir() + "loom_merged_logits.safetensors";
+  std::filesystem::remove(logits);
   r = run_loom("forward --model " + out + " --input " + kQwen2 + "/inputs.safetensors --output " + logits);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_LT(rel_err(read_all(logits)["logits"], read_all(kQwen2 + "/reference_lora.safetensors")["merged_logits"]), 3e-2);

@@ -82,10 +82,12 @@ std::vector<double> naive(const Problem<AB, C>& p) {
 
 std::vector<Case> cases() {
   std::vector<Case> cs;
-  // The last two are above the CPU GEMM's threading threshold (2^18 multiply-adds): C split into row
-  // blocks (m >= n) or column blocks, with a ragged last block.
-  const int64_t sizes[][3] = {{1, 1, 1},     {7, 33, 129},  {129, 7, 33},  {33, 129, 7},
-                              {64, 48, 80},  {1, 129, 33},  {301, 37, 70}, {37, 301, 70}};
+  // {301, 37, 70} and {37, 301, 70} are above the CPU GEMM's threading threshold (2^18
+  // multiply-adds): C split into row blocks (m >= n) or column blocks, with a ragged last block.
+  // {2, 1031, 257}: bf16's few-rows path (m <= 8) above the threshold, its last block of 16 columns
+  // ragged and k not a multiple of its 16 lanes.
+  const int64_t sizes[][3] = {{1, 1, 1},    {7, 33, 129},  {129, 7, 33},  {33, 129, 7},  {64, 48, 80},
+                              {1, 129, 33}, {301, 37, 70}, {37, 301, 70}, {2, 1031, 257}};
   int idx = 0;
   for (const auto& s : sizes)
     for (int t = 0; t < 4; ++t, ++idx) {
