@@ -254,6 +254,11 @@ std::vector<RunOption> make_table() {
     o.stored = false;
     t.push_back(o);
   }
+  t.push_back(on_off("overwrite",
+                     "a fresh run into an --out folder holding an earlier run's adapter, model, metrics or checkpoints "
+                     "replaces them (without it that folder is refused; --resume continues it instead)",
+                     kFree, [](C& c) -> bool& { return c.overwrite; }));
+  t.back().stored = false;
   t.push_back(integer("log-every", "1", "progress line every N steps when not on a terminal", 1, kSteps, kFree,
                       [](C& c) -> int64_t& { return c.log_every; }));
   t.back().ranks_agree = false;

@@ -39,6 +39,9 @@ struct TrainConfig {
   std::string chat_template;       // "" = detect from the model folder
   bool skip_bad_lines = false;
   std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder
+  // A fresh run into a folder holding an earlier run's outputs replaces them (its checkpoints are
+  // removed at the first save); without it such a folder is refused.
+  bool overwrite = false;
   int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
   int64_t stop_after = 0;          // > 0: stop (save, return) after this many steps of this run, as if interrupted
   bool quiet = false;

@@ -69,6 +69,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (cfg.full && fs::exists(fs::path(cfg.out_dir) / "model.safetensors.index.json", ec))
     return absl::AlreadyExistsError(absl::StrCat("--out ", cfg.out_dir, " holds a sharded model (model.safetensors.index.",
                                                  "json): the trained model could not be saved there; choose another folder"));
+  // One rule for every writer: an earlier run's outputs are replaced only when asked.
+  if (cfg.resume.empty() && !cfg.overwrite) {
+    std::vector<std::string> earlier;
+    for (const char* f : {"adapter_model.safetensors", "model.safetensors", "metrics.jsonl"})
+      if (fs::exists(fs::path(cfg.out_dir) / f, ec)) earlier.push_back(f);
+    for (const auto& e : fs::directory_iterator(cfg.out_dir, ec))
+      if (e.path().filename().string().rfind("checkpoint-", 0) == 0) earlier.push_back(e.path().filename().string());
+    if (!earlier.empty()) {
+      std::sort(earlier.begin(), earlier.end());
+      if (earlier.size() > 4) earlier.resize(4), earlier.back() = "...";
+      return absl::AlreadyExistsError(absl::StrCat("--out ", cfg.out_dir, " holds an earlier run (", absl::StrJoin(earlier, ", "),
+                                                   "): --resume ", cfg.out_dir, " continues it, --overwrite replaces it; ",
+                                                   "or choose another folder"));
+    }
+  }
   // The output folder must be writable before hours of training are spent.
   fs::create_directories(cfg.out_dir, ec);
   const fs::path probe = fs::path(cfg.out_dir) / absl::StrCat(".write-test.", getpid());
