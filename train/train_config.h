@@ -7,6 +7,7 @@
 
 #include "engine/device.h"
 #include "engine/dtype.h"
+#include "engine/precision.h"
 #include "models/causal_lm.h"
 #include "models/lora.h"
 
@@ -49,7 +50,7 @@ struct TrainConfig {
   double dist_timeout = 300;       // seconds a collective may take before the job is aborted
   bool offload_optimizer = false;  // f32 masters and optimizer state in pinned host memory, updated on the CPU
 
-  DType resolved_dtype() const { return dtype.value_or(device.is_cuda() ? DType::bf16 : DType::f32); }
+  DType resolved_dtype() const { return dtype.value_or(default_model_dtype(device)); }
 };
 
 }  // namespace loom
