@@ -1,7 +1,8 @@
 // Jinja evaluator: statements (text, output, if, for with loop/else/filter, set, namespace
 // attributes, block set, macros, break/continue) and expressions, with Jinja's scoping: a for
 // loop's body runs in a fresh scope each iteration, so what it sets does not leak out; `if` opens
-// no scope; a macro sees the template's top-level names.
+// no scope; a macro sees the template's top-level names. Every statement and expression node is a
+// step of the render's budget and a level of its nesting (Limits).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -11,15 +12,32 @@
 
 namespace loom::jinja {
 
+void Output::append(const std::string& s) {
+  const size_t limit = budget::limits().max_output_bytes;
+  if (text.size() + s.size() > limit && budget::active())
+    fail(absl::StrCat("the rendered text passes ", limit, " bytes (Limits::max_output_bytes)"));
+  budget::bytes(s.size());
+  text += s;
+}
+
 void Output::append(const Value& v) {
-  if (v.is_string()) {
-    for (Mark m : v.marks()) {
-      m.begin += text.size();
-      m.end += text.size();
-      marks.push_back(m);
-    }
+  if (!v.is_string()) return append(v.to_str());
+  const size_t at = text.size();
+  append(v.str());
+  for (Mark m : v.marks()) {
+    m.begin += at;
+    m.end += at;
+    marks.push_back(m);
   }
-  text += v.to_str();
+}
+
+Interp::Nest::Nest(Interp& in) : in(in) {
+  budget::step();
+  if (++in.depth_ > in.limits_.max_render_depth) {
+    --in.depth_;
+    fail(absl::StrCat("rendering nests deeper than ", in.limits_.max_render_depth,
+                      " levels of blocks, expressions and macro calls (Limits::max_render_depth)"));
+  }
 }
 
 Value Interp::lookup(const std::string& name) const {
@@ -48,8 +66,9 @@ void Interp::exec(const Body& body, Output& out) {
 
 void Interp::exec_stmt(const Stmt& s, Output& out) {
   line_ = s.line;
+  const Nest nest(*this);
   switch (s.kind) {
-    case Stmt::kText: out.text += s.text; return;
+    case Stmt::kText: out.append(s.text); return;
     case Stmt::kOutput: {
       const Value v = eval(*s.expr);
       if (v.is_callable()) fail(absl::StrCat("cannot print the function '", v.hint(), "' (call it with ())"));
@@ -132,24 +151,27 @@ void Interp::exec_for(const Stmt& s, Output& out) {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
+    line_ = s.line;
     Frame f{{}, outer};
     frame_ = &f;
     auto loop = std::make_shared<Dict>();
-    loop->set("index", Value::integer(i + 1));
-    loop->set("index0", Value::integer(i));
-    loop->set("revindex", Value::integer(n - i));
-    loop->set("revindex0", Value::integer(n - i - 1));
-    loop->set("first", Value::boolean(i == 0));
-    loop->set("last", Value::boolean(i == n - 1));
-    loop->set("length", Value::integer(n));
-    loop->set("depth", Value::integer(1));
-    loop->set("depth0", Value::integer(0));
-    if (i > 0) loop->set("previtem", items[i - 1]);
-    if (i + 1 < n) loop->set("nextitem", items[i + 1]);
-    loop->set("cycle", Value::callable("loop.cycle", [i](Interp&, const CallArgs& a) {
-                if (a.pos.empty()) fail("loop.cycle() needs at least one argument");
-                return a.pos[static_cast<size_t>(i) % a.pos.size()];
-              }));
+    auto& l = loop->items;  // distinct keys: no Dict::set lookups
+    l.reserve(12);
+    l.emplace_back("index", Value::integer(i + 1));
+    l.emplace_back("index0", Value::integer(i));
+    l.emplace_back("revindex", Value::integer(n - i));
+    l.emplace_back("revindex0", Value::integer(n - i - 1));
+    l.emplace_back("first", Value::boolean(i == 0));
+    l.emplace_back("last", Value::boolean(i == n - 1));
+    l.emplace_back("length", Value::integer(n));
+    l.emplace_back("depth", Value::integer(1));
+    l.emplace_back("depth0", Value::integer(0));
+    if (i > 0) l.emplace_back("previtem", items[i - 1]);
+    if (i + 1 < n) l.emplace_back("nextitem", items[i + 1]);
+    l.emplace_back("cycle", Value::callable("loop.cycle", [i](Interp&, const CallArgs& a) {
+                     if (a.pos.empty()) fail("loop.cycle() needs at least one argument");
+                     return a.pos[static_cast<size_t>(i) % a.pos.size()];
+                   }));
     assign("loop", Value::dict(loop));
     if (s.targets.size() == 1) {
       assign(s.targets[0], items[i]);
@@ -172,7 +194,9 @@ void Interp::exec_for(const Stmt& s, Output& out) {
 Value Interp::define_macro(const Stmt& s) {
   const Stmt* def = &s;
   return Value::callable(s.text, [def](Interp& in, const CallArgs& args) {
-    if (in.depth_ > 64) fail(absl::StrCat("macro '", def->text, "' recurses too deeply"));
+    if (in.calls_ >= in.limits_.max_call_depth)
+      fail(absl::StrCat("macro '", def->text, "' called with ", in.limits_.max_call_depth,
+                        " macro calls in progress (Limits::max_call_depth): recursion without end?"));
     if (args.pos.size() > def->targets.size())
       fail(absl::StrCat("macro '", def->text, "' takes ", def->targets.size(), " arguments, got ", args.pos.size()));
     for (const auto& [k, v] : args.kw) {
@@ -195,11 +219,11 @@ Value Interp::define_macro(const Stmt& s) {
       }
     }
     Output out;
-    ++in.depth_;
+    ++in.calls_;
     const Flow saved_flow = in.flow_;
     in.exec(def->body, out);
     in.flow_ = saved_flow;
-    --in.depth_;
+    --in.calls_;
     in.frame_ = saved;
     in.line_ = saved_line;
     return Value::string(std::move(out.text), std::move(out.marks));
@@ -287,8 +311,14 @@ Value Interp::slice(const Value& obj, const Expr* a, const Expr* b, const Expr* 
   };
   const int64_t lo = clamp(start, step > 0 ? 0 : n - 1), hi = clamp(stop, step > 0 ? n : -1);
   if (obj.is_string() && step == 1) return substring(obj, starts[lo], starts[std::max(lo, hi)]);
+  // lo and hi lie in [-1, n], so the count and each index fit; only the step can be huge.
+  const uint64_t stride = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+  const uint64_t span = step > 0 ? (hi > lo ? static_cast<uint64_t>(hi - lo) : 0) : (lo > hi ? static_cast<uint64_t>(lo - hi) : 0);
+  const uint64_t count = span == 0 ? 0 : (span - 1) / stride + 1;
   std::vector<int64_t> idx;
-  for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) idx.push_back(i);
+  idx.reserve(count);
+  for (uint64_t k = 0; k < count; ++k)
+    idx.push_back(step > 0 ? lo + static_cast<int64_t>(k * stride) : lo - static_cast<int64_t>(k * stride));
   if (obj.is_list()) {
     std::vector<Value> out;
     for (int64_t i : idx) out.push_back(obj.items()[static_cast<size_t>(i)]);
@@ -340,6 +370,7 @@ Value Interp::binary(const Expr& e) {
 
 Value Interp::eval(const Expr& e) {
   line_ = e.line;
+  const Nest nest(*this);
   switch (e.kind) {
     case Expr::kLiteral: return e.value;
     case Expr::kName: return lookup(e.name);
@@ -397,7 +428,8 @@ Value Interp::eval(const Expr& e) {
       if (e.name == "not") return Value::boolean(!v.truthy());
       if (!v.is_number()) fail(absl::StrCat("bad operand type for unary ", e.name, ": '", v.type_name(), "'"));
       if (e.name == "+") return v.type() == Value::Type::kFloat ? v : Value::integer(v.as_int());
-      return v.type() == Value::Type::kFloat ? Value::number(-v.as_double()) : Value::integer(-v.as_int());
+      if (v.type() == Value::Type::kFloat) return Value::number(-v.as_double());
+      return arithmetic("-", Value::integer(0), v);  // -(-2**63) does not fit 64 bits
     }
     case Expr::kBinary: return binary(e);
     case Expr::kCompare: return compare(e);
