@@ -377,8 +377,11 @@ void add_globals(Interp::Frame* frame) {
     const __int128 span = step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
     const __int128 stride = step > 0 ? static_cast<__int128>(step) : -static_cast<__int128>(step);
     const __int128 len = span <= 0 ? 0 : (span - 1) / stride + 1;
-    budget::check_items(len > static_cast<__int128>(SIZE_MAX >> 1) ? SIZE_MAX >> 1 : static_cast<size_t>(len),
-                        sizeof(Value), "range()");
+    // transformers renders in Jinja's sandbox, whose range() refuses more than MAX_RANGE items.
+    constexpr int64_t kMaxRange = 100000;
+    if (len > kMaxRange)
+      fail(absl::StrCat("range() of more than ", kMaxRange, " elements (Jinja's sandbox, which transformers renders "
+                        "with, refuses it too)"));
     std::vector<Value> out;
     out.reserve(static_cast<size_t>(len));
     for (__int128 k = 0; k < len; ++k) out.push_back(Value::integer(static_cast<int64_t>(start + k * step)));

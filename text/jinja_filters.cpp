@@ -3,7 +3,7 @@
 // min/max, sum, reverse, round, abs, indent, upper/lower/title/capitalize, safe, dictsort), with
 // Python's semantics; string helpers in jinja_builtins_internal.h.
 #include <algorithm>
-#include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <optional>
 
@@ -56,16 +56,15 @@ std::optional<double> parse_float(std::string_view s) {
       return std::nullopt;
     digits += s[i];
   }
-  double d = 0;
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), d);
-  if (digits.empty() || end != digits.data() + digits.size()) return std::nullopt;
-  if (ec == std::errc::result_out_of_range) d = std::abs(d) < 1 ? 0.0 : HUGE_VAL;  // Python: 1e999 is inf
-  else if (ec != std::errc()) return std::nullopt;
-  return sign * d;
+  if (digits.empty() || digits[0] == '+' || digits[0] == '-') return std::nullopt;
+  char* end = nullptr;
+  const double d = std::strtod(digits.c_str(), &end);  // only digits . e + - are left: no hex, no words
+  if (end != digits.c_str() + digits.size()) return std::nullopt;
+  return sign * d;  // 1e999 is inf, as Python's float()
 }
 
 // The int and float filters (Jinja's do_int / do_float): the default where Python's int() or
-// float() raises ValueError; int(inf) and integers past 64 bits are errors.
+// float() raises (ValueError, OverflowError); integers past 64 bits are errors.
 Value to_number(const Value& v, bool integer, const Value& dflt) {
   std::optional<double> d;
   if (v.is_number() && v.type() != Value::Type::kFloat) {
@@ -81,7 +80,7 @@ Value to_number(const Value& v, bool integer, const Value& dflt) {
   if (!d) return dflt;
   if (!integer) return Value::number(*d);
   if (std::isnan(*d)) return dflt;
-  if (std::isinf(*d)) fail("int: cannot convert float infinity to integer");
+  if (std::isinf(*d)) return dflt;  // jinja2 3.1 catches the OverflowError too
   if (*d >= 0x1p63 || *d < -0x1p63)
     fail(absl::StrCat("int: ", format_float(*d), " does not fit 64 bits (Loom's integers are 64-bit)"));
   return Value::integer(static_cast<int64_t>(*d));

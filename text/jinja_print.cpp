@@ -24,7 +24,7 @@ std::string format_float(double d) {
   const int exp10 = std::stoi(sci.substr(e + 1));
   std::string sign, digits;
   for (size_t i = 0; i < e; ++i) {
-    if (sci[i] == '-') sign = "-";
+    if (sci[i] == '-') sign.assign(1, '-');
     else if (sci[i] != '.') digits += sci[i];
   }
   if (exp10 < -4 || exp10 >= 16) {
