@@ -18,6 +18,9 @@ absl::Status to_status(const Error& e) {
 }  // namespace
 
 absl::StatusOr<Template> Template::parse(const std::string& source, const Limits& limits) {
+  if (source.size() > limits.max_source_bytes)
+    return absl::InvalidArgumentError(absl::StrCat("the template is ", source.size(), " bytes, more than the limit of ",
+                                                   limits.max_source_bytes, " (Limits::max_source_bytes)"));
   try {
     Template t;
     t.body_ = std::make_shared<const Body>(jinja::parse(lex(source), limits));

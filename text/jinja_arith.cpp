@@ -41,8 +41,10 @@ Value repeat(const Value& seq, int64_t times) {
   const size_t n = times > 0 ? static_cast<size_t>(times) : 0;
   if (seq.is_string()) {
     const std::string& s = seq.str();
-    // The product is checked before it is formed: n * size may not fit size_t.
-    if (!s.empty()) budget::check_size(n > SIZE_MAX / s.size() ? SIZE_MAX : n * s.size(), "a repeated string");
+    // The product is checked before it is formed: n * size may not fit size_t. Marks count too:
+    // an empty tagged string repeated makes no text but a mark per copy.
+    const size_t one = s.size() + seq.marks().size() * sizeof(Mark);
+    if (one > 0) budget::check_size(n > SIZE_MAX / one ? SIZE_MAX : n * one, "a repeated string");
     std::string out;
     out.reserve(n * s.size());
     std::vector<Mark> marks;

@@ -162,7 +162,8 @@ Value join(Interp& in, const Value& seq, const std::string& sep, const Value& at
     const Value e = attribute.is_none() ? x : in.attr(x, attribute.to_str());
     const std::string text = e.is_string() ? std::string() : e.to_str();
     const std::string& part = e.is_string() ? e.str() : text;
-    budget::check_size(out.size() + (first ? 0 : sep.size()) + part.size(), "join()'s result");
+    budget::check_size(out.size() + (first ? 0 : sep.size()) + part.size() + (marks.size() + e.marks().size()) * sizeof(Mark),
+                       "join()'s result");
     if (!first) out += sep;
     first = false;
     for (Mark m : e.marks()) {
@@ -184,7 +185,12 @@ Value items_of(const Value& v) {
 }
 
 int64_t length(const Value& v) {
-  if (v.is_string()) return static_cast<int64_t>(code_point_starts(v.str()).size()) - 1;
+  if (v.is_string()) {  // code points, counted without an index of them (8 bytes a byte)
+    int64_t n = 0;
+    for (const char c : v.str()) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    budget::bytes(v.str().size());
+    return n;
+  }
   if (v.is_list()) return static_cast<int64_t>(v.items().size());
   if (v.is_dict()) return static_cast<int64_t>(v.dict_obj()->items.size());
   if (v.is_undefined()) return 0;

@@ -12,10 +12,10 @@
 
 namespace loom::jinja {
 
-void Output::append(const std::string& s) {
+void Output::append(const std::string& s, size_t new_marks) {
   const size_t limit = budget::limits().max_output_bytes;
-  if (text.size() + s.size() > limit && budget::active())
-    fail(absl::StrCat("the rendered text passes ", limit, " bytes (Limits::max_output_bytes)"));
+  if (text.size() + s.size() + (marks.size() + new_marks) * sizeof(Mark) > limit && budget::active())
+    fail(absl::StrCat("the rendered text passes ", limit, " bytes (Limits::max_output_bytes; marks count too)"));
   budget::bytes(s.size());
   text += s;
 }
@@ -23,7 +23,7 @@ void Output::append(const std::string& s) {
 void Output::append(const Value& v) {
   if (!v.is_string()) return append(v.to_str());
   const size_t at = text.size();
-  append(v.str());
+  append(v.str(), v.marks().size());
   for (Mark m : v.marks()) {
     m.begin += at;
     m.end += at;

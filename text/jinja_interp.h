@@ -14,7 +14,7 @@ struct Output {
   std::string text;
   std::vector<Mark> marks;  // output byte ranges that came from tagged strings
   void append(const Value& v);
-  void append(const std::string& s);
+  void append(const std::string& s, size_t new_marks = 0);
 };
 
 class Interp {

@@ -25,9 +25,12 @@ struct Limits {
   int64_t max_steps = 20'000'000;
   // The rendered text (and the text a {% set %} block or a macro captures).
   size_t max_output_bytes = size_t{64} << 20;
-  // Any single value: a string's bytes, a list's or dict's elements (their slots; what they hold
-  // is shared, not copied), a printed or JSON form.
+  // Any single value: a string's bytes (and its marks'), a list's or dict's elements (their
+  // slots; what they hold is shared, not copied), a printed or JSON form.
   size_t max_value_bytes = size_t{64} << 20;
+  // The template's source (the largest chat templates published are tens of KiB); bounds the
+  // lexer's tokens, which are made before the parser can check anything else.
+  size_t max_source_bytes = size_t{1} << 20;
 };
 
 // The render in progress on this thread (values are built deep inside filters and methods that do

@@ -80,8 +80,8 @@ Value Value::number(double d) {
 }
 Value Value::string(std::string s, std::vector<Mark> marks) {
   Value v;
-  budget::check_size(s.size(), "a string");
-  budget::bytes(s.size());
+  budget::check_size(s.size() + marks.size() * sizeof(Mark), "a string");
+  budget::bytes(s.size() + marks.size() * sizeof(Mark));
   v.type_ = Type::kString;
   v.s_ = std::make_shared<const Str>(Str{std::move(s), std::move(marks)});
   return v;
@@ -263,6 +263,7 @@ int compare(const Value& a, const Value& b) {
 }
 
 std::vector<size_t> code_point_starts(const std::string& s) {
+  budget::bytes(s.size());  // a scan of the whole string, whatever is done with it
   std::vector<size_t> starts;
   starts.reserve(s.size() + 1);
   for (size_t i = 0; i < s.size(); ++i)
@@ -290,7 +291,7 @@ Value substring(const Value& s, size_t begin, size_t end) {
 }
 
 Value concat(const Value& a, const Value& b) {
-  budget::check_size(a.str().size() + b.str().size(), "a string");
+  budget::check_size(a.str().size() + b.str().size() + (a.marks().size() + b.marks().size()) * sizeof(Mark), "a string");
   std::vector<Mark> marks = a.marks();
   for (Mark m : b.marks()) {
     m.begin += a.str().size();

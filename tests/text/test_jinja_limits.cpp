@@ -76,7 +76,8 @@ TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
        "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l|tojson }}",
        "(Limits::max_"},
       {"output", "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
-       "the rendered text passes 67108864 bytes (Limits::max_output_bytes)"},
+       "the rendered text passes 67108864 bytes (Limits::max_output_bytes"},
+      {"source", "{{ x }}" + std::string(2 << 20, ' '), "the template is 2097159 bytes, more than the limit of 1048576"},
       {"nested values", "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}",
        "lists and dicts nested deeper than 256 levels (Limits::max_depth)"},
       {"namespace cycle", "{% set ns = namespace() %}{% set ns.me = ns %}",
@@ -101,6 +102,29 @@ TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
     EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status();
     EXPECT_LT(seconds, 3.0) << r.status();
     std::printf("%-24s %.3f s\n", c.name, seconds);
+  }
+}
+
+// A tagged string's marks count toward its size: an empty reply repeated makes no text, but a mark
+// per copy.
+TEST(JinjaLimits, MarksCountTowardSizes) {
+  const Value c = Value::string("", {{0, 0, 1}});
+  const struct {
+    const char* source;
+    const char* want;
+  } cases[] = {
+      {"{{ c * 100000 }}", "a repeated string of 2400000 bytes exceeds the limit of 1 MiB"},
+      {"{% set s = ([c] * 10000) | join('') %}{{ ([s] * 10) | join('') }}", "join()'s result of"},
+      {"{% for i in range(1000) %}{% for j in range(100) %}{{ c ~ c ~ c ~ c }}{% endfor %}{% endfor %}",
+       "the rendered text passes 1048576 bytes"},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.source);
+    Limits limits;
+    limits.max_value_bytes = limits.max_output_bytes = 1 << 20;
+    auto r = render(k.source, limits, {{"c", c}});
+    ASSERT_FALSE(r.ok()) << r->marks.size() << " marks";
+    EXPECT_NE(r.status().message().find(k.want), std::string::npos) << r.status();
   }
 }
 
