@@ -12,6 +12,10 @@
 
 namespace loom::jinja {
 
+// An iteration builds the loop object (a dozen values, a callable, a scope): it costs as much as
+// a few dozen expression nodes, and counts so.
+constexpr int64_t kLoopSteps = 16;
+
 void Output::append(const std::string& s, size_t new_marks) {
   const size_t limit = budget::limits().max_output_bytes;
   if (text.size() + s.size() + (marks.size() + new_marks) * sizeof(Mark) > limit && budget::active())
@@ -152,6 +156,7 @@ void Interp::exec_for(const Stmt& s, Output& out) {
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
     line_ = s.line;
+    budget::step(kLoopSteps);
     Frame f{{}, outer};
     frame_ = &f;
     auto loop = std::make_shared<Dict>();

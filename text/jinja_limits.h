@@ -18,10 +18,10 @@ struct Limits {
   int max_render_depth = 1024;
   // Macros calling macros (recursion).
   int max_call_depth = 64;
-  // Work of one render: a step per statement and expression node evaluated, loop variable, list
-  // element built, value compared or serialized, and per 64 bytes of text built. The chat
-  // templates of tests/fixtures/chat take 50-110 steps a message (a 200k-message conversation fits);
-  // reaching the limit takes about half a second.
+  // Work of one render: a step per statement and expression node evaluated, list or dict element
+  // built, value compared or serialized, and per 64 bytes of text built; a loop iteration is ~30.
+  // The chat templates of tests/fixtures/chat take 70-150 steps a message (a 130k-message
+  // conversation fits); reaching the limit takes a few tenths of a second.
   int64_t max_steps = 20'000'000;
   // The rendered text (and the text a {% set %} block or a macro captures).
   size_t max_output_bytes = size_t{64} << 20;

@@ -200,9 +200,12 @@ std::vector<Value> Value::iterate() const {
       return keys;
     }
     case Type::kString: {
+      size_t n = 0;  // checked before the index of code points (8 bytes a byte) is made
+      for (const char c : str()) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+      budget::check_items(n, sizeof(Value), "the characters of a string");
       std::vector<Value> chars;
+      chars.reserve(n);
       const auto starts = code_point_starts(str());
-      budget::check_items(starts.size() - 1, sizeof(Value), "the characters of a string");
       for (size_t i = 0; i + 1 < starts.size(); ++i) chars.push_back(substring(*this, starts[i], starts[i + 1]));
       return chars;
     }
