@@ -88,6 +88,8 @@ TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
        "{% macro f(n) %}" + repeat("{% if true %}", 200) + "{{ f(n + 1) }}" + repeat("{% endif %}", 200) +
            "{% endmacro %}{{ f(0) }}",
        "rendering nests deeper than 1024 levels of blocks, expressions and macro calls (Limits::max_render_depth)"},
+      {"deep recursive expression", "{% macro f(n) %}{{ f(n + 1)" + repeat("|trim", 200) + " }}{% endmacro %}{{ f(0) }}",
+       "(Limits::max_render_depth)"},
       {"quadratic unique", "{{ (range(100000) + range(100000)) | unique | length }}", "steps (Limits::max_steps)"},
       {"integer overflow", "{% set ns = namespace(x=2) %}{% for i in range(10) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
        "integer result of 4294967296 * 4294967296 does not fit 64 bits"},
