@@ -16,6 +16,13 @@ namespace loom::jinja {
 // a few dozen expression nodes, and counts so.
 constexpr int64_t kLoopSteps = 16;
 
+// a ~ b, out of Interp::binary's frame (which recursion stacks up).
+[[gnu::noinline]] static Value tilde(const Value& a, const Value& b) {
+  const Value sa = a.is_string() ? a : Value::string(a.to_str());
+  const Value sb = b.is_string() ? b : Value::string(b.to_str());
+  return concat(sa, sb);
+}
+
 void Output::append(const std::string& s, size_t new_marks) {
   const size_t limit = budget::limits().max_output_bytes;
   if (text.size() + s.size() + (marks.size() + new_marks) * sizeof(Mark) > limit && budget::active())
@@ -68,26 +75,42 @@ void Interp::exec(const Body& body, Output& out) {
   }
 }
 
+// The statements that nest (if, for, generation) stay in exec_stmt with a small frame; the rest
+// run in exec_leaf, whose locals would otherwise sit in every nested level's frame (much larger
+// under AddressSanitizer, which gives each local its own guarded slot).
 void Interp::exec_stmt(const Stmt& s, Output& out) {
   line_ = s.line;
   const Nest nest(*this);
   switch (s.kind) {
     case Stmt::kText: out.append(s.text); return;
-    case Stmt::kOutput: {
-      const Value v = eval(*s.expr);
-      if (v.is_callable()) fail(absl::StrCat("cannot print the function '", v.hint(), "' (call it with ())"));
-      out.append(v);
-      return;
-    }
     case Stmt::kIf:
       for (const auto& [cond, body] : s.branches) {
-        if (!cond || eval(*cond).truthy()) {
+        if (!cond || truthy(*cond)) {
           exec(body, out);
           return;
         }
       }
       return;
     case Stmt::kFor: exec_for(s, out); return;
+    case Stmt::kBreak:
+    case Stmt::kContinue:
+      flow_ = s.kind == Stmt::kBreak ? Flow::kBreak : Flow::kContinue;
+      return;
+    case Stmt::kGeneration: exec(s.body, out); return;
+    default: exec_leaf(s, out); return;
+  }
+}
+
+bool Interp::truthy(const Expr& e) { return eval(e).truthy(); }
+
+void Interp::exec_leaf(const Stmt& s, Output& out) {
+  switch (s.kind) {
+    case Stmt::kOutput: {
+      const Value v = eval(*s.expr);
+      if (v.is_callable()) fail(absl::StrCat("cannot print the function '", v.hint(), "' (call it with ())"));
+      out.append(v);
+      return;
+    }
     case Stmt::kSet: {
       Value v = eval(*s.expr);
       line_ = s.line;
@@ -116,11 +139,6 @@ void Interp::exec_stmt(const Stmt& s, Output& out) {
       return;
     }
     case Stmt::kMacro: assign(s.text, define_macro(s)); return;
-    case Stmt::kBreak:
-    case Stmt::kContinue:
-      flow_ = s.kind == Stmt::kBreak ? Flow::kBreak : Flow::kContinue;
-      return;
-    case Stmt::kGeneration: exec(s.body, out); return;
     case Stmt::kFilterBlock: {
       Output captured;
       exec(s.body, captured);
@@ -128,6 +146,7 @@ void Interp::exec_stmt(const Stmt& s, Output& out) {
       out.append(apply_filter(*this, s.text, Value::string(std::move(captured.text), std::move(captured.marks)), {}));
       return;
     }
+    default: return;
   }
 }
 
@@ -356,93 +375,96 @@ Value Interp::compare(const Expr& e) {
   return Value::boolean(true);
 }
 
+// The left operand in a frame of its own (left-leaning chains recurse through it), then the rest.
 Value Interp::binary(const Expr& e) {
+  const Value a = eval(*e.args[0]);
+  return binary_rest(e, a);
+}
+
+Value Interp::binary_rest(const Expr& e, const Value& a) {
   if (e.name == "and" || e.name == "or") {  // Python's: returns an operand
-    Value a = eval(*e.args[0]);
     if (e.name == "and" ? !a.truthy() : a.truthy()) return a;
     return eval(*e.args[1]);
   }
-  const Value a = eval(*e.args[0]);
   const Value b = eval(*e.args[1]);
   line_ = e.line;
-  if (e.name == "~") {
-    const Value sa = a.is_string() ? a : Value::string(a.to_str());
-    const Value sb = b.is_string() ? b : Value::string(b.to_str());
-    return concat(sa, sb);
-  }
+  if (e.name == "~") return tilde(a, b);
   return arithmetic(e.name, a, b);
 }
 
+// As exec_stmt: the recursive path keeps small frames (eval, eval_node, binary).
 Value Interp::eval(const Expr& e) {
   line_ = e.line;
   const Nest nest(*this);
   switch (e.kind) {
     case Expr::kLiteral: return e.value;
     case Expr::kName: return lookup(e.name);
-    case Expr::kList:
-    case Expr::kTuple: {
-      std::vector<Value> items;
-      for (const auto& a : e.args) items.push_back(eval(*a));
-      return Value::list(std::move(items), e.kind == Expr::kTuple);
-    }
-    case Expr::kDict: {
-      auto d = std::make_shared<Dict>();
-      for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-        const Value k = eval(*e.args[i]);
-        if (!k.is_string()) fail(absl::StrCat("dict keys must be strings here, got ", k.type_name()));
-        d->set(k.str(), eval(*e.args[i + 1]));
-      }
-      return Value::dict(std::move(d));
-    }
-    case Expr::kAttr: {
-      const Value obj = eval(*e.args[0]);
-      line_ = e.line;
-      return attr(obj, e.name);
-    }
-    case Expr::kIndex: {
-      const Value obj = eval(*e.args[0]);
-      const Value key = eval(*e.args[1]);
-      line_ = e.line;
-      return item(obj, key);
-    }
-    case Expr::kSlice: {
-      const Value obj = eval(*e.args[0]);
-      return slice(obj, e.args[1].get(), e.args[2].get(), e.args[3].get());
-    }
-    case Expr::kCall: {
-      const Value fn = eval(*e.args[0]);
-      CallArgs a = arguments(e, 1);
-      line_ = e.line;
-      return call(fn, a);
-    }
-    case Expr::kFilter: {
-      const Value v = eval(*e.args[0]);
-      CallArgs a = arguments(e, 1);
-      line_ = e.line;
-      return apply_filter(*this, e.name, v, a);
-    }
-    case Expr::kTest: {
-      const Value v = eval(*e.args[0]);
-      CallArgs a = arguments(e, 1);
-      line_ = e.line;
-      return Value::boolean(apply_test(*this, e.name, v, a) != e.negated);
-    }
-    case Expr::kUnary: {
-      const Value v = eval(*e.args[0]);
-      line_ = e.line;
-      if (e.name == "not") return Value::boolean(!v.truthy());
-      if (!v.is_number()) fail(absl::StrCat("bad operand type for unary ", e.name, ": '", v.type_name(), "'"));
-      if (e.name == "+") return v.type() == Value::Type::kFloat ? v : Value::integer(v.as_int());
-      if (v.type() == Value::Type::kFloat) return Value::number(-v.as_double());
-      return arithmetic("-", Value::integer(0), v);  // -(-2**63) does not fit 64 bits
-    }
     case Expr::kBinary: return binary(e);
     case Expr::kCompare: return compare(e);
     case Expr::kCond:
-      if (eval(*e.args[0]).truthy()) return eval(*e.args[1]);
+      if (truthy(*e.args[0])) return eval(*e.args[1]);
       return e.args[2] ? eval(*e.args[2]) : Value::undefined("the else branch of a conditional expression");
+    default: return eval_node(e);
   }
-  return Value();
+}
+
+// Chains (a.b.c, x|f|g, f()()) recurse through their first operand: eval_node evaluates it in a
+// frame that holds just that value; what the node does with it runs in apply_node's frame, which
+// is not on the recursion's path.
+Value Interp::eval_node(const Expr& e) {
+  if (e.kind == Expr::kList || e.kind == Expr::kTuple || e.kind == Expr::kDict) return build(e);
+  const Value x = eval(*e.args[0]);
+  return apply_node(e, x);
+}
+
+Value Interp::build(const Expr& e) {
+  if (e.kind == Expr::kDict) {
+    auto d = std::make_shared<Dict>();
+    for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+      const Value k = eval(*e.args[i]);
+      if (!k.is_string()) fail(absl::StrCat("dict keys must be strings here, got ", k.type_name()));
+      d->set(k.str(), eval(*e.args[i + 1]));
+    }
+    return Value::dict(std::move(d));
+  }
+  std::vector<Value> items;
+  for (const auto& a : e.args) items.push_back(eval(*a));
+  return Value::list(std::move(items), e.kind == Expr::kTuple);
+}
+
+Value Interp::apply_node(const Expr& e, const Value& x) {
+  switch (e.kind) {
+    case Expr::kAttr: line_ = e.line; return attr(x, e.name);
+    case Expr::kIndex: {
+      const Value key = eval(*e.args[1]);
+      line_ = e.line;
+      return item(x, key);
+    }
+    case Expr::kSlice: return slice(x, e.args[1].get(), e.args[2].get(), e.args[3].get());
+    case Expr::kCall: {
+      const CallArgs a = arguments(e, 1);
+      line_ = e.line;
+      return call(x, a);
+    }
+    case Expr::kFilter: {
+      const CallArgs a = arguments(e, 1);
+      line_ = e.line;
+      return apply_filter(*this, e.name, x, a);
+    }
+    case Expr::kTest: {
+      const CallArgs a = arguments(e, 1);
+      line_ = e.line;
+      return Value::boolean(apply_test(*this, e.name, x, a) != e.negated);
+    }
+    case Expr::kUnary:
+      line_ = e.line;
+      if (e.name == "not") return Value::boolean(!x.truthy());
+      if (!x.is_number()) fail(absl::StrCat("bad operand type for unary ", e.name, ": '", x.type_name(), "'"));
+      if (e.name == "+") return x.type() == Value::Type::kFloat ? x : Value::integer(x.as_int());
+      if (x.type() == Value::Type::kFloat) return Value::number(-x.as_double());
+      return arithmetic("-", Value::integer(0), x);  // -(-2**63) does not fit 64 bits
+    default: return Value();
+  }
 }
 
 }  // namespace loom::jinja

@@ -54,9 +54,15 @@ class Interp {
   };
 
   void exec_stmt(const Stmt& s, Output& out);
+  [[gnu::noinline]] void exec_leaf(const Stmt& s, Output& out);
+  [[gnu::noinline]] Value eval_node(const Expr& e);
+  [[gnu::noinline]] Value build(const Expr& e);  // list, tuple, dict
+  [[gnu::noinline]] Value apply_node(const Expr& e, const Value& first);
+  [[gnu::noinline]] bool truthy(const Expr& e);
   void exec_for(const Stmt& s, Output& out);
   Value define_macro(const Stmt& s);
   Value binary(const Expr& e);
+  [[gnu::noinline]] Value binary_rest(const Expr& e, const Value& left);
   Value compare(const Expr& e);
   Value slice(const Value& obj, const Expr* a, const Expr* b, const Expr* c);
   CallArgs arguments(const Expr& e, size_t first);

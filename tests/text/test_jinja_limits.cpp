@@ -4,6 +4,7 @@
 // semantics, against jinja2 3.1.6's output (or the exact integer it prints where Loom, with 64-bit
 // integers, must refuse).
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <cstdio>
@@ -31,9 +32,14 @@ std::string repeat(const std::string& s, int n) {
   return out;
 }
 
-// Hostile inputs: each must fail with `want` in the message within a bounded CPU time (the release
-// build takes milliseconds to ~0.5 s each; the bound leaves room for the sanitizer build).
+// Hostile inputs: each must fail with `want` in the message within a bounded CPU time. The steps
+// and sizes are 10 and 8 times tighter than the defaults so that the test stays fast under the
+// sanitizers (the defaults take ~10x the time: up to 0.3 s each in a release build); the depths
+// are the defaults.
 TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
+  Limits limits;
+  limits.max_steps = 2'000'000;
+  limits.max_value_bytes = limits.max_output_bytes = 8 << 20;
   const struct {
     const char* name;
     std::string source;
@@ -52,10 +58,10 @@ TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
        "line 2: nesting deeper than 256 levels (Limits::max_depth)"},
       {"fors", repeat("{% for x in y %}", 10000) + repeat("{% endfor %}", 10000), "nesting deeper than 256 levels"},
       {"nested range loops",
-       "{% for i in range(100000) %}\n{% for j in range(100000) %}{% endfor %}{% endfor %}",
-       "steps (Limits::max_steps)"},
+       "{% for i in range(50000) %}\n{% for j in range(50000) %}{% endfor %}{% endfor %}",
+       "more than 2000000 steps (Limits::max_steps)"},
       {"string doubling", "{% set ns = namespace(s='ab') %}{% for i in range(40) %}\n{% set ns.s = ns.s + ns.s %}{% endfor %}",
-       "line 2: a string of 134217728 bytes exceeds the limit of 64 MiB on one value (Limits::max_value_bytes)"},
+       "line 2: a string of 16777216 bytes exceeds the limit of 8 MiB on one value (Limits::max_value_bytes)"},
       {"~ doubling", "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
        "Limits::max_value_bytes"},
       {"repetition", "{{ 'a' * 1000000000000 }}", "a repeated string of 1000000000000 bytes exceeds the limit"},
@@ -68,17 +74,17 @@ TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
       {"range length", "{{ range(1000000000000) | length }}", "range() of more than 100000 elements"},
       {"range of 2^64", "{{ range(-9223372036854775807, 9223372036854775807) | length }}", "range() of"},
       {"join", "{{ (['a' * 1000000] * 100) | join('') }}", "join()'s result of"},
-      {"split", "{{ ('a,' * 30000000).split(',') | length }}", "split()'s result of"},
-      {"characters", "{{ ('a' * 60000000) | list | length }}", "the characters of a string of 60000000 elements"},
+      {"split", "{{ ('a,' * 4000000).split(',') | length }}", "split()'s result of"},
+      {"characters", "{{ ('a' * 8000000) | list | length }}", "the characters of a string of 8000000 elements"},
       {"printed list", "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l }}",
        "(Limits::max_"},  // a printed value past max_value_bytes, or max_steps first
       {"json of a shared list",
        "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l|tojson }}",
        "(Limits::max_"},
-      {"output", "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
-       "the rendered text passes 67108864 bytes (Limits::max_output_bytes"},
+      {"output", "{% for i in range(50000) %}{{ 'x' * 1000 }}{% endfor %}",
+       "the rendered text passes 8388608 bytes (Limits::max_output_bytes"},
       {"source", "{{ x }}" + std::string(2 << 20, ' '), "the template is 2097159 bytes, more than the limit of 1048576"},
-      {"nested values", "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}{% endfor %}",
+      {"nested values", "{% set ns = namespace(l=[]) %}{% for i in range(50000) %}{% set ns.l = [ns.l] %}{% endfor %}",
        "lists and dicts nested deeper than 256 levels (Limits::max_depth)"},
       {"namespace cycle", "{% set ns = namespace() %}{% set ns.me = ns %}",
        "namespace attribute 'me' cannot hold a namespace"},
@@ -90,14 +96,14 @@ TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
        "rendering nests deeper than 1024 levels of blocks, expressions and macro calls (Limits::max_render_depth)"},
       {"deep recursive expression", "{% macro f(n) %}{{ f(n + 1)" + repeat("|trim", 200) + " }}{% endmacro %}{{ f(0) }}",
        "(Limits::max_render_depth)"},
-      {"quadratic unique", "{{ (range(100000) + range(100000)) | unique | length }}", "steps (Limits::max_steps)"},
+      {"quadratic unique", "{{ (range(30000) + range(30000)) | unique | length }}", "steps (Limits::max_steps)"},
       {"integer overflow", "{% set ns = namespace(x=2) %}{% for i in range(10) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
        "integer result of 4294967296 * 4294967296 does not fit 64 bits"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
     const std::clock_t start = std::clock();  // CPU time: the CI machine is shared
-    auto r = render(c.source);
+    auto r = render(c.source, limits);
     const double seconds = static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC;
     ASSERT_FALSE(r.ok()) << "rendered " << r->text.size() << " bytes";
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
@@ -105,6 +111,71 @@ TEST(JinjaLimits, HostileTemplatesFailQuicklyWithTheLimitNamed) {
     EXPECT_LT(seconds, 3.0) << r.status();
     std::printf("%-24s %.3f s\n", c.name, seconds);
   }
+}
+
+// The depth limits stop the recursion long before a thread's stack runs out: the deepest templates
+// the defaults allow, and those they stop, run on a thread with a 4 MiB stack (half of Linux's
+// default; a release build needs under 512 KiB, AddressSanitizer's bigger frames under 2 MiB).
+TEST(JinjaLimits, DepthLimitsFitASmallStack) {
+  struct Job {
+    std::vector<std::string> sources;
+    std::vector<absl::Status> results;
+  } job;
+  const std::string m = "{% macro f(n) %}";
+  job.sources = {
+      "{{ " + repeat("(", 250) + "1" + repeat(")", 250) + " }}",
+      "{{ " + repeat("-", 250) + "1 }}",
+      "{{ 'x'" + repeat("|trim", 250) + " }}",
+      "{{ 1" + repeat(" + 1", 250) + " }}",
+      repeat("{% if true %}", 250) + repeat("{% endif %}", 250),
+      "{{ " + repeat("(", 10000) + " }}",
+      m + repeat("{% if true %}", 200) + "{{ f(n + 1) }}" + repeat("{% endif %}", 200) + "{% endmacro %}{{ f(0) }}",
+      m + "{{ f(n + 1)" + repeat("|trim", 200) + " }}{% endmacro %}{{ f(0) }}",
+      m + "{{ f(n + 1)" + repeat(" ~ 1", 200) + " }}{% endmacro %}{{ f(0) }}",
+      m + "{{ " + repeat("-", 200) + "f(n + 1) }}{% endmacro %}{{ f(0) }}",
+  };
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, size_t{4} << 20), 0);
+  pthread_t thread;
+  ASSERT_EQ(pthread_create(
+                &thread, &attr,
+                [](void* p) -> void* {
+                  auto* j = static_cast<Job*>(p);
+                  for (const std::string& source : j->sources) {
+                    auto r = render(source);
+                    j->results.push_back(r.ok() ? absl::OkStatus() : r.status());
+                  }
+                  return nullptr;
+                },
+                &job),
+            0);
+  ASSERT_EQ(pthread_join(thread, nullptr), 0);
+  pthread_attr_destroy(&attr);
+  ASSERT_EQ(job.results.size(), job.sources.size());
+  for (size_t i = 0; i < 5; ++i) EXPECT_TRUE(job.results[i].ok()) << i << ": " << job.results[i];
+  EXPECT_NE(job.results[5].message().find("(Limits::max_depth)"), std::string::npos) << job.results[5];
+  for (size_t i = 6; i < job.results.size(); ++i)
+    EXPECT_NE(job.results[i].message().find("(Limits::max_render_depth)"), std::string::npos) << i << ": " << job.results[i];
+}
+
+// The defaults are the documented ones, and a value just past 64 MiB is refused before it is built.
+TEST(JinjaLimits, DefaultLimits) {
+  const Limits d;
+  EXPECT_EQ(d.max_depth, 256);
+  EXPECT_EQ(d.max_render_depth, 1024);
+  EXPECT_EQ(d.max_call_depth, 64);
+  EXPECT_EQ(d.max_steps, 20'000'000);
+  EXPECT_EQ(d.max_output_bytes, size_t{64} << 20);
+  EXPECT_EQ(d.max_value_bytes, size_t{64} << 20);
+  EXPECT_EQ(d.max_source_bytes, size_t{1} << 20);
+  auto r = render("{{ ('a' * 67108864) | length }}");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->text, "67108864");
+  r = render("{{ 'a' * 67108865 }}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("a repeated string of 67108865 bytes exceeds the limit of 64 MiB"), std::string::npos)
+      << r.status();
 }
 
 // A tagged string's marks count toward its size: an empty reply repeated makes no text, but a mark
