@@ -462,7 +462,9 @@ Value Interp::apply_node(const Expr& e, const Value& x) {
       if (!x.is_number()) fail(absl::StrCat("bad operand type for unary ", e.name, ": '", x.type_name(), "'"));
       if (e.name == "+") return x.type() == Value::Type::kFloat ? x : Value::integer(x.as_int());
       if (x.type() == Value::Type::kFloat) return Value::number(-x.as_double());
-      return arithmetic("-", Value::integer(0), x);  // -(-2**63) does not fit 64 bits
+      if (x.as_int() == INT64_MIN)
+        fail(absl::StrCat("integer result of -(", x.as_int(), ") does not fit 64 bits (Loom's integers are 64-bit)"));
+      return Value::integer(-x.as_int());
     default: return Value();
   }
 }

@@ -129,7 +129,9 @@ Value apply_filter(Interp& in, const std::string& f, const Value& v, const CallA
   if (f == "abs") {
     if (!v.is_number()) fail(absl::StrCat("abs needs a number, got ", v.type_name()));
     if (v.type() == Value::Type::kFloat) return Value::number(std::fabs(v.as_double()));
-    return v.as_int() < 0 ? arithmetic("-", Value::integer(0), v) : Value::integer(v.as_int());  // abs(-2**63) overflows
+    if (v.as_int() == INT64_MIN)
+      fail(absl::StrCat("integer result of abs(", v.as_int(), ") does not fit 64 bits (Loom's integers are 64-bit)"));
+    return Value::integer(v.as_int() < 0 ? -v.as_int() : v.as_int());
   }
   if (f == "round") {
     const int64_t p = arg(a, 0, "precision", Value::integer(0)).as_int();

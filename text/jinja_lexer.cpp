@@ -171,7 +171,7 @@ class Lexer {
       try {
         t.i = std::stoll(text);
       } catch (const std::out_of_range&) {
-        fail_at(t.line, absl::StrCat("integer literal ", text, " is too large"));
+        fail_at(t.line, absl::StrCat("integer literal ", text, " does not fit 64 bits (Loom's integers are 64-bit)"));
       }
     }
     return t;

@@ -344,6 +344,7 @@ TEST(JinjaLimits, IntegerSemanticsMatchPython) {
       "{{ -(-9223372036854775807 - 1) }}",       // 9223372036854775808
       "{{ (-9223372036854775807 - 1) | abs }}",  // 9223372036854775808
       "{{ 2 ** 1000000000000 }}",                // a number of 301029995664 digits
+      "{{ 99999999999999999999 }}",              // 99999999999999999999 (a literal)
   };
   for (const char* source : too_large) {
     SCOPED_TRACE(source);
