@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 
-#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -203,11 +202,11 @@ TEST(JinjaLimits, MarksCountTowardSizes) {
 
 // Linear repetition: a megabyte of 'a' * n is built at once, not by a million copies.
 TEST(JinjaLimits, RepetitionIsLinear) {
-  const auto start = std::chrono::steady_clock::now();
+  const std::clock_t start = std::clock();
   auto r = render("{{ 'ab' * 2000000 }}{{ ([1] * 500000) | length }}");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->text, repeat("ab", 2000000) + "500000");
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
+  EXPECT_LT(static_cast<double>(std::clock() - start) / CLOCKS_PER_SEC, 2.0);  // quadratic: a minute
 }
 
 // Just inside each limit renders; the limits are the caller's to change.
