@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   s->dtype = cfg.resolved_dtype();
   LrScheduleKind kind;
   LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
+  LOOM_ASSIGN_OR_RETURN(s->objective, make_objective("sft"));
 
   if (path_is_within(cfg.out_dir, cfg.model_dir) && path_is_within(cfg.model_dir, cfg.out_dir))
     return absl::InvalidArgumentError(absl::StrCat("--out ", cfg.out_dir, " is the --model folder: the run's adapter and ",
