@@ -120,13 +120,15 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& mode
   if (is_gguf_path(model_dir)) {  // a llama.cpp file: config and weights rebuilt in Hugging Face form
     auto g = load_gguf_model(model_dir);
     if (!g.ok()) return g.status();
-    const Checkpoint ck = Checkpoint::from_tensors(model_dir, std::move(g->tensors));
+    Checkpoint ck = Checkpoint::from_tensors(model_dir, std::move(g->tensors));
+    ck.set_allow_nonfinite(options.allow_nonfinite);
     return build(g->config, model_dir, options, &ck, 0);
   }
   auto config = ModelConfig::load(model_dir);
   if (!config.ok()) return config.status();
   auto ck = Checkpoint::open(model_dir);
   if (!ck.ok()) return ck.status();
+  ck->set_allow_nonfinite(options.allow_nonfinite);
   return build(*config, model_dir, options, &*ck, 0);
 }
 

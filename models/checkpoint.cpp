@@ -14,7 +14,9 @@
 #include "engine/io_error.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/status_macros.h"
 #include "kernels/error.h"
+#include "models/finite_check.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -27,6 +29,9 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 std::string dtype_str(DType t) { return std::string(name(t)); }
+
+constexpr const char* kNonfiniteAdvice =
+    " (the file is damaged or the model diverged; --allow-nonfinite loads it anyway)";
 
 // The safetensors / PyTorch files in `dir` (for the "nothing to load" message).
 std::string weight_files_in(const std::string& dir) {
@@ -203,6 +208,9 @@ absl::StatusOr<Tensor> Checkpoint::load(const std::string& name, DType dtype, De
   }
   try {
     const Tensor src = Tensor::from_storage(std::move(storage), info.shape, info.dtype);
+    // Checked where the bytes are, before any conversion or upload: one parallel pass over memory
+    // the conversion reads anyway.
+    if (!allow_nonfinite_) LOOM_RETURN_IF_ERROR(check_finite(src, file.path(), name, kNonfiniteAdvice));
     if (device.is_cpu()) return src.dtype() == target ? src.clone() : src.to(Device::cpu(), target);
     // CUDA: Tensor::copy_ would cast F32 -> BF16 on the host (to shrink the transfer); casting on the
     // device is faster than a single host thread, so move the source bytes as they are, then cast.
@@ -220,6 +228,7 @@ absl::StatusOr<Tensor> Checkpoint::load_owned(const std::string& name, const Ten
   if (!expected_shape.empty() && t.shape() != expected_shape)
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": tensor '", name, "' has shape ", shape_str(t.shape()),
                                                    ", expected ", shape_str(expected_shape)));
+  if (!allow_nonfinite_) LOOM_RETURN_IF_ERROR(check_finite(t, dir_, name, kNonfiniteAdvice));
   try {
     return t.dtype() == dtype && device.is_cpu() ? t : t.to(device, dtype);
   } catch (const Error& e) {
