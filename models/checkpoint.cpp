@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "engine/io_error.h"
+#include "engine/model_path.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
@@ -82,10 +83,11 @@ absl::StatusOr<std::map<std::string, std::string>> read_index(const std::string&
 
 absl::StatusOr<Checkpoint> Checkpoint::open(const std::string& model_dir) {
   std::error_code ec;
-  if (!fs::exists(model_dir, ec)) return absl::NotFoundError(absl::StrCat(model_dir, ": no such model folder"));
-  if (!fs::is_directory(model_dir, ec))
-    return absl::FailedPreconditionError(
-        absl::StrCat(model_dir, ": not a folder (expected a Hugging Face model folder)"));
+  LOOM_RETURN_IF_ERROR(check_input_path(model_dir, "model folder", "a Hugging Face model folder"));
+  if (!fs::is_directory(model_dir, ec)) {
+    const absl::Status s = wrong_kind(model_dir, sniff_path(model_dir), "a Hugging Face model folder");
+    return absl::FailedPreconditionError(s.message());
+  }
 
   Checkpoint c;
   c.dir_ = model_dir;

@@ -107,7 +107,7 @@ absl::Status check_counters(const nlohmann::json& state, const std::string& stat
     const auto it = state.find(key);
     if (it == state.end()) continue;
     if (!(it->is_number_integer() && it->get<int64_t>() >= 0))
-      return absl::InvalidArgumentError(
+      return absl::DataLossError(
           absl::StrCat(state_path, ": \"", key, "\" must be a whole number >= 0, got ", it->dump()));
     if (it->is_number_unsigned() ? it->get<uint64_t>() > uint64_t(kMaxCheckpointCount) : it->get<int64_t>() > kMaxCheckpointCount)
       return absl::DataLossError(absl::StrCat(state_path, ": \"", key, "\" is ", it->dump(), ", beyond any real run (at most ",
