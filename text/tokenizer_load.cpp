@@ -27,12 +27,12 @@ absl::Status bad(const std::string& path, const std::string& what) {
 constexpr int64_t kMaxTokenIds = int64_t{1} << 22;
 
 // Every id of model.vocab below kMaxTokenIds (checked before the BPE model sizes its tables by the
-// largest one); other malformations are left to Bpe::load, which names them.
+// largest one); other malformations (ids outside [0, 2^31), wrong types) are left to Bpe::load.
 absl::Status check_vocab_ids(const json& model, const std::string& path) {
   const auto vocab = model.find("vocab");
   if (vocab == model.end() || !vocab->is_object()) return absl::OkStatus();
   for (auto it = vocab->begin(); it != vocab->end(); ++it)
-    if (it->is_number_integer() && it->get<int64_t>() >= kMaxTokenIds)
+    if (it->is_number_integer() && it->get<int64_t>() >= kMaxTokenIds && it->get<int64_t>() <= INT32_MAX)
       return bad(path, absl::StrCat("model.vocab[\"", it.key(), "\"]: id ", it->dump(), " is beyond any real vocabulary (ids ",
                                     "must be below ", kMaxTokenIds, "): the file is damaged"));
   return absl::OkStatus();

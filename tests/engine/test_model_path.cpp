@@ -40,7 +40,7 @@ TEST(ModelPath, HuggingFaceIdGetsDownloadAdvice) {
   for (const std::string other : {"/nonexistent/model", "./x/y", "a/b/c", "no_such_model"}) {
     const absl::Status m = check_input_path(other, "model path", "a model folder");
     EXPECT_EQ(m.code(), absl::StatusCode::kNotFound) << other;
-    expect_has(m, {"the model path " + other + " does not exist (expected a model folder)"});
+    expect_has(m, {"the model path " + other + ": No such file or directory (expected a model folder)"});
     EXPECT_EQ(m.message().find("Hugging Face"), std::string::npos) << m;
   }
   // owner/ exists locally: a local path with a typo, not a hub id.

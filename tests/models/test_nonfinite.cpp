@@ -61,7 +61,9 @@ TEST(Nonfinite, NanWeightIsRefusedOnLoadNamingTensorAndElement) {
   auto forced = CausalLM::load(dir, allow);
   ASSERT_TRUE(forced.ok()) << forced.status();
   for (const auto& [name, v] : (*forced)->named_weights())
-    if (name == "model.layers.1.self_attn.k_proj.weight") EXPECT_TRUE(std::isnan(v->value().to_floats()[133]));
+    if (name == "model.layers.1.self_attn.k_proj.weight") {
+      EXPECT_TRUE(std::isnan(v->value().to_floats()[133]));
+    }
 }
 
 // bf16 storage, an infinity, loaded as bf16 and as f32, and QLoRA (checked before quantising).
@@ -168,7 +170,9 @@ TEST(Nonfinite, CheckFiniteToSave) {
 
 // The cost of the check on load, measured (not a test: run it with --gtest_also_run_disabled_tests
 // --gtest_filter='*LoadCost*'): a Llama of 60 M parameters stored as bf16 (120 MB), loaded as
-// bf16 on the CPU with and without the check, best of 5 each, file in the page cache.
+// bf16 on the CPU with and without the check, best of 15 each, file in the page cache. 2-core CI
+// machine, 2026-12-03: 26.6-27.2 ms unchecked, 30.0-30.3 checked; a separate scan of the mapping
+// before the copy (the first version) made it 74 ms.
 TEST(Nonfinite, DISABLED_LoadCostOnA120MBModel) {
   const std::string dir = ::testing::TempDir() + "loom_nonfinite_cost";
   fs::remove_all(dir);
@@ -196,10 +200,23 @@ TEST(Nonfinite, DISABLED_LoadCostOnA120MBModel) {
     return best;
   };
   best_of(true);  // page cache
-  const double unchecked = best_of(true), checked = best_of(false);
-  std::printf("load of %.0f MB: %.1f ms unchecked, %.1f ms checked (+%.1f%%)\n",
+  double unchecked = 1e30, checked = 1e30;
+  for (int round = 0; round < 3; ++round) {  // alternated: the CI machine's load drifts
+    unchecked = std::min(unchecked, best_of(true));
+    checked = std::min(checked, best_of(false));
+  }
+  // The scan alone, over the loaded weights in memory.
+  auto m = CausalLM::load(dir, {DType::bf16, Device::cpu()});
+  ASSERT_TRUE(m.ok());
+  double scan = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& [name, v] : (*m)->named_weights()) EXPECT_EQ(first_nonfinite(v->value()), -1);
+    scan = std::min(scan, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("load of %.0f MB: %.1f ms unchecked, %.1f ms checked (+%.1f%%); the scan alone %.1f ms\n",
               double(fs::file_size(dir + "/model.safetensors")) / 1e6, unchecked * 1e3, checked * 1e3,
-              100.0 * (checked - unchecked) / unchecked);
+              100.0 * (checked - unchecked) / unchecked, scan * 1e3);
 }
 
 }  // namespace
