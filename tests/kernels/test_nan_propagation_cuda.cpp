@@ -2,7 +2,7 @@
 // attention forward on every path (the warp-per-row kernel for f32 and odd head dims, the flash
 // kernels for bf16: the warp-specialised sm90 kernel for plain causal head_dim 64-128, the sm90
 // kernel with a window, and under LOOM_FLASH_FWD=0 the mma.sync kernel), backward, decode,
-// cross-entropy and the fused lm_head loss. fmaxf drops NaN; the kernels use nan_fmaxf or carry
+// cross-entropy, the fused lm_head loss and RMSNorm. fmaxf drops NaN; the kernels use nan_fmaxf or carry
 // the NaN in the sum and must not turn a NaN sum into 0.
 #include <cmath>
 #include <limits>
@@ -12,6 +12,7 @@
 #include "kernels/attention_decode.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear_cross_entropy.h"
+#include "kernels/norm.h"
 #include "tests/kernels/cublaslt_test.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -125,6 +126,21 @@ TEST(NanPropagationCuda, CrossEntropyNanAmongMinusInf) {
   DeviceBuffer<int32_t> t(std::vector<int32_t>{3});
   cuda::cross_entropy_forward(d.get(), t.get(), loss.get(), lse.get(), 1, vocab, 0.f, kIgnoreIndex, nullptr);
   EXPECT_TRUE(std::isnan(lse.to_host()[0]));
+}
+
+// RMSNorm: a NaN in a row makes that row NaN (its sum of squares), the other rows stay finite.
+TEST(NanPropagationCuda, RmsNorm) {
+  LOOM_REQUIRE_GPU();
+  const int64_t rows = 3, cols = 1000;
+  auto x = random_vec<bf16>(rows * cols, 11);
+  x[cols + 777] = nan_of<bf16>();
+  const auto w = random_vec<bf16>(cols, 12);
+  DeviceBuffer<bf16> dx(x), dw(w), y(rows * cols);
+  DeviceBuffer<float> rstd(rows);
+  cuda::rms_norm_forward(dx.get(), dw.get(), y.get(), rstd.get(), rows, cols, 1e-6f, false, nullptr);
+  const std::vector<bf16> out = y.to_host();
+  EXPECT_TRUE(is_nan(out[cols]) && is_nan(out[2 * cols - 1]));
+  EXPECT_FALSE(is_nan(out[0]) || is_nan(out[2 * cols]));
 }
 
 class NanPropagationLce : public CublasLtTest {};
