@@ -213,6 +213,12 @@ absl::Status Trainer::run() {
       return absl::FailedPreconditionError(absl::StrCat(
           "the loss is ", loss_sum, " at step ", s.step, ": training diverged (a learning rate too high? --lr is ",
           s.cfg.lr, "); nothing was saved for this step, the checkpoints before it are intact"));
+    // So does a NaN or infinite gradient norm (the loss can stay finite while the gradients are not):
+    // the update has already spread it into the weights.
+    if (!std::isfinite(gn.norm))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the gradient norm is ", gn.norm, " at step ", s.step, " (loss ", loss_sum, "): training diverged (a learning ",
+          "rate too high? --lr is ", s.cfg.lr, "); nothing was saved for this step, the checkpoints before it are intact"));
     bool stopping = g_stop.load() || (s.cfg.stop_after > 0 && s.step - first_step >= s.cfg.stop_after);
     if (s.dist) stopping = s.dist->any(stopping);  // a signal may reach the ranks in different steps
     if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());
