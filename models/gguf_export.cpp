@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "models/finite_check.h"
 #include "models/gguf_model.h"
 
 namespace loom {
@@ -105,6 +106,11 @@ absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const s
     if (g.empty()) return absl::UnimplementedError(absl::StrCat("GGUF export: no llama.cpp name for tensor '", hf, "'"));
     Tensor t = v->value().to(Device::cpu(), DType::f32).contiguous();
     if (t.storage() == v->value().storage()) t = t.clone();  // never alias the live weight
+    // Nothing non-finite reaches disk (before the writer creates the file).
+    if (absl::Status s = check_finite(t, "refusing to write the GGUF file", hf,
+                                      ": training diverged or the weights were damaged; nothing was written");
+        !s.ok())
+      return absl::FailedPreconditionError(s.message());
     if (arch == "llama") {
       if (g.find(".attn_q.") != std::string::npos) t = permute_rope_rows(t, c.num_attention_heads);
       if (g.find(".attn_k.") != std::string::npos) t = permute_rope_rows(t, c.num_key_value_heads);

@@ -249,6 +249,13 @@ std::vector<RunOption> make_table() {
                      "replaces them (without it that folder is refused; --resume continues it instead)",
                      kFree, [](C& c) -> bool& { return c.overwrite; }));
   t.back().stored = false;
+  t.push_back(on_off("no-verify",
+                     "--resume without checksums.json, or with files that do not match it (the values are still "
+                     "checked: counters in range, optimizer state finite)",
+                     kFree, [](C& c) -> bool& { return c.no_verify; }));
+  t.back().stored = false;
+  t.push_back(on_off("allow-nonfinite", "load a model whose weights hold NaN or infinity (refused otherwise)", kFree,
+                     [](C& c) -> bool& { return c.allow_nonfinite; }));
   t.push_back(integer("log-every", "1", "progress line every N steps when not on a terminal", 1, kSteps, kFree,
                       [](C& c) -> int64_t& { return c.log_every; }));
   t.back().ranks_agree = false;

@@ -104,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   load.dtype = s->dtype;
   load.device = s->device;
   load.quantize_4bit = cfg.qlora;
+  load.allow_nonfinite = cfg.allow_nonfinite;
   LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, load));
   if (cfg.full)
     for (const Linear* l : s->model->linears())
@@ -207,7 +208,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   TrainCheckpoint resume_from;
   if (!cfg.resume.empty()) {
     ResumePoint point;
-    LOOM_ASSIGN_OR_RETURN(point, find_resume_checkpoint(cfg.resume));
+    LOOM_ASSIGN_OR_RETURN(point, find_resume_checkpoint(cfg.resume, {.no_verify = cfg.no_verify}));
     for (const std::string& bad : point.skipped)
       std::fprintf(stderr, "loom train: skipping %s; falling back to an older checkpoint\n", bad.c_str());
     if (path_is_within(cfg.out_dir, point.dir))
