@@ -1,6 +1,5 @@
-// CausalLM: a decoder-only language model of any supported family (Llama, Mistral, Qwen2, Qwen3,
-// Gemma, Gemma 2), loaded from a Hugging Face folder by tensor name, with the same forward pass and
-// loss as transformers.
+// CausalLM: a decoder-only language model of any supported family (models/families/), loaded from a
+// Hugging Face folder by tensor name, with the same forward pass and loss as transformers.
 #pragma once
 #include <memory>
 #include <string>
@@ -112,7 +111,8 @@ class CausalLM {
   std::vector<DecoderLayer> layers_;
   RmsNorm norm_;
   Linear lm_head_;  // weight is embed_tokens_ when tied
-  Tensor inv_freq_;
+  Tensor inv_freq_;          // RoPE of full-attention layers
+  Tensor inv_freq_sliding_;  // RoPE of sliding-window layers (the same tensor unless the family gives them their own)
   Checkpointing checkpointing_ = Checkpointing::kNone;
 };
 
