@@ -57,6 +57,20 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::init_random(const std::strin
   return build(*config, config_dir, options, nullptr, seed);
 }
 
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const ModelConfig& config, const std::string& model_dir,
+                                                         const LoadOptions& options) {
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16)
+    return absl::InvalidArgumentError(absl::StrCat("model dtype must be f32 or bf16, got ", std::string(name(options.dtype))));
+  auto ck = Checkpoint::open(model_dir);
+  if (!ck.ok()) return ck.status();
+  return build(config, model_dir, options, &*ck, 0);
+}
+
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::init_random(const ModelConfig& config, const LoadOptions& options,
+                                                                uint64_t seed) {
+  return build(config, "", options, nullptr, seed);
+}
+
 absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& config, const std::string& source_dir,
                                                           const LoadOptions& options, const Checkpoint* ck, uint64_t seed) {
   std::unique_ptr<CausalLM> m(new CausalLM());
@@ -65,6 +79,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   m->device_ = options.device;
   m->source_dir_ = source_dir;
   const ModelConfig& c = m->config_;
+  if (!c.family) return absl::InternalError("CausalLM: the config has no family (it was not parsed)");
   std::optional<BnbQuantConfig> bnb;
   if (ck && !is_gguf_path(source_dir)) {
     auto q = read_bnb_quant_config(source_dir);

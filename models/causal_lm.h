@@ -48,6 +48,12 @@ class CausalLM {
   // A freshly initialised model (N(0, 0.02) weights, unit norms) from config_dir/config.json.
   static absl::StatusOr<std::unique_ptr<CausalLM>> init_random(const std::string& config_dir, const LoadOptions& options,
                                                                uint64_t seed);
+  // The same with the config given instead of read from config.json (its family may be a spec
+  // outside the registry: tests build one to exercise the seam). load() reads model_dir's safetensors.
+  static absl::StatusOr<std::unique_ptr<CausalLM>> load(const ModelConfig& config, const std::string& model_dir,
+                                                        const LoadOptions& options);
+  static absl::StatusOr<std::unique_ptr<CausalLM>> init_random(const ModelConfig& config, const LoadOptions& options,
+                                                               uint64_t seed);
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
