@@ -23,7 +23,7 @@ for _ in $(seq 1 2000); do cat examples/demo/weaving.jsonl; done > "$work/data.j
 for mode in "--full" "--lora-r 16"; do
   for off in "" "--offload-optimizer"; do
     run="$work/run$(echo "$mode$off" | tr -d ' -')"
-    "$loom" train --model "$work/model" --data "$work/data.jsonl" --out "$run" --device cuda --dtype bf16 \
+    "$loom" train --overwrite --model "$work/model" --data "$work/data.jsonl" --out "$run" --device cuda --dtype bf16 \
       --seq-len 2048 --batch-size 4 --max-steps "$steps" --lr 1e-5 $mode $off --checkpointing recompute \
       --log-every 1000 > "$run.log" 2>&1 || { echo "failed: $mode $off"; tail -5 "$run.log"; continue; }
     python3 - "$run/metrics.jsonl" "$mode $off" "$run.log" <<'PY'

@@ -3,8 +3,10 @@
 // of its own size in memory; every failure names the file, the field and its offset.
 #include "engine/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/mapped_file.h"
@@ -262,6 +264,25 @@ class GgufParser {
                                                 ") of the data section at offset ",
                                                 f->data_offset_, ", which holds ", data_size, " bytes"));
       ti.offset += f->data_offset_;
+    }
+    return check_no_overlap(*f);
+  }
+
+  // Two tensors sharing bytes would alias each other's weights (llama.cpp never writes that; a
+  // crafted file could): refused naming both, as the safetensors reader does.
+  absl::Status check_no_overlap(const GgufFile& f) const {
+    std::vector<const GgufTensorInfo*> by_offset;
+    for (const GgufTensorInfo& ti : f.tensors_)
+      if (ti.nbytes > 0) by_offset.push_back(&ti);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+    for (size_t i = 1; i < by_offset.size(); ++i) {
+      const GgufTensorInfo& prev = *by_offset[i - 1];
+      const GgufTensorInfo& t = *by_offset[i];
+      if (t.offset < prev.offset + prev.nbytes)
+        return absl::InvalidArgumentError(absl::StrCat(
+            label_, ": tensor '", t.name, "' (bytes [", t.offset, ", ", t.offset + t.nbytes, ") of the file) overlaps tensor '",
+            prev.name, "' (bytes [", prev.offset, ", ", prev.offset + prev.nbytes, ")): each tensor needs its own data"));
     }
     return absl::OkStatus();
   }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "engine/device.h"
 #include "engine/dtype.h"
 
 namespace loom {
@@ -30,6 +31,11 @@ struct Precision {
   }
   std::string str() const;  // "storage bf16, compute bf16, accumulate f32, master f32, adapter f32"
 };
+
+// The model dtype when none is asked for, one rule for every command and the trainer: f32 on the
+// CPU (its bf16 path is no faster and greedy answers of small models drift in bf16), bf16 on CUDA
+// (tensor cores, half the memory).
+constexpr DType default_model_dtype(Device device) { return device.is_cuda() ? DType::bf16 : DType::f32; }
 
 // "bf16" or "f32" (the --dtype flag) -> the model's storage dtype; anything else names the flag.
 absl::StatusOr<DType> parse_model_dtype(const std::string& text);

@@ -57,6 +57,13 @@ LOOM_HD T from_acc(double v) { return static_cast<T>(v); }
 template <>
 LOOM_HD bf16 from_acc<bf16>(double v) { return float_to_bf16(static_cast<float>(v)); }
 
+// max(a, b) that returns NaN when either is NaN (std::max and fmaxf drop a NaN, which lets a NaN
+// score or logit vanish from a softmax instead of poisoning it). Softmax maxima use this.
+template <class A>
+LOOM_HD A nan_max(A a, A b) {
+  return (a > b || a != a) ? a : b;
+}
+
 // Accumulator type: f64 kernels (CPU only, for finite-difference tests) accumulate in f64,
 // everything else in f32.
 template <class T>

@@ -4,10 +4,12 @@
 #include "models/causal_lm.h"
 
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model_path.h"
 #include "engine/status_macros.h"
 #include "models/bnb_checkpoint.h"
 #include "models/checkpoint.h"
@@ -37,16 +39,22 @@ const char* checkpointing_name(Checkpointing c) {
 absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& model_dir, const LoadOptions& options) {
   if (options.dtype != DType::f32 && options.dtype != DType::bf16)
     return absl::InvalidArgumentError(absl::StrCat("model dtype must be f32 or bf16, got ", std::string(name(options.dtype))));
+  constexpr const char* kExpected = "a Hugging Face model folder (config.json and safetensors) or a .gguf file";
+  LOOM_RETURN_IF_ERROR(check_input_path(model_dir, "model path", kExpected));
   if (is_gguf_path(model_dir)) {  // a llama.cpp file: config and weights rebuilt in Hugging Face form
     auto g = load_gguf_model(model_dir);
     if (!g.ok()) return g.status();
-    const Checkpoint ck = Checkpoint::from_tensors(model_dir, std::move(g->tensors));
+    Checkpoint ck = Checkpoint::from_tensors(model_dir, std::move(g->tensors));
+    ck.set_allow_nonfinite(options.allow_nonfinite);
     return build(g->config, model_dir, options, &ck, 0);
   }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model_dir, ec)) return wrong_kind(model_dir, sniff_path(model_dir), kExpected);
   auto config = ModelConfig::load(model_dir);
   if (!config.ok()) return config.status();
   auto ck = Checkpoint::open(model_dir);
   if (!ck.ok()) return ck.status();
+  ck->set_allow_nonfinite(options.allow_nonfinite);
   return build(*config, model_dir, options, &*ck, 0);
 }
 
@@ -63,6 +71,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const ModelConfig& conf
     return absl::InvalidArgumentError(absl::StrCat("model dtype must be f32 or bf16, got ", std::string(name(options.dtype))));
   auto ck = Checkpoint::open(model_dir);
   if (!ck.ok()) return ck.status();
+  ck->set_allow_nonfinite(options.allow_nonfinite);
   return build(config, model_dir, options, &*ck, 0);
 }
 

@@ -32,6 +32,9 @@ struct LoadOptions {
   // QLoRA: quantise the decoder Linear weights to NF4 as they load (one weight at a time, on the
   // device). A checkpoint that is already bitsandbytes 4-bit loads as it is stored, either way.
   bool quantize_4bit = false;
+  // Weights holding NaN or infinity are refused (an error naming the tensor and the first bad
+  // element) unless this is set: for inspecting a damaged model on purpose (--allow-nonfinite).
+  bool allow_nonfinite = false;
 };
 
 struct ForwardOptions {

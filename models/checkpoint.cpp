@@ -12,9 +12,13 @@
 #include <utility>
 
 #include "engine/io_error.h"
+#include "engine/model_path.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/status_macros.h"
 #include "kernels/error.h"
+#include "kernels/finite.h"
+#include "models/finite_check.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -27,6 +31,9 @@ constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
 std::string dtype_str(DType t) { return std::string(name(t)); }
+
+constexpr const char* kNonfiniteAdvice =
+    " (the file is damaged or the model diverged; --allow-nonfinite loads it anyway)";
 
 // The safetensors / PyTorch files in `dir` (for the "nothing to load" message).
 std::string weight_files_in(const std::string& dir) {
@@ -77,10 +84,11 @@ absl::StatusOr<std::map<std::string, std::string>> read_index(const std::string&
 
 absl::StatusOr<Checkpoint> Checkpoint::open(const std::string& model_dir) {
   std::error_code ec;
-  if (!fs::exists(model_dir, ec)) return absl::NotFoundError(absl::StrCat(model_dir, ": no such model folder"));
-  if (!fs::is_directory(model_dir, ec))
-    return absl::FailedPreconditionError(
-        absl::StrCat(model_dir, ": not a folder (expected a Hugging Face model folder)"));
+  LOOM_RETURN_IF_ERROR(check_input_path(model_dir, "model folder", "a Hugging Face model folder"));
+  if (!fs::is_directory(model_dir, ec)) {
+    const absl::Status s = wrong_kind(model_dir, sniff_path(model_dir), "a Hugging Face model folder");
+    return absl::FailedPreconditionError(s.message());
+  }
 
   Checkpoint c;
   c.dir_ = model_dir;
@@ -203,6 +211,21 @@ absl::StatusOr<Tensor> Checkpoint::load(const std::string& name, DType dtype, De
   }
   try {
     const Tensor src = Tensor::from_storage(std::move(storage), info.shape, info.dtype);
+    const bool check = !allow_nonfinite_ && is_float(info.dtype);
+    if (check && device.is_cpu() && src.dtype() == target) {
+      // The copy and the check in one pass (each chunk tested while in cache): on the CI machine
+      // a 120 MB bf16 model loads in about the time of the copy alone, where a separate scan of the
+      // mapping added 17 ms to 27-60 ms.
+      Tensor dst = Tensor::empty(info.shape, target);
+      const int64_t bad = cpu::copy_first_nonfinite(src.data_ptr(), dst.data_ptr(), src.numel(),
+                                                    traits(target).block_bytes, target == DType::f16);
+      if (bad >= 0)
+        return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor '", name, "' holds ",
+                                                       describe_nonfinite(dst, bad), kNonfiniteAdvice));
+      return dst;
+    }
+    // Else checked where the bytes are, before a conversion or upload reads them.
+    if (check) LOOM_RETURN_IF_ERROR(check_finite(src, file.path(), name, kNonfiniteAdvice));
     if (device.is_cpu()) return src.dtype() == target ? src.clone() : src.to(Device::cpu(), target);
     // CUDA: Tensor::copy_ would cast F32 -> BF16 on the host (to shrink the transfer); casting on the
     // device is faster than a single host thread, so move the source bytes as they are, then cast.
@@ -220,6 +243,7 @@ absl::StatusOr<Tensor> Checkpoint::load_owned(const std::string& name, const Ten
   if (!expected_shape.empty() && t.shape() != expected_shape)
     return absl::InvalidArgumentError(absl::StrCat(dir_, ": tensor '", name, "' has shape ", shape_str(t.shape()),
                                                    ", expected ", shape_str(expected_shape)));
+  if (!allow_nonfinite_) LOOM_RETURN_IF_ERROR(check_finite(t, dir_, name, kNonfiniteAdvice));
   try {
     return t.dtype() == dtype && device.is_cpu() ? t : t.to(device, dtype);
   } catch (const Error& e) {

@@ -49,6 +49,10 @@ class Checkpoint {
   // the tensors never loaded, to catch a model that misreads a checkpoint.
   absl::Status check_unexpected(const std::set<std::string>& consumed) const;
 
+  // load() refuses a float tensor holding NaN or infinity (InvalidArgument naming the file, the
+  // tensor and its first bad element) unless allowed here.
+  void set_allow_nonfinite(bool allow) { allow_nonfinite_ = allow; }
+
  private:
   absl::StatusOr<Tensor> load_owned(const std::string& name, const Tensor& t, DType dtype, Device device,
                                     const Shape& expected_shape) const;
@@ -66,6 +70,7 @@ class Checkpoint {
   std::vector<std::shared_ptr<const SafetensorsFile>> files_;
   std::map<std::string, Entry> index_;
   std::shared_ptr<const Owned> owned_;
+  bool allow_nonfinite_ = false;
 };
 
 }  // namespace loom

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "models/family.h"
+#include "models/finite_check.h"
 #include "models/gguf_model.h"
 #include "models/weight_map.h"
 
@@ -90,6 +91,11 @@ absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const s
     if (!g) return absl::UnimplementedError(absl::StrCat("GGUF export: no llama.cpp name for tensor '", hf, "'"));
     Tensor t = value.to(Device::cpu(), DType::f32).contiguous();
     if (t.storage() == value.storage()) t = t.clone();  // never alias the live weight
+    // Nothing non-finite reaches disk (before the writer creates the file).
+    if (absl::Status s = check_finite(t, "refusing to write the GGUF file", hf,
+                                      ": training diverged or the weights were damaged; nothing was written");
+        !s.ok())
+      return absl::FailedPreconditionError(s.message());
     t = do_gguf_fix(std::move(t), g->fix, c);
     GgmlType type = GgmlType::F32;
     if (t.dim() == 2 && !g->name.ends_with("_norm.weight")) {

@@ -15,6 +15,7 @@
 #include "engine/json_file.h"
 #include "engine/splitmix64.h"
 #include "engine/tensor_io.h"
+#include "models/finite_check.h"
 #include "models/gguf_model.h"
 #include "models/weight_map.h"
 #include "nlohmann/json.hpp"
@@ -161,6 +162,8 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       break;
     }
   if (tensors.empty()) return absl::FailedPreconditionError("save_adapter: the model has no LoRA adapters");
+  const std::string weights_path = (fs::path(dir) / "adapter_model.safetensors").string();
+  if (absl::Status s = check_finite_to_save(tensors, weights_path); !s.ok()) return s;
   nlohmann::json j = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -182,8 +185,7 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       {"use_dora", false},
       {"revision", nullptr},
   };
-  if (absl::Status s = save_tensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, DType::f32,
-                                    {{"format", "pt"}});
+  if (absl::Status s = save_tensors(weights_path, tensors, DType::f32, {{"format", "pt"}});
       !s.ok())
     return s;
   return write_text_atomic((fs::path(dir) / "adapter_config.json").string(), j.dump(2) + "\n");
@@ -252,7 +254,10 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (!is_float(info->dtype))
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", name, " is not a float tensor"));
     used.insert(name);
-    return read_tensor(*st, *info).to(model.device(), model.precision().adapter);
+    Tensor t = read_tensor(*st, *info);
+    if (absl::Status s = check_finite(t, st_path, name, " (a damaged adapter, or one saved from a diverged run)"); !s.ok())
+      return s;
+    return t.to(model.device(), model.precision().adapter);
   };
   for (Linear* l : model.linears()) {
     if (!matches(l->name, c, l->name == "lm_head")) continue;
@@ -302,6 +307,7 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
                                                         "full-precision model (loom merge does)"));
   auto tensors = hf_state_dict(model);  // fused Hugging Face tensors concatenated back from Loom's parts
   if (!tensors.ok()) return tensors.status();
+  if (absl::Status s = check_finite_to_save(*tensors, (tmp / "model.safetensors").string()); !s.ok()) return s;
   if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), *tensors, DType::bf16, {{"format", "pt"}}); !s.ok())
     return s;
   nlohmann::json config;

@@ -5,7 +5,8 @@
 // filter blocks, generation blocks. Expressions: literals, lists, dicts, attribute/index/slice,
 // calls, Python's operators, `~`, `in`, `x if c else y`, filters and tests (text/jinja_builtins.cpp).
 // Anything else — include, import, extends, call blocks, an unknown filter or test — is an error
-// naming the template line, never a silent difference.
+// naming the template line, never a silent difference. Parsing and rendering stay within Limits
+// (text/jinja_limits.h): a hostile template gets an error, not a crash or an exhausted machine.
 #pragma once
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "text/jinja_limits.h"
 #include "text/jinja_value.h"
 
 namespace loom::jinja {
@@ -26,15 +28,19 @@ struct Rendered {
 
 class Template {
  public:
-  // Parses source; a syntax error or an unsupported construct is InvalidArgument "line N: ...".
-  static absl::StatusOr<Template> parse(const std::string& source);
+  // Parses source; a syntax error, an unsupported construct or nesting past limits.max_depth is
+  // InvalidArgument "line N: ...". The limits stay with the template for its renders.
+  static absl::StatusOr<Template> parse(const std::string& source, const Limits& limits = {});
   // Renders with these top-level variables (range, namespace, dict, raise_exception and
   // strftime_now are added). A runtime error is InvalidArgument "line N: ..."; a
-  // raise_exception("msg") in the template is "line N: raise_exception: msg".
+  // raise_exception("msg") in the template is "line N: raise_exception: msg"; a limit passed is
+  // InvalidArgument "line N: ... (Limits::<field>)".
   absl::StatusOr<Rendered> render(const std::vector<std::pair<std::string, Value>>& vars) const;
+  const Limits& limits() const { return limits_; }
 
  private:
   std::shared_ptr<const std::vector<std::unique_ptr<Stmt>>> body_;
+  Limits limits_;
 };
 
 }  // namespace loom::jinja

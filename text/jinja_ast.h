@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "text/jinja_limits.h"
 #include "text/jinja_value.h"
 
 namespace loom::jinja {
@@ -50,6 +51,7 @@ struct Expr {
     kCond,      // args[1] if args[0] else args[2] (args[2] null = undefined)
   } kind = kLiteral;
   int line = 0;
+  int depth = 1;  // of the subtree (ExprParser::done)
   Value value;
   std::string name;
   std::vector<std::string> names;
@@ -86,7 +88,8 @@ struct Stmt {
 
 // Parses segments into a body. Throws Error naming the line for syntax errors, unknown filters
 // and tests, and tags Loom does not implement (include, import, extends, block, call, raw, ...).
-Body parse(std::vector<Segment> segments);
+// Past Limits::max_depth (blocks and expressions nested) it throws too.
+Body parse(std::vector<Segment> segments, const Limits& limits);
 
 // Known filter and test names (checked when parsing).
 bool is_filter(const std::string& name);

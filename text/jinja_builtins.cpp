@@ -73,6 +73,7 @@ std::vector<Value> split(const Value& v, const Value& sep, int64_t maxsplit, boo
       } else {
         while (j < n && !space(j)) ++j;
       }
+      budget::check_items(parts.size() + 1, sizeof(Value), "split()'s result");
       parts.emplace_back(starts[i], starts[j]);
       i = j;
     }
@@ -80,7 +81,10 @@ std::vector<Value> split(const Value& v, const Value& sep, int64_t maxsplit, boo
     const std::string& d = need_string(sep, "split's separator");
     if (d.empty()) fail("split(): empty separator");
     std::vector<size_t> hits;
-    for (size_t p = s.find(d); p != std::string::npos; p = s.find(d, p + d.size())) hits.push_back(p);
+    for (size_t p = s.find(d); p != std::string::npos; p = s.find(d, p + d.size())) {
+      budget::check_items(hits.size() + 2, sizeof(Value), "split()'s result");
+      hits.push_back(p);
+    }
     if (maxsplit >= 0 && static_cast<int64_t>(hits.size()) > maxsplit) {
       if (from_right) hits.erase(hits.begin(), hits.end() - maxsplit);
       else hits.resize(static_cast<size_t>(maxsplit));
@@ -118,6 +122,14 @@ Value replace(const Value& v, const Value& from, const Value& to, const Value& c
   int64_t left = count.is_none() || count.is_undefined() ? -1 : count.as_int();
   if (a.empty()) fail("replace() of an empty string is not supported");
   if (s.find(a) == std::string::npos || left == 0) return v;
+  if (b.size() > a.size()) {  // the result's size before it is built: each hit grows it
+    size_t hits = 0;
+    for (size_t h = s.find(a); h != std::string::npos && (left < 0 || static_cast<int64_t>(hits) < left);
+         h = s.find(a, h + a.size()))
+      ++hits;
+    const size_t grow = b.size() - a.size();
+    budget::check_size(hits > (SIZE_MAX - s.size()) / grow ? SIZE_MAX : s.size() + hits * grow, "replace()'s result");
+  }
   std::string out;
   size_t p = 0;
   for (size_t h = s.find(a); h != std::string::npos && left != 0; h = s.find(a, p), --left) {
@@ -143,15 +155,25 @@ static bool starts_or_ends(const std::string& s, const Value& what, bool start) 
 }
 
 Value join(Interp& in, const Value& seq, const std::string& sep, const Value& attribute) {
-  Value out = Value::string("");
+  std::string out;  // built once, in linear time, its size checked as it grows
+  std::vector<Mark> marks;
   bool first = true;
   for (const Value& x : seq.iterate()) {
-    if (!first) out = concat(out, Value::string(sep));
+    const Value e = attribute.is_none() ? x : in.attr(x, attribute.to_str());
+    const std::string text = e.is_string() ? std::string() : e.to_str();
+    const std::string& part = e.is_string() ? e.str() : text;
+    budget::check_size(out.size() + (first ? 0 : sep.size()) + part.size() + (marks.size() + e.marks().size()) * sizeof(Mark),
+                       "join()'s result");
+    if (!first) out += sep;
     first = false;
-    Value e = attribute.is_none() ? x : in.attr(x, attribute.to_str());
-    out = concat(out, e.is_string() ? e : Value::string(e.to_str()));
+    for (Mark m : e.marks()) {
+      m.begin += out.size();
+      m.end += out.size();
+      marks.push_back(m);
+    }
+    out += part;
   }
-  return out;
+  return Value::string(std::move(out), std::move(marks));
 }
 
 Value items_of(const Value& v) {
@@ -163,7 +185,12 @@ Value items_of(const Value& v) {
 }
 
 int64_t length(const Value& v) {
-  if (v.is_string()) return static_cast<int64_t>(code_point_starts(v.str()).size()) - 1;
+  if (v.is_string()) {  // code points, counted without an index of them (8 bytes a byte)
+    int64_t n = 0;
+    for (const char c : v.str()) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    budget::bytes(v.str().size());
+    return n;
+  }
   if (v.is_list()) return static_cast<int64_t>(v.items().size());
   if (v.is_dict()) return static_cast<int64_t>(v.dict_obj()->items.size());
   if (v.is_undefined()) return 0;
@@ -210,67 +237,6 @@ std::vector<Value> select(Interp& in, const Value& seq, const CallArgs& a, bool 
 std::string lower_ascii(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
-}
-
-Value arithmetic(const std::string& op, const Value& a, const Value& b) {
-  using T = Value::Type;
-  const bool nums = a.is_number() && b.is_number();
-  const bool floats = nums && (a.type() == T::kFloat || b.type() == T::kFloat);
-  const auto bad = [&]() -> Value {
-    if (op == "+" && a.is_string())
-      fail(absl::StrCat("can only concatenate str (not \"", b.type_name(), "\") to str"));
-    if (a.is_undefined() || b.is_undefined())
-      fail(absl::StrCat("'", (a.is_undefined() ? a : b).hint(), "' is undefined"));
-    fail(absl::StrCat("unsupported operand type(s) for ", op, ": '", a.type_name(), "' and '", b.type_name(), "'"));
-  };
-  if (op == "+") {
-    if (nums) return floats ? Value::number(a.as_double() + b.as_double()) : Value::integer(a.as_int() + b.as_int());
-    if (a.is_string() && b.is_string()) return concat(a, b);
-    if (a.is_list() && b.is_list()) {
-      std::vector<Value> items = a.items();
-      items.insert(items.end(), b.items().begin(), b.items().end());
-      return Value::list(std::move(items));
-    }
-    return bad();
-  }
-  if (op == "*" && (a.is_string() || a.is_list()) && b.is_number() && b.type() != T::kFloat) {
-    Value out = a.is_string() ? Value::string("") : Value::list({});
-    for (int64_t i = 0; i < b.as_int(); ++i) out = a.is_string() ? concat(out, a) : arithmetic("+", out, a);
-    return out;
-  }
-  if (!nums) return bad();
-  const double x = a.as_double(), y = b.as_double();
-  if (op == "-") return floats ? Value::number(x - y) : Value::integer(a.as_int() - b.as_int());
-  if (op == "*") return floats ? Value::number(x * y) : Value::integer(a.as_int() * b.as_int());
-  if ((op == "/" || op == "//" || op == "%") && y == 0) fail("division by zero");
-  if (op == "/") return Value::number(x / y);
-  if (op == "//") {
-    if (floats) return Value::number(std::floor(x / y));
-    const int64_t p = a.as_int(), q = b.as_int();
-    int64_t d = p / q;
-    if ((p % q != 0) && ((p < 0) != (q < 0))) --d;
-    return Value::integer(d);
-  }
-  if (op == "%") {
-    if (floats) {
-      double m = std::fmod(x, y);
-      if (m != 0 && ((m < 0) != (y < 0))) m += y;
-      return Value::number(m);
-    }
-    const int64_t q = b.as_int();
-    int64_t m = a.as_int() % q;
-    if (m != 0 && ((m < 0) != (q < 0))) m += q;
-    return Value::integer(m);
-  }
-  if (op == "**") {
-    if (!floats && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
-      return Value::integer(r);
-    }
-    return Value::number(std::pow(x, y));
-  }
-  return bad();
 }
 
 Value method(const Value& obj, const std::string& name) {
@@ -360,8 +326,8 @@ bool apply_test(Interp& in, const std::string& t, const Value& v, const CallArgs
   if (t == "odd" || t == "even" || t == "divisibleby") {
     if (v.type() != T::kInt) fail(absl::StrCat("test '", t, "' needs an integer, got ", v.type_name()));
     const int64_t d = t == "divisibleby" ? other().as_int() : 2;
-    if (d == 0) fail("divisibleby 0");
-    const bool div = v.as_int() % d == 0;
+    if (d == 0) fail("integer division or modulo by zero");
+    const bool div = d == -1 || v.as_int() % d == 0;  // INT64_MIN % -1 traps in C++
     return t == "odd" ? !div : div;
   }
   if (t == "eq" || t == "equalto" || t == "==") return equals(v, other());
@@ -404,16 +370,27 @@ bool apply_test(Interp& in, const std::string& t, const Value& v, const CallArgs
 void add_globals(Interp::Frame* frame) {
   frame->vars.emplace_back("range", Value::callable("range", [](Interp&, const CallArgs& a) {
     if (a.pos.empty() || a.pos.size() > 3) fail("range() takes 1 to 3 arguments");
+    for (const Value& v : a.pos)
+      if (!v.is_number() || v.type() == Value::Type::kFloat)
+        fail(absl::StrCat("'", v.type_name(), "' object cannot be interpreted as an integer"));
     int64_t start = 0, stop, step = 1;
     if (a.pos.size() == 1) stop = a.pos[0].as_int();
     else start = a.pos[0].as_int(), stop = a.pos[1].as_int();
     if (a.pos.size() == 3) step = a.pos[2].as_int();
-    if (step == 0) fail("range() step must not be zero");
+    if (step == 0) fail("range() arg 3 must not be zero");
+    // The length first (in 128 bits: stop - start can pass 2^63), so a huge range fails before
+    // anything is built and i never steps past the end.
+    const __int128 span = step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
+    const __int128 stride = step > 0 ? static_cast<__int128>(step) : -static_cast<__int128>(step);
+    const __int128 len = span <= 0 ? 0 : (span - 1) / stride + 1;
+    // transformers renders in Jinja's sandbox, whose range() refuses more than MAX_RANGE items.
+    constexpr int64_t kMaxRange = 100000;
+    if (len > kMaxRange)
+      fail(absl::StrCat("range() of more than ", kMaxRange, " elements (Jinja's sandbox, which transformers renders "
+                        "with, refuses it too)"));
     std::vector<Value> out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.size() > 1000000) fail("range() is too long");
-      out.push_back(Value::integer(i));
-    }
+    out.reserve(static_cast<size_t>(len));
+    for (__int128 k = 0; k < len; ++k) out.push_back(Value::integer(static_cast<int64_t>(start + k * step)));
     return Value::list(std::move(out));
   }));
   for (const bool ns : {true, false}) {

@@ -1,7 +1,8 @@
 // Jinja evaluator: statements (text, output, if, for with loop/else/filter, set, namespace
 // attributes, block set, macros, break/continue) and expressions, with Jinja's scoping: a for
 // loop's body runs in a fresh scope each iteration, so what it sets does not leak out; `if` opens
-// no scope; a macro sees the template's top-level names.
+// no scope; a macro sees the template's top-level names. Every statement and expression node is a
+// step of the render's budget and a level of its nesting (Limits).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -11,15 +12,43 @@
 
 namespace loom::jinja {
 
+// An iteration builds the loop object (a dozen values, a callable, a scope): it costs as much as
+// a few dozen expression nodes, and counts so.
+constexpr int64_t kLoopSteps = 16;
+
+// a ~ b, out of Interp::binary's frame (which recursion stacks up).
+[[gnu::noinline]] static Value tilde(const Value& a, const Value& b) {
+  const Value sa = a.is_string() ? a : Value::string(a.to_str());
+  const Value sb = b.is_string() ? b : Value::string(b.to_str());
+  return concat(sa, sb);
+}
+
+void Output::append(const std::string& s, size_t new_marks) {
+  const size_t limit = budget::limits().max_output_bytes;
+  if (text.size() + s.size() + (marks.size() + new_marks) * sizeof(Mark) > limit && budget::active())
+    fail(absl::StrCat("the rendered text passes ", limit, " bytes (Limits::max_output_bytes; marks count too)"));
+  budget::bytes(s.size());
+  text += s;
+}
+
 void Output::append(const Value& v) {
-  if (v.is_string()) {
-    for (Mark m : v.marks()) {
-      m.begin += text.size();
-      m.end += text.size();
-      marks.push_back(m);
-    }
+  if (!v.is_string()) return append(v.to_str());
+  const size_t at = text.size();
+  append(v.str(), v.marks().size());
+  for (Mark m : v.marks()) {
+    m.begin += at;
+    m.end += at;
+    marks.push_back(m);
   }
-  text += v.to_str();
+}
+
+Interp::Nest::Nest(Interp& in) : in(in) {
+  budget::step();
+  if (++in.depth_ > in.limits_.max_render_depth) {
+    --in.depth_;
+    fail(absl::StrCat("rendering nests deeper than ", in.limits_.max_render_depth,
+                      " levels of blocks, expressions and macro calls (Limits::max_render_depth)"));
+  }
 }
 
 Value Interp::lookup(const std::string& name) const {
@@ -46,25 +75,42 @@ void Interp::exec(const Body& body, Output& out) {
   }
 }
 
+// The statements that nest (if, for, generation) stay in exec_stmt with a small frame; the rest
+// run in exec_leaf, whose locals would otherwise sit in every nested level's frame (much larger
+// under AddressSanitizer, which gives each local its own guarded slot).
 void Interp::exec_stmt(const Stmt& s, Output& out) {
   line_ = s.line;
+  const Nest nest(*this);
   switch (s.kind) {
-    case Stmt::kText: out.text += s.text; return;
-    case Stmt::kOutput: {
-      const Value v = eval(*s.expr);
-      if (v.is_callable()) fail(absl::StrCat("cannot print the function '", v.hint(), "' (call it with ())"));
-      out.append(v);
-      return;
-    }
+    case Stmt::kText: out.append(s.text); return;
     case Stmt::kIf:
       for (const auto& [cond, body] : s.branches) {
-        if (!cond || eval(*cond).truthy()) {
+        if (!cond || truthy(*cond)) {
           exec(body, out);
           return;
         }
       }
       return;
     case Stmt::kFor: exec_for(s, out); return;
+    case Stmt::kBreak:
+    case Stmt::kContinue:
+      flow_ = s.kind == Stmt::kBreak ? Flow::kBreak : Flow::kContinue;
+      return;
+    case Stmt::kGeneration: exec(s.body, out); return;
+    default: exec_leaf(s, out); return;
+  }
+}
+
+bool Interp::truthy(const Expr& e) { return eval(e).truthy(); }
+
+void Interp::exec_leaf(const Stmt& s, Output& out) {
+  switch (s.kind) {
+    case Stmt::kOutput: {
+      const Value v = eval(*s.expr);
+      if (v.is_callable()) fail(absl::StrCat("cannot print the function '", v.hint(), "' (call it with ())"));
+      out.append(v);
+      return;
+    }
     case Stmt::kSet: {
       Value v = eval(*s.expr);
       line_ = s.line;
@@ -93,11 +139,6 @@ void Interp::exec_stmt(const Stmt& s, Output& out) {
       return;
     }
     case Stmt::kMacro: assign(s.text, define_macro(s)); return;
-    case Stmt::kBreak:
-    case Stmt::kContinue:
-      flow_ = s.kind == Stmt::kBreak ? Flow::kBreak : Flow::kContinue;
-      return;
-    case Stmt::kGeneration: exec(s.body, out); return;
     case Stmt::kFilterBlock: {
       Output captured;
       exec(s.body, captured);
@@ -105,6 +146,7 @@ void Interp::exec_stmt(const Stmt& s, Output& out) {
       out.append(apply_filter(*this, s.text, Value::string(std::move(captured.text), std::move(captured.marks)), {}));
       return;
     }
+    default: return;
   }
 }
 
@@ -132,24 +174,28 @@ void Interp::exec_for(const Stmt& s, Output& out) {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
+    line_ = s.line;
+    budget::step(kLoopSteps);
     Frame f{{}, outer};
     frame_ = &f;
     auto loop = std::make_shared<Dict>();
-    loop->set("index", Value::integer(i + 1));
-    loop->set("index0", Value::integer(i));
-    loop->set("revindex", Value::integer(n - i));
-    loop->set("revindex0", Value::integer(n - i - 1));
-    loop->set("first", Value::boolean(i == 0));
-    loop->set("last", Value::boolean(i == n - 1));
-    loop->set("length", Value::integer(n));
-    loop->set("depth", Value::integer(1));
-    loop->set("depth0", Value::integer(0));
-    if (i > 0) loop->set("previtem", items[i - 1]);
-    if (i + 1 < n) loop->set("nextitem", items[i + 1]);
-    loop->set("cycle", Value::callable("loop.cycle", [i](Interp&, const CallArgs& a) {
-                if (a.pos.empty()) fail("loop.cycle() needs at least one argument");
-                return a.pos[static_cast<size_t>(i) % a.pos.size()];
-              }));
+    auto& l = loop->items;  // distinct keys: no Dict::set lookups
+    l.reserve(12);
+    l.emplace_back("index", Value::integer(i + 1));
+    l.emplace_back("index0", Value::integer(i));
+    l.emplace_back("revindex", Value::integer(n - i));
+    l.emplace_back("revindex0", Value::integer(n - i - 1));
+    l.emplace_back("first", Value::boolean(i == 0));
+    l.emplace_back("last", Value::boolean(i == n - 1));
+    l.emplace_back("length", Value::integer(n));
+    l.emplace_back("depth", Value::integer(1));
+    l.emplace_back("depth0", Value::integer(0));
+    if (i > 0) l.emplace_back("previtem", items[i - 1]);
+    if (i + 1 < n) l.emplace_back("nextitem", items[i + 1]);
+    l.emplace_back("cycle", Value::callable("loop.cycle", [i](Interp&, const CallArgs& a) {
+                     if (a.pos.empty()) fail("loop.cycle() needs at least one argument");
+                     return a.pos[static_cast<size_t>(i) % a.pos.size()];
+                   }));
     assign("loop", Value::dict(loop));
     if (s.targets.size() == 1) {
       assign(s.targets[0], items[i]);
@@ -172,7 +218,9 @@ void Interp::exec_for(const Stmt& s, Output& out) {
 Value Interp::define_macro(const Stmt& s) {
   const Stmt* def = &s;
   return Value::callable(s.text, [def](Interp& in, const CallArgs& args) {
-    if (in.depth_ > 64) fail(absl::StrCat("macro '", def->text, "' recurses too deeply"));
+    if (in.calls_ >= in.limits_.max_call_depth)
+      fail(absl::StrCat("macro '", def->text, "' called with ", in.limits_.max_call_depth,
+                        " macro calls in progress (Limits::max_call_depth): recursion without end?"));
     if (args.pos.size() > def->targets.size())
       fail(absl::StrCat("macro '", def->text, "' takes ", def->targets.size(), " arguments, got ", args.pos.size()));
     for (const auto& [k, v] : args.kw) {
@@ -195,11 +243,11 @@ Value Interp::define_macro(const Stmt& s) {
       }
     }
     Output out;
-    ++in.depth_;
+    ++in.calls_;
     const Flow saved_flow = in.flow_;
     in.exec(def->body, out);
     in.flow_ = saved_flow;
-    --in.depth_;
+    --in.calls_;
     in.frame_ = saved;
     in.line_ = saved_line;
     return Value::string(std::move(out.text), std::move(out.marks));
@@ -287,8 +335,14 @@ Value Interp::slice(const Value& obj, const Expr* a, const Expr* b, const Expr* 
   };
   const int64_t lo = clamp(start, step > 0 ? 0 : n - 1), hi = clamp(stop, step > 0 ? n : -1);
   if (obj.is_string() && step == 1) return substring(obj, starts[lo], starts[std::max(lo, hi)]);
+  // lo and hi lie in [-1, n], so the count and each index fit; only the step can be huge.
+  const uint64_t stride = step > 0 ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+  const uint64_t span = step > 0 ? (hi > lo ? static_cast<uint64_t>(hi - lo) : 0) : (lo > hi ? static_cast<uint64_t>(lo - hi) : 0);
+  const uint64_t count = span == 0 ? 0 : (span - 1) / stride + 1;
   std::vector<int64_t> idx;
-  for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) idx.push_back(i);
+  idx.reserve(count);
+  for (uint64_t k = 0; k < count; ++k)
+    idx.push_back(step > 0 ? lo + static_cast<int64_t>(k * stride) : lo - static_cast<int64_t>(k * stride));
   if (obj.is_list()) {
     std::vector<Value> out;
     for (int64_t i : idx) out.push_back(obj.items()[static_cast<size_t>(i)]);
@@ -321,91 +375,98 @@ Value Interp::compare(const Expr& e) {
   return Value::boolean(true);
 }
 
+// The left operand in a frame of its own (left-leaning chains recurse through it), then the rest.
 Value Interp::binary(const Expr& e) {
+  const Value a = eval(*e.args[0]);
+  return binary_rest(e, a);
+}
+
+Value Interp::binary_rest(const Expr& e, const Value& a) {
   if (e.name == "and" || e.name == "or") {  // Python's: returns an operand
-    Value a = eval(*e.args[0]);
     if (e.name == "and" ? !a.truthy() : a.truthy()) return a;
     return eval(*e.args[1]);
   }
-  const Value a = eval(*e.args[0]);
   const Value b = eval(*e.args[1]);
   line_ = e.line;
-  if (e.name == "~") {
-    const Value sa = a.is_string() ? a : Value::string(a.to_str());
-    const Value sb = b.is_string() ? b : Value::string(b.to_str());
-    return concat(sa, sb);
-  }
+  if (e.name == "~") return tilde(a, b);
   return arithmetic(e.name, a, b);
 }
 
+// As exec_stmt: the recursive path keeps small frames (eval, eval_node, binary).
 Value Interp::eval(const Expr& e) {
   line_ = e.line;
+  const Nest nest(*this);
   switch (e.kind) {
     case Expr::kLiteral: return e.value;
     case Expr::kName: return lookup(e.name);
-    case Expr::kList:
-    case Expr::kTuple: {
-      std::vector<Value> items;
-      for (const auto& a : e.args) items.push_back(eval(*a));
-      return Value::list(std::move(items), e.kind == Expr::kTuple);
-    }
-    case Expr::kDict: {
-      auto d = std::make_shared<Dict>();
-      for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
-        const Value k = eval(*e.args[i]);
-        if (!k.is_string()) fail(absl::StrCat("dict keys must be strings here, got ", k.type_name()));
-        d->set(k.str(), eval(*e.args[i + 1]));
-      }
-      return Value::dict(std::move(d));
-    }
-    case Expr::kAttr: {
-      const Value obj = eval(*e.args[0]);
-      line_ = e.line;
-      return attr(obj, e.name);
-    }
-    case Expr::kIndex: {
-      const Value obj = eval(*e.args[0]);
-      const Value key = eval(*e.args[1]);
-      line_ = e.line;
-      return item(obj, key);
-    }
-    case Expr::kSlice: {
-      const Value obj = eval(*e.args[0]);
-      return slice(obj, e.args[1].get(), e.args[2].get(), e.args[3].get());
-    }
-    case Expr::kCall: {
-      const Value fn = eval(*e.args[0]);
-      CallArgs a = arguments(e, 1);
-      line_ = e.line;
-      return call(fn, a);
-    }
-    case Expr::kFilter: {
-      const Value v = eval(*e.args[0]);
-      CallArgs a = arguments(e, 1);
-      line_ = e.line;
-      return apply_filter(*this, e.name, v, a);
-    }
-    case Expr::kTest: {
-      const Value v = eval(*e.args[0]);
-      CallArgs a = arguments(e, 1);
-      line_ = e.line;
-      return Value::boolean(apply_test(*this, e.name, v, a) != e.negated);
-    }
-    case Expr::kUnary: {
-      const Value v = eval(*e.args[0]);
-      line_ = e.line;
-      if (e.name == "not") return Value::boolean(!v.truthy());
-      if (!v.is_number()) fail(absl::StrCat("bad operand type for unary ", e.name, ": '", v.type_name(), "'"));
-      if (e.name == "+") return v.type() == Value::Type::kFloat ? v : Value::integer(v.as_int());
-      return v.type() == Value::Type::kFloat ? Value::number(-v.as_double()) : Value::integer(-v.as_int());
-    }
     case Expr::kBinary: return binary(e);
     case Expr::kCompare: return compare(e);
     case Expr::kCond:
-      if (eval(*e.args[0]).truthy()) return eval(*e.args[1]);
+      if (truthy(*e.args[0])) return eval(*e.args[1]);
       return e.args[2] ? eval(*e.args[2]) : Value::undefined("the else branch of a conditional expression");
+    default: return eval_node(e);
   }
-  return Value();
+}
+
+// Chains (a.b.c, x|f|g, f()()) recurse through their first operand: eval_node evaluates it in a
+// frame that holds just that value; what the node does with it runs in apply_node's frame, which
+// is not on the recursion's path.
+Value Interp::eval_node(const Expr& e) {
+  if (e.kind == Expr::kList || e.kind == Expr::kTuple || e.kind == Expr::kDict) return build(e);
+  const Value x = eval(*e.args[0]);
+  return apply_node(e, x);
+}
+
+Value Interp::build(const Expr& e) {
+  if (e.kind == Expr::kDict) {
+    auto d = std::make_shared<Dict>();
+    for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+      const Value k = eval(*e.args[i]);
+      if (!k.is_string()) fail(absl::StrCat("dict keys must be strings here, got ", k.type_name()));
+      d->set(k.str(), eval(*e.args[i + 1]));
+    }
+    return Value::dict(std::move(d));
+  }
+  std::vector<Value> items;
+  for (const auto& a : e.args) items.push_back(eval(*a));
+  return Value::list(std::move(items), e.kind == Expr::kTuple);
+}
+
+Value Interp::apply_node(const Expr& e, const Value& x) {
+  switch (e.kind) {
+    case Expr::kAttr: line_ = e.line; return attr(x, e.name);
+    case Expr::kIndex: {
+      const Value key = eval(*e.args[1]);
+      line_ = e.line;
+      return item(x, key);
+    }
+    case Expr::kSlice: return slice(x, e.args[1].get(), e.args[2].get(), e.args[3].get());
+    case Expr::kCall: {
+      const CallArgs a = arguments(e, 1);
+      line_ = e.line;
+      return call(x, a);
+    }
+    case Expr::kFilter: {
+      const CallArgs a = arguments(e, 1);
+      line_ = e.line;
+      return apply_filter(*this, e.name, x, a);
+    }
+    case Expr::kTest: {
+      const CallArgs a = arguments(e, 1);
+      line_ = e.line;
+      return Value::boolean(apply_test(*this, e.name, x, a) != e.negated);
+    }
+    case Expr::kUnary:
+      line_ = e.line;
+      if (e.name == "not") return Value::boolean(!x.truthy());
+      if (!x.is_number()) fail(absl::StrCat("bad operand type for unary ", e.name, ": '", x.type_name(), "'"));
+      if (e.name == "+") return x.type() == Value::Type::kFloat ? x : Value::integer(x.as_int());
+      if (x.type() == Value::Type::kFloat) return Value::number(-x.as_double());
+      if (x.as_int() == INT64_MIN)
+        fail(absl::StrCat("integer result of -(", x.as_int(), ") does not fit 64 bits (Loom's integers are 64-bit)"));
+      return Value::integer(-x.as_int());
+    default: return Value();
+  }
 }
 
 }  // namespace loom::jinja

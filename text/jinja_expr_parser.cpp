@@ -12,7 +12,25 @@ void ExprParser::unexpected(const std::string& wanted) const {
   fail_at(k.line, absl::StrCat("expected ", wanted, ", got ", got));
 }
 
+void ExprParser::deeper() {
+  if (++depth_ > max_depth_)
+    fail_at(peek().line, absl::StrCat("nesting deeper than ", max_depth_, " levels (Limits::max_depth)"));
+}
+
+ExprPtr ExprParser::done(ExprPtr e) {
+  int d = 0;
+  for (const auto& a : e->args)
+    if (a) d = std::max(d, a->depth);
+  for (const auto& kv : e->kwargs) d = std::max(d, kv.second->depth);
+  e->depth = d + 1;
+  if (base_ + e->depth > max_depth_)
+    fail_at(e->line, absl::StrCat("nesting deeper than ", max_depth_, " levels (Limits::max_depth)"));
+  return e;
+}
+
 ExprPtr ExprParser::expression(bool with_cond) {
+  Nest nest(*this);
+  deeper();
   ExprPtr e = or_expr();
   if (with_cond && is_name("if")) {
     const int line = next().line;
@@ -26,12 +44,14 @@ ExprPtr ExprParser::expression(bool with_cond) {
     c->args.push_back(std::move(cond));
     c->args.push_back(std::move(e));
     c->args.push_back(std::move(other));
-    return c;
+    return done(std::move(c));
   }
   return e;
 }
 
 ExprPtr ExprParser::tuple_or_expression() {
+  Nest nest(*this);
+  deeper();
   ExprPtr first = expression();
   if (!is_op(",")) return first;
   auto t = make(Expr::kTuple, first->line);
@@ -41,7 +61,7 @@ ExprPtr ExprParser::tuple_or_expression() {
     if (at_end()) break;
     t->args.push_back(expression());
   }
-  return t;
+  return done(std::move(t));
 }
 
 ExprPtr ExprParser::binary(const std::string& op, ExprPtr a, ExprPtr b, int line) {
@@ -49,7 +69,7 @@ ExprPtr ExprParser::binary(const std::string& op, ExprPtr a, ExprPtr b, int line
   e->name = op;
   e->args.push_back(std::move(a));
   e->args.push_back(std::move(b));
-  return e;
+  return done(std::move(e));
 }
 
 ExprPtr ExprParser::or_expr() {
@@ -72,10 +92,12 @@ ExprPtr ExprParser::and_expr() {
 
 ExprPtr ExprParser::not_expr() {
   if (is_name("not")) {
+    Nest nest(*this);
+    deeper();
     auto e = make(Expr::kUnary, next().line);
     e->name = "not";
     e->args.push_back(not_expr());
-    return e;
+    return done(std::move(e));
   }
   return compare();
 }
@@ -105,7 +127,7 @@ ExprPtr ExprParser::compare() {
     e->names.push_back(op);
     e->args.push_back(math1());
   }
-  return e ? std::move(e) : std::move(first);
+  return e ? done(std::move(e)) : std::move(first);
 }
 
 ExprPtr ExprParser::math1() {
@@ -145,12 +167,15 @@ ExprPtr ExprParser::power() {
 }
 
 ExprPtr ExprParser::unary(bool with_filter) {
+  Nest nest(*this);
   ExprPtr e;
   if (is_op("-") || is_op("+")) {
+    deeper();
     const Token op = next();
     e = make(Expr::kUnary, op.line);
     e->name = op.text;
     e->args.push_back(unary(false));
+    e = done(std::move(e));
   } else {
     e = primary();
   }
@@ -202,7 +227,7 @@ ExprPtr ExprParser::primary() {
           t->args.push_back(expression());
         }
         expect_op(")");
-        return t;
+        return done(std::move(t));
       }
       if (k.text == "[") {
         next();
@@ -213,7 +238,7 @@ ExprPtr ExprParser::primary() {
           next();
         }
         expect_op("]");
-        return l;
+        return done(std::move(l));
       }
       if (k.text == "{") {
         next();
@@ -226,7 +251,7 @@ ExprPtr ExprParser::primary() {
           next();
         }
         expect_op("}");
-        return d;
+        return done(std::move(d));
       }
       break;
     default: break;
@@ -248,13 +273,13 @@ ExprPtr ExprParser::postfix(ExprPtr e) {
         auto ix = make(Expr::kIndex, line);
         ix->args.push_back(std::move(e));
         ix->args.push_back(literal(Value::integer(next().i), line));
-        e = std::move(ix);
+        e = done(std::move(ix));
         continue;
       }
       auto a = make(Expr::kAttr, line);
       a->name = expect_name();
       a->args.push_back(std::move(e));
-      e = std::move(a);
+      e = done(std::move(a));
     } else if (is_op("[")) {
       e = subscript(std::move(e));
     } else if (is_op("(")) {
@@ -284,12 +309,12 @@ ExprPtr ExprParser::subscript(ExprPtr e) {
     auto ix = make(Expr::kIndex, line);
     ix->args.push_back(std::move(e));
     ix->args.push_back(std::move(parts[0]));
-    return ix;
+    return done(std::move(ix));
   }
   auto s = make(Expr::kSlice, line);
   s->args.push_back(std::move(e));
   for (auto& p : parts) s->args.push_back(std::move(p));
-  return s;
+  return done(std::move(s));
 }
 
 void ExprParser::arguments(Expr* e) {
@@ -314,7 +339,7 @@ ExprPtr ExprParser::call(ExprPtr callee) {
   auto c = make(Expr::kCall, peek().line);
   c->args.push_back(std::move(callee));
   arguments(c.get());
-  return c;
+  return done(std::move(c));
 }
 
 ExprPtr ExprParser::filter(ExprPtr e) {
@@ -324,7 +349,7 @@ ExprPtr ExprParser::filter(ExprPtr e) {
   if (!is_filter(f->name)) fail_at(line, absl::StrCat("unknown or unsupported filter '", f->name, "'"));
   f->args.push_back(std::move(e));
   if (is_op("(")) arguments(f.get());
-  return f;
+  return done(std::move(f));
 }
 
 ExprPtr ExprParser::test(ExprPtr e) {
@@ -345,7 +370,7 @@ ExprPtr ExprParser::test(ExprPtr e) {
                      (k.kind == Token::kOp && (k.text == "[" || k.text == "{"));
     if (arg) t->args.push_back(postfix(primary()));
   }
-  return t;
+  return done(std::move(t));
 }
 
 }  // namespace loom::jinja

@@ -9,10 +9,12 @@
 
 namespace loom::jinja {
 
+// Rendered text; past Limits::max_output_bytes appending fails.
 struct Output {
   std::string text;
   std::vector<Mark> marks;  // output byte ranges that came from tagged strings
   void append(const Value& v);
+  void append(const std::string& s, size_t new_marks = 0);
 };
 
 class Interp {
@@ -22,7 +24,7 @@ class Interp {
     Frame* parent = nullptr;
   };
 
-  explicit Interp(Frame* globals) : frame_(globals), root_(globals) {}
+  Interp(Frame* globals, const Limits& limits) : frame_(globals), root_(globals), limits_(limits) {}
 
   void exec(const Body& body, Output& out);
   Value eval(const Expr& e);
@@ -40,12 +42,27 @@ class Interp {
   Frame* root_;
   int line_ = 0;
   Flow flow_ = Flow::kNormal;
-  int depth_ = 0;  // macro call depth (recursion guard)
+  const Limits& limits_;
+  int calls_ = 0;  // macro calls in progress
+  int depth_ = 0;  // statements and expressions being evaluated, over all calls (the C++ stack)
+
+  // Counts a step and one level of evaluation nesting while it lives.
+  struct Nest {
+    explicit Nest(Interp& in);
+    ~Nest() { --in.depth_; }
+    Interp& in;
+  };
 
   void exec_stmt(const Stmt& s, Output& out);
+  [[gnu::noinline]] void exec_leaf(const Stmt& s, Output& out);
+  [[gnu::noinline]] Value eval_node(const Expr& e);
+  [[gnu::noinline]] Value build(const Expr& e);  // list, tuple, dict
+  [[gnu::noinline]] Value apply_node(const Expr& e, const Value& first);
+  [[gnu::noinline]] bool truthy(const Expr& e);
   void exec_for(const Stmt& s, Output& out);
   Value define_macro(const Stmt& s);
   Value binary(const Expr& e);
+  [[gnu::noinline]] Value binary_rest(const Expr& e, const Value& left);
   Value compare(const Expr& e);
   Value slice(const Value& obj, const Expr* a, const Expr* b, const Expr* c);
   CallArgs arguments(const Expr& e, size_t first);

@@ -4,6 +4,7 @@
 // tabs before a block or comment tag at the start of a line go), and the explicit markers
 // `{%-`/`-%}` (all whitespace on that side goes) and `{%+`/`+%}` (the two options are off there);
 // a single newline ending the template is dropped (keep_trailing_newline off).
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -164,13 +165,13 @@ class Lexer {
     advance_to(e);
     if (is_float) {
       t.kind = Token::kFloat;
-      t.d = std::stod(text);
+      t.d = std::strtod(text.c_str(), nullptr);  // as Python: 1e999 is inf, never an exception
     } else {
       t.kind = Token::kInt;
       try {
         t.i = std::stoll(text);
       } catch (const std::out_of_range&) {
-        fail_at(t.line, absl::StrCat("integer literal ", text, " is too large"));
+        fail_at(t.line, absl::StrCat("integer literal ", text, " does not fit 64 bits (Loom's integers are 64-bit)"));
       }
     }
     return t;

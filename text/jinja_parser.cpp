@@ -12,7 +12,7 @@ namespace {
 // Statements over the segment list.
 class Parser {
  public:
-  explicit Parser(std::vector<Segment> segs) : s_(std::move(segs)) {}
+  Parser(std::vector<Segment> segs, const Limits& limits) : s_(std::move(segs)), max_depth_(limits.max_depth) {}
 
   Body top() {
     Body b = body({});
@@ -22,6 +22,8 @@ class Parser {
  private:
   std::vector<Segment> s_;
   size_t i_ = 0;
+  const int max_depth_;
+  int depth_ = 0;         // blocks open around the statement being parsed
   int loops_ = 0;         // for loops open around the statement being parsed
   std::string end_tag_;  // the tag that ended the last body()
   std::unique_ptr<ExprParser> end_parser_;  // positioned after the end tag's name
@@ -40,7 +42,7 @@ class Parser {
         out.push_back(std::move(st));
         continue;
       }
-      auto p = std::make_unique<ExprParser>(seg.tokens);
+      auto p = std::make_unique<ExprParser>(seg.tokens, depth_, max_depth_);
       if (seg.kind == Segment::kOutput) {
         auto st = std::make_unique<Stmt>();
         st->kind = Stmt::kOutput;
@@ -66,6 +68,15 @@ class Parser {
     return out;
   }
 
+  // A block's body one level deeper.
+  Body block(const std::vector<std::string>& ends, int line) {
+    if (++depth_ > max_depth_)
+      fail_at(line, absl::StrCat("nesting deeper than ", max_depth_, " levels (Limits::max_depth)"));
+    Body b = body(ends);
+    --depth_;
+    return b;
+  }
+
   std::unique_ptr<Stmt> statement(const std::string& tag, ExprParser& p, int line) {
     auto st = std::make_unique<Stmt>();
     st->line = line;
@@ -74,12 +85,12 @@ class Parser {
       ExprPtr cond = p.expression();
       p.expect_end();
       while (true) {
-        Body b = body({"elif", "else", "endif"});
+        Body b = block({"elif", "else", "endif"}, line);
         st->branches.emplace_back(std::move(cond), std::move(b));
         if (end_tag_ == "endif") break;
         if (end_tag_ == "else") {
           end_parser_->expect_end();
-          Body e = body({"endif"});
+          Body e = block({"endif"}, line);
           st->branches.emplace_back(nullptr, std::move(e));
           break;
         }
@@ -103,11 +114,11 @@ class Parser {
       if (p.is_name("recursive")) fail_at(line, "recursive for loops are not supported");
       p.expect_end();
       ++loops_;
-      st->body = body({"else", "endfor"});
+      st->body = block({"else", "endfor"}, line);
       --loops_;
       if (end_tag_ == "else") {
         end_parser_->expect_end();
-        st->else_body = body({"endfor"});
+        st->else_body = block({"endfor"}, line);
       }
       end_parser_->expect_end();
       return st;
@@ -128,7 +139,7 @@ class Parser {
       while (p.is_op(",")) p.next(), st->targets.push_back(p.expect_name());
       if (p.at_end() && st->targets.size() == 1) {  // {% set x %}...{% endset %}
         st->kind = Stmt::kSetBlock;
-        st->body = body({"endset"});
+        st->body = block({"endset"}, line);
         end_parser_->expect_end();
         return st;
       }
@@ -159,7 +170,7 @@ class Parser {
       p.expect_end();
       const int loops = loops_;
       loops_ = 0;  // a loop around the definition is not around the macro's body
-      st->body = body({"endmacro"});
+      st->body = block({"endmacro"}, line);
       loops_ = loops;
       end_parser_->expect_end();
       return st;
@@ -173,7 +184,7 @@ class Parser {
     if (tag == "generation") {
       st->kind = Stmt::kGeneration;
       p.expect_end();
-      st->body = body({"endgeneration"});
+      st->body = block({"endgeneration"}, line);
       end_parser_->expect_end();
       return st;
     }
@@ -186,7 +197,7 @@ class Parser {
       st->expr->args.push_back(nullptr);  // the rendered body goes here
       if (p.is_op("(")) fail_at(line, "arguments to a {% filter %} block are not supported");
       p.expect_end();
-      st->body = body({"endfilter"});
+      st->body = block({"endfilter"}, line);
       end_parser_->expect_end();
       return st;
     }
@@ -196,6 +207,8 @@ class Parser {
 
 }  // namespace
 
-Body parse(std::vector<Segment> segments) { return Parser(std::move(segments)).top(); }
+Body parse(std::vector<Segment> segments, const Limits& limits) {
+  return Parser(std::move(segments), limits).top();
+}
 
 }  // namespace loom::jinja

@@ -23,9 +23,14 @@ inline ExprPtr make(Expr::Kind kind, int line) {
   return e;
 }
 
+// One tag's expression. `depth` is the nesting of the blocks around the tag; each bracket,
+// operator, filter, test, call or attribute nests one level deeper, and past max_depth parsing
+// stops with an error: before the parser's recursion can exhaust the C++ stack, and before a
+// tree is built that the evaluator or the tree's destructor would recurse too deeply through.
 class ExprParser {
  public:
-  explicit ExprParser(const std::vector<Token>& tokens) : t_(tokens) {}
+  ExprParser(const std::vector<Token>& tokens, int depth, int max_depth)
+      : t_(tokens), base_(depth), depth_(depth), max_depth_(max_depth) {}
 
   const Token& peek(size_t ahead = 0) const { return t_[std::min(i_ + ahead, t_.size() - 1)]; }
   const Token& next() { return t_[std::min(i_++, t_.size() - 1)]; }
@@ -53,6 +58,20 @@ class ExprParser {
  private:
   const std::vector<Token>& t_;
   size_t i_ = 0;
+  const int base_;   // the blocks around the tag
+  int depth_;        // the parser's recursion
+  const int max_depth_;
+
+  // Restores the depth when the function that nested deeper returns.
+  struct Nest {
+    explicit Nest(ExprParser& p) : p(p), saved(p.depth_) {}
+    ~Nest() { p.depth_ = saved; }
+    ExprParser& p;
+    const int saved;
+  };
+  void deeper();
+  // Sets a finished node's depth (its subtree's, so loops that build long chains count too).
+  ExprPtr done(ExprPtr e);
 
   ExprPtr binary(const std::string& op, ExprPtr a, ExprPtr b, int line);
   ExprPtr or_expr();

@@ -1,13 +1,12 @@
-// Jinja values: construction, Python's truthiness, str()/repr(), equality and ordering, json.dumps,
-// and the code-point and mark bookkeeping of strings.
+// Jinja values: construction (under the render's limits), Python's truthiness, equality and
+// ordering, and the code-point and mark bookkeeping of strings. Printing: jinja_print.cpp.
 #include "text/jinja_value.h"
 
-#include <charconv>
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "text/jinja_limits.h"
 
 namespace loom::jinja {
 
@@ -19,7 +18,21 @@ const Value* Dict::find(std::string_view key) const {
   return nullptr;
 }
 
+namespace {
+
+[[noreturn]] void too_deep() {
+  fail(absl::StrCat("lists and dicts nested deeper than ", budget::limits().max_depth, " levels (Limits::max_depth)"));
+}
+
+}  // namespace
+
 void Dict::set(const std::string& key, Value v) {
+  if (is_namespace) {
+    if (v.holds_namespace())
+      fail(absl::StrCat("namespace attribute '", key, "' cannot hold a namespace (Loom keeps values acyclic)"));
+    depth = std::max(depth, v.depth() + 1);
+    if (depth > budget::limits().max_depth && budget::active()) too_deep();
+  }
   for (auto& [k, old] : items) {
     if (k == key) {
       old = std::move(v);
@@ -38,7 +51,7 @@ const Value* CallArgs::get(size_t i, std::string_view name) const {
 
 Value Value::undefined(std::string hint) {
   Value v;
-  v.s_ = std::move(hint);
+  v.s_ = std::make_shared<const Str>(Str{std::move(hint), {}});
   return v;
 }
 Value Value::none() {
@@ -67,18 +80,31 @@ Value Value::number(double d) {
 }
 Value Value::string(std::string s, std::vector<Mark> marks) {
   Value v;
+  budget::check_size(s.size() + marks.size() * sizeof(Mark), "a string");
+  budget::bytes(s.size() + marks.size() * sizeof(Mark));
   v.type_ = Type::kString;
-  v.s_ = std::move(s);
-  v.marks_ = std::move(marks);
+  v.s_ = std::make_shared<const Str>(Str{std::move(s), std::move(marks)});
   return v;
 }
 Value Value::list(std::vector<Value> items, bool tuple) {
+  budget::check_items(items.size(), sizeof(Value), "a list");
+  budget::step(static_cast<int64_t>(items.size()));
+  int depth = 1;
+  bool ns = false;
+  for (const Value& x : items) depth = std::max(depth, x.depth() + 1), ns = ns || x.holds_namespace();
+  if (depth > budget::limits().max_depth && budget::active()) too_deep();
   Value v;
   v.type_ = Type::kList;
-  v.list_ = std::make_shared<List>(List{std::move(items), tuple});
+  v.list_ = std::make_shared<List>(List{std::move(items), tuple, depth, ns});
   return v;
 }
 Value Value::dict(std::shared_ptr<Dict> d) {
+  budget::check_items(d->items.size(), sizeof(std::pair<std::string, Value>), "a dict");
+  budget::step(static_cast<int64_t>(d->items.size()));
+  d->holds_namespace = d->is_namespace;
+  for (const auto& [k, x] : d->items)
+    d->depth = std::max(d->depth, x.depth() + 1), d->holds_namespace = d->holds_namespace || x.holds_namespace();
+  if (d->depth > budget::limits().max_depth && budget::active()) too_deep();
   Value v;
   v.type_ = Type::kDict;
   v.dict_ = std::move(d);
@@ -87,7 +113,7 @@ Value Value::dict(std::shared_ptr<Dict> d) {
 Value Value::callable(std::string name, Callable fn) {
   Value v;
   v.type_ = Type::kCallable;
-  v.s_ = std::move(name);
+  v.s_ = std::make_shared<const Str>(Str{std::move(name), {}});
   v.fn_ = std::make_shared<Callable>(std::move(fn));
   return v;
 }
@@ -114,7 +140,23 @@ Value Value::from_json(const nlohmann::json& j) {
   }
 }
 
-int64_t Value::as_int() const { return type_ == Type::kFloat ? static_cast<int64_t>(d_) : i_; }
+namespace {
+const Str kEmpty;
+}  // namespace
+
+const std::string& Value::str() const { return s_ ? s_->text : kEmpty.text; }
+const std::vector<Mark>& Value::marks() const { return s_ ? s_->marks : kEmpty.marks; }
+int Value::depth() const { return list_ ? list_->depth : dict_ ? dict_->depth : 0; }
+bool Value::holds_namespace() const { return list_ ? list_->holds_namespace : dict_ && dict_->holds_namespace; }
+
+int64_t Value::as_int() const {
+  if (type_ != Type::kFloat) return i_;
+  // Truncated toward zero as Python's int(); saturated instead of undefined where it cannot fit.
+  if (std::isnan(d_)) return 0;
+  if (d_ >= 0x1p63) return INT64_MAX;
+  if (d_ < -0x1p63) return INT64_MIN;
+  return static_cast<int64_t>(d_);
+}
 double Value::as_double() const { return type_ == Type::kFloat ? d_ : static_cast<double>(i_); }
 
 bool Value::truthy() const {
@@ -124,7 +166,7 @@ bool Value::truthy() const {
     case Type::kBool: return b_;
     case Type::kInt: return i_ != 0;
     case Type::kFloat: return d_ != 0;
-    case Type::kString: return !s_.empty();
+    case Type::kString: return !str().empty();
     case Type::kList: return !list_->items.empty();
     case Type::kDict: return dict_->is_namespace || !dict_->items.empty();
     case Type::kCallable: return true;
@@ -147,186 +189,23 @@ std::string Value::type_name() const {
   return "?";
 }
 
-std::string format_float(double d) {
-  if (std::isnan(d)) return "nan";
-  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-  if (d == 0) return std::signbit(d) ? "-0.0" : "0.0";
-  // Shortest round-trip digits, then Python's repr layout: fixed for 1e-4 <= |d| < 1e16.
-  char buf[64];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
-  std::string sci(buf, end);  // e.g. "-1.2345e+02"
-  const size_t e = sci.find('e');
-  const int exp10 = std::stoi(sci.substr(e + 1));
-  std::string sign, digits;
-  for (size_t i = 0; i < e; ++i) {
-    if (sci[i] == '-') sign = "-";
-    else if (sci[i] != '.') digits += sci[i];
-  }
-  if (exp10 < -4 || exp10 >= 16) {
-    std::string m = digits.substr(0, 1);
-    if (digits.size() > 1) m += "." + digits.substr(1);
-    char ebuf[16];
-    std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
-    return sign + m + ebuf;
-  }
-  std::string out;
-  if (exp10 < 0) {
-    out = "0." + std::string(-exp10 - 1, '0') + digits;
-  } else if (static_cast<int>(digits.size()) <= exp10 + 1) {
-    out = digits + std::string(exp10 + 1 - digits.size(), '0') + ".0";
-  } else {
-    out = digits.substr(0, exp10 + 1) + "." + digits.substr(exp10 + 1);
-  }
-  return sign + out;
-}
-
-namespace {
-
-// Python's repr() of a str: single quotes unless the text holds ' and no ".
-std::string repr_string(const std::string& s) {
-  const bool dq = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
-  const char q = dq ? '"' : '\'';
-  std::string out(1, q);
-  for (unsigned char c : s) {
-    if (c == q || c == '\\') out += '\\', out += static_cast<char>(c);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c == 0x7F) out += absl::StrFormat("\\x%02x", c);
-    else out += static_cast<char>(c);
-  }
-  return out + q;
-}
-
-void json_string(const std::string& s, std::string* out) {
-  *out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
-      default:
-        if (c < 0x20 || c == 0x7F) *out += absl::StrFormat("\\u%04x", c);
-        else *out += static_cast<char>(c);
-    }
-  }
-  *out += '"';
-}
-
-void json_value(const Value& v, int indent, int depth, std::string* out) {
-  const auto newline = [&](int d) {
-    if (indent >= 0) *out += "\n" + std::string(static_cast<size_t>(indent * d), ' ');
-  };
-  const char* item_sep = indent >= 0 ? "," : ", ";
-  switch (v.type()) {
-    case Value::Type::kUndefined: fail("tojson: the value is undefined");
-    case Value::Type::kNone: *out += "null"; return;
-    case Value::Type::kBool: *out += v.as_bool() ? "true" : "false"; return;
-    case Value::Type::kInt: *out += std::to_string(v.as_int()); return;
-    case Value::Type::kFloat: {
-      const double d = v.as_double();
-      *out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : format_float(d);
-      return;
-    }
-    case Value::Type::kString: json_string(v.str(), out); return;
-    case Value::Type::kList: {
-      if (v.items().empty()) {
-        *out += "[]";
-        return;
-      }
-      *out += '[';
-      for (size_t i = 0; i < v.items().size(); ++i) {
-        if (i) *out += item_sep;
-        newline(depth + 1);
-        json_value(v.items()[i], indent, depth + 1, out);
-      }
-      newline(depth);
-      *out += ']';
-      return;
-    }
-    case Value::Type::kDict: {
-      if (v.dict_obj()->items.empty()) {
-        *out += "{}";
-        return;
-      }
-      *out += '{';
-      bool first = true;
-      for (const auto& [k, e] : v.dict_obj()->items) {
-        if (!first) *out += item_sep;
-        first = false;
-        newline(depth + 1);
-        json_string(k, out);
-        *out += ": ";
-        json_value(e, indent, depth + 1, out);
-      }
-      newline(depth);
-      *out += '}';
-      return;
-    }
-    case Value::Type::kCallable: fail("tojson: a function is not JSON serializable");
-  }
-}
-
-}  // namespace
-
-std::string to_json(const Value& v, int indent) {
-  std::string out;
-  json_value(v, indent, 0, &out);
-  return out;
-}
-
-std::string Value::to_str() const {
-  switch (type_) {
-    case Type::kUndefined: return "";
-    case Type::kString: return s_;
-    default: return repr();
-  }
-}
-
-std::string Value::repr() const {
-  switch (type_) {
-    case Type::kUndefined: return "";
-    case Type::kNone: return "None";
-    case Type::kBool: return b_ ? "True" : "False";
-    case Type::kInt: return std::to_string(i_);
-    case Type::kFloat: return format_float(d_);
-    case Type::kString: return repr_string(s_);
-    case Type::kList: {
-      std::string out = list_->tuple ? "(" : "[";
-      for (size_t i = 0; i < list_->items.size(); ++i) absl::StrAppend(&out, i ? ", " : "", list_->items[i].repr());
-      if (list_->tuple && list_->items.size() == 1) out += ",";
-      return out + (list_->tuple ? ")" : "]");
-    }
-    case Type::kDict: {
-      std::string out = dict_->is_namespace ? "<Namespace {" : "{";
-      bool first = true;
-      for (const auto& [k, v] : dict_->items) {
-        absl::StrAppend(&out, first ? "" : ", ", repr_string(k), ": ", v.repr());
-        first = false;
-      }
-      return out + (dict_->is_namespace ? "}>" : "}");
-    }
-    case Type::kCallable: return absl::StrCat("<function ", s_, ">");
-  }
-  return "";
-}
-
 std::vector<Value> Value::iterate() const {
   switch (type_) {
     case Type::kUndefined: return {};
-    case Type::kList: return list_->items;
+    case Type::kList: budget::step(static_cast<int64_t>(list_->items.size())); return list_->items;
     case Type::kDict: {
+      budget::step(static_cast<int64_t>(dict_->items.size()));
       std::vector<Value> keys;
       for (const auto& [k, v] : dict_->items) keys.push_back(string(k));
       return keys;
     }
     case Type::kString: {
+      size_t n = 0;  // checked before the index of code points (8 bytes a byte) is made
+      for (const char c : str()) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+      budget::check_items(n, sizeof(Value), "the characters of a string");
       std::vector<Value> chars;
-      const auto starts = code_point_starts(s_);
+      chars.reserve(n);
+      const auto starts = code_point_starts(str());
       for (size_t i = 0; i + 1 < starts.size(); ++i) chars.push_back(substring(*this, starts[i], starts[i + 1]));
       return chars;
     }
@@ -336,6 +215,7 @@ std::vector<Value> Value::iterate() const {
 
 bool equals(const Value& a, const Value& b) {
   using T = Value::Type;
+  budget::step();
   if (a.is_number() && b.is_number()) {
     if (a.type() == T::kFloat || b.type() == T::kFloat) return a.as_double() == b.as_double();
     return a.as_int() == b.as_int();
@@ -346,6 +226,7 @@ bool equals(const Value& a, const Value& b) {
     case T::kNone: return true;
     case T::kString: return a.str() == b.str();
     case T::kList: {
+      if (&a.list_obj() == &b.list_obj()) return true;  // Python compares items by identity first
       if (a.items().size() != b.items().size()) return false;
       for (size_t i = 0; i < a.items().size(); ++i)
         if (!equals(a.items()[i], b.items()[i])) return false;
@@ -367,6 +248,9 @@ bool equals(const Value& a, const Value& b) {
 }
 
 int compare(const Value& a, const Value& b) {
+  budget::step();
+  if (a.is_number() && b.is_number() && a.type() != Value::Type::kFloat && b.type() != Value::Type::kFloat)
+    return a.as_int() < b.as_int() ? -1 : a.as_int() > b.as_int() ? 1 : 0;  // exact beyond 2^53
   if (a.is_number() && b.is_number()) {
     const double x = a.as_double(), y = b.as_double();
     return x < y ? -1 : x > y ? 1 : 0;
@@ -382,6 +266,7 @@ int compare(const Value& a, const Value& b) {
 }
 
 std::vector<size_t> code_point_starts(const std::string& s) {
+  budget::bytes(s.size());  // a scan of the whole string, whatever is done with it
   std::vector<size_t> starts;
   starts.reserve(s.size() + 1);
   for (size_t i = 0; i < s.size(); ++i)
@@ -409,13 +294,17 @@ Value substring(const Value& s, size_t begin, size_t end) {
 }
 
 Value concat(const Value& a, const Value& b) {
+  budget::check_size(a.str().size() + b.str().size() + (a.marks().size() + b.marks().size()) * sizeof(Mark), "a string");
   std::vector<Mark> marks = a.marks();
   for (Mark m : b.marks()) {
     m.begin += a.str().size();
     m.end += a.str().size();
     marks.push_back(m);
   }
-  return Value::string(a.str() + b.str(), std::move(marks));
+  std::string text;
+  text.reserve(a.str().size() + b.str().size());
+  text.append(a.str()).append(b.str());
+  return Value::string(std::move(text), std::move(marks));
 }
 
 }  // namespace loom::jinja

@@ -1,6 +1,7 @@
 // Values of Loom's Jinja interpreter (text/jinja.h): Python's objects as chat templates see them —
 // undefined, None, bool, int, float, str, list/tuple, dict (insertion-ordered, string keys),
-// namespace() and callables. Lists, dicts and namespaces are shared by reference as in Python.
+// namespace() and callables. Lists, dicts and namespaces are shared by reference as in Python, and
+// strings (immutable) too, so copying a value never copies its text.
 // A string carries marks: the byte ranges that came from a tagged input string (an assistant
 // message's content), kept through slicing, strip, split and concatenation, so the renderer can
 // say where each message's text landed in the output.
@@ -35,12 +36,22 @@ class Value;
 struct List {
   std::vector<Value> items;
   bool tuple = false;  // printed as (a, b)
+  int depth = 1;       // nesting of lists and dicts, this one included
+  bool holds_namespace = false;
 };
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
   bool is_namespace = false;
+  int depth = 1;
+  bool holds_namespace = false;  // a namespace among the values (or this is one)
   const Value* find(std::string_view key) const;
+  // Sets key; a namespace refuses a value that holds a namespace (so values stay acyclic and their
+  // depth known) and one that would nest it deeper than Limits::max_depth.
   void set(const std::string& key, Value v);
+};
+struct Str {
+  std::string text;
+  std::vector<Mark> marks;
 };
 struct CallArgs {
   std::vector<Value> pos;
@@ -78,12 +89,15 @@ class Value {
   bool as_bool() const { return b_; }
   int64_t as_int() const;  // bool and int (float truncated)
   double as_double() const;
-  const std::string& str() const { return s_; }
-  const std::vector<Mark>& marks() const { return marks_; }
+  const std::string& str() const;
+  const std::vector<Mark>& marks() const;
   const std::vector<Value>& items() const { return list_->items; }
   const List& list_obj() const { return *list_; }
   const std::shared_ptr<Dict>& dict_obj() const { return dict_; }
-  const std::string& hint() const { return s_; }  // undefined: what was looked up; callable: name
+  const std::string& hint() const { return str(); }  // undefined: what was looked up; callable: name
+  // Nesting of lists and dicts (0 for anything else) and whether a namespace is among them.
+  int depth() const;
+  bool holds_namespace() const;
   const Callable& fn() const { return *fn_; }
 
   bool truthy() const;
@@ -92,7 +106,7 @@ class Value {
   std::string to_str() const;
   std::string repr() const;  // Python repr(), used inside lists and dicts
   // Elements when iterated: a list's items, a dict's keys, a string's characters; undefined is
-  // empty; anything else is an error.
+  // empty; anything else is an error. Counts against the render's budget.
   std::vector<Value> iterate() const;
 
  private:
@@ -100,8 +114,7 @@ class Value {
   bool b_ = false;
   int64_t i_ = 0;
   double d_ = 0;
-  std::string s_;
-  std::vector<Mark> marks_;
+  std::shared_ptr<const Str> s_;  // a string's text and marks; undefined's hint; callable's name
   std::shared_ptr<List> list_;
   std::shared_ptr<Dict> dict_;
   std::shared_ptr<Callable> fn_;
@@ -111,7 +124,8 @@ bool equals(const Value& a, const Value& b);
 int compare(const Value& a, const Value& b);  // <0, 0, >0; an error for unorderable types
 std::string format_float(double d);           // Python repr() of a float
 // Python's json.dumps(v, ensure_ascii=False, indent=indent) (transformers' tojson); indent < 0 = none.
-std::string to_json(const Value& v, int indent = -1);
+// Fails when the text would pass Limits::max_value_bytes.
+std::string to_json(const Value& v, int64_t indent = -1);
 
 // UTF-8 helpers: Python indexes strings by code point.
 std::vector<size_t> code_point_starts(const std::string& s);  // byte offset of each code point, then size

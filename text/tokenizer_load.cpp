@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model_path.h"
 #include "text/gguf_tokenizer.h"
 #include "text/tokenizer_pipeline_internal.h"
 
@@ -19,6 +20,22 @@ namespace {
 
 absl::Status bad(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+// The most token ids a vocabulary may span: 16 times the largest real one (Gemma's 262,144). The
+// tables are indexed by id, so an id of 10^9 in a damaged file would ask for tens of gigabytes.
+constexpr int64_t kMaxTokenIds = int64_t{1} << 22;
+
+// Every id of model.vocab below kMaxTokenIds (checked before the BPE model sizes its tables by the
+// largest one); other malformations (ids outside [0, 2^31), wrong types) are left to Bpe::load.
+absl::Status check_vocab_ids(const json& model, const std::string& path) {
+  const auto vocab = model.find("vocab");
+  if (vocab == model.end() || !vocab->is_object()) return absl::OkStatus();
+  for (auto it = vocab->begin(); it != vocab->end(); ++it)
+    if (it->is_number_integer() && it->get<int64_t>() >= kMaxTokenIds && it->get<int64_t>() <= INT32_MAX)
+      return bad(path, absl::StrCat("model.vocab[\"", it.key(), "\"]: id ", it->dump(), " is beyond any real vocabulary (ids ",
+                                    "must be below ", kMaxTokenIds, "): the file is damaged"));
+  return absl::OkStatus();
 }
 
 std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?"; }
@@ -68,6 +85,9 @@ absl::Status Tokenizer::Impl::parse_added(const json& j) {
     a.content = t["content"].get<std::string>();
     const std::optional<int32_t> id = tok::json_token_id(t["id"]);
     if (!id) return bad(path, absl::StrCat("added_tokens: \"", a.content, "\" has id ", t["id"].dump(), ", outside [0, 2^31)"));
+    if (*id >= kMaxTokenIds)
+      return bad(path, absl::StrCat("added_tokens: \"", a.content, "\" has id ", *id, ", beyond any real vocabulary (ids must ",
+                                    "be below ", kMaxTokenIds, "): the file is damaged"));
     a.id = *id;
     a.special = t.value("special", false);
     a.single_word = t.value("single_word", false);
@@ -230,6 +250,8 @@ absl::Status Tokenizer::Impl::parse_post_processor(const json& j, const std::str
 }
 
 absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
+  constexpr const char* kExpected = "a model folder, a .gguf file or a tokenizer.json";
+  if (absl::Status s = check_input_path(path_in, "model or tokenizer path", kExpected); !s.ok()) return s;
   std::string path = path_in;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
@@ -238,8 +260,11 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
       return absl::NotFoundError(absl::StrCat(path_in, ": no tokenizer.json in this folder (a Hugging Face model ",
                                               "folder ships one next to config.json)"));
   }
+  const PathKind kind = sniff_path(path);
+  if (kind != PathKind::kJson && kind != PathKind::kGguf && !path.ends_with(".gguf") && kind != PathKind::kMissing)
+    return wrong_kind(path, kind, kExpected);
   json j;
-  if (path.size() > 5 && path.ends_with(".gguf")) {  // a llama.cpp file: its tokenizer.ggml.* metadata
+  if ((path.size() > 5 && path.ends_with(".gguf")) || kind == PathKind::kGguf) {  // a llama.cpp file: its tokenizer.ggml.* metadata
     auto gguf = GgufFile::open(path);
     if (!gguf.ok()) return gguf.status();
     auto files = gguf_hf_tokenizer(*gguf);
@@ -270,6 +295,7 @@ absl::StatusOr<Tokenizer> Tokenizer::load(const std::string& path_in) {
     if (auto s = im.parse_pre_tokenizer(j.value("pre_tokenizer", json())); !s.ok()) return s;
     if (auto s = im.parse_decoder(j.value("decoder", json()), "decoder"); !s.ok()) return s;
     if (auto s = im.parse_post_processor(j.value("post_processor", json()), "post_processor"); !s.ok()) return s;
+    if (auto s = check_vocab_ids(j["model"], path); !s.ok()) return s;
     if (auto s = im.bpe.load(j["model"], path, im.byte_level); !s.ok()) return s;
   } catch (const json::exception& e) {  // a field of the wrong JSON type
     return bad(path, absl::StrCat("unexpected JSON structure: ", e.what()));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "text/closest_match.h"
 #include "engine/device.h"
 #include "engine/dtype.h"
 
@@ -46,10 +47,6 @@ class Args {
 
 std::string usage(const std::string& command, const std::vector<FlagSpec>& specs);
 
-// The candidate a mistyped `given` most likely meant: the nearest by edit distance (insertions,
-// deletions, substitutions and swaps of neighbours, as git and cargo count), when that distance is
-// at most max(1, given.size() / 3); "" when none is that close.
-std::string closest_match(const std::string& given, const std::vector<std::string>& candidates);
 
 // The compute dtype of a run: one rule for every command. The CPU computes in f32 (its bf16 path
 // converts every operand to f32 first, and greedy answers of small models drift in bf16); CUDA in

@@ -22,6 +22,7 @@ const std::vector<FlagSpec> kFlags = {
     {"grads", true, "also write the gradient of the loss for every LoRA tensor (needs --adapter and labels)", ""},
     {"save-adapter", false, "also re-save the loaded adapter into this folder in PEFT format", ""},
     {"overwrite", true, kOverwriteHelp, ""},
+    {"allow-nonfinite", true, kAllowNonfiniteHelp, ""},
     {"help", true, "show this help", ""},
 };
 
@@ -92,7 +93,7 @@ int run_forward(const std::vector<std::string>& argv) {
                                                         " and input_ids ", shape_str(ids->shape()), " differ in shape")));
   if (grads && !labels->defined()) return fail(absl::InvalidArgumentError("--grads needs labels in the input file"));
 
-  auto model = CausalLM::load(args->str("model"), {*dtype, *device});
+  auto model = CausalLM::load(args->str("model"), {*dtype, *device, false, args->flag("allow-nonfinite")});
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
   const std::vector<int32_t> id_values = ids->to_ints();

@@ -34,7 +34,7 @@ if ((ci)); then
     cmake --build "$build" -j"$(nproc)"
   else
     san_tests=(loom_fuzz engine_test_safetensors engine_test_gguf engine_test_tensor text_test_tokenizer
-               text_test_chat_template text_test_gguf_tokenizer text_test_unicode_nfc train_test_data
+               text_test_chat_template text_test_jinja text_test_jinja_limits text_test_gguf_tokenizer text_test_unicode_nfc train_test_data
                train_test_resource_limits train_test_schedule train_test_metrics models_test_config
                models_test_checkpoint models_test_load_errors models_test_bnb_checkpoint)
     for f in tests/kernels/test_*_cpu.cpp; do san_tests+=("kernels_$(basename "$f" .cpp)"); done
@@ -61,14 +61,19 @@ if ((replay)); then
 fi
 # detect_leaks: LeakSanitizer at exit and every few thousand runs; a 2 GiB RSS and a 1 GiB single
 # malloc limit catch unbounded allocations (a header claiming 2^60 bytes), 10 s an input catches hangs.
+# A target may have a dictionary (tests/fuzz/<target>.dict); fuzz_chat_template's inputs carry whole
+# templates (deep nesting needs length), so it gets 1 MiB inputs.
 status=0
 for t in "${targets[@]}"; do
   work="$build/corpus/$t" findings="$build/findings/$t"
   mkdir -p "$work" "$findings"
+  extra=(-max_len=262144)
+  [ "$t" = fuzz_chat_template ] && extra=(-max_len=1048576)
+  [ -f "tests/fuzz/$t.dict" ] && extra+=(-dict="tests/fuzz/$t.dict")
   echo "== $t: ${seconds}s"
   if ! ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=1 "$build/tests/fuzz/$t" "$work" "tests/fuzz/corpus/$t" \
       -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
-      -max_len=262144 -artifact_prefix="$findings/" -print_final_stats=1 2>"$build/findings/$t.log"; then
+      "${extra[@]}" -artifact_prefix="$findings/" -print_final_stats=1 2>"$build/findings/$t.log"; then
     echo "$t: FAILED, see $build/findings/$t.log and $findings/"
     status=1
   fi

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/lora.h"
+#include "tools/outputs.h"
 
 namespace loom::cli {
 namespace {
@@ -39,6 +40,7 @@ std::vector<FlagSpec> generation_flags() {
       {"seed", false, "sampling seed", "0"},
       {"device", false, "cpu, cuda or cuda:N", "cpu"},
       {"dtype", false, kDtypeHelp, ""},
+      {"allow-nonfinite", true, kAllowNonfiniteHelp, ""},
   };
 }
 
@@ -70,7 +72,7 @@ absl::StatusOr<GenerationModel> load_generation_model(const Args& args) {
   auto tokenizer = Tokenizer::load(m.path);
   if (!tokenizer.ok()) return tokenizer.status();
   m.tokenizer = std::make_unique<Tokenizer>(*std::move(tokenizer));
-  auto model = CausalLM::load(m.path, {m.dtype, m.device});
+  auto model = CausalLM::load(m.path, {m.dtype, m.device, false, args.flag("allow-nonfinite")});
   if (!model.ok()) return model.status();
   m.model = *std::move(model);
   if (args.has("adapter"))

@@ -79,7 +79,7 @@ loom_dist() {
   local np=$1 model=$2 tag=$3 run
   shift 3
   run="$work/run-$tag-$np-${*//[ -]/}"
-  mpirun -np "$np" --bind-to none "${mpi_extra[@]}" "$loom" train --model "$model" --out "$run" "${common[@]}" \
+  mpirun -np "$np" --bind-to none "${mpi_extra[@]}" "$loom" train --overwrite --model "$model" --out "$run" "${common[@]}" \
     --batch-size "$batch" "$@" > "$run.log" 2>&1
   summarize "$run/metrics.jsonl" "loom train $*" "$np" "$tag" "$(grep -h "loom dist:" "$run.log")"
 }
@@ -90,7 +90,7 @@ loom_whole() {
   shift 3
   run="$work/whole-$tag-$np"
   [ "$device" = cuda ] && ckpt=(--checkpointing recompute)  # the global batch of 8 ranks, in one GPU
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$loom" train --model "$model" --out "$run" "${common[@]}" \
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$loom" train --overwrite --model "$model" --out "$run" "${common[@]}" \
     --batch-size $((batch * np)) "${ckpt[@]}" "$@" > "$run.log" 2>&1
   summarize "$run/metrics.jsonl" "loom train --batch-size $((batch * np))${ckpt[*]:+ ${ckpt[*]}} $*" "$np" "$tag" "" reference
 }

@@ -23,7 +23,7 @@ cp examples/demo/model-config/tokenizer.json "$work/cfg/"
 build-gpu/tools/loom init --from "$work/cfg" --out "$work/model" --seed 0 > /dev/null
 # Enough text for batch x seq x steps tokens: the demo paragraphs repeated.
 for i in $(seq 1 $reps); do cat examples/demo/weaving.jsonl; done > "$work/data.jsonl"
-build-gpu/tools/loom train --model "$work/model" --data "$work/data.jsonl" --out "$work/run" --device cuda \
+build-gpu/tools/loom train --overwrite --model "$work/model" --data "$work/data.jsonl" --out "$work/run" --device cuda \
   --dtype bf16 --seq-len $seq --batch-size $batch --max-steps $steps --lora-r 16 --lora-alpha 16 --lr 2e-4 --quiet
 python3 - "$work/run/metrics.jsonl" <<'PY' | tee "$out/train_bench.txt"
 import json, statistics, sys

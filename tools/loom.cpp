@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> names;
   for (const auto& c : kCommands) names.push_back(c.name);
-  const std::string near = loom::cli::closest_match(name, names);
+  const std::string near = loom::closest_match(name, names);
   std::fprintf(stderr, "loom: unknown command '%s'%s\n\n", name.c_str(),
                near.empty() ? "" : (" (did you mean '" + near + "'?)").c_str());
   print_help(stderr);

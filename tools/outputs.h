@@ -10,6 +10,7 @@
 
 namespace loom::cli {
 
+inline constexpr char kAllowNonfiniteHelp[] = "load a model whose weights hold NaN or infinity (refused otherwise)";
 inline constexpr char kOverwriteHelp[] = "replace an existing output (without it, an existing output file or folder is refused)";
 
 // A file output (flag `flag` = `path`): refused when it is a folder, or exists and !overwrite.

@@ -14,7 +14,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "engine/safetensors.h"
 #include "engine/tensor_io.h"
+#include "models/finite_check.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -63,11 +65,14 @@ absl::StatusOr<std::string> file_checksum(const fs::path& p) {
   return std::string(hex);
 }
 
-// Checks every file listed in the folder's checksums.json (checkpoints written before checksums
-// existed have none and pass).
+// Checks every file listed in the folder's checksums.json. Without one nothing can be verified (a
+// deleted checksums.json must not turn verification off): DataLoss saying how to resume unverified.
 absl::Status verify_checksums(const fs::path& dir) {
   std::ifstream f(dir / kChecksums);
-  if (!f) return absl::OkStatus();
+  if (!f)
+    return absl::DataLossError(absl::StrCat((dir / kChecksums).string(), " is missing, so the checkpoint cannot be ",
+                                            "verified (deleted, or written by a Loom from before checksums); ",
+                                            "--no-verify resumes from it unverified"));
   const nlohmann::json sums = nlohmann::json::parse(f, nullptr, false);
   if (sums.is_discarded() || !sums.is_object())
     return absl::DataLossError(absl::StrCat((dir / kChecksums).string(), ": not a JSON object"));
@@ -94,12 +99,82 @@ std::vector<std::pair<int64_t, fs::path>> checkpoints_of(const std::string& out_
   return out;
 }
 
+// trainer_state.json's counters: whole numbers in [0, kMaxCheckpointCount] (steps with no target
+// token take batches without a step, so the epoch has no tighter bound from the step); zero2_world
+// a plausible rank count.
+absl::Status check_counters(const nlohmann::json& state, const std::string& state_path) {
+  for (const char* key : {"step", "total_steps", "epoch", "cursor", "offset"}) {
+    const auto it = state.find(key);
+    if (it == state.end()) continue;
+    if (!(it->is_number_integer() && it->get<int64_t>() >= 0))
+      return absl::DataLossError(
+          absl::StrCat(state_path, ": \"", key, "\" must be a whole number >= 0, got ", it->dump()));
+    if (it->is_number_unsigned() ? it->get<uint64_t>() > uint64_t(kMaxCheckpointCount) : it->get<int64_t>() > kMaxCheckpointCount)
+      return absl::DataLossError(absl::StrCat(state_path, ": \"", key, "\" is ", it->dump(), ", beyond any real run (at most ",
+                                              kMaxCheckpointCount, "): the file was damaged or tampered with"));
+  }
+  const auto world = state.find("zero2_world");
+  if (world != state.end() && !(world->is_number_integer() && world->get<int64_t>() >= 1 && world->get<int64_t>() <= 65536))
+    return absl::DataLossError(
+        absl::StrCat(state_path, ": \"zero2_world\" must be a rank count in [1, 65536], got ", world->dump()));
+  return absl::OkStatus();
+}
+
+// What AdamW and 8-bit AdamW state can hold (names "<kind>.<param>" as Optimizer::state_dict and
+// dist::Zero2 write them): float tensors finite; second moments (exp_avg_sq, the 8-bit rule's
+// state2 when kept in f32) and the 8-bit block maxima and unsigned code book non-negative;
+// per-parameter steps in [0, the run's step] (a parameter is updated at most once a step).
+absl::Status check_optimizer_tensor(const std::string& name, const Tensor& t, int64_t max_step, const std::string& file) {
+  const std::string kind = name.substr(0, name.find('.'));
+  if (kind == "step") {
+    if (t.dtype() != DType::i64 || t.numel() != 1)
+      return absl::DataLossError(absl::StrCat(file, ": tensor '", name, "' is ", t.str(), ", expected i64[1]"));
+    const int64_t s = *t.contiguous().data<int64_t>();
+    if (s < 0 || s > max_step)
+      return absl::DataLossError(absl::StrCat(file, ": tensor '", name, "' (the parameter's step count) is ", s,
+                                              ", expected 0 to the run's step ", max_step));
+    return absl::OkStatus();
+  }
+  if (!is_float(t.dtype())) return absl::OkStatus();  // 8-bit codes: any byte is a valid code
+  if (absl::Status s = check_finite(t, file, name, " (a damaged checkpoint, or one saved from a diverged run)"); !s.ok())
+    return absl::DataLossError(s.message());
+  const bool non_negative = kind == "exp_avg_sq" || kind == "state2" || kind == "absmax1" || kind == "absmax2" ||
+                            kind == "qmap2";
+  if (!non_negative) return absl::OkStatus();
+  // In place for f32 (what the rules store; a full fine-tune's exp_avg_sq is gigabytes), else a copy.
+  const Tensor f = t.dtype() == DType::f32 ? t.contiguous() : t.to(DType::f32).contiguous();
+  const float* v = f.data<float>();
+  const float* bad = std::find_if(v, v + f.numel(), [](float x) { return x < 0.f; });
+  if (bad == v + f.numel()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(file, ": tensor '", name, "' holds ", *bad, " at element ", bad - v, " of ",
+                                          f.numel(), "; it must be >= 0 (",
+                                          kind == "exp_avg_sq" || kind == "state2" ? "a second moment" : "a magnitude",
+                                          "): the file was damaged"));
+}
+
+// The optimizer-rank<r>.safetensors shards of a ZeRO-2 checkpoint, one tensor in memory at a time.
+absl::Status check_rank_shards(const std::string& dir, const nlohmann::json& state, int64_t max_step) {
+  const int64_t world = state.value("zero2_world", int64_t{1});
+  for (int64_t r = 1; r < world; ++r) {
+    const std::string path = (fs::path(dir) / absl::StrCat("optimizer-rank", r, ".safetensors")).string();
+    auto f = SafetensorsFile::open(path);
+    if (!f.ok()) return f.status();
+    for (const TensorInfo& info : f->tensors())
+      LOOM_RETURN_IF_ERROR(check_optimizer_tensor(info.name, read_tensor(*f, info), max_step, path));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status write_train_checkpoint(const std::string& out_dir, int64_t step, const TrainCheckpoint& ckpt,
                                     const std::function<absl::Status(const std::string& dir)>& extra_files) {
   const fs::path final_dir = fs::path(out_dir) / absl::StrCat("checkpoint-", step);
   const fs::path tmp = fs::path(out_dir) / absl::StrCat(".checkpoint-", step, ".tmp.", getpid());
+  // A NaN in the optimizer state or the masters would be resumed from forever after: refused before
+  // anything is created (the adapter is checked by save_adapter inside extra_files).
+  LOOM_RETURN_IF_ERROR(check_finite_to_save({ckpt.tensors.begin(), ckpt.tensors.end()},
+                                            (final_dir / "optimizer.safetensors").string()));
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
@@ -166,8 +241,8 @@ absl::StatusOr<std::string> resolve_checkpoint(const std::string& path) {
   return best_dir;
 }
 
-absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
-  LOOM_RETURN_IF_ERROR(verify_checksums(dir));
+absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir, const ResumeOptions& options) {
+  if (!options.no_verify) LOOM_RETURN_IF_ERROR(verify_checksums(dir));
   TrainCheckpoint c;
   const std::string state_path = (fs::path(dir) / "trainer_state.json").string();
   std::error_code ec;
@@ -177,30 +252,28 @@ absl::StatusOr<TrainCheckpoint> read_train_checkpoint(const std::string& dir) {
   c.state = nlohmann::json::parse(f, nullptr, false);
   if (c.state.is_discarded() || !c.state.is_object())
     return absl::InvalidArgumentError(absl::StrCat(state_path, ": not a JSON object"));
-  // The run's position: counts (checkpoints without checksums.json are not verified byte for byte).
-  for (const char* key : {"step", "total_steps", "epoch", "cursor", "offset"}) {
-    const auto it = c.state.find(key);
-    if (it != c.state.end() && !(it->is_number_integer() && it->get<int64_t>() >= 0))
-      return absl::InvalidArgumentError(
-          absl::StrCat(state_path, ": \"", key, "\" must be a whole number >= 0, got ", it->dump()));
-  }
-  auto tensors = load_tensors((fs::path(dir) / "optimizer.safetensors").string());
+  LOOM_RETURN_IF_ERROR(check_counters(c.state, state_path));
+  const std::string optimizer_path = (fs::path(dir) / "optimizer.safetensors").string();
+  auto tensors = load_tensors(optimizer_path);
   if (!tensors.ok()) return tensors.status();
   c.tensors = *std::move(tensors);
+  const int64_t max_step = c.state.value("step", kMaxCheckpointCount);
+  for (const auto& [name, t] : c.tensors) LOOM_RETURN_IF_ERROR(check_optimizer_tensor(name, t, max_step, optimizer_path));
+  LOOM_RETURN_IF_ERROR(check_rank_shards(dir, c.state, max_step));
   return c;
 }
 
-absl::StatusOr<ResumePoint> find_resume_checkpoint(const std::string& path) {
+absl::StatusOr<ResumePoint> find_resume_checkpoint(const std::string& path, const ResumeOptions& options) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return absl::NotFoundError(absl::StrCat("resume folder ", path, " does not exist"));
   ResumePoint r;
   if (fs::exists(fs::path(path) / "trainer_state.json")) {  // one checkpoint, named: no fallback
     r.dir = path;
-    LOOM_ASSIGN_OR_RETURN(r.checkpoint, read_train_checkpoint(path));
+    LOOM_ASSIGN_OR_RETURN(r.checkpoint, read_train_checkpoint(path, options));
     return r;
   }
   for (const auto& [step, dir] : checkpoints_of(path)) {
-    auto c = read_train_checkpoint(dir.string());
+    auto c = read_train_checkpoint(dir.string(), options);
     if (c.ok()) {
       r.dir = dir.string();
       r.checkpoint = *std::move(c);

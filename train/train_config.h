@@ -7,6 +7,7 @@
 
 #include "engine/device.h"
 #include "engine/dtype.h"
+#include "engine/precision.h"
 #include "models/causal_lm.h"
 #include "models/lora.h"
 
@@ -39,6 +40,11 @@ struct TrainConfig {
   std::string chat_template;       // "" = detect from the model folder
   bool skip_bad_lines = false;
   std::string resume;              // an output folder (its latest checkpoint) or one checkpoint folder
+  // A fresh run into a folder holding an earlier run's outputs replaces them (its checkpoints are
+  // removed at the first save); without it such a folder is refused.
+  bool overwrite = false;
+  bool no_verify = false;        // --resume skips the checksums (the values are still checked)
+  bool allow_nonfinite = false;  // a model whose weights hold NaN or infinity loads anyway
   int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
   int64_t stop_after = 0;          // > 0: stop (save, return) after this many steps of this run, as if interrupted
   bool quiet = false;
@@ -46,7 +52,7 @@ struct TrainConfig {
   double dist_timeout = 300;       // seconds a collective may take before the job is aborted
   bool offload_optimizer = false;  // f32 masters and optimizer state in pinned host memory, updated on the CPU
 
-  DType resolved_dtype() const { return dtype.value_or(device.is_cuda() ? DType::bf16 : DType::f32); }
+  DType resolved_dtype() const { return dtype.value_or(default_model_dtype(device)); }
 };
 
 }  // namespace loom

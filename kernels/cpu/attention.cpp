@@ -83,11 +83,11 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
         A unused;
         score[j] = same_segment(p, b, i, j) ? logit(dot(qi, k + L.kv(b, j, g), d), p, &unused)
                                             : -std::numeric_limits<A>::infinity();
-        m = std::max(m, score[j]);
+        m = nan_max(m, score[j]);  // a NaN score makes m, and so the row, NaN
       }
       std::fill(acc.begin(), acc.end(), A(0));
       A sum = 0;
-      if (m > -std::numeric_limits<A>::infinity()) {
+      if (m != -std::numeric_limits<A>::infinity()) {
         for (int64_t j = lo; j <= i; ++j) {
           if (score[j] == -std::numeric_limits<A>::infinity()) continue;
           const A w = std::exp(score[j] - m);
@@ -96,11 +96,12 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
           for (int64_t x = 0; x < d; ++x) acc[x] += w * to_acc(vj[x]);
         }
       }
-      // A row with no visible key (impossible with causality) gets out = 0, lse = -inf.
-      const A inv = sum > A(0) ? A(1) / sum : A(0);
+      // A row with no visible key (impossible with causality) gets out = 0, lse = -inf; a NaN sum
+      // (a NaN score or value, an infinite score) stays NaN in both.
+      const A inv = sum == A(0) ? A(0) : A(1) / sum;
       T* oi = out + L.q(b, i, h);
       for (int64_t x = 0; x < d; ++x) oi[x] = from_acc<T>(acc[x] * inv);
-      lse[L.row(b, h, i)] = sum > A(0) ? m + std::log(sum) : -std::numeric_limits<A>::infinity();
+      lse[L.row(b, h, i)] = sum == A(0) ? -std::numeric_limits<A>::infinity() : m + std::log(sum);
     }
   }
 }
@@ -129,7 +130,7 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
           const A lse_i = lse[L.row(b, h, i)];
           const A D = dot(doi, out + L.q(b, i, h), d);  // D_i = dout_i . out_i
           std::fill(dq_acc.begin(), dq_acc.end(), A(0));
-          if (lse_i > -std::numeric_limits<A>::infinity()) {
+          if (lse_i != -std::numeric_limits<A>::infinity()) {  // a NaN lse gives NaN gradients
             for (int64_t j = first_key(p, i); j <= i; ++j) {
               if (!same_segment(p, b, i, j)) continue;
               const T* kj = k + L.kv(b, j, g);

@@ -26,7 +26,7 @@ void attention_decode(const DecodeParams& p, const T* q, const T* k, const T* v,
         A x = dot * A(p.scale);
         if (p.softcap > 0.f) x = A(p.softcap) * std::tanh(x / A(p.softcap));
         s[j - first] = x;
-        mx = std::max(mx, x);
+        mx = nan_max(mx, x);
       }
       A sum = 0;
       for (A& x : s) sum += (x = std::exp(x - mx));

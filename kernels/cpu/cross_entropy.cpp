@@ -37,11 +37,11 @@ void cross_entropy_forward(const T* logits, const int32_t* targets, Acc<T>* loss
   for (int64_t i = 0; i < n; ++i) {
     const T* row = logits + i * vocab;
     A m = -std::numeric_limits<A>::infinity();
-    for (int64_t v = 0; v < vocab; ++v) m = std::max(m, capped(to_acc(row[v]), softcap));
+    for (int64_t v = 0; v < vocab; ++v) m = nan_max(m, capped(to_acc(row[v]), softcap));  // NaN stays NaN
     double sum = 0;
-    if (m > -std::numeric_limits<A>::infinity())
+    if (m != -std::numeric_limits<A>::infinity())
       for (int64_t v = 0; v < vocab; ++v) sum += double(std::exp(capped(to_acc(row[v]), softcap) - m));
-    lse[i] = sum > 0 ? m + static_cast<A>(std::log(sum)) : m;
+    lse[i] = sum != 0 ? m + static_cast<A>(std::log(sum)) : m;  // a NaN sum (an infinite logit) stays NaN
     const int32_t t = targets[i];
     loss[i] = t == ignore_index ? A(0) : lse[i] - capped(to_acc(row[t]), softcap);
   }

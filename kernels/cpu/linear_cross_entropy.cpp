@@ -84,12 +84,12 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
       A m = -std::numeric_limits<A>::infinity();
       for (int64_t v = 0; v < vocab; ++v) {
         if (softcap > 0.f) row[v] = A(softcap) * std::tanh(row[v] / A(softcap));  // keep z; dz from z below
-        m = std::max(m, row[v]);
+        m = nan_max(m, row[v]);  // a NaN logit makes the row's loss NaN
       }
       double sum = 0;
-      if (m > -std::numeric_limits<A>::infinity())
+      if (m != -std::numeric_limits<A>::infinity())
         for (int64_t v = 0; v < vocab; ++v) sum += double(std::exp(row[v] - m));
-      const A lse = sum > 0 ? m + static_cast<A>(std::log(sum)) : m;
+      const A lse = sum != 0 ? m + static_cast<A>(std::log(sum)) : m;
       if (t == ignore_index) {
         for (int64_t v = 0; v < vocab; ++v) grad[v] = from_acc<T>(A(0));
         continue;

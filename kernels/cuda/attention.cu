@@ -96,10 +96,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int t = 0; t < kFwdTile; ++t) {
       float dcap;
       s[t] = cap_logit(warp_sum(s[t]), p, &dcap);
-      if (vis[t]) tile_max = fmaxf(tile_max, s[t]);
+      if (vis[t]) tile_max = nan_fmaxf(tile_max, s[t]);  // a NaN score makes the row NaN
     }
     if (tile_max == -INFINITY) continue;  // nothing visible in this tile
-    const float m_new = fmaxf(m, tile_max);
+    const float m_new = nan_fmaxf(m, tile_max);
     const float corr = expf(m - m_new);  // 0 on the first visible tile (m = -inf)
     l *= corr;
 #pragma unroll
@@ -116,9 +116,10 @@ __global__ void __launch_bounds__(kThreads)
     }
     m = m_new;
   }
-  // A row with no visible key (impossible with causality) gets out = 0, lse = -inf, never NaN.
-  store_row(out + ((b * p.seq + i) * p.heads + h) * p.head_dim, d, lane, acc, l > 0.f ? 1.f / l : 0.f);
-  if (lane == 0) lse[(b * p.heads + h) * p.seq + i] = l > 0.f ? m + logf(l) : -INFINITY;
+  // A row with no visible key (impossible with causality) gets out = 0, lse = -inf; a NaN l (a NaN
+  // or infinite score) stays NaN in both.
+  store_row(out + ((b * p.seq + i) * p.heads + h) * p.head_dim, d, lane, acc, l == 0.f ? 0.f : 1.f / l);
+  if (lane == 0) lse[(b * p.heads + h) * p.seq + i] = l == 0.f ? -INFINITY : m + logf(l);
 }
 
 // dq_i = scale * sum_j dS_ij k_j with dS_ij = P_ij (dout_i . v_j - D_i) * dcap_ij. Also writes

@@ -32,7 +32,7 @@ __global__ void attention_decode_kernel(DecodeParams p, const T* q, const T* k, 
     }
     float s = warp_sum(dot) * p.scale;
     if (p.softcap > 0.f) s = p.softcap * tanhf(s / p.softcap);
-    const float new_mx = fmaxf(mx, s);
+    const float new_mx = nan_fmaxf(mx, s);
     const float correction = __expf(mx - new_mx), w = __expf(s - new_mx);
     sum = sum * correction + w;
     for (int i = 0; i < kMaxPerLane; ++i) {

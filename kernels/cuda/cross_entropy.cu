@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads)
   m = warp_m[0];
   l = warp_l[0];
   for (int w = 1; w < kThreads / 32; ++w) merge(m, l, warp_m[w], warp_l[w]);
-  const float row_lse = l > 0.f ? m + logf(l) : m;
+  const float row_lse = l == 0.f ? m : m + logf(l);  // a NaN l (a NaN logit) stays NaN
   lse[i] = row_lse;
   const int32_t t = targets[i];
   loss[i] = counts(t, vocab, ignore_index) ? row_lse - capped(load(row + t), softcap) : 0.f;

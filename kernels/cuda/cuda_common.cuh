@@ -63,6 +63,18 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
 // Host side: may a kernel use 16-byte accesses at p?
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// max(a, b) that is NaN when either is (fmaxf returns the other one, which would let a NaN score
+// vanish from a softmax): one max.NaN instruction on sm_80+, as cheap as fmaxf.
+__device__ __forceinline__ float nan_fmaxf(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? a + b : fmaxf(a, b);
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

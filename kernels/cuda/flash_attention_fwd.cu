@@ -143,10 +143,10 @@ __global__ void __launch_bounds__(32 * kWarps)
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < kNt; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mn = fmaxf(m[mt][r], mx);
+        for (int n = 0; n < kNt; ++n) mx = nan_fmaxf(mx, nan_fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+        mx = nan_fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // a NaN score makes the row NaN
+        mx = nan_fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = nan_fmaxf(m[mt][r], mx);
         const float mu = mn == -INFINITY ? 0.f : mn;
         const float corr = fast_exp2((m[mt][r] - mu) * scale_log2);  // 0 while nothing was visible
         const float nb = -mu * scale_log2;
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       float sum = l[mt][r];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
       const int64_t i = row_of(mt, r);
       if (i >= p.seq) continue;
       bf16* orow = out + (b * p.seq + i) * q_stride + h * p.head_dim;
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(32 * kWarps)
               __floats2bfloat162_rn(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
       }
       if ((lane & 3) == 0)
-        lse[(b * p.heads + h) * p.seq + i] = sum > 0.f ? m[mt][r] * p.scale + logf(sum) : -INFINITY;
+        lse[(b * p.heads + h) * p.seq + i] = sum == 0.f ? -INFINITY : m[mt][r] * p.scale + logf(sum);
     }
   }
 }

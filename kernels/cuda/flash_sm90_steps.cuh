@@ -47,10 +47,10 @@ __device__ __forceinline__ void online_softmax(float (&sacc)[4 * kNs], float (&m
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < kNs; ++n) mx = fmaxf(mx, fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(m[r], mx);
+    for (int n = 0; n < kNs; ++n) mx = nan_fmaxf(mx, nan_fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
+    mx = nan_fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // a NaN score makes the row NaN
+    mx = nan_fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = nan_fmaxf(m[r], mx);
     const float mu = mn == -INFINITY ? 0.f : mn;
     corr[r] = fast_exp2((m[r] - mu) * scale_log2);
     const float nb = -mu * scale_log2;
@@ -106,7 +106,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const float
     float sum = l[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
     const int64_t i = row0 + 8 * r;
     if (i >= p.seq) continue;
     bf16* orow = out + (b * p.seq + i) * q_stride + h * p.head_dim;
@@ -117,7 +117,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const float
         *reinterpret_cast<__nv_bfloat162*>(orow + col) =
             __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
     }
-    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum > 0.f ? m[r] * p.scale + logf(sum) : -INFINITY;
+    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum == 0.f ? -INFINITY : m[r] * p.scale + logf(sum);
   }
 }
 

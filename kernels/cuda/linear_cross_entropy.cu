@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     m = warp_m[0];
     l = warp_l[0];
     for (int w = 1; w < kThreads / 32; ++w) merge(m, l, warp_m[w], warp_l[w]);
-    shared_lse = l > 0.f ? m + logf(l) : m;
+    shared_lse = l == 0.f ? m : m + logf(l);  // a NaN l (a NaN logit) stays NaN
   }
   __syncthreads();
   const float lse = shared_lse, scale = *row_scale;

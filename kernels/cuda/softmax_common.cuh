@@ -27,10 +27,14 @@ __device__ __forceinline__ void online_add(float& m, float& l, float z) {
 }
 
 // (m, l) <- the pair describing both sets: l = sum exp(z - m) with m the larger maximum. Symmetric
-// in its arguments bit for bit, so every lane of a butterfly ends with the same pair.
+// in its arguments bit for bit, so every lane of a butterfly ends with the same pair. m is never NaN
+// (online_add only raises it); a NaN logit travels in l.
 __device__ __forceinline__ void merge(float& m, float& l, float m2, float l2) {
   const float mn = fmaxf(m, m2);
-  if (mn == -INFINITY) return;  // both sets empty (or all -inf): keep l = 0
+  if (mn == -INFINITY) {  // both sets empty or all -inf (l = 0), or NaN logits only (l NaN)
+    l += l2;
+    return;
+  }
   l = l * expf(m - mn) + l2 * expf(m2 - mn);
   m = mn;
 }

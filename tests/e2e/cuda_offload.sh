@@ -14,7 +14,7 @@ loom=$1 src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$loom" init --from "$src/examples/demo/model-config" --out "$tmp/base" --seed 3 >/dev/null
-common=(train --model "$tmp/base" --data "$src/examples/demo/weaving.jsonl" --seq-len 64 --batch-size 4 --grad-accum 2
+common=(train --overwrite --model "$tmp/base" --data "$src/examples/demo/weaving.jsonl" --seq-len 64 --batch-size 4 --grad-accum 2
         --max-steps 6 --lr 5e-3 --warmup 2 --weight-decay 0.1 --max-grad-norm 0.5 --device cuda --dtype bf16 --quiet
         --eval-data "$src/examples/demo/weaving.jsonl" --eval-every 3)
 fail=0

@@ -108,7 +108,7 @@ TEST(TrainResume, CorruptedCheckpointFallsBackToTheLastGoodOne) {
   EXPECT_TRUE(has(r, "falling back")) << r.output;
   EXPECT_TRUE(has(r, "checkpoint-2 at step 2")) << r.output;
   // Naming the corrupted checkpoint itself is an error, not a silent resume.
-  ASSERT_EQ(run_loom(args(out, 8) + " --save-every 2 --stop-after 2 --quiet").exit_code, 0);  // a fresh run
+  ASSERT_EQ(run_loom(args(out, 8) + " --save-every 2 --stop-after 2 --quiet --overwrite").exit_code, 0);  // a fresh run
   ASSERT_TRUE(fs::exists(out + "/checkpoint-2/optimizer.safetensors"));
   {
     std::fstream io(out + "/checkpoint-2/adapter_model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -131,7 +131,7 @@ TEST(TrainResume, TrainerStateFieldsAreChecked) {
     nlohmann::json state = nlohmann::json::parse(std::ifstream(ck + "/trainer_state.json"));
     state["step"] = nlohmann::json::parse(step);
     std::ofstream(ck + "/trainer_state.json") << state.dump();
-    RunResult r = run_loom(args(fresh_dir("state_fields_run"), 3) + " --resume " + ck + " --quiet");
+    RunResult r = run_loom(args(fresh_dir("state_fields_run"), 3) + " --resume " + ck + " --quiet --no-verify");
     EXPECT_NE(r.exit_code, 0) << step;
     EXPECT_TRUE(has(r, ck + "/trainer_state.json: \"step\" must be a whole number >= 0, got " + step)) << r.output;
   }
@@ -154,12 +154,19 @@ TEST(TrainResume, AFreshRunClearsLeftoversOfAnEarlierOne) {
   fs::create_directories(out + "/.checkpoint-9.tmp." + std::to_string(dead));
   // A fresh run that fails before training (here: its data file is missing) clears the killed
   // save's folder at its start but removes nothing the earlier run saved.
-  RunResult failed = run_loom(args(out, 2, "/nonexistent/data.jsonl"));
+  RunResult failed = run_loom(args(out, 2, "/nonexistent/data.jsonl") + " --overwrite");
   ASSERT_NE(failed.exit_code, 0) << failed.output;
   EXPECT_TRUE(has(failed, "removed 1 leftover folder(s)")) << failed.output;
   for (int step = 1; step <= 3; ++step) EXPECT_TRUE(fs::exists(out + "/checkpoint-" + std::to_string(step)));
-  // A run that trains removes the earlier run's checkpoints when it first saves.
+  // A fresh run into the folder of an earlier one is refused unless it replaces it (--overwrite),
+  // and removes nothing; with --overwrite it removes the earlier run's checkpoints when it first saves.
   RunResult r = run_loom(args(out, 2));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(has(r, "--out " + out + " holds an earlier run (adapter_model.safetensors, checkpoint-1, checkpoint-2, ...)"))
+      << r.output;
+  EXPECT_TRUE(has(r, "--resume " + out + " continues it, --overwrite replaces it")) << r.output;
+  for (int step = 1; step <= 3; ++step) EXPECT_TRUE(fs::exists(out + "/checkpoint-" + std::to_string(step)));
+  r = run_loom(args(out, 2) + " --overwrite");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(has(r, "removed 3 checkpoint folder(s) of an earlier run")) << r.output;
   EXPECT_FALSE(fs::exists(out + "/checkpoint-3"));

@@ -346,6 +346,21 @@ TEST(GgufCorrupt, DuplicatesAndDimensions) {
   expect_error(parse(d.b), absl::StatusCode::kInvalidArgument, {"5 dimensions"});
 }
 
+// Tensors sharing bytes (the same offset, or one starting inside another) are refused naming both,
+// as the safetensors reader refuses overlapping data_offsets; adjacent ranges are fine.
+TEST(GgufCorrupt, OverlappingTensorsAreRefused) {
+  auto two = [](uint64_t ne_a, uint64_t off_a, uint64_t off_b) {
+    Builder g;
+    g.header(2, 0).str("a").u32(1).u64(ne_a).u32(0).u64(off_a).str("b").u32(1).u64(8).u32(0).u64(off_b).pad(32);
+    for (int i = 0; i < 128; ++i) g.b.push_back(0);
+    return g.b;
+  };
+  expect_error(parse(two(8, 0, 0)), absl::StatusCode::kInvalidArgument, {"tensor 'b'", "overlaps tensor 'a'"});
+  // a holds 16 f32 = bytes [0, 64) of the data; b starts at 32, inside it.
+  expect_error(parse(two(16, 0, 32)), absl::StatusCode::kInvalidArgument, {"tensor 'b'", "overlaps tensor 'a'"});
+  EXPECT_TRUE(parse(two(16, 0, 64)).ok()) << parse(two(16, 0, 64)).status();  // adjacent: a [0, 64), b [64, 96)
+}
+
 TEST(GgufCorrupt, UnsupportedTypeParsesButDoesNotDequantise) {
   Builder g;  // one Q2_K block: a type ggml defines but Loom does not dequantise
   g.header(1, 0).str("w").u32(1).u64(256).u32(10).u64(0).pad(32);

@@ -253,7 +253,7 @@ TEST(HfCheckpoint, ShapeMismatchNamesTensorFileAndShapes) {
 
 TEST(HfCheckpointErrors, FolderMissing) {
   const std::string missing = ::testing::TempDir() + "loom_ckpt_does_not_exist";
-  expect_status(Checkpoint::open(missing).status(), absl::StatusCode::kNotFound, {missing, "no such model folder"});
+  expect_status(Checkpoint::open(missing).status(), absl::StatusCode::kNotFound, {missing, "No such file or directory"});
 }
 
 TEST(HfCheckpointErrors, NoSafetensorsListsWhatIsThere) {

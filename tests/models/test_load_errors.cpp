@@ -159,6 +159,19 @@ TEST(LoadErrors, IntegerWeightIsRefusedAtLoad) {
   expect_error(dir, {"model.layers.0.self_attn.k_proj.weight", "i32", "float"});
 }
 
+// The path itself: empty, a Hugging Face model id, training data or a bare weights file given as
+// the model. Each says what Loom expected and what the path is.
+TEST(LoadErrors, ModelPathsOfTheWrongKindSayWhatTheyAre) {
+  expect_error("", {"the model path is empty", "a .gguf file"});
+  expect_error("HuggingFaceTB/SmolLM2-135M-Instruct",
+               {"looks like a Hugging Face model id", "huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct"});
+  const std::string jsonl = ::testing::TempDir() + "loom_model_is_data.jsonl";
+  std::ofstream(jsonl) << "{\"text\": \"hello\"}\n{\"text\": \"world\"}\n";
+  expect_error(jsonl, {jsonl + ": expected a Hugging Face model folder", "but this is a JSONL file"});
+  expect_error(fixture_dir("llama") + "/model.safetensors", {"but this is a safetensors file", "give the folder"});
+  expect_error(fixture_dir("llama") + "/config.json", {"but this is a JSON file"});
+}
+
 TEST(Lora, AdapterOnOneLayerSavesFullModuleNamesAndReloads) {
   auto model = CausalLM::load(fixture_dir("llama"), {DType::f32, Device::cpu()});
   ASSERT_TRUE(model.ok());

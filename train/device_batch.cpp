@@ -1,0 +1,38 @@
+// See device_batch.h.
+#include "train/device_batch.h"
+
+#include "engine/status_macros.h"
+#include "models/causal_lm.h"
+
+namespace loom {
+namespace {
+
+Tensor stage(const Tensor& host, Device device, std::vector<Tensor>& staging) {
+  if (!host.defined() || device.is_cpu()) return host;
+  Tensor pinned = Tensor::empty_pinned(host.shape(), host.dtype());
+  pinned.copy_(host);
+  staging.push_back(pinned);
+  return pinned.to(device);
+}
+
+}  // namespace
+
+// Token ids are checked on the host, where they are, before the copy (see check_token_ids).
+absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batches, Device device, int64_t vocab) {
+  std::vector<DeviceBatch> out(batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const Batch& b = batches[i];
+    DeviceBatch& d = out[i];
+    const Tensor targets = shift_labels(b.labels);
+    LOOM_RETURN_IF_ERROR(check_token_ids(b.input_ids, vocab, false, "input_ids"));
+    LOOM_RETURN_IF_ERROR(check_token_ids(targets, vocab, true, "targets"));
+    d.input_ids = stage(b.input_ids, device, d.staging);
+    d.targets = stage(targets, device, d.staging);
+    d.positions = stage(b.positions, device, d.staging);
+    // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).
+    if (!one_segment_per_row(b)) d.segment_ids = stage(b.segment_ids, device, d.staging);
+  }
+  return out;
+}
+
+}  // namespace loom

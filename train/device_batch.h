@@ -1,0 +1,21 @@
+// A micro-batch on the training device: its host rows checked (token ids within the vocabulary),
+// staged in pinned memory and copied asynchronously (pageable copies would block the host on every
+// micro-batch); the pinned blocks stay alive with the batch until the step has read its loss back,
+// so no copy outlives them.
+#pragma once
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tensor.h"
+#include "train/data.h"
+
+namespace loom {
+
+struct DeviceBatch {
+  Tensor input_ids, targets, positions, segment_ids;  // i32 [b, s], [b*s] (labels shifted), [b*s], [b, s]
+  std::vector<Tensor> staging;
+};
+
+absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batches, Device device, int64_t vocab);
+
+}  // namespace loom
