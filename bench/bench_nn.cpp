@@ -54,7 +54,7 @@ void register_rope() {
   auto setup = [] {
     std::vector<int32_t> pos(kTokens);
     for (int64_t i = 0; i < kTokens; ++i) pos[i] = static_cast<int32_t>(i % kSeq);
-    return std::make_pair(upload_ints(pos), upload_floats(cpu::rope_inv_freq(kHeadDim, 500000.0, RopeScaling{})));
+    return std::make_pair(upload_ints(pos), upload_floats(cpu::rope_inv_freq(kHeadDim, 500000.0)));
   };
   const double bytes = 4.0 * n + 4.0 * kTokens + 2.0 * kHeadDim;
   add("rope_fwd" + shape, [=](benchmark::State& st) {

@@ -12,7 +12,6 @@
 
 namespace loom {
 struct AdamWParams;  // kernels/adamw.h
-struct RopeScaling;  // kernels/rope.h
 }  // namespace loom
 
 namespace loom::ops {
@@ -93,8 +92,8 @@ Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& in
 // CUDA (the same bits as two). Either may be undefined (then its result is too).
 std::pair<Tensor, Tensor> rope_pair(const Tensor& q, const Tensor& k, const Tensor& positions, const Tensor& inv_freq,
                                     bool backward);
-// The inverse frequencies as an f32 tensor on device.
-Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, Device device);
+// The default (unscaled) inverse frequencies as an f32 tensor on device (models/rope_scaling.h scales them).
+Tensor rope_inv_freq(int64_t head_dim, double theta, Device device);
 
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);

@@ -176,8 +176,8 @@ std::pair<Tensor, Tensor> rope_pair(const Tensor& q_in, const Tensor& k_in, cons
   return {qo, ko};
 }
 
-Tensor rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling, Device device) {
-  std::vector<float> f = cpu::rope_inv_freq(head_dim, theta, scaling);
+Tensor rope_inv_freq(int64_t head_dim, double theta, Device device) {
+  std::vector<float> f = cpu::rope_inv_freq(head_dim, theta);
   Tensor t = Tensor::from_floats(f, {static_cast<int64_t>(f.size())});
   return t.to(device);
 }

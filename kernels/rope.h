@@ -1,28 +1,16 @@
 // Rotary position embedding in the Hugging Face rotate-half layout, over packed token rows with
-// explicit positions, plus the host-side inv_freq table (default, linear and Llama 3 scaling).
+// explicit positions, plus the host-side default inv_freq table (the scaling rules that models
+// apply to it live in models/rope_scaling.h).
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "kernels/common.h"
 
-namespace loom {
-
-// Mirrors transformers' `rope_scaling` / `rope_parameters` for the kinds Loom supports.
-struct RopeScaling {
-  enum class Kind { kDefault, kLinear, kLlama3 } kind = Kind::kDefault;
-  double factor = 1;
-  double low_freq_factor = 1;
-  double high_freq_factor = 4;
-  double original_max_position_embeddings = 8192;
-};
-
-}  // namespace loom
-
 namespace loom::cpu {
 // inv_freq [head_dim / 2] as transformers computes it in float32 on the CPU (same op sequence):
-// 1 / theta^(2i / head_dim), then the scaling rule (`_compute_llama3_parameters` for kLlama3).
-std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s);
+// 1 / theta^(2i / head_dim), unscaled.
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta);
 
 // x, y [tokens, heads, head_dim]; positions [tokens]; inv_freq [head_dim / 2]. With h = head_dim/2,
 // for i < h: a = float(pos) * inv_freq[i] (f32, as Hugging Face), c = cos a, s = sin a,

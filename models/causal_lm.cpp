@@ -1,4 +1,6 @@
-// CausalLM loading by Hugging Face tensor names, forward pass and the causal-LM loss.
+// CausalLM: building a model from its family's spec (which modules exist, their weights through the
+// family's weight map, its block forward), the forward pass with RoPE tables per layer type, and the
+// causal-LM loss. No family is named here.
 #include "models/causal_lm.h"
 
 #include <cmath>
@@ -11,94 +13,12 @@
 #include "engine/status_macros.h"
 #include "models/bnb_checkpoint.h"
 #include "models/checkpoint.h"
+#include "models/block.h"
 #include "models/family.h"
 #include "models/gguf_model.h"
+#include "models/weight_loader.h"
 
 namespace loom {
-namespace {
-
-// Loads named tensors with shape checks, remembering which ones the model consumed. Without a
-// checkpoint it initialises instead: N(0, 0.02) matrices, zero biases, unit norms ((1 + w) norms: 0).
-class WeightLoader {
- public:
-  WeightLoader(const Checkpoint* ck, DType dtype, Device device, uint64_t seed, bool quantize_4bit,
-               std::optional<BnbQuantConfig> bnb)
-      : ck_(ck), dtype_(dtype), device_(device), seed_(seed), quantize_4bit_(quantize_4bit), bnb_(std::move(bnb)) {}
-
-  absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape, float init_fill = NAN) {
-    if (!ck_) {
-      Tensor t = Tensor::empty(shape, DType::f32, device_);
-      if (std::isnan(init_fill)) ops::normal_(t, seed_, static_cast<uint64_t>(consumed_.size()) << 36, 0.f, 0.02f);
-      else ops::fill_(t, init_fill);
-      consumed_.insert(name);
-      return ag::Variable(t.to(dtype_), false);
-    }
-    auto t = ck_->load(name, dtype_, device_, shape);
-    if (!t.ok()) return t.status();
-    if (!is_float(t->dtype()))  // an integer "weight" would only fail later, deep in a kernel
-      return absl::InvalidArgumentError(absl::StrCat(ck_->file_of(name), ": tensor '", name, "' is ",
-                                                     std::string(loom::name(t->dtype())), "; a weight must be a float ",
-                                                     "tensor (f32, bf16, f16 or f64)"));
-    consumed_.insert(name);
-    return ag::Variable(*std::move(t), false);
-  }
-  absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias) {
-    l.name = name;
-    const std::string wname = name + ".weight";
-    if (ck_ && is_nf4(*ck_, wname)) {  // stored in 4 bits by transformers + bitsandbytes: kept so
-      auto q = load_nf4(*ck_, wname, {out, in}, device_);
-      if (!q.ok()) return q.status();
-      for (const auto& [n, t] : nf4_state_tensors(wname, *q)) consumed_.insert(n);
-      l.nf4 = std::make_shared<const Nf4Weight>(*std::move(q));
-    } else {
-      auto w = get(wname, {out, in});
-      if (!w.ok()) return w.status();
-      if (quantize_4bit_ && bnb_quantizes(wname, bnb_ ? &*bnb_ : nullptr)) {
-        // QLoRA from a full-precision checkpoint: only this one weight is ever dense on the device.
-        l.nf4 = std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w->value()));
-      } else {
-        l.weight = *std::move(w);
-      }
-    }
-    if (bias) {
-      auto b = get(name + ".bias", {out}, 0.f);
-      if (!b.ok()) return b.status();
-      l.bias = *std::move(b);
-    }
-    return absl::OkStatus();
-  }
-  absl::Status norm(RmsNorm& n, const std::string& name, int64_t dim, const ModelConfig& c) {
-    n.name = name;
-    n.eps = static_cast<float>(c.rms_norm_eps);
-    n.add_one = c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2;
-    auto w = get(name + ".weight", {dim}, n.add_one ? 0.f : 1.f);
-    if (!w.ok()) return w.status();
-    n.weight = *std::move(w);
-    return absl::OkStatus();
-  }
-  void mark_consumed(const std::string& name) { consumed_.insert(name); }
-  absl::Status check_unexpected() const {
-    if (!ck_) return absl::OkStatus();
-    std::set<std::string> consumed = consumed_;
-    for (const auto& n : ck_->names())  // buffers some older exports carry; transformers ignores them too
-      if (n.size() > 20 && n.ends_with("rotary_emb.inv_freq")) consumed.insert(n);
-    return ck_->check_unexpected(consumed);
-  }
-
- private:
-  const Checkpoint* ck_;
-  DType dtype_;
-  Device device_;
-  uint64_t seed_;
-  bool quantize_4bit_;
-  std::optional<BnbQuantConfig> bnb_;
-  std::set<std::string> consumed_;
-};
-
-
-bool is_gemma(const ModelConfig& c) { return c.family == ModelFamily::kGemma || c.family == ModelFamily::kGemma2; }
-
-}  // namespace
 
 absl::StatusOr<Checkpointing> parse_checkpointing(const std::string& text) {
   if (text == "none") return Checkpointing::kNone;
@@ -145,6 +65,21 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::init_random(const std::strin
   return build(*config, config_dir, options, nullptr, seed);
 }
 
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const ModelConfig& config, const std::string& model_dir,
+                                                         const LoadOptions& options) {
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16)
+    return absl::InvalidArgumentError(absl::StrCat("model dtype must be f32 or bf16, got ", std::string(name(options.dtype))));
+  auto ck = Checkpoint::open(model_dir);
+  if (!ck.ok()) return ck.status();
+  ck->set_allow_nonfinite(options.allow_nonfinite);
+  return build(config, model_dir, options, &*ck, 0);
+}
+
+absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::init_random(const ModelConfig& config, const LoadOptions& options,
+                                                                uint64_t seed) {
+  return build(config, "", options, nullptr, seed);
+}
+
 absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& config, const std::string& source_dir,
                                                           const LoadOptions& options, const Checkpoint* ck, uint64_t seed) {
   std::unique_ptr<CausalLM> m(new CausalLM());
@@ -153,13 +88,16 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   m->device_ = options.device;
   m->source_dir_ = source_dir;
   const ModelConfig& c = m->config_;
+  if (!c.family) return absl::InternalError("CausalLM: the config has no family (it was not parsed)");
   std::optional<BnbQuantConfig> bnb;
   if (ck && !is_gguf_path(source_dir)) {
     auto q = read_bnb_quant_config(source_dir);
     if (!q.ok() && !absl::IsNotFound(q.status())) return q.status();
     if (q.ok()) bnb = *q;
   }
-  WeightLoader w(ck, options.dtype, options.device, seed, options.quantize_4bit, bnb);
+  detail::WeightLoader w(c, ck, options.dtype, options.device, seed, options.quantize_4bit, bnb);
+  const FamilySpec& fam = *c.family;
+  LOOM_CHECK(fam.block != nullptr, "family ", fam.name, " has no block forward");
 
   auto embed = w.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (!embed.ok()) return embed.status();
@@ -168,33 +106,30 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     const std::string p = absl::StrCat("model.layers.", i, ".");
     DecoderLayer L;
     Attention& a = L.self_attn;
-    LOOM_RETURN_IF_ERROR(w.norm(L.input_layernorm, p + "input_layernorm", c.hidden_size, c));
-    LOOM_RETURN_IF_ERROR(w.norm(L.post_attention_layernorm, p + "post_attention_layernorm", c.hidden_size, c));
+    // The optional norms exist where the family's weight map lists them.
+    auto optional_norm = [&](std::optional<RmsNorm>& n, const char* module, int64_t dim) -> absl::Status {
+      if (!fam.has_layer_module(module)) return absl::OkStatus();
+      n.emplace();
+      return w.norm(*n, p + module, dim);
+    };
+    LOOM_RETURN_IF_ERROR(w.norm(L.input_layernorm, p + "input_layernorm", c.hidden_size));
+    LOOM_RETURN_IF_ERROR(w.norm(L.post_attention_layernorm, p + "post_attention_layernorm", c.hidden_size));
     LOOM_RETURN_IF_ERROR(w.linear(a.q_proj, p + "self_attn.q_proj", c.q_dim(), c.hidden_size, c.attention_bias));
     LOOM_RETURN_IF_ERROR(w.linear(a.k_proj, p + "self_attn.k_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
     LOOM_RETURN_IF_ERROR(w.linear(a.v_proj, p + "self_attn.v_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
     LOOM_RETURN_IF_ERROR(w.linear(a.o_proj, p + "self_attn.o_proj", c.hidden_size, c.q_dim(), c.o_proj_bias));
-    if (c.family == ModelFamily::kQwen3) {
-      a.q_norm.emplace();
-      a.k_norm.emplace();
-      LOOM_RETURN_IF_ERROR(w.norm(*a.q_norm, p + "self_attn.q_norm", c.head_dim, c));
-      LOOM_RETURN_IF_ERROR(w.norm(*a.k_norm, p + "self_attn.k_norm", c.head_dim, c));
-    }
-    if (c.family == ModelFamily::kGemma2) {
-      L.pre_feedforward_layernorm.emplace();
-      L.post_feedforward_layernorm.emplace();
-      LOOM_RETURN_IF_ERROR(w.norm(*L.pre_feedforward_layernorm, p + "pre_feedforward_layernorm", c.hidden_size, c));
-      LOOM_RETURN_IF_ERROR(w.norm(*L.post_feedforward_layernorm, p + "post_feedforward_layernorm", c.hidden_size, c));
-    }
+    LOOM_RETURN_IF_ERROR(optional_norm(a.q_norm, "self_attn.q_norm", c.head_dim));
+    LOOM_RETURN_IF_ERROR(optional_norm(a.k_norm, "self_attn.k_norm", c.head_dim));
+    LOOM_RETURN_IF_ERROR(optional_norm(L.pre_feedforward_layernorm, "pre_feedforward_layernorm", c.hidden_size));
+    LOOM_RETURN_IF_ERROR(optional_norm(L.post_feedforward_layernorm, "post_feedforward_layernorm", c.hidden_size));
     LOOM_RETURN_IF_ERROR(w.linear(L.mlp.gate_proj, p + "mlp.gate_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
     LOOM_RETURN_IF_ERROR(w.linear(L.mlp.up_proj, p + "mlp.up_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
     LOOM_RETURN_IF_ERROR(w.linear(L.mlp.down_proj, p + "mlp.down_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));
     L.mlp.gelu = c.hidden_act == "gelu_pytorch_tanh";
-    const bool sliding = i < static_cast<int64_t>(c.layer_is_sliding.size()) && c.layer_is_sliding[i];
-    L.window = sliding ? c.sliding_window : 0;
+    L.window = c.is_sliding(i) ? c.sliding_window : 0;
     m->layers_.push_back(std::move(L));
   }
-  LOOM_RETURN_IF_ERROR(w.norm(m->norm_, "model.norm", c.hidden_size, c));
+  LOOM_RETURN_IF_ERROR(w.norm(m->norm_, "model.norm", c.hidden_size));
   m->lm_head_.name = "lm_head";
   if (c.tie_word_embeddings) {
     m->lm_head_.weight = m->embed_tokens_;
@@ -203,7 +138,10 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     LOOM_RETURN_IF_ERROR(w.linear(m->lm_head_, "lm_head", c.vocab_size, c.hidden_size, false));
   }
   LOOM_RETURN_IF_ERROR(w.check_unexpected());
-  m->inv_freq_ = ops::rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling, options.device);
+  // One RoPE table per layer type (shared when both types rotate alike).
+  m->inv_freq_ = rope_inv_freq_tensor(c.head_dim, c.rope, options.device);
+  m->inv_freq_sliding_ =
+      c.rope_sliding == c.rope ? m->inv_freq_ : rope_inv_freq_tensor(c.head_dim, c.rope_sliding, options.device);
   return m;
 }
 
@@ -226,7 +164,6 @@ detail::LayerContext CausalLM::context_for(const Tensor& input_ids, const Forwar
   ctx.config = &config_;
   ctx.batch = input_ids.size(0);
   ctx.seq = input_ids.size(1);
-  ctx.inv_freq = inv_freq_;
   if (options.positions.defined()) {
     ctx.positions = options.positions.to(device_);
   } else {
@@ -275,12 +212,12 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
                                      bool last_only) const {
   const ModelConfig& c = config_;
   ag::Variable x = ag::embedding(input_ids.to(device_), embed_tokens_);
-  if (is_gemma(c)) {
+  if (c.family->embed_scale) {
     // transformers multiplies by sqrt(hidden_size) rounded to the model dtype.
     const float normalizer = std::sqrt(static_cast<float>(c.hidden_size));
     x = ag::scale(x, dtype_ == DType::bf16 ? bf16_to_float(float_to_bf16(normalizer)) : normalizer);
   }
-  const bool gemma = is_gemma(c);
+  const BlockForward block = c.family->block;
   const bool checkpointed = checkpointing_ != Checkpointing::kNone && !cache && ag::grad_enabled();
   ag::CheckpointOptions checkpoint_options;
   checkpoint_options.offload = checkpointing_ == Checkpointing::kOffload;
@@ -290,13 +227,14 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
       ctx.k_cache = &cache->k[i];
       ctx.v_cache = &cache->v[i];
     }
+    ctx.inv_freq = c.is_sliding(static_cast<int64_t>(i)) ? inv_freq_sliding_ : inv_freq_;
     if (checkpointed) {  // the layer runs again in backward: it captures its context by value
-      auto layer = [L = &layers_[i], gemma, lctx = ctx](const std::vector<ag::Variable>& in) {
-        return std::vector<ag::Variable>{gemma ? detail::gemma_layer(*L, in[0], lctx) : detail::llama_layer(*L, in[0], lctx)};
+      auto layer = [L = &layers_[i], block, lctx = ctx](const std::vector<ag::Variable>& in) {
+        return std::vector<ag::Variable>{block(*L, in[0], lctx)};
       };
       x = ag::checkpoint(layer, {x}, checkpoint_options)[0];
     } else {
-      x = gemma ? detail::gemma_layer(layers_[i], x, ctx) : detail::llama_layer(layers_[i], x, ctx);
+      x = block(layers_[i], x, ctx);
     }
   }
   // A prompt's prefill needs only the last position's logits: [1, n, vocab] in f32 can be gigabytes.
@@ -333,7 +271,6 @@ ag::Variable CausalLM::forward_cached(const Tensor& input_ids, KvCache& cache, b
   ctx.config = &config_;
   ctx.batch = 1;
   ctx.seq = input_ids.size(1);
-  ctx.inv_freq = inv_freq_;
   ctx.cache_start = cache.length;
   std::vector<int32_t> pos(ctx.seq);
   for (int64_t i = 0; i < ctx.seq; ++i) pos[i] = static_cast<int32_t>(cache.length + i);

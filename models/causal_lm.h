@@ -1,6 +1,5 @@
-// CausalLM: a decoder-only language model of any supported family (Llama, Mistral, Qwen2, Qwen3,
-// Gemma, Gemma 2), loaded from a Hugging Face folder by tensor name, with the same forward pass and
-// loss as transformers.
+// CausalLM: a decoder-only language model of any supported family (models/families/), loaded from a
+// Hugging Face folder by tensor name, with the same forward pass and loss as transformers.
 #pragma once
 #include <memory>
 #include <string>
@@ -51,6 +50,12 @@ class CausalLM {
   static absl::StatusOr<std::unique_ptr<CausalLM>> load(const std::string& model_dir, const LoadOptions& options);
   // A freshly initialised model (N(0, 0.02) weights, unit norms) from config_dir/config.json.
   static absl::StatusOr<std::unique_ptr<CausalLM>> init_random(const std::string& config_dir, const LoadOptions& options,
+                                                               uint64_t seed);
+  // The same with the config given instead of read from config.json (its family may be a spec
+  // outside the registry: tests build one to exercise the seam). load() reads model_dir's safetensors.
+  static absl::StatusOr<std::unique_ptr<CausalLM>> load(const ModelConfig& config, const std::string& model_dir,
+                                                        const LoadOptions& options);
+  static absl::StatusOr<std::unique_ptr<CausalLM>> init_random(const ModelConfig& config, const LoadOptions& options,
                                                                uint64_t seed);
 
   const ModelConfig& config() const { return config_; }
@@ -115,7 +120,8 @@ class CausalLM {
   std::vector<DecoderLayer> layers_;
   RmsNorm norm_;
   Linear lm_head_;  // weight is embed_tokens_ when tied
-  Tensor inv_freq_;
+  Tensor inv_freq_;          // RoPE of full-attention layers
+  Tensor inv_freq_sliding_;  // RoPE of sliding-window layers (the same tensor unless the family gives them their own)
   Checkpointing checkpointing_ = Checkpointing::kNone;
 };
 

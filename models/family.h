@@ -1,28 +1,116 @@
-// Internal to models/: what one decoder layer needs at run time, and the per-family layer
-// functions (models/llama.cpp: Llama, Mistral, Qwen2, Qwen3; models/gemma.cpp: Gemma, Gemma 2).
+// FamilySpec: everything that makes one model family different, declared in one file per family
+// under models/families/ and listed in models/families/registry.cpp. The loader, the forward pass,
+// config.json parsing and GGUF import/export read the spec and name no family.
+//
+// Adding a model family (README.md "Adding a model family" has the same recipe):
+//  1. models/families/<name>.cpp: a function returning its FamilySpec: the model_types and
+//     architectures it accepts, config defaults and a `parse` hook for its own keys (biases,
+//     activation, windows, soft-caps; models/config_fields.h reads them with errors naming the
+//     field), its weight map (Hugging Face <-> llama.cpp <-> Loom, with split/fuse rules), its
+//     optional parts, and its block forward (a shared builder of models/block.h or its own).
+//  2. Declare it in models/families/families.h and add it to the list in models/families/registry.cpp.
+//  3. Tests: a tiny fixture made by tools/make_reference.py (a new VARIANTS entry; run it on the GPU
+//     machine), its name in tests/models/fixtures.h fixture_variants() (the Family suites of
+//     tests/models/test_families.cpp then check logits, loss, LoRA gradients, merge and adapters
+//     against transformers + PEFT), config.json cases in tests/models/test_config.cpp and, when it
+//     has GGUF names, a round trip in tests/models/test_gguf_export.cpp.
 #pragma once
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "models/config.h"
 #include "models/layers.h"
+#include "nlohmann/json.hpp"
 
-namespace loom::detail {
+namespace loom {
+class ConfigFields;
+class GgufFile;
+class GgufWriter;
+namespace detail {
+struct LayerContext;
+}
 
-struct LayerContext {
-  const ModelConfig* config = nullptr;
-  int64_t batch = 0, seq = 0;
-  Tensor positions;  // i32 [batch*seq]
-  Tensor inv_freq;   // f32 [head_dim/2]
-  Tensor segment_ids;
-  // Generation: this layer's KV cache [1, capacity, kv_heads, head_dim] and where the new tokens go.
-  Tensor* k_cache = nullptr;
-  Tensor* v_cache = nullptr;
-  int64_t cache_start = 0;
+// What convert_hf_to_gguf.py does to a tensor on its way into a GGUF file (undone on the way back).
+enum class GgufFix {
+  kNone,
+  kRopePermuteQ,  // LlamaModel.permute of the rows by num_attention_heads (llama's interleaved RoPE)
+  kRopePermuteK,  // the same by num_key_value_heads
+  kNormPlusOne,   // GemmaModel stores (1 + w) norms as they are applied
 };
 
-// Grouped-query self-attention with RoPE (and Qwen3's q/k norms, Gemma 2's soft-capping and
-// sliding windows), shared by all families. h [batch, seq, hidden] -> [batch, seq, hidden].
-ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window);
+// The rows of one part of a fused Hugging Face tensor, from the config.
+enum class Rows { kQDim, kKvDim, kIntermediate };
 
-ag::Variable llama_layer(const DecoderLayer& layer, const ag::Variable& x, const LayerContext& ctx);
-ag::Variable gemma_layer(const DecoderLayer& layer, const ag::Variable& x, const LayerContext& ctx);
+// One module of the weight map (names without ".weight" / ".bias"). `hf` is the Hugging Face
+// module; `loom` the Loom modules it holds, in row order: empty means the same name as `hf`; two or
+// more mean a fused Hugging Face tensor (Phi-3's "self_attn.qkv_proj" -> q_proj, k_proj, v_proj)
+// split along rows on load (part i has `rows[i]` rows) and concatenated back on save and export.
+// `gguf` is llama.cpp's name for the Hugging Face tensor ("attn_q"; "" = none), `fix` what the
+// conversion did to it.
+struct WeightRule {
+  std::string hf;
+  std::string gguf;
+  GgufFix fix = GgufFix::kNone;
+  std::vector<std::string> loom = {};
+  std::vector<Rows> rows = {};
+};
 
-}  // namespace loom::detail
+// A decoder layer's forward: x [batch, seq, hidden] -> the same.
+using BlockForward = ag::Variable (*)(const DecoderLayer& layer, const ag::Variable& x, const detail::LayerContext& ctx);
+
+struct FamilySpec {
+  std::string name;                        // the canonical model_type ("llama"); written by GGUF conversion
+  std::vector<std::string> model_types;    // config.json `model_type`s it reads (name first)
+  std::vector<std::string> architectures;  // transformers classes (`architectures[0]` of a converted folder first)
+
+  // Defaults for absent keys, from transformers' configuration class.
+  int64_t default_max_position_embeddings = 2048;
+  int64_t default_head_dim = 0;  // `head_dim` absent (not null): 0 = hidden_size / num_attention_heads
+  bool default_tie_word_embeddings = false;
+  std::optional<int64_t> default_bos, default_eos, default_pad;
+  // A 5.x `rope_parameters` may hold one dict per layer type ({"full_attention": {...},
+  // "sliding_attention": {...}}); other families reject it.
+  bool rope_per_layer_type = false;
+  // The family's own keys, read after the shared ones (sizes, heads, eps, RoPE, tying): biases,
+  // activation, soft-caps, query scale, sliding windows. Throws through ConfigFields on bad input.
+  void (*parse)(const ConfigFields& fields, ModelConfig& config) = nullptr;
+
+  // Optional parts that are not weights of their own (q/k norms and sandwich norms are: they exist
+  // exactly where the weight map lists them).
+  bool norm_adds_one = false;  // RMSNorm computes x * (1 + w) (Gemma)
+  bool embed_scale = false;    // embeddings times sqrt(hidden_size) rounded to the model dtype (Gemma)
+
+  // Weight map: the model-level modules ("model.embed_tokens", "model.norm", "lm_head") and one
+  // decoder layer's (under "model.layers.<i>." and llama.cpp's "blk.<i>.").
+  std::vector<WeightRule> top_weights;
+  std::vector<WeightRule> layer_weights;
+
+  BlockForward block = nullptr;
+
+  // GGUF: llama.cpp's `general.architecture` this family reads ("" = none), and the one it is
+  // written as ("" = export not supported), with the family's metadata in both directions.
+  std::string gguf_read_arch;
+  std::string gguf_write_arch;
+  // Adds the family's keys to config.json rebuilt from GGUF metadata (`p` is "<arch>.").
+  absl::Status (*gguf_to_config)(const GgufFile& file, const std::string& p, nlohmann::json& config) = nullptr;
+  // Adds the family's <arch>.* metadata on export.
+  void (*config_to_gguf)(const ModelConfig& config, const std::string& p, GgufWriter& w) = nullptr;
+  // A warning to print when exporting (what llama.cpp's architecture drops), "" for none.
+  std::string (*gguf_export_warning)(const ModelConfig& config) = nullptr;
+
+  // The rule whose Loom modules include `loom_module` (layer-relative or model-level), or null.
+  const WeightRule* rule_for_loom(const std::string& loom_module, bool in_layer) const;
+  bool has_layer_module(const std::string& loom_module) const { return rule_for_loom(loom_module, true) != nullptr; }
+};
+
+// The registry (models/families/registry.cpp): every family, in the order messages list them.
+const std::vector<const FamilySpec*>& model_families();
+// `model_type` -> its family; InvalidArgument listing the supported types otherwise.
+absl::StatusOr<const FamilySpec*> family_from_model_type(const std::string& model_type);
+const FamilySpec* family_from_architecture(const std::string& architecture);  // null when none
+const FamilySpec* family_from_gguf_architecture(const std::string& arch);     // null when none
+// "llama, mistral, ..." of the families for which `pred` holds.
+std::string family_names(bool (*pred)(const FamilySpec&));
+
+}  // namespace loom

@@ -1,6 +1,6 @@
-// CausalLM -> GGUF tensors and hyper-parameters, following convert_hf_to_gguf.py (LlamaModel,
-// Qwen2Model, Qwen3Model) and gguf-py's key names, so llama.cpp loads the file as it would its own
-// conversion of the same Hugging Face folder.
+// CausalLM -> GGUF tensors and hyper-parameters, following convert_hf_to_gguf.py and gguf-py's key
+// names (the shared ones here, the family's through its spec), so llama.cpp loads the file as it
+// would its own conversion of the same Hugging Face folder.
 #include "models/gguf_export.h"
 
 #include <algorithm>
@@ -9,8 +9,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "models/family.h"
 #include "models/finite_check.h"
 #include "models/gguf_model.h"
+#include "models/weight_map.h"
 
 namespace loom {
 namespace {
@@ -28,46 +30,30 @@ uint32_t file_type(GgmlType t) {
 
 }  // namespace
 
-absl::StatusOr<std::string> gguf_architecture(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::kLlama: case ModelFamily::kMistral: return std::string("llama");
-    case ModelFamily::kQwen2: return std::string("qwen2");
-    case ModelFamily::kQwen3: return std::string("qwen3");
-    default:
-      return absl::UnimplementedError(absl::StrCat("GGUF export: ", model_type_name(family),
-                                                   " models are not supported yet (llama, mistral, qwen2, qwen3 are)"));
-  }
+absl::StatusOr<std::string> gguf_architecture(const FamilySpec& family) {
+  if (!family.gguf_write_arch.empty()) return family.gguf_write_arch;
+  return absl::UnimplementedError(
+      absl::StrCat("GGUF export: ", family.name, " models are not supported yet (",
+                   family_names([](const FamilySpec& s) { return !s.gguf_write_arch.empty(); }), " are)"));
 }
 
-std::string hf_to_gguf_name(const std::string& hf, ModelFamily family) {
-  static const std::map<std::string, std::string> kTop = {
-      {"model.embed_tokens", "token_embd"}, {"model.norm", "output_norm"}, {"lm_head", "output"}};
-  const size_t dot = hf.rfind('.');
-  if (dot == std::string::npos) return "";
-  const std::string stem = hf.substr(0, dot), suffix = hf.substr(dot);
-  if (suffix != ".weight" && suffix != ".bias") return "";
-  if (auto it = kTop.find(stem); it != kTop.end()) return it->second + suffix;
-  constexpr std::string_view kPrefix = "model.layers.";
-  if (!stem.starts_with(kPrefix)) return "";
-  const std::string rest = stem.substr(kPrefix.size());
-  const size_t d = rest.find('.');
-  int layer;
-  if (d == std::string::npos || !absl::SimpleAtoi(rest.substr(0, d), &layer) || layer < 0) return "";
-  // The inverse of gguf_to_hf_name: search its table through a candidate of every llama.cpp name.
-  for (const char* g : {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
-                        "ffn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"}) {
-    const std::string candidate = absl::StrCat("blk.", layer, ".", g, suffix);
-    if (gguf_to_hf_name(candidate, family) == hf) return candidate;
-  }
-  return "";
+std::string hf_to_gguf_name(const std::string& hf, const FamilySpec& family) {
+  auto m = hf_to_gguf(family, hf);
+  return m ? m->name : "";
+}
+
+std::string gguf_export_warning(const ModelConfig& config) {
+  return config.family->gguf_export_warning ? config.family->gguf_export_warning(config) : "";
 }
 
 absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const std::string& name, GgufWriter& w) {
   const ModelConfig& c = model.config();
-  auto arch_or = gguf_architecture(c.family);
+  auto arch_or = gguf_architecture(*c.family);
   if (!arch_or.ok()) return arch_or.status();
   const std::string arch = *arch_or, p = arch + ".";
-  if (c.rope_scaling.kind == RopeScaling::Kind::kLlama3)
+  if (!(c.rope_sliding == c.rope))
+    return absl::UnimplementedError("GGUF export: a second RoPE for sliding-window layers is not written yet");
+  if (c.rope.scaling.kind == RopeScaling::Kind::kLlama3)
     return absl::UnimplementedError(
         "GGUF export: Llama 3.1 RoPE scaling (rope_type llama3) needs llama.cpp's rope_freqs tensor, which Loom "
         "does not write yet");
@@ -84,43 +70,39 @@ absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const s
   w.add(p + "feed_forward_length", gguf_u32(static_cast<uint32_t>(c.intermediate_size)));
   w.add(p + "attention.head_count", gguf_u32(static_cast<uint32_t>(c.num_attention_heads)));
   w.add(p + "attention.head_count_kv", gguf_u32(static_cast<uint32_t>(c.num_key_value_heads)));
-  w.add(p + "rope.freq_base", gguf_f32(static_cast<float>(c.rope_theta)));
+  w.add(p + "rope.freq_base", gguf_f32(static_cast<float>(c.rope.theta)));
   w.add(p + "attention.layer_norm_rms_epsilon", gguf_f32(static_cast<float>(c.rms_norm_eps)));
   if (c.head_dim * c.num_attention_heads != c.hidden_size) {
     w.add(p + "attention.key_length", gguf_u32(static_cast<uint32_t>(c.head_dim)));
     w.add(p + "attention.value_length", gguf_u32(static_cast<uint32_t>(c.head_dim)));
   }
-  if (arch == "llama") {
-    w.add(p + "vocab_size", gguf_u32(static_cast<uint32_t>(c.vocab_size)));
-    w.add(p + "rope.dimension_count", gguf_u32(static_cast<uint32_t>(c.head_dim)));
-  }
-  if (c.rope_scaling.kind == RopeScaling::Kind::kLinear) {
+  if (c.family->config_to_gguf) c.family->config_to_gguf(c, p, w);
+  if (c.rope.scaling.kind == RopeScaling::Kind::kLinear) {
     w.add(p + "rope.scaling.type", gguf_string("linear"));
-    w.add(p + "rope.scaling.factor", gguf_f32(static_cast<float>(c.rope_scaling.factor)));
+    w.add(p + "rope.scaling.factor", gguf_f32(static_cast<float>(c.rope.scaling.factor)));
   }
   w.add("general.file_type", gguf_u32(file_type(matrix_type)));
   w.add("general.quantization_version", gguf_u32(2));
 
-  for (const auto& [hf, v] : model.named_weights()) {
-    const std::string g = hf_to_gguf_name(hf, c.family);
-    if (g.empty()) return absl::UnimplementedError(absl::StrCat("GGUF export: no llama.cpp name for tensor '", hf, "'"));
-    Tensor t = v->value().to(Device::cpu(), DType::f32).contiguous();
-    if (t.storage() == v->value().storage()) t = t.clone();  // never alias the live weight
+  auto tensors = hf_state_dict(model);  // fused Hugging Face tensors concatenated back from Loom's parts
+  if (!tensors.ok()) return tensors.status();
+  for (auto& [hf, value] : *tensors) {
+    const auto g = hf_to_gguf(*c.family, hf);
+    if (!g) return absl::UnimplementedError(absl::StrCat("GGUF export: no llama.cpp name for tensor '", hf, "'"));
+    Tensor t = value.to(Device::cpu(), DType::f32).contiguous();
+    if (t.storage() == value.storage()) t = t.clone();  // never alias the live weight
     // Nothing non-finite reaches disk (before the writer creates the file).
     if (absl::Status s = check_finite(t, "refusing to write the GGUF file", hf,
                                       ": training diverged or the weights were damaged; nothing was written");
         !s.ok())
       return absl::FailedPreconditionError(s.message());
-    if (arch == "llama") {
-      if (g.find(".attn_q.") != std::string::npos) t = permute_rope_rows(t, c.num_attention_heads);
-      if (g.find(".attn_k.") != std::string::npos) t = permute_rope_rows(t, c.num_key_value_heads);
-    }
+    t = do_gguf_fix(std::move(t), g->fix, c);
     GgmlType type = GgmlType::F32;
-    if (t.dim() == 2 && !g.ends_with("_norm.weight")) {
+    if (t.dim() == 2 && !g->name.ends_with("_norm.weight")) {
       type = matrix_type;
       if (type == GgmlType::Q8_0 && t.size(1) % kQK != 0) type = GgmlType::F16;
     }
-    w.add_tensor(g, std::move(t), type);
+    w.add_tensor(g->name, std::move(t), type);
   }
   return absl::OkStatus();
 }

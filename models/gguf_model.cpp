@@ -1,6 +1,6 @@
 // GGUF -> Hugging Face: llama.cpp's metadata keys (llama-arch.cpp, gguf-py constants) mapped back to
-// config.json fields, its tensor names back to transformers' names, and convert_hf_to_gguf.py's
-// weight changes undone (LlamaModel.permute on q/k, GemmaModel's `norm.weight + 1`).
+// config.json fields (the shared ones here, the family's through its spec), tensor names through the
+// family's weight map, and convert_hf_to_gguf.py's weight changes undone (models/family.h GgufFix).
 #include "models/gguf_model.h"
 
 #include <filesystem>
@@ -11,27 +11,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/status_macros.h"
+#include "models/family.h"
 #include "models/gguf_export.h"
+#include "models/weight_map.h"
 
 namespace loom {
 namespace {
 
 using nlohmann::json;
-
-bool is_gemma(ModelFamily f) { return f == ModelFamily::kGemma || f == ModelFamily::kGemma2; }
-
-// transformers' architectures[0] per family (what a converted folder's config.json names).
-const char* hf_architecture(ModelFamily f) {
-  switch (f) {
-    case ModelFamily::kLlama: return "LlamaForCausalLM";
-    case ModelFamily::kMistral: return "MistralForCausalLM";
-    case ModelFamily::kQwen2: return "Qwen2ForCausalLM";
-    case ModelFamily::kQwen3: return "Qwen3ForCausalLM";
-    case ModelFamily::kGemma: return "GemmaForCausalLM";
-    case ModelFamily::kGemma2: return "Gemma2ForCausalLM";
-  }
-  return "?";
-}
 
 // Metadata under `<arch>.` that must be one integer (llama.cpp allows per-layer arrays for some).
 absl::StatusOr<int64_t> uniform_int(const GgufFile& f, const std::string& key) {
@@ -62,14 +49,15 @@ bool is_gguf_path(const std::string& path) {
 
 absl::StatusOr<json> gguf_hf_config(const GgufFile& f) {
   LOOM_ASSIGN_OR_RETURN(const std::string arch, f.get_string("general.architecture"));
-  auto family = family_from_model_type(arch);
-  if (!family.ok() || *family == ModelFamily::kMistral)
-    return absl::UnimplementedError(absl::StrCat(f.path(), ": general.architecture is '", arch,
-                                                 "'; Loom maps llama, qwen2, qwen3, gemma and gemma2 GGUF models"));
+  const FamilySpec* family = family_from_gguf_architecture(arch);
+  if (!family)
+    return absl::UnimplementedError(
+        absl::StrCat(f.path(), ": general.architecture is '", arch, "'; Loom maps ",
+                     family_names([](const FamilySpec& s) { return !s.gguf_read_arch.empty(); }), " GGUF models"));
   const std::string p = arch + ".";
   json j;
-  j["model_type"] = arch;
-  j["architectures"] = json::array({hf_architecture(*family)});
+  j["model_type"] = family->name;
+  j["architectures"] = json::array({family->architectures.front()});
   LOOM_ASSIGN_OR_RETURN(const int64_t hidden, f.get_int(p + "embedding_length"));
   LOOM_ASSIGN_OR_RETURN(const int64_t layers, f.get_int(p + "block_count"));
   LOOM_ASSIGN_OR_RETURN(const int64_t ff, uniform_int(f, p + "feed_forward_length"));
@@ -135,19 +123,7 @@ absl::StatusOr<json> gguf_hf_config(const GgufFile& f) {
         f.path(), ": tensor 'rope_freqs.weight' holds per-frequency RoPE factors (Llama 3.1-style scaling); "
                   "Loom cannot yet map those back to rope_scaling"));
   j["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
-  if (*family == ModelFamily::kLlama) {
-    j["attention_bias"] = f.find_tensor("blk.0.attn_q.bias") != nullptr;
-    j["mlp_bias"] = f.find_tensor("blk.0.ffn_gate.bias") != nullptr;
-  }
-  if (is_gemma(*family)) j["hidden_activation"] = "gelu_pytorch_tanh";
-  if (*family == ModelFamily::kGemma2) {
-    j["attn_logit_softcapping"] = f.get_float(p + "attn_logit_softcapping").value_or(50.0);
-    j["final_logit_softcapping"] = f.get_float(p + "final_logit_softcapping").value_or(30.0);
-    j["sliding_window"] = f.get_int(p + "attention.sliding_window").value_or(4096);
-    // Not in GGUF: llama.cpp scales by head_dim^-0.5 except Gemma 2 27B (46 layers), whose
-    // query_pre_attn_scalar is hidden_size / num_attention_heads (144).
-    j["query_pre_attn_scalar"] = layers == 46 ? hidden / heads : head_dim;
-  }
+  if (family->gguf_to_config) LOOM_RETURN_IF_ERROR(family->gguf_to_config(f, p, j));
   set_opt_int(f, "tokenizer.ggml.bos_token_id", j, "bos_token_id");
   set_opt_int(f, "tokenizer.ggml.eos_token_id", j, "eos_token_id");
   set_opt_int(f, "tokenizer.ggml.padding_token_id", j, "pad_token_id");
@@ -163,33 +139,9 @@ json gguf_generation_config(const GgufFile& f) {
   return g;
 }
 
-std::string gguf_to_hf_name(const std::string& g, ModelFamily family) {
-  static const std::map<std::string, std::string> kTop = {
-      {"token_embd", "model.embed_tokens"}, {"output_norm", "model.norm"}, {"output", "lm_head"}};
-  const size_t dot = g.rfind('.');
-  if (dot == std::string::npos) return "";
-  const std::string stem = g.substr(0, dot), suffix = g.substr(dot);  // ".weight" / ".bias"
-  if (auto it = kTop.find(stem); it != kTop.end()) return it->second + suffix;
-  std::vector<std::string> parts = absl::StrSplit(stem, '.');
-  int layer;
-  if (parts.size() != 3 || parts[0] != "blk" || !absl::SimpleAtoi(parts[1], &layer) || layer < 0) return "";
-  const bool gemma2 = family == ModelFamily::kGemma2;
-  std::map<std::string, std::string> kLayer = {
-      {"attn_norm", "input_layernorm"},     {"attn_q", "self_attn.q_proj"},    {"attn_k", "self_attn.k_proj"},
-      {"attn_v", "self_attn.v_proj"},       {"attn_output", "self_attn.o_proj"}, {"ffn_gate", "mlp.gate_proj"},
-      {"ffn_up", "mlp.up_proj"},            {"ffn_down", "mlp.down_proj"},
-      {"ffn_norm", gemma2 ? "pre_feedforward_layernorm" : "post_attention_layernorm"}};
-  if (family == ModelFamily::kQwen3) {
-    kLayer["attn_q_norm"] = "self_attn.q_norm";
-    kLayer["attn_k_norm"] = "self_attn.k_norm";
-  }
-  if (gemma2) {
-    kLayer["post_attention_norm"] = "post_attention_layernorm";
-    kLayer["post_ffw_norm"] = "post_feedforward_layernorm";
-  }
-  auto it = kLayer.find(parts[2]);
-  if (it == kLayer.end()) return "";
-  return absl::StrCat("model.layers.", layer, ".", it->second, suffix);
+std::string gguf_to_hf_name(const std::string& gguf_name, const FamilySpec& family) {
+  auto m = gguf_to_hf(family, gguf_name);
+  return m ? m->name : "";
 }
 
 namespace {
@@ -216,26 +168,36 @@ Tensor move_rope_rows(const Tensor& t, int64_t n_head, bool to_file, const char*
 Tensor unpermute_rope_rows(const Tensor& t, int64_t n_head) { return move_rope_rows(t, n_head, false, "unpermute_rope_rows"); }
 Tensor permute_rope_rows(const Tensor& t, int64_t n_head) { return move_rope_rows(t, n_head, true, "permute_rope_rows"); }
 
+Tensor apply_gguf_fix(Tensor t, GgufFix fix, const ModelConfig& c, bool to_file) {
+  switch (fix) {
+    case GgufFix::kNone:
+      return t;
+    case GgufFix::kRopePermuteQ:  // rows (weights and biases) of q by num_attention_heads, of k by num_key_value_heads
+      return move_rope_rows(t, c.num_attention_heads, to_file, to_file ? "permute_rope_rows" : "unpermute_rope_rows");
+    case GgufFix::kRopePermuteK:
+      return move_rope_rows(t, c.num_key_value_heads, to_file, to_file ? "permute_rope_rows" : "unpermute_rope_rows");
+    case GgufFix::kNormPlusOne: {  // the file holds (1 + w) as applied; transformers keeps w
+      float* p = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] += to_file ? 1.f : -1.f;
+      return t;
+    }
+  }
+  return t;
+}
+
+Tensor undo_gguf_fix(Tensor t, GgufFix fix, const ModelConfig& c) { return apply_gguf_fix(std::move(t), fix, c, false); }
+Tensor do_gguf_fix(Tensor t, GgufFix fix, const ModelConfig& c) { return apply_gguf_fix(std::move(t), fix, c, true); }
+
 absl::StatusOr<std::map<std::string, Tensor>> gguf_hf_tensors(const GgufFile& f, const ModelConfig& c) {
   std::map<std::string, Tensor> out;
   for (const GgufTensorInfo& info : f.tensors()) {
-    const std::string hf = gguf_to_hf_name(info.name, c.family);
-    if (hf.empty())
+    const auto hf = gguf_to_hf(*c.family, info.name);
+    if (!hf)
       return absl::UnimplementedError(absl::StrCat(f.path(), ": tensor '", info.name, "' has no Hugging Face ",
                                                    c.model_type, " counterpart that Loom knows"));
     LOOM_ASSIGN_OR_RETURN(Tensor t, f.read_f32(info));
-    // llama.cpp's llama architecture rotates interleaved pairs, so convert_hf_to_gguf.py permuted
-    // the rows (weights and biases) of q by num_attention_heads and of k by num_key_value_heads.
-    if (c.family == ModelFamily::kLlama) {
-      if (info.name.find(".attn_q.") != std::string::npos) t = unpermute_rope_rows(t, c.num_attention_heads);
-      if (info.name.find(".attn_k.") != std::string::npos) t = unpermute_rope_rows(t, c.num_key_value_heads);
-    }
-    // GemmaModel.modify_tensors stores (1 + w) norms as they are applied; transformers keeps w.
-    if (is_gemma(c.family) && hf.ends_with("norm.weight")) {
-      float* p = t.data<float>();
-      for (int64_t i = 0; i < t.numel(); ++i) p[i] -= 1.f;
-    }
-    out.emplace(hf, std::move(t));
+    t = undo_gguf_fix(std::move(t), hf->fix, c);
+    out.emplace(hf->name, std::move(t));
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include "engine/gguf.h"
 #include "engine/tensor.h"
 #include "models/config.h"
+#include "models/family.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -16,8 +17,8 @@ namespace loom {
 // True when `path` names a .gguf file (not a folder).
 bool is_gguf_path(const std::string& path);
 
-// config.json as transformers would write it for this GGUF's `general.architecture` (llama, qwen2,
-// qwen3, gemma, gemma2). Errors name the file and the metadata key: a missing required key, an
+// config.json as transformers would write it for this GGUF's `general.architecture` (the families
+// whose spec reads one). Errors name the file and the metadata key: a missing required key, an
 // architecture or RoPE scaling Loom does not implement, per-layer head counts.
 absl::StatusOr<nlohmann::json> gguf_hf_config(const GgufFile& file);
 
@@ -37,10 +38,13 @@ absl::StatusOr<GgufModel> load_gguf_model(const std::string& path);
 
 // GGUF tensor name -> Hugging Face name ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight");
 // "" when the name has no counterpart for this family.
-std::string gguf_to_hf_name(const std::string& gguf_name, ModelFamily family);
+std::string gguf_to_hf_name(const std::string& gguf_name, const FamilySpec& family);
 // Undoes convert_hf_to_gguf.py's LlamaModel.permute on rows: the file's rows, per head, are
 // (head_dim/2, 2) where Hugging Face's are (2, head_dim/2). `t` is [n_head * head_dim] or
 // [n_head * head_dim, in], f32, contiguous.
 Tensor unpermute_rope_rows(const Tensor& t, int64_t n_head);
+// What convert_hf_to_gguf.py did to a tensor (f32, contiguous, on the CPU), done or undone.
+Tensor do_gguf_fix(Tensor t, GgufFix fix, const ModelConfig& config);
+Tensor undo_gguf_fix(Tensor t, GgufFix fix, const ModelConfig& config);
 
 }  // namespace loom

@@ -17,6 +17,7 @@
 #include "engine/tensor_io.h"
 #include "models/finite_check.h"
 #include "models/gguf_model.h"
+#include "models/weight_map.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -304,10 +305,10 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
     if (l->quantized())
       return absl::FailedPreconditionError(absl::StrCat(l->name, " is 4-bit: merge_lora() dequantises before saving a ",
                                                         "full-precision model (loom merge does)"));
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [name, v] : model.named_weights()) tensors.emplace_back(name, v->value());
-  if (absl::Status s = check_finite_to_save(tensors, (tmp / "model.safetensors").string()); !s.ok()) return s;
-  if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), tensors, DType::bf16, {{"format", "pt"}}); !s.ok())
+  auto tensors = hf_state_dict(model);  // fused Hugging Face tensors concatenated back from Loom's parts
+  if (!tensors.ok()) return tensors.status();
+  if (absl::Status s = check_finite_to_save(*tensors, (tmp / "model.safetensors").string()); !s.ok()) return s;
+  if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), *tensors, DType::bf16, {{"format", "pt"}}); !s.ok())
     return s;
   nlohmann::json config;
   if (is_gguf_path(model.source_dir())) {  // a model loaded from a .gguf: its config rebuilt from the metadata

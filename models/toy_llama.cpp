@@ -26,7 +26,7 @@ ToyLlama::ToyLlama(const ToyLlamaConfig& config, Device device, DType compute_dt
   }
   final_norm_ = add_param({c.hidden_size}, true);
   lm_head_ = add_param({c.vocab_size, c.hidden_size}, false);
-  inv_freq_ = ops::rope_inv_freq(c.head_dim, c.rope_theta, RopeScaling{}, device_);
+  inv_freq_ = ops::rope_inv_freq(c.head_dim, c.rope_theta, device_);
 }
 
 size_t ToyLlama::add_param(const Shape& shape, bool is_norm) {

@@ -26,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::vector<FlagSpec> kFlags = {
-    {"gguf", false, "the .gguf file (llama, qwen2, qwen3, gemma, gemma2)", ""},
+    {"gguf", false, "the .gguf file of a family Loom reads from GGUF (README: model families)", ""},
     {"out", false, "output Hugging Face folder (config.json, model.safetensors, tokenizer files)", ""},
     {"dtype", false, "storage dtype of the written weights: bf16 or f32 (they are dequantised to f32 first)", "bf16"},
     {"overwrite", true, kOverwriteHelp, ""},

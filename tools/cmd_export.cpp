@@ -65,10 +65,8 @@ int run_export(const std::vector<std::string>& argv) {
     if (!lc.ok()) return fail(lc.status());
     merge_lora(**model);
   }
-  if ((*model)->config().sliding_window > 0 && (*model)->config().family == ModelFamily::kMistral)
-    std::fprintf(stderr, "loom export: warning: written as llama (as llama.cpp converts mistral), which attends to "
-                         "the whole context instead of the sliding window of %lld\n",
-                 static_cast<long long>((*model)->config().sliding_window));
+  if (const std::string warning = gguf_export_warning((*model)->config()); !warning.empty())
+    std::fprintf(stderr, "loom export: warning: %s\n", warning.c_str());
   GgufWriter w;
   if (absl::Status s = add_gguf_model(**model, type, provenance->name, w); !s.ok()) return fail(s);
   add_gguf_provenance(*provenance, w);

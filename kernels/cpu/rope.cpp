@@ -1,13 +1,12 @@
 // CPU reference for kernels/rope.h: the rotate-half rotation and its transpose, and the host-side
-// inv_freq table reproducing transformers' float32 arithmetic (default, linear, llama3).
+// default inv_freq table reproducing transformers' float32 arithmetic.
 #include "kernels/rope.h"
 
 #include <cmath>
-#include <numbers>
 
 namespace loom::cpu {
 
-std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& s) {
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta) {
   LOOM_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_inv_freq: head_dim must be even and positive, got ",
              head_dim);
   LOOM_CHECK(theta > 0, "rope_inv_freq: theta must be positive, got ", theta);
@@ -20,45 +19,6 @@ std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScali
   for (int64_t i = 0; i < half; ++i) {
     const float expo = static_cast<float>(2 * i) / static_cast<float>(head_dim);
     inv[i] = 1.0f / std::pow(base, expo);
-  }
-  switch (s.kind) {
-    case RopeScaling::Kind::kDefault:
-      break;
-    case RopeScaling::Kind::kLinear: {
-      LOOM_CHECK(s.factor > 0, "rope_inv_freq: linear factor must be positive, got ", s.factor);
-      const float f = static_cast<float>(s.factor);
-      for (auto& v : inv) v = v / f;
-      break;
-    }
-    case RopeScaling::Kind::kLlama3: {
-      LOOM_CHECK(s.factor > 0 && s.high_freq_factor != s.low_freq_factor && s.low_freq_factor > 0 &&
-                     s.high_freq_factor > 0 && s.original_max_position_embeddings > 0,
-                 "rope_inv_freq: bad llama3 scaling (factor ", s.factor, ", low_freq_factor ", s.low_freq_factor,
-                 ", high_freq_factor ", s.high_freq_factor, ", original_max_position_embeddings ",
-                 s.original_max_position_embeddings, ")");
-      // Python-side scalars are computed in double, then meet float32 tensors as float32. A python
-      // scalar divided by a tensor is Tensor.__rtruediv__ = reciprocal() * scalar: two roundings.
-      const double old_ctx = s.original_max_position_embeddings;
-      const float low_wavelen = static_cast<float>(old_ctx / s.low_freq_factor);
-      const float high_wavelen = static_cast<float>(old_ctx / s.high_freq_factor);
-      const float two_pi = static_cast<float>(2 * std::numbers::pi);
-      const float factor = static_cast<float>(s.factor);
-      const float old_ctx_f = static_cast<float>(old_ctx);
-      const float low = static_cast<float>(s.low_freq_factor);
-      const float span = static_cast<float>(s.high_freq_factor - s.low_freq_factor);
-      for (auto& v : inv) {
-        const float wavelen = (1.0f / v) * two_pi;                      // 2 * math.pi / inv_freq
-        const float llama = wavelen > low_wavelen ? v / factor : v;
-        const float ratio = (1.0f / wavelen) * old_ctx_f;               // old_context_len / wavelen
-        const float smooth = (ratio - low) / span;
-        const float a = (1.0f - smooth) * llama;
-        const float b = smooth * llama;
-        const float smoothed = a / factor + b;
-        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
-        v = medium ? smoothed : llama;
-      }
-      break;
-    }
   }
   return inv;
 }

@@ -108,7 +108,7 @@ TEST(GradCheck, RopeQk) {
   const int64_t b = 2, s = 3, d = 8;
   auto q = random_f64({b, s, 4, d}, 31), k = random_f64({b, s, 2, d}, 32), c = random_f64({b, s, 2, d}, 33);
   Tensor pos = Tensor::from_ints({0, 1, 2, 0, 1, 5}, {b * s});
-  Tensor inv = Tensor::from_floats(cpu::rope_inv_freq(d, 10000.0, RopeScaling{}), {d / 2});
+  Tensor inv = Tensor::from_floats(cpu::rope_inv_freq(d, 10000.0), {d / 2});
   gradcheck(
       [=](const V& v) {
         auto [qr, kr] = ag::rope_qk(v[0], v[1], pos, inv);
@@ -123,7 +123,7 @@ TEST(GradCheck, Rope) {
   const int64_t b = 2, s = 3, h = 2, d = 8;
   auto x = random_f64({b, s, h, d}, 16);
   Tensor pos = Tensor::from_ints({0, 1, 2, 0, 1, 5}, {b * s});
-  Tensor inv = Tensor::from_floats(cpu::rope_inv_freq(d, 10000.0, RopeScaling{}), {d / 2});
+  Tensor inv = Tensor::from_floats(cpu::rope_inv_freq(d, 10000.0), {d / 2});
   gradcheck([=](const V& v) { return ag::rope(v[0], pos, inv); }, {x});
 }
 

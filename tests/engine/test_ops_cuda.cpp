@@ -103,7 +103,7 @@ TEST(OpsCuda, NormRopeActivationsEmbedding) {
     ops::RmsNormOut r = ops::rms_norm(xd, wd, 1e-6f, false);
     Tensor dw = Tensor::zeros({16}, DType::f32, d);
     Tensor dx = ops::rms_norm_backward(xd, wd, r.rstd, dyd, &dw, true);
-    Tensor inv = ops::rope_inv_freq(16, 10000.0, RopeScaling{}, d);
+    Tensor inv = ops::rope_inv_freq(16, 10000.0, d);
     Tensor pd = pos.to(d);
     auto [dg, du] = ops::swiglu_backward(xd, dyd, xd);
     auto [eg, eu] = ops::geglu_backward(xd, dyd, xd);
@@ -156,7 +156,7 @@ TEST(OpsCuda, RopePairEqualsTwoRopes) {
   Tensor pos = Tensor::from_ints({0, 1, 2, 3, 4, 0, 1, 2, 0, 9}, {10});
   for (DType t : {DType::f32, DType::bf16}) {
     const Device d = Device::cuda(0);
-    Tensor inv = ops::rope_inv_freq(16, 10000.0, RopeScaling{}, d), pd = pos.to(d);
+    Tensor inv = ops::rope_inv_freq(16, 10000.0, d), pd = pos.to(d);
     Tensor qd = q.to(d, t), kd = k.to(d, t);
     for (bool backward : {false, true}) {
       auto [a, b] = ops::rope_pair(qd, kd, pd, inv, backward);

@@ -1,5 +1,6 @@
 // CPU RoPE against a naive f64 rotation, the backward as the exact transpose (adjoint identity),
-// in-place use, and rope_inv_freq (default, linear, llama3) against independent f64 formulas.
+// in-place use, and the default rope_inv_freq against an independent f64 formula (the scaled
+// tables: tests/models/test_rope_scaling.cpp).
 #include <cmath>
 #include <numbers>
 
@@ -49,7 +50,7 @@ TYPED_TEST(RopeCpu, ForwardAndBackwardMatchNaive) {
     auto x = random_vec<T>(tokens * heads * d, 41 + d), dy = random_vec<T>(tokens * heads * d, 42 + d);
     auto pos = random_positions(tokens, 43 + d, 131072);
     pos[0] = 0;  // the identity rotation is covered too
-    auto inv = cpu::rope_inv_freq(d, 500000.0, {});
+    auto inv = cpu::rope_inv_freq(d, 500000.0);
     std::vector<T> y(x.size()), dx(x.size());
     cpu::rope_forward(x.data(), y.data(), pos.data(), inv.data(), tokens, heads, d);
     cpu::rope_backward(dy.data(), dx.data(), pos.data(), inv.data(), tokens, heads, d);
@@ -65,7 +66,7 @@ TYPED_TEST(RopeCpu, InPlaceEqualsOutOfPlace) {
   const int64_t tokens = 6, heads = 3, d = 16;
   auto x = random_vec<T>(tokens * heads * d, 51);
   auto pos = random_positions(tokens, 52, 4096);
-  auto inv = cpu::rope_inv_freq(d, 10000.0, {});
+  auto inv = cpu::rope_inv_freq(d, 10000.0);
   std::vector<T> y(x.size()), z = x;
   cpu::rope_forward(x.data(), y.data(), pos.data(), inv.data(), tokens, heads, d);
   cpu::rope_forward(z.data(), z.data(), pos.data(), inv.data(), tokens, heads, d);
@@ -81,7 +82,7 @@ TEST(RopeCpuF64, BackwardIsTransposeOfForward) {
   const int64_t tokens = 9, heads = 2, d = 32;
   auto x = random_vec<double>(tokens * heads * d, 61), g = random_vec<double>(tokens * heads * d, 62);
   auto pos = random_positions(tokens, 63, 100000);
-  auto inv = cpu::rope_inv_freq(d, 1e6, {});
+  auto inv = cpu::rope_inv_freq(d, 1e6);
   std::vector<double> rx(x.size()), rtg(x.size());
   cpu::rope_forward(x.data(), rx.data(), pos.data(), inv.data(), tokens, heads, d);
   cpu::rope_backward(g.data(), rtg.data(), pos.data(), inv.data(), tokens, heads, d);
@@ -97,65 +98,20 @@ TEST(RopeCpuChecks, RejectsOddHeadDim) {
   std::vector<float> x(3), inv(1);
   std::vector<int32_t> pos(1);
   EXPECT_THROW(cpu::rope_forward(x.data(), x.data(), pos.data(), inv.data(), 1, 1, 3), Error);
-  EXPECT_THROW(cpu::rope_inv_freq(3, 10000.0, {}), Error);
+  EXPECT_THROW(cpu::rope_inv_freq(3, 10000.0), Error);
 }
 
-// Default and linear inv_freq against theta^(-2i/d) in f64: f32 pow and reciprocal, a few ulp.
-TEST(RopeInvFreq, DefaultAndLinearMatchF64) {
+// The default inv_freq against theta^(-2i/d) in f64: f32 pow and reciprocal, a few ulp.
+TEST(RopeInvFreq, DefaultMatchesF64) {
   for (auto [d, theta] : {std::pair<int64_t, double>{64, 10000.0}, {128, 500000.0}, {128, 1e6}, {256, 10000.0}}) {
-    auto inv = cpu::rope_inv_freq(d, theta, {});
-    RopeScaling lin;
-    lin.kind = RopeScaling::Kind::kLinear;
-    lin.factor = 4;
-    auto inv_lin = cpu::rope_inv_freq(d, theta, lin);
+    auto inv = cpu::rope_inv_freq(d, theta);
     ASSERT_EQ(int64_t(inv.size()), d / 2);
     EXPECT_EQ(inv[0], 1.0f);
     for (int64_t i = 0; i < d / 2; ++i) {
       const double ref = std::pow(theta, -double(2 * i) / double(d));
       EXPECT_NEAR(inv[i], ref, 4e-7 * ref) << "d=" << d << " i=" << i;
-      EXPECT_EQ(inv_lin[i], inv[i] / 4.0f);
     }
   }
-}
-
-// Llama 3.1 scaling against an independent f64 evaluation of transformers'
-// _compute_llama3_parameters; all three regimes (high, medium, low frequency) must occur.
-TEST(RopeInvFreq, Llama3MatchesF64Formula) {
-  RopeScaling s;
-  s.kind = RopeScaling::Kind::kLlama3;
-  s.factor = 8;
-  s.low_freq_factor = 1;
-  s.high_freq_factor = 4;
-  s.original_max_position_embeddings = 8192;
-  const int64_t d = 128;
-  const double theta = 500000.0;
-  auto inv = cpu::rope_inv_freq(d, theta, s);
-  ASSERT_EQ(int64_t(inv.size()), d / 2);
-  int high = 0, medium = 0, low = 0;
-  for (int64_t i = 0; i < d / 2; ++i) {
-    const double f = std::pow(theta, -double(2 * i) / double(d));
-    const double wavelen = 2 * std::numbers::pi / f;
-    const double low_wl = s.original_max_position_embeddings / s.low_freq_factor;
-    const double high_wl = s.original_max_position_embeddings / s.high_freq_factor;
-    double ref;
-    if (wavelen < high_wl) {
-      ref = f;
-      ++high;
-    } else if (wavelen > low_wl) {
-      ref = f / s.factor;
-      ++low;
-    } else {
-      const double sm = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
-                        (s.high_freq_factor - s.low_freq_factor);
-      ref = (1 - sm) * f / s.factor + sm * f;
-      ++medium;
-    }
-    // f32 arithmetic over ~8 operations: a few ulp (2^-24 each).
-    EXPECT_NEAR(inv[i], ref, 2e-6 * ref) << "i=" << i;
-  }
-  EXPECT_GT(high, 0);
-  EXPECT_GT(medium, 0);
-  EXPECT_GT(low, 0);
 }
 
 }  // namespace

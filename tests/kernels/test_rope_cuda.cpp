@@ -27,10 +27,7 @@ TYPED_TEST(RopeCuda, ForwardBackwardInPlaceMatchCpu) {
     auto x = random_vec<T>(tokens * heads * d, 121 + d + tokens), g = random_vec<T>(tokens * heads * d, 122 + d);
     auto pos = random_positions(tokens, 123 + tokens);
     pos[0] = 0;
-    RopeScaling sc;
-    sc.kind = RopeScaling::Kind::kLlama3;
-    sc.factor = 8;
-    auto inv = cpu::rope_inv_freq(d, 500000.0, sc);
+    auto inv = cpu::rope_inv_freq(d, 500000.0);
     std::vector<T> ref_y(x.size()), ref_dx(x.size());
     cpu::rope_forward(x.data(), ref_y.data(), pos.data(), inv.data(), tokens, heads, d);
     cpu::rope_backward(g.data(), ref_dx.data(), pos.data(), inv.data(), tokens, heads, d);

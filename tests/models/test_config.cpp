@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/family.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {
@@ -119,7 +120,7 @@ std::vector<bool> alternating(int n, bool first) {
 // ---- each family --------------------------------------------------------------------------------
 
 void expect_llama31(const ModelConfig& c) {
-  EXPECT_EQ(c.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.family->name, "llama");
   EXPECT_EQ(c.model_type, "llama");
   EXPECT_EQ(c.vocab_size, 128256);
   EXPECT_EQ(c.hidden_size, 4096);
@@ -132,12 +133,12 @@ void expect_llama31(const ModelConfig& c) {
   EXPECT_EQ(c.kv_dim(), 1024);
   EXPECT_EQ(c.max_position_embeddings, 131072);
   EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
-  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kLlama3);
-  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
-  EXPECT_DOUBLE_EQ(c.rope_scaling.low_freq_factor, 1.0);
-  EXPECT_DOUBLE_EQ(c.rope_scaling.high_freq_factor, 4.0);
-  EXPECT_DOUBLE_EQ(c.rope_scaling.original_max_position_embeddings, 8192.0);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 500000.0);
+  EXPECT_EQ(c.rope.scaling.kind, RopeScaling::Kind::kLlama3);
+  EXPECT_DOUBLE_EQ(c.rope.scaling.factor, 8.0);
+  EXPECT_DOUBLE_EQ(c.rope.scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c.rope.scaling.high_freq_factor, 4.0);
+  EXPECT_DOUBLE_EQ(c.rope.scaling.original_max_position_embeddings, 8192.0);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias);
   EXPECT_FALSE(c.o_proj_bias);
@@ -161,9 +162,9 @@ TEST(ModelConfig, Llama31TransformersV5RopeParameters) { expect_llama31(parse_ok
 TEST(ModelConfig, RopeParametersWinOverTopLevelRopeTheta) {
   json j = json::parse(kLlama31v5);
   j["rope_theta"] = 10000.0;  // a stale 4.x key beside the 5.x dict
-  EXPECT_DOUBLE_EQ(parse_ok(j).rope_theta, 500000.0);
+  EXPECT_DOUBLE_EQ(parse_ok(j).rope.theta, 500000.0);
   j["rope_parameters"].erase("rope_theta");  // the dict without a theta: fall back on the top-level key
-  EXPECT_DOUBLE_EQ(parse_ok(j).rope_theta, 10000.0);
+  EXPECT_DOUBLE_EQ(parse_ok(j).rope.theta, 10000.0);
 }
 
 TEST(ModelConfig, LlamaDefaultsMatchTransformers) {
@@ -172,8 +173,8 @@ TEST(ModelConfig, LlamaDefaultsMatchTransformers) {
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(c.max_position_embeddings, 2048);
   EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
-  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kDefault);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 10000.0);
+  EXPECT_EQ(c.rope.scaling.kind, RopeScaling::Kind::kDefault);
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_EQ(c.hidden_act, "silu");
   EXPECT_EQ(c.bos_token_id, 1);
@@ -207,23 +208,23 @@ TEST(ModelConfig, LinearRopeWithLegacyTypeKey) {
   json j = minimal("llama");
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   const ModelConfig c = parse_ok(j);
-  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::kLinear);
-  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 2.0);
+  EXPECT_EQ(c.rope.scaling.kind, RopeScaling::Kind::kLinear);
+  EXPECT_DOUBLE_EQ(c.rope.scaling.factor, 2.0);
   j["rope_scaling"] = {{"rope_type", "default"}};
-  EXPECT_EQ(parse_ok(j).rope_scaling.kind, RopeScaling::Kind::kDefault);
+  EXPECT_EQ(parse_ok(j).rope.scaling.kind, RopeScaling::Kind::kDefault);
   j["rope_scaling"] = nullptr;
-  EXPECT_EQ(parse_ok(j).rope_scaling.kind, RopeScaling::Kind::kDefault);
+  EXPECT_EQ(parse_ok(j).rope.scaling.kind, RopeScaling::Kind::kDefault);
   j.erase("rope_scaling");
   j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"rope_theta", 1e6}};
   const ModelConfig c5 = parse_ok(j);
-  EXPECT_EQ(c5.rope_scaling.kind, RopeScaling::Kind::kLinear);
-  EXPECT_DOUBLE_EQ(c5.rope_scaling.factor, 4.0);
-  EXPECT_DOUBLE_EQ(c5.rope_theta, 1e6);
+  EXPECT_EQ(c5.rope.scaling.kind, RopeScaling::Kind::kLinear);
+  EXPECT_DOUBLE_EQ(c5.rope.scaling.factor, 4.0);
+  EXPECT_DOUBLE_EQ(c5.rope.theta, 1e6);
 }
 
 TEST(ModelConfig, MistralSlidingWindow) {
   const ModelConfig c = parse_ok(json::parse(kMistral));
-  EXPECT_EQ(c.family, ModelFamily::kMistral);
+  EXPECT_EQ(c.family->name, "mistral");
   EXPECT_EQ(c.sliding_window, 4096);
   EXPECT_EQ(c.layer_is_sliding, std::vector<bool>(32, true));
   EXPECT_EQ(c.max_position_embeddings, 32768);
@@ -243,7 +244,7 @@ TEST(ModelConfig, MistralSlidingWindow) {
 
 TEST(ModelConfig, Qwen25HasQkvBiasAndIgnoresDisabledSlidingWindow) {
   const ModelConfig c = parse_ok(json::parse(kQwen25));
-  EXPECT_EQ(c.family, ModelFamily::kQwen2);
+  EXPECT_EQ(c.family->name, "qwen2");
   EXPECT_TRUE(c.attention_bias);
   EXPECT_FALSE(c.o_proj_bias);
   EXPECT_FALSE(c.mlp_bias);
@@ -251,7 +252,7 @@ TEST(ModelConfig, Qwen25HasQkvBiasAndIgnoresDisabledSlidingWindow) {
   EXPECT_EQ(c.layer_is_sliding, std::vector<bool>(28, false));
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_EQ(c.num_key_value_heads, 4);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
   EXPECT_EQ(c.bos_token_id, 151643);
   EXPECT_EQ(c.eos_token_id, 151645);
   EXPECT_FALSE(c.tie_word_embeddings);
@@ -262,7 +263,7 @@ TEST(ModelConfig, Qwen25HasQkvBiasAndIgnoresDisabledSlidingWindow) {
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
   j["layer_types"] = std::vector<std::string>(28, "full_attention");
   const ModelConfig c5 = parse_ok(j);
-  EXPECT_DOUBLE_EQ(c5.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c5.rope.theta, 1e6);
   EXPECT_EQ(c5.layer_is_sliding, std::vector<bool>(28, false));
 
   const ModelConfig d = parse_ok(minimal("qwen2"));
@@ -273,7 +274,7 @@ TEST(ModelConfig, Qwen25HasQkvBiasAndIgnoresDisabledSlidingWindow) {
 
 TEST(ModelConfig, Qwen3ExplicitAndDefaultHeadDim) {
   const ModelConfig c = parse_ok(json::parse(kQwen3));
-  EXPECT_EQ(c.family, ModelFamily::kQwen3);
+  EXPECT_EQ(c.family->name, "qwen3");
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_EQ(c.q_dim(), 4096);
   EXPECT_EQ(c.kv_dim(), 1024);
@@ -292,7 +293,7 @@ TEST(ModelConfig, Qwen3ExplicitAndDefaultHeadDim) {
 
 TEST(ModelConfig, GemmaLegacyGeluIsTheTanhApproximation) {
   const ModelConfig c = parse_ok(json::parse(kGemma7b));
-  EXPECT_EQ(c.family, ModelFamily::kGemma);
+  EXPECT_EQ(c.family->name, "gemma");
   EXPECT_EQ(c.hidden_act, "gelu_pytorch_tanh");
   EXPECT_EQ(c.head_dim, 256);
   EXPECT_EQ(c.q_dim(), 4096);
@@ -319,7 +320,7 @@ TEST(ModelConfig, GemmaLegacyGeluIsTheTanhApproximation) {
 
 TEST(ModelConfig, Gemma2DefaultAlternationSoftcapsAndScale) {
   const ModelConfig c = parse_ok(json::parse(kGemma2));
-  EXPECT_EQ(c.family, ModelFamily::kGemma2);
+  EXPECT_EQ(c.family->name, "gemma2");
   EXPECT_EQ(c.hidden_act, "gelu_pytorch_tanh");
   EXPECT_EQ(c.sliding_window, 4096);
   EXPECT_EQ(c.layer_is_sliding, alternating(46, /*first=*/true));  // even layers slide
@@ -379,7 +380,9 @@ TEST(ModelConfigErrors, UnknownModelTypeListsTheSupportedOnes) {
   auto f = family_from_model_type("gpt2");
   ASSERT_FALSE(f.ok());
   EXPECT_NE(f.status().message().find("llama, mistral, qwen2, qwen3, gemma, gemma2"), std::string::npos);
-  EXPECT_EQ(*family_from_model_type("qwen3"), ModelFamily::kQwen3);
+  EXPECT_EQ((*family_from_model_type("qwen3"))->name, "qwen3");
+  EXPECT_EQ(family_from_architecture("Gemma2ForCausalLM")->name, "gemma2");
+  EXPECT_EQ(family_from_architecture("Phi3ForCausalLM"), nullptr);
 }
 
 TEST(ModelConfigErrors, MissingRequiredFields) {

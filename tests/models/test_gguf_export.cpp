@@ -15,12 +15,17 @@
 #include "engine/tensor_io.h"
 #include "kernels/common.h"
 #include "tests/models/fixtures.h"
+#include "models/family.h"
 #include "models/gguf_model.h"
 #include "models/lora.h"
 #include "tests/temp_dir.h"
 
 namespace loom {
 namespace {
+
+// The registered family of a model_type (the test names only supported ones).
+const FamilySpec& family(const std::string& model_type) { return **family_from_model_type(model_type); }
+
 
 struct Source {
   std::string model, adapter;  // adapter "" for none
@@ -115,12 +120,12 @@ TEST(GgufExport, ReadBackGivesTheSourceLogitsWithTheSameRounding) {
 }
 
 TEST(GgufExport, NamesAndPermutationInvertTheReader) {
-  for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3})
+  for (const FamilySpec* f : {&family("llama"), &family("qwen2"), &family("qwen3")})
     for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight", "blk.0.attn_q.weight",
                           "blk.12.attn_k.bias", "blk.3.ffn_down.weight", "blk.1.ffn_norm.weight"})
-      EXPECT_EQ(hf_to_gguf_name(gguf_to_hf_name(g, f), f), g);
-  EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", ModelFamily::kQwen3), "blk.2.attn_q_norm.weight");
-  EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", ModelFamily::kLlama), "");
+      EXPECT_EQ(hf_to_gguf_name(gguf_to_hf_name(g, *f), *f), g);
+  EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", family("qwen3")), "blk.2.attn_q_norm.weight");
+  EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", family("llama")), "");
   std::vector<float> v(4 * 8 * 3);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
   const Tensor t = Tensor::from_floats(v, {32, 3});

@@ -2,6 +2,7 @@
 // to the Hugging Face tensors tools/make_gguf_fixtures.py started from (the q/k permutation undone,
 // checked against gguf-py's dequantisation and convert_hf_to_gguf.py's permute); CausalLM loads a
 // .gguf directly and gives the same logits as the same weights loaded from a safetensors folder.
+#include "models/family.h"
 #include "models/gguf_model.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,10 @@
 
 namespace loom {
 namespace {
+
+// The registered family of a model_type (the test names only supported ones).
+const FamilySpec& family(const std::string& model_type) { return **family_from_model_type(model_type); }
+
 
 const std::string kDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/";
 
@@ -58,7 +63,7 @@ TEST(GgufModel, LlamaConfigFromMetadata) {
   ASSERT_TRUE(j.ok()) << j.status();
   auto c = ModelConfig::from_json_text(j->dump(), "x");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->family, ModelFamily::kLlama);
+  EXPECT_EQ(c->family->name, "llama");
   EXPECT_EQ(c->vocab_size, 66);
   EXPECT_EQ(c->hidden_size, 32);
   EXPECT_EQ(c->intermediate_size, 256);
@@ -68,9 +73,9 @@ TEST(GgufModel, LlamaConfigFromMetadata) {
   EXPECT_EQ(c->head_dim, 8);
   EXPECT_EQ(c->max_position_embeddings, 128);
   EXPECT_EQ(c->rms_norm_eps, 1e-5);  // the f32 in the file printed as the shortest decimal
-  EXPECT_EQ(c->rope_theta, 50000.0);
-  EXPECT_EQ(c->rope_scaling.kind, RopeScaling::Kind::kLinear);
-  EXPECT_EQ(c->rope_scaling.factor, 2.0);
+  EXPECT_EQ(c->rope.theta, 50000.0);
+  EXPECT_EQ(c->rope.scaling.kind, RopeScaling::Kind::kLinear);
+  EXPECT_EQ(c->rope.scaling.factor, 2.0);
   EXPECT_TRUE(c->tie_word_embeddings);
   EXPECT_FALSE(c->attention_bias);
   EXPECT_EQ(c->bos_token_id, 1);
@@ -89,28 +94,28 @@ TEST(GgufModel, LlamaTensorsEqualTheHuggingFaceOnes) {
 TEST(GgufModel, Qwen2BiasesUntiedAndNotPermuted) {
   auto m = load_gguf_model(kDir + "tiny_qwen2.gguf");
   ASSERT_TRUE(m.ok()) << m.status();
-  EXPECT_EQ(m->config.family, ModelFamily::kQwen2);
+  EXPECT_EQ(m->config.family->name, "qwen2");
   EXPECT_FALSE(m->config.tie_word_embeddings);
   EXPECT_TRUE(m->config.attention_bias);
-  EXPECT_EQ(m->config.rope_theta, 1e6);
+  EXPECT_EQ(m->config.rope.theta, 1e6);
   EXPECT_EQ(m->config.rms_norm_eps, 1e-6);
   EXPECT_TRUE(m->tensors.count("lm_head.weight"));
   expect_matches_expected(m->tensors, kDir + "tiny_qwen2.expected.safetensors");
 }
 
 TEST(GgufModel, TensorNames) {
-  EXPECT_EQ(gguf_to_hf_name("blk.12.attn_q.weight", ModelFamily::kLlama), "model.layers.12.self_attn.q_proj.weight");
-  EXPECT_EQ(gguf_to_hf_name("blk.0.attn_k.bias", ModelFamily::kQwen2), "model.layers.0.self_attn.k_proj.bias");
-  EXPECT_EQ(gguf_to_hf_name("blk.1.ffn_norm.weight", ModelFamily::kLlama), "model.layers.1.post_attention_layernorm.weight");
-  EXPECT_EQ(gguf_to_hf_name("blk.1.ffn_norm.weight", ModelFamily::kGemma2), "model.layers.1.pre_feedforward_layernorm.weight");
-  EXPECT_EQ(gguf_to_hf_name("blk.1.post_ffw_norm.weight", ModelFamily::kGemma2),
+  EXPECT_EQ(gguf_to_hf_name("blk.12.attn_q.weight", family("llama")), "model.layers.12.self_attn.q_proj.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.0.attn_k.bias", family("qwen2")), "model.layers.0.self_attn.k_proj.bias");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.ffn_norm.weight", family("llama")), "model.layers.1.post_attention_layernorm.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.ffn_norm.weight", family("gemma2")), "model.layers.1.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.post_ffw_norm.weight", family("gemma2")),
             "model.layers.1.post_feedforward_layernorm.weight");
-  EXPECT_EQ(gguf_to_hf_name("blk.1.post_ffw_norm.weight", ModelFamily::kLlama), "");
-  EXPECT_EQ(gguf_to_hf_name("blk.2.attn_q_norm.weight", ModelFamily::kQwen3), "model.layers.2.self_attn.q_norm.weight");
-  EXPECT_EQ(gguf_to_hf_name("output.weight", ModelFamily::kLlama), "lm_head.weight");
-  EXPECT_EQ(gguf_to_hf_name("token_embd.weight", ModelFamily::kGemma), "model.embed_tokens.weight");
-  EXPECT_EQ(gguf_to_hf_name("blk.x.attn_q.weight", ModelFamily::kLlama), "");
-  EXPECT_EQ(gguf_to_hf_name("rope_freqs.weight", ModelFamily::kLlama), "");
+  EXPECT_EQ(gguf_to_hf_name("blk.1.post_ffw_norm.weight", family("llama")), "");
+  EXPECT_EQ(gguf_to_hf_name("blk.2.attn_q_norm.weight", family("qwen3")), "model.layers.2.self_attn.q_norm.weight");
+  EXPECT_EQ(gguf_to_hf_name("output.weight", family("llama")), "lm_head.weight");
+  EXPECT_EQ(gguf_to_hf_name("token_embd.weight", family("gemma")), "model.embed_tokens.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.x.attn_q.weight", family("llama")), "");
+  EXPECT_EQ(gguf_to_hf_name("rope_freqs.weight", family("llama")), "");
 }
 
 TEST(GgufModel, UnpermuteRows) {

@@ -1,9 +1,7 @@
-// The Llama decoder layer, shared by Mistral, Qwen2 (biased q/k/v) and Qwen3 (q/k norms):
-//   x = x + o_proj(attention(rope(q_proj(norm(x))), rope(k_proj(...)), v_proj(...)))
-//   x = x + down_proj(silu(gate_proj(norm(x))) * up_proj(norm(x)))
-#include <tuple>
+// The shared decoder-layer builders of models/block.h.
+#include "models/block.h"
 
-#include "models/family.h"
+#include <tuple>
 
 namespace loom::detail {
 
@@ -38,11 +36,20 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
   return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));
 }
 
-ag::Variable llama_layer(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
+ag::Variable prenorm_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
   // The attention's residual add and the MLP's norm in one pass (forward and backward).
   auto [h, normed] =
       L.post_attention_layernorm.forward_residual(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
   return ag::add(h, L.mlp.forward(normed));
+}
+
+ag::Variable sandwich_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
+  LOOM_CHECK(L.pre_feedforward_layernorm && L.post_feedforward_layernorm,
+             "sandwich_block: the family's weight map lists no pre/post_feedforward_layernorm");
+  ag::Variable a = self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window);
+  ag::Variable h = ag::add(x, L.post_attention_layernorm.forward(a));
+  ag::Variable m = L.mlp.forward(L.pre_feedforward_layernorm->forward(h));
+  return ag::add(h, L.post_feedforward_layernorm->forward(m));
 }
 
 }  // namespace loom::detail

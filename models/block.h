@@ -1,0 +1,35 @@
+// Internal to models/: what one decoder layer needs at run time, and the shared builders a family's
+// block forward is made of (as llama.cpp's src/models/<arch>.cpp wire build_norm / build_attn /
+// build_ffn): self-attention with RoPE, and the two block shapes the supported families use.
+#pragma once
+#include "models/config.h"
+#include "models/layers.h"
+
+namespace loom::detail {
+
+struct LayerContext {
+  const ModelConfig* config = nullptr;
+  int64_t batch = 0, seq = 0;
+  Tensor positions;  // i32 [batch*seq]
+  Tensor inv_freq;   // f32 [head_dim/2]: the RoPE table of this layer's type (full or sliding)
+  Tensor segment_ids;
+  // Generation: this layer's KV cache [1, capacity, kv_heads, head_dim] and where the new tokens go.
+  Tensor* k_cache = nullptr;
+  Tensor* v_cache = nullptr;
+  int64_t cache_start = 0;
+};
+
+// Grouped-query self-attention with RoPE, and whatever optional parts the layer has: q/k norms
+// (present when the family's weight map lists them), the config's soft-cap and query scale, the
+// layer's sliding window. h [batch, seq, hidden] -> [batch, seq, hidden].
+ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window);
+
+// The pre-norm block (Llama, and every family built on it):
+//   x = x + attention(input_layernorm(x));  x = x + mlp(post_attention_layernorm(x))
+ag::Variable prenorm_block(const DecoderLayer& layer, const ag::Variable& x, const LayerContext& ctx);
+// The "sandwich" block (Gemma 2): attention and MLP each between two norms:
+//   x = x + post_attention_layernorm(attention(input_layernorm(x)))
+//   x = x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
+ag::Variable sandwich_block(const DecoderLayer& layer, const ag::Variable& x, const LayerContext& ctx);
+
+}  // namespace loom::detail

@@ -1,0 +1,22 @@
+// Internal to models/: the family specs, one per file in this folder, and what their files share.
+// models/families/registry.cpp lists them; nothing else names a family.
+#pragma once
+#include "engine/gguf.h"
+#include "engine/gguf_writer.h"
+#include "models/block.h"
+#include "models/config_fields.h"
+#include "models/family.h"
+
+namespace loom::families {
+
+const FamilySpec& llama();    // llama.cpp
+const FamilySpec& mistral();  // mistral.cpp: Llama with a sliding window
+const FamilySpec& qwen2();    // qwen2.cpp
+const FamilySpec& qwen3();    // qwen3.cpp: Qwen2 with q/k norms
+const FamilySpec& gemma();    // gemma.cpp
+const FamilySpec& gemma2();   // gemma2.cpp: Gemma with sandwich norms, soft-caps and windows
+
+// The model-level weights every family has: embeddings, the final norm (its GGUF fix given) and lm_head.
+std::vector<WeightRule> standard_top_weights(GgufFix norm_fix);
+
+}  // namespace loom::families

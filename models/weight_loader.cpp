@@ -1,0 +1,89 @@
+// WeightLoader (models/weight_loader.h).
+#include "models/weight_loader.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace loom::detail {
+
+absl::StatusOr<Tensor> WeightLoader::load_part(const HfSource& src, const Shape& shape) {
+  if (fused_name_ != src.name) {
+    Shape whole = shape;
+    whole[0] = src.total_rows;
+    auto t = ck_->load(src.name, dtype_, device_, whole);
+    if (!t.ok()) return t.status();
+    fused_ = *std::move(t);
+    fused_name_ = src.name;
+  }
+  return fused_.narrow(0, src.row0, src.rows).contiguous().clone();
+}
+
+absl::StatusOr<ag::Variable> WeightLoader::get(const std::string& name, const Shape& shape, float init_fill) {
+  if (!ck_) {
+    Tensor t = Tensor::empty(shape, DType::f32, device_);
+    if (std::isnan(init_fill)) ops::normal_(t, seed_, static_cast<uint64_t>(consumed_.size()) << 36, 0.f, 0.02f);
+    else ops::fill_(t, init_fill);
+    consumed_.insert(name);
+    return ag::Variable(t.to(dtype_), false);
+  }
+  auto src = hf_source(family_, config_, name);
+  if (!src.ok()) return src.status();
+  auto t = src->part() ? load_part(*src, shape) : ck_->load(src->name, dtype_, device_, shape);
+  if (!t.ok()) return t.status();
+  if (!is_float(t->dtype()))  // an integer "weight" would only fail later, deep in a kernel
+    return absl::InvalidArgumentError(absl::StrCat(ck_->file_of(src->name), ": tensor '", src->name, "' is ",
+                                                   std::string(loom::name(t->dtype())), "; a weight must be a float ",
+                                                   "tensor (f32, bf16, f16 or f64)"));
+  consumed_.insert(src->name);
+  return ag::Variable(*std::move(t), false);
+}
+
+absl::Status WeightLoader::linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias) {
+  l.name = name;
+  const std::string wname = name + ".weight";
+  auto src = ck_ ? hf_source(family_, config_, wname) : absl::StatusOr<HfSource>(HfSource{wname});
+  if (!src.ok()) return src.status();
+  if (ck_ && is_nf4(*ck_, src->name)) {  // stored in 4 bits by transformers + bitsandbytes: kept so
+    if (src->part())
+      return absl::UnimplementedError(absl::StrCat(ck_->file_of(src->name), ": '", src->name, "' is a fused 4-bit ",
+                                                   "weight; Loom splits fused weights only from 16/32-bit checkpoints"));
+    auto q = load_nf4(*ck_, src->name, {out, in}, device_);
+    if (!q.ok()) return q.status();
+    for (const auto& [n, t] : nf4_state_tensors(src->name, *q)) consumed_.insert(n);
+    l.nf4 = std::make_shared<const Nf4Weight>(*std::move(q));
+  } else {
+    auto w = get(wname, {out, in});
+    if (!w.ok()) return w.status();
+    if (quantize_4bit_ && bnb_quantizes(src->name, bnb_ ? &*bnb_ : nullptr)) {
+      // QLoRA from a full-precision checkpoint: only this one weight is ever dense on the device.
+      l.nf4 = std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w->value()));
+    } else {
+      l.weight = *std::move(w);
+    }
+  }
+  if (bias) {
+    auto b = get(name + ".bias", {out}, 0.f);
+    if (!b.ok()) return b.status();
+    l.bias = *std::move(b);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WeightLoader::norm(RmsNorm& n, const std::string& name, int64_t dim) {
+  n.name = name;
+  n.eps = static_cast<float>(config_.rms_norm_eps);
+  n.add_one = family_.norm_adds_one;
+  auto w = get(name + ".weight", {dim}, n.add_one ? 0.f : 1.f);
+  if (!w.ok()) return w.status();
+  n.weight = *std::move(w);
+  return absl::OkStatus();
+}
+
+absl::Status WeightLoader::check_unexpected() const {
+  if (!ck_) return absl::OkStatus();
+  std::set<std::string> consumed = consumed_;
+  for (const auto& n : ck_->names())  // buffers some older exports carry; transformers ignores them too
+    if (n.size() > 20 && n.ends_with("rotary_emb.inv_freq")) consumed.insert(n);
+  return ck_->check_unexpected(consumed);
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,54 @@
+// Internal to models/: loads a CausalLM's modules by Loom's names through the family's weight map
+// (a Hugging Face tensor as it is, or rows of a fused one), with shape checks, bitsandbytes 4-bit
+// weights kept 4-bit, QLoRA quantisation as weights load, and a record of every tensor consumed.
+// Without a checkpoint it initialises instead: N(0, 0.02) matrices, zero biases, unit norms ((1 + w) norms: 0).
+#pragma once
+#include <cmath>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "models/bnb_checkpoint.h"
+#include "models/checkpoint.h"
+#include "models/family.h"
+#include "models/layers.h"
+#include "models/weight_map.h"
+
+namespace loom::detail {
+
+class WeightLoader {
+ public:
+  WeightLoader(const ModelConfig& config, const Checkpoint* ck, DType dtype, Device device, uint64_t seed,
+               bool quantize_4bit, std::optional<BnbQuantConfig> bnb)
+      : config_(config), family_(*config.family), ck_(ck), dtype_(dtype), device_(device), seed_(seed),
+        quantize_4bit_(quantize_4bit), bnb_(std::move(bnb)) {}
+
+  // Loom's tensor `name` ("model.embed_tokens.weight") of `shape`; init_fill: the value without a
+  // checkpoint (NaN: random normal).
+  absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape, float init_fill = NAN);
+  // Loom's module `name` ("model.layers.0.self_attn.q_proj"), [out, in] (+ bias [out]).
+  absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias);
+  absl::Status norm(RmsNorm& n, const std::string& name, int64_t dim);
+  // Marks a checkpoint tensor the model does not need as read (lm_head's copy in a tied model).
+  void mark_consumed(const std::string& hf_name) { consumed_.insert(hf_name); }
+  // InvalidArgument naming the checkpoint tensors nothing consumed.
+  absl::Status check_unexpected() const;
+
+ private:
+  absl::StatusOr<Tensor> load_part(const HfSource& src, const Shape& shape);
+
+  const ModelConfig& config_;
+  const FamilySpec& family_;
+  const Checkpoint* ck_;
+  DType dtype_;
+  Device device_;
+  uint64_t seed_;
+  bool quantize_4bit_;
+  std::optional<BnbQuantConfig> bnb_;
+  std::set<std::string> consumed_;
+  // The last fused Hugging Face tensor read, whose parts are usually asked for one after another.
+  std::string fused_name_;
+  Tensor fused_;
+};
+
+}  // namespace loom::detail

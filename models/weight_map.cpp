@@ -1,0 +1,117 @@
+// Names through a family's weight map (models/weight_map.h).
+#include "models/weight_map.h"
+
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "models/causal_lm.h"
+
+namespace loom {
+namespace {
+
+constexpr std::string_view kHfLayers = "model.layers.";
+constexpr std::string_view kGgufLayers = "blk.";
+
+// "model.layers.3.self_attn.q_proj.weight" -> {layer 3, "self_attn.q_proj", ".weight"}; layer -1 for a
+// model-level name. False when the name is not <module>.weight / <module>.bias (with a valid layer).
+struct Parsed {
+  int layer = -1;
+  std::string module, suffix;
+};
+bool parse_name(const std::string& name, std::string_view layers_prefix, Parsed* out) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  out->suffix = name.substr(dot);
+  if (out->suffix != ".weight" && out->suffix != ".bias") return false;
+  std::string stem = name.substr(0, dot);
+  out->layer = -1;
+  if (stem.starts_with(layers_prefix)) {
+    const std::string rest = stem.substr(layers_prefix.size());
+    const size_t d = rest.find('.');
+    if (d == std::string::npos || !absl::SimpleAtoi(rest.substr(0, d), &out->layer) || out->layer < 0) return false;
+    stem = rest.substr(d + 1);
+  }
+  out->module = std::move(stem);
+  return true;
+}
+
+std::string join(const Parsed& p, std::string_view layers_prefix, const std::string& module) {
+  return p.layer < 0 ? module + p.suffix : absl::StrCat(std::string(layers_prefix), p.layer, ".", module, p.suffix);
+}
+
+int64_t rows_of(Rows r, const ModelConfig& c) {
+  switch (r) {
+    case Rows::kQDim: return c.q_dim();
+    case Rows::kKvDim: return c.kv_dim();
+    case Rows::kIntermediate: return c.intermediate_size;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<HfSource> hf_source(const FamilySpec& family, const ModelConfig& c, const std::string& loom_name) {
+  Parsed p;
+  const WeightRule* rule = parse_name(loom_name, kHfLayers, &p) ? family.rule_for_loom(p.module, p.layer >= 0) : nullptr;
+  if (!rule)
+    return absl::InternalError(absl::StrCat("the ", family.name, " weight map has no rule for Loom's tensor '",
+                                            loom_name, "'"));
+  HfSource s;
+  s.name = join(p, kHfLayers, rule->hf);
+  if (rule->loom.size() < 2) return s;
+  if (rule->rows.size() != rule->loom.size())
+    return absl::InternalError(absl::StrCat("the ", family.name, " weight rule for '", rule->hf, "' splits into ",
+                                            rule->loom.size(), " parts but gives ", rule->rows.size(), " row counts"));
+  for (size_t i = 0; i < rule->loom.size(); ++i) {
+    const int64_t n = rows_of(rule->rows[i], c);
+    if (rule->loom[i] == p.module) {
+      s.row0 = s.total_rows;
+      s.rows = n;
+    }
+    s.total_rows += n;
+  }
+  return s;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const CausalLM& model) {
+  const ModelConfig& c = model.config();
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::map<std::string, size_t> fused;  // Hugging Face name -> its index in `out`
+  for (const auto& [name, v] : model.named_weights()) {
+    auto src = hf_source(*c.family, c, name);
+    if (!src.ok()) return src.status();
+    const Tensor& t = v->value();
+    if (!src->part()) {
+      out.emplace_back(src->name, t);
+      continue;
+    }
+    auto it = fused.find(src->name);
+    if (it == fused.end()) {
+      Shape shape = t.shape();
+      shape[0] = src->total_rows;
+      it = fused.emplace(src->name, out.size()).first;
+      out.emplace_back(src->name, Tensor::zeros(shape, t.dtype(), t.device()));
+    }
+    out[it->second].second.narrow(0, src->row0, src->rows).copy_(t);
+  }
+  return out;
+}
+
+std::optional<GgufMapping> gguf_to_hf(const FamilySpec& family, const std::string& gguf_name) {
+  Parsed p;
+  if (!parse_name(gguf_name, kGgufLayers, &p)) return std::nullopt;
+  for (const WeightRule& r : p.layer < 0 ? family.top_weights : family.layer_weights)
+    if (!r.gguf.empty() && r.gguf == p.module) return GgufMapping{join(p, kHfLayers, r.hf), r.fix};
+  return std::nullopt;
+}
+
+std::optional<GgufMapping> hf_to_gguf(const FamilySpec& family, const std::string& hf_name) {
+  Parsed p;
+  if (!parse_name(hf_name, kHfLayers, &p)) return std::nullopt;
+  for (const WeightRule& r : p.layer < 0 ? family.top_weights : family.layer_weights)
+    if (!r.gguf.empty() && r.hf == p.module) return GgufMapping{join(p, kGgufLayers, r.gguf), r.fix};
+  return std::nullopt;
+}
+
+}  // namespace loom

@@ -1,0 +1,42 @@
+// A family's weight map applied to tensor names: where each of Loom's tensors lives in a Hugging
+// Face checkpoint (a whole tensor, or rows of a fused one), Loom's weights gathered back into Hugging
+// Face tensors (fused parts concatenated), and the Hugging Face <-> llama.cpp GGUF names.
+#pragma once
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/family.h"
+
+namespace loom {
+class CausalLM;
+
+// Where one of Loom's tensors comes from: the Hugging Face tensor `name`, whole (total_rows == 0) or
+// rows [row0, row0 + rows) of a fused tensor of total_rows rows.
+struct HfSource {
+  std::string name;
+  int64_t row0 = 0, rows = 0, total_rows = 0;
+  bool part() const { return total_rows > 0; }
+};
+// `loom_name` is Loom's tensor name ("model.layers.3.self_attn.q_proj.weight"). InternalError when
+// the family's map has no rule for it (a bug in the family's spec, not the user's input).
+absl::StatusOr<HfSource> hf_source(const FamilySpec& family, const ModelConfig& config, const std::string& loom_name);
+
+// The model's weights under Hugging Face names, in model order: Loom's tensors as they are, and the
+// parts of a fused Hugging Face tensor concatenated back along rows (on the weights' device). A
+// tied lm_head appears only as the embedding, and 4-bit (NF4) Linear weights not at all.
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const CausalLM& model);
+
+// One tensor's name on the other side and what convert_hf_to_gguf.py did to it.
+struct GgufMapping {
+  std::string name;
+  GgufFix fix = GgufFix::kNone;
+};
+// "blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj.weight" (and back); nullopt when the name
+// has no counterpart in this family's map.
+std::optional<GgufMapping> gguf_to_hf(const FamilySpec& family, const std::string& gguf_name);
+std::optional<GgufMapping> hf_to_gguf(const FamilySpec& family, const std::string& hf_name);
+
+}  // namespace loom
