@@ -31,6 +31,9 @@ EXCEPTIONS = {
     # The same exception for the chat template a .gguf file carries (tokenizer.chat_template).
     ("text/chat_template.cpp", "engine/gguf.h"),
     ("text/chat_template.cpp", "engine/status_macros.h"),
+    # The one check of a --model path (empty, a Hugging Face id, a folder, a .gguf, a file of another
+    # kind), shared by CausalLM::load and Tokenizer::load: plain file-system sniffing, no tensors.
+    ("text/tokenizer_load.cpp", "engine/model_path.h"),
     # ToyLlama (the random-init stack of `loom demo` and the foundation tests) owns its optimizer.
     ("models/toy_llama.h", "optim/optimizer.h"),
     ("models/toy_llama.cpp", "optim/adamw.h"),
