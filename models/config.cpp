@@ -72,7 +72,7 @@ RopeParams parse_rope_dict(const ConfigFields& f, const std::string& name, doubl
 // (transformers 5 writes only it; 4.x files have only the top-level keys). A family with RoPE per
 // layer type may hold one dict per type there ({"full_attention": {...}, "sliding_attention": {...}}).
 void parse_rope(const ConfigFields& top, const json& j, const std::string& origin, ModelConfig* c) {
-  c->rope.theta = top.get_double("rope_theta", 10000.0);
+  c->rope.theta = top.get_double("rope_theta", c->family->default_rope_theta);
   if (top.set("rope_parameters")) {
     const json& rp = j.at("rope_parameters");
     if (!rp.is_object())

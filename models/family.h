@@ -69,6 +69,7 @@ struct FamilySpec {
   int64_t default_head_dim = 0;  // `head_dim` absent (not null): 0 = hidden_size / num_attention_heads
   bool default_tie_word_embeddings = false;
   std::optional<int64_t> default_bos, default_eos, default_pad;
+  double default_rope_theta = 10000;
   // A 5.x `rope_parameters` may hold one dict per layer type ({"full_attention": {...},
   // "sliding_attention": {...}}); other families reject it.
   bool rope_per_layer_type = false;
