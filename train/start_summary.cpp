@@ -19,7 +19,12 @@ std::string count(int64_t n) {  // 1234567 -> "1,234,567"
   return n < 0 ? "-" + out : out;
 }
 
-std::string gib(int64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1LL << 30)); }
+std::string bytes(int64_t n) {  // GiB, or MiB below one GiB
+  const double d = static_cast<double>(n);
+  return n >= (1LL << 30) ? absl::StrFormat("%.2f GiB", d / (1LL << 30)) : absl::StrFormat("%.1f MiB", d / (1LL << 20));
+}
+
+std::string plural(int64_t n, const char* one, const char* many) { return absl::StrCat(count(n), " ", n == 1 ? one : many); }
 
 }  // namespace
 
@@ -35,11 +40,13 @@ std::string Trainer::State::start_summary(int64_t steps_per_epoch) const {
                                         100.0 * static_cast<double>(stats.target_tokens) /
                                             static_cast<double>(std::max<int64_t>(1, stats.tokens)),
                                         count(loader->steps_per_epoch() * rows), count(cfg.seq_len)));
-  absl::StrAppend(&out, absl::StrFormat("steps: %s per epoch x %s = %s in total%s (a step: %s rows = --batch-size %d x "
-                                        "--grad-accum %d%s)\n",
-                                        count(steps_per_epoch), cfg.max_steps > 0 ? "--max-steps" : count(cfg.epochs) + " epochs",
-                                        count(total_steps), step > 0 ? absl::StrCat(", resuming at ", step) : "",
-                                        count(rows * cfg.grad_accum), cfg.batch_size, cfg.grad_accum,
+  const std::string in_total =
+      cfg.max_steps > 0 ? absl::StrCat("; ", count(total_steps), " in total (--max-steps)")
+                        : absl::StrCat(" x ", plural(cfg.epochs, "epoch", "epochs"), " = ", count(total_steps), " in total");
+  absl::StrAppend(&out, absl::StrFormat("steps: %s per epoch%s%s (a step: %s = --batch-size %d x --grad-accum %d%s)\n",
+                                        count(steps_per_epoch), in_total,
+                                        step > 0 ? absl::StrCat(", resuming at ", step) : "",
+                                        plural(rows * cfg.grad_accum, "row", "rows"), cfg.batch_size, cfg.grad_accum,
                                         world > 1 ? absl::StrCat(" x ", world, " ranks") : ""));
   int64_t total = 0, trainable = 0;
   for (const auto& [name, v] : model->named_weights()) total += v->value().numel();
@@ -60,8 +67,8 @@ std::string Trainer::State::start_summary(int64_t steps_per_epoch) const {
                                                                     : needs.offload;
   absl::StrAppend(&out, absl::StrFormat("memory: --checkpointing %s; expected peak about %s on %s (%s in use now, "
                                         "%s available)\n",
-                                        checkpointing_name(checkpointing), gib(now + need), device.str(), gib(now),
-                                        gib(device_available_bytes(device))));
+                                        checkpointing_name(checkpointing), bytes(now + need), device.str(), bytes(now),
+                                        bytes(device_available_bytes(device))));
   const std::string options = non_default_options(cfg);
   if (!options.empty()) absl::StrAppend(&out, "options: ", options, "\n");
   return out;

@@ -85,7 +85,7 @@ TEST(TrainResume, ARunSaysWhatItWillDoBeforeTheFirstStep) {
   RunResult r = run_loom(args(out, 2) + " --grad-accum 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* line : {"data: ", "examples read", "targets", "rows of 64 tokens per epoch after packing",
-                           "steps: ", "--max-steps = 2 in total", "a step: 4 rows = --batch-size 2 x --grad-accum 2",
+                           "steps: ", "per epoch; 2 in total (--max-steps)", "a step: 4 rows = --batch-size 2 x --grad-accum 2",
                            "training: LoRA r4 of llama", "trainable", "f32, adamw on cpu",
                            "memory: --checkpointing none; expected peak about", "options: "})
     EXPECT_TRUE(has(r, line)) << line << "\n" << r.output;
