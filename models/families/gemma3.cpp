@@ -3,7 +3,9 @@
 // `rope_scaling` on full-attention layers, the local base `rope_local_base_freq` unscaled on sliding
 // ones; 5.x: `rope_parameters.full_attention` / `.sliding_attention`), sliding-window layers from
 // `layer_types` or else every layer but each `sliding_window_pattern`-th (default 6), soft-caps only
-// when set. The language model inside Gemma3ForConditionalGeneration (model_type gemma3) is not read yet.
+// when set. Also the language model inside Gemma3ForConditionalGeneration (model_type gemma3: 4B, 12B,
+// 27B): its keys under `text_config`, its weights under `language_model.model.` (4.x files) or
+// `model.language_model.` (5.x); the vision tower is left out, and a merged model is saved as gemma3_text.
 #include "models/families/families.h"
 
 namespace loom::families {
@@ -53,6 +55,25 @@ const FamilySpec& gemma3() {
     s.layer_weights.push_back({"self_attn.k_norm", "attn_k_norm", GgufFix::kNormPlusOne});
     s.gguf_read_arch = "";  // llama.cpp's gemma3: not mapped yet
     s.gguf_to_config = nullptr;
+    return s;
+  }();
+  return spec;
+}
+
+const FamilySpec& gemma3_multimodal() {
+  static const FamilySpec spec = [] {
+    FamilySpec s = gemma3();
+    s.name = "gemma3";
+    s.model_types = {"gemma3"};
+    s.architectures = {"Gemma3ForConditionalGeneration"};
+    s.text_config = "text_config";
+    // Gemma3TextConfig's defaults for the sizes (published text_configs leave vocab_size out).
+    s.text_config_defaults = {{"vocab_size", 262208},      {"hidden_size", 2304},      {"intermediate_size", 9216},
+                              {"num_hidden_layers", 26},   {"num_attention_heads", 8}, {"num_key_value_heads", 4}};
+    s.checkpoint_layouts = {{"language_model.model.", "language_model.lm_head."}, {"model.language_model.", "lm_head."}};
+    s.skipped_prefixes = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."};
+    s.text_model_type = "gemma3_text";
+    s.text_architecture = "Gemma3ForCausalLM";
     return s;
   }();
   return spec;

@@ -7,9 +7,13 @@
 
 #include <filesystem>
 
+#include <fstream>
+
+#include "engine/json_file.h"
 #include "models/config.h"
 #include "models/family.h"
 #include "tests/models/family_checks.h"
+#include "tests/temp_dir.h"
 
 namespace loom::test {
 namespace {
@@ -100,6 +104,97 @@ TEST(Gemma3Config, PerLayerTypeRopeNeedsBothTypes) {
                                        "config.json");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("sliding_attention"), std::string::npos) << c.status();
+}
+
+// google/gemma-3-4b-it's config.json (transformers 4.50): the language model's keys under text_config,
+// which leaves the sizes it shares with Gemma3TextConfig's defaults out (vocab_size 262208).
+const char* kGemma3_4b = R"({
+  "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+  "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+  "model_type": "gemma3",
+  "text_config": {"head_dim": 256, "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                  "num_attention_heads": 8, "num_hidden_layers": 34, "num_key_value_heads": 4,
+                  "query_pre_attn_scalar": 256, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                  "sliding_window": 1024},
+  "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+  "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                    "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                    "patch_size": 14, "vision_use_head": false}})";
+
+TEST(Gemma3Config, MultimodalFolderReadsItsTextConfig) {
+  const ModelConfig c = parse_ok(kGemma3_4b);
+  ASSERT_NE(c.family, nullptr);
+  EXPECT_EQ(c.family->name, "gemma3");
+  EXPECT_EQ(c.model_type, "gemma3");
+  EXPECT_EQ(c.vocab_size, 262208);
+  EXPECT_EQ(c.hidden_size, 2560);
+  EXPECT_EQ(c.num_hidden_layers, 34);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  std::vector<bool> sliding(34, true);
+  for (int i : {5, 11, 17, 23, 29}) sliding[i] = false;
+  EXPECT_EQ(c.layer_is_sliding, sliding);
+  EXPECT_EQ(c.sliding_window, 1024);
+  EXPECT_EQ(c.rope.scaling.kind, RopeScaling::Kind::kLinear);
+  EXPECT_EQ(c.rope.scaling.factor, 8.0);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.rope_sliding.scaling.kind, RopeScaling::Kind::kDefault);
+  EXPECT_EQ(c.rope_sliding.theta, 1e4);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{1, 106}));  // from the top level
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+  EXPECT_TRUE(c.tie_word_embeddings);
+  auto bad = ModelConfig::from_json_text(R"({"model_type": "gemma3", "text_config": [1]})", "config.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("text_config"), std::string::npos) << bad.status();
+}
+
+const char* kTinyText = R"({"model_type": "gemma3_text", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+  "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "sliding_window": 3,
+  "layer_types": ["sliding_attention", "full_attention"], "rope_local_base_freq": 100.0})";
+
+// A multimodal folder holding a language model with known weights (a random gemma3_text model's,
+// under the 4.x or 5.x prefix) beside vision tensors: Loom must read exactly that language model.
+void check_multimodal_layout(const std::string& prefix, const std::string& vision) {
+  auto text = ModelConfig::from_json_text(kTinyText, "config.json");
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto ref = CausalLM::init_random(*text, {DType::f32, Device::cpu()}, 11);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  TempDir dir("loom_gemma3_mm");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, v] : (*ref)->named_weights()) tensors.emplace_back(prefix + name.substr(6), v->value());
+  tensors.emplace_back(vision + "vision_tower.vision_model.embeddings.patch_embedding.weight", Tensor::zeros({4, 3}, DType::f32, Device::cpu()));
+  tensors.emplace_back(vision + "multi_modal_projector.mm_input_projection_weight", Tensor::zeros({4, 32}, DType::f32, Device::cpu()));
+  ASSERT_TRUE(save_tensors(dir.path() + "/model.safetensors", tensors).ok());
+  nlohmann::json config = {{"model_type", "gemma3"}, {"architectures", {"Gemma3ForConditionalGeneration"}},
+                           {"text_config", nlohmann::json::parse(kTinyText)}, {"eos_token_id", {1, 106}},
+                           {"vision_config", {{"model_type", "siglip_vision_model"}}}};
+  std::ofstream(dir.path() + "/config.json") << config.dump();
+
+  auto mm = CausalLM::load(dir.path(), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(mm.ok()) << mm.status();
+  ASSERT_EQ((*mm)->load_notes().size(), 1u);
+  EXPECT_NE((*mm)->load_notes()[0].find("left out 2 tensors"), std::string::npos) << (*mm)->load_notes()[0];
+  const Tensor ids = Tensor::from_ints({3, 7, 1, 60, 22, 9, 41, 5}, {1, 8});
+  {
+    ag::NoGradGuard ng;
+    EXPECT_EQ(rel_err((*mm)->forward(ids).value(), (*ref)->forward(ids).value()), 0.0) << prefix;
+  }
+  // Saved as the language model alone, which Loom (and transformers' Gemma3ForCausalLM) reads back.
+  TempDir out("loom_gemma3_mm_out");
+  ASSERT_TRUE(save_pretrained(**mm, out.path()).ok());
+  auto saved = read_json_file(out.path() + "/config.json");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ((*saved)["model_type"], "gemma3_text");
+  EXPECT_EQ((*saved)["architectures"][0], "Gemma3ForCausalLM");
+  EXPECT_EQ((*saved)["eos_token_id"], nlohmann::json({1, 106}));
+  EXPECT_TRUE(read_all(out.path() + "/model.safetensors").count("model.layers.1.self_attn.k_norm.weight"));
+  auto again = CausalLM::load(out.path(), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->config().model_type, "gemma3_text");
+}
+
+TEST(Gemma3Model, MultimodalCheckpointReadsTheLanguageModel) {
+  check_multimodal_layout("language_model.model.", "");  // transformers 4.x files
+  check_multimodal_layout("model.language_model.", "model.");  // transformers 5.x
 }
 
 // The tiny fixture: transformers + PEFT on the CPU in f32 (test_families.cpp's bounds).
