@@ -133,11 +133,12 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   m->lm_head_.name = "lm_head";
   if (c.tie_word_embeddings) {
     m->lm_head_.weight = m->embed_tokens_;
-    if (ck && ck->find("lm_head.weight")) w.mark_consumed("lm_head.weight");  // a redundant copy some exports keep
+    const std::string copy = w.checkpoint_name("lm_head.weight");  // a redundant copy some exports keep
+    if (ck && ck->find(copy)) w.mark_consumed(copy);
   } else {
     LOOM_RETURN_IF_ERROR(w.linear(m->lm_head_, "lm_head", c.vocab_size, c.hidden_size, false));
   }
-  LOOM_RETURN_IF_ERROR(w.check_unexpected());
+  LOOM_RETURN_IF_ERROR(w.check_unexpected(&m->load_notes_));
   // One RoPE table per layer type (shared when both types rotate alike).
   m->inv_freq_ = rope_inv_freq_tensor(c.head_dim, c.rope, options.device);
   m->inv_freq_sliding_ =

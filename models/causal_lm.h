@@ -64,6 +64,9 @@ class CausalLM {
   Precision precision() const { return Precision::for_dtype(dtype_); }
   Device device() const { return device_; }
   const std::string& source_dir() const { return source_dir_; }
+  // What loading left out on purpose, one line each (a multimodal checkpoint's vision tower), for
+  // the caller to show; empty for most models.
+  const std::vector<std::string>& load_notes() const { return load_notes_; }
 
   // input_ids i32 [batch, seq] (on any device; moved to the model's) -> logits f32 [batch, seq, vocab].
   ag::Variable forward(const Tensor& input_ids, const ForwardOptions& options = {}) const;
@@ -116,6 +119,7 @@ class CausalLM {
   DType dtype_ = DType::bf16;
   Device device_;
   std::string source_dir_;
+  std::vector<std::string> load_notes_;
   ag::Variable embed_tokens_;  // model.embed_tokens.weight [vocab, hidden]
   std::vector<DecoderLayer> layers_;
   RmsNorm norm_;

@@ -72,7 +72,7 @@ RopeParams parse_rope_dict(const ConfigFields& f, const std::string& name, doubl
 // (transformers 5 writes only it; 4.x files have only the top-level keys). A family with RoPE per
 // layer type may hold one dict per type there ({"full_attention": {...}, "sliding_attention": {...}}).
 void parse_rope(const ConfigFields& top, const json& j, const std::string& origin, ModelConfig* c) {
-  c->rope.theta = top.get_double("rope_theta", 10000.0);
+  c->rope.theta = top.get_double("rope_theta", c->family->default_rope_theta);
   if (top.set("rope_parameters")) {
     const json& rp = j.at("rope_parameters");
     if (!rp.is_object())
@@ -144,9 +144,17 @@ ModelConfig parse(const json& j, const std::string& origin) {
   auto family = family_from_model_type(*type);
   if (!family.ok())
     throw ConfigError{absl::InvalidArgumentError(absl::StrCat(origin, ": ", family.status().message()))};
-  c.family = *family;
-  c.model_type = *type;
   const FamilySpec& fam = **family;
+  if (!fam.text_config.empty()) {  // a multimodal folder: its language model's keys
+    if (j.contains(fam.text_config) && !j.at(fam.text_config).is_object() && !j.at(fam.text_config).is_null())
+      f.wrong(fam.text_config.c_str(), "an object (the language model's config)");
+    ModelConfig text = parse(ModelConfig::language_model_json(j, fam), origin + " " + fam.text_config);
+    text.family = &fam;
+    text.model_type = *type;
+    return text;
+  }
+  c.family = &fam;
+  c.model_type = *type;
 
   c.vocab_size = f.req_int("vocab_size", "the vocabulary size");
   c.hidden_size = f.req_int("hidden_size", "the model width");
@@ -206,6 +214,17 @@ ModelConfig parse(const json& j, const std::string& origin) {
 }
 
 }  // namespace
+
+json ModelConfig::language_model_json(const json& j, const FamilySpec& fam) {
+  if (fam.text_config.empty() || !j.is_object()) return j;
+  json t = fam.text_config_defaults.is_object() ? fam.text_config_defaults : json::object();
+  if (j.contains(fam.text_config) && j.at(fam.text_config).is_object()) t.update(j.at(fam.text_config));
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "tie_word_embeddings"})
+    if (j.contains(k) && !t.contains(k)) t[k] = j.at(k);
+  t["model_type"] = fam.text_model_type;
+  t["architectures"] = json::array({fam.text_architecture});
+  return t;
+}
 
 absl::StatusOr<ModelConfig> ModelConfig::from_json_text(const std::string& text, const std::string& origin) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);

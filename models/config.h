@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "models/rope_scaling.h"
 
 namespace loom {
@@ -59,6 +60,10 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;                               // every eos id ([] when none)
   std::string torch_dtype;  // "dtype" (5.x) or "torch_dtype" (4.x): "bfloat16", ...; "" when absent
 
+  // The language model's config.json of a multimodal family (FamilySpec::text_config): the text
+  // config over its class defaults, with top-level token ids and dtype, as the text family names it.
+  // Other families' configs come back unchanged.
+  static nlohmann::json language_model_json(const nlohmann::json& config_json, const FamilySpec& family);
   // Parses config.json text; `origin` (the file path) prefixes every error message.
   static absl::StatusOr<ModelConfig> from_json_text(const std::string& text, const std::string& origin);
   // Reads model_dir/config.json.

@@ -69,9 +69,26 @@ struct FamilySpec {
   int64_t default_head_dim = 0;  // `head_dim` absent (not null): 0 = hidden_size / num_attention_heads
   bool default_tie_word_embeddings = false;
   std::optional<int64_t> default_bos, default_eos, default_pad;
+  double default_rope_theta = 10000;
   // A 5.x `rope_parameters` may hold one dict per layer type ({"full_attention": {...},
   // "sliding_attention": {...}}); other families reject it.
   bool rope_per_layer_type = false;
+  // A multimodal checkpoint whose language model is this family: config.json keeps the language
+  // model's keys under `text_config` (over `text_config_defaults`, its transformers class's defaults;
+  // token ids and dtype may sit at the top level), the checkpoint keeps Loom's "model." and "lm_head"
+  // tensors under one of `checkpoint_layouts` (the first whose embeddings exist), and tensors under
+  // `skipped_prefixes` (the vision tower) are left out with a note. Saved as `text_model_type` /
+  // `text_architecture` (the language model alone).
+  std::string text_config;
+  nlohmann::json text_config_defaults;
+  struct CheckpointLayout {
+    std::string model_prefix;    // replaces "model."
+    std::string lm_head_prefix;  // replaces "lm_head."
+  };
+  std::vector<CheckpointLayout> checkpoint_layouts;
+  std::vector<std::string> skipped_prefixes;
+  std::string text_model_type, text_architecture;
+
   // The family's own keys, read after the shared ones (sizes, heads, eps, RoPE, tying): biases,
   // activation, soft-caps, query scale, sliding windows. Throws through ConfigFields on bad input.
   void (*parse)(const ConfigFields& fields, ModelConfig& config) = nullptr;

@@ -322,6 +322,8 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
     if (!j.ok()) return j.status();
     config = *std::move(j);
   }
+  // A multimodal source is written as its language model alone (the weights written are only those).
+  config = ModelConfig::language_model_json(config, *model.config().family);
   config["dtype"] = "bfloat16";
   if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";
   config.erase("quantization_config");  // the weights written here are dense (a 4-bit source was dequantised)

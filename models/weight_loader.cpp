@@ -5,6 +5,22 @@
 
 namespace loom::detail {
 
+void WeightLoader::choose_layout() {
+  if (!ck_) return;
+  for (const FamilySpec::CheckpointLayout& l : family_.checkpoint_layouts)
+    if (ck_->find(l.model_prefix + "embed_tokens.weight")) {
+      layout_ = &l;
+      return;
+    }
+}
+
+std::string WeightLoader::checkpoint_name(const std::string& hf) const {
+  if (!layout_) return hf;
+  if (hf.starts_with("model.")) return layout_->model_prefix + hf.substr(6);
+  if (hf.starts_with("lm_head.")) return layout_->lm_head_prefix + hf.substr(8);
+  return hf;
+}
+
 absl::StatusOr<Tensor> WeightLoader::load_part(const HfSource& src, const Shape& shape) {
   if (fused_name_ != src.name) {
     Shape whole = shape;
@@ -27,6 +43,7 @@ absl::StatusOr<ag::Variable> WeightLoader::get(const std::string& name, const Sh
   }
   auto src = hf_source(family_, config_, name);
   if (!src.ok()) return src.status();
+  src->name = checkpoint_name(src->name);
   auto t = src->part() ? load_part(*src, shape) : ck_->load(src->name, dtype_, device_, shape);
   if (!t.ok()) return t.status();
   if (!is_float(t->dtype()))  // an integer "weight" would only fail later, deep in a kernel
@@ -42,6 +59,7 @@ absl::Status WeightLoader::linear(Linear& l, const std::string& name, int64_t ou
   const std::string wname = name + ".weight";
   auto src = ck_ ? hf_source(family_, config_, wname) : absl::StatusOr<HfSource>(HfSource{wname});
   if (!src.ok()) return src.status();
+  src->name = checkpoint_name(src->name);
   if (ck_ && is_nf4(*ck_, src->name)) {  // stored in 4 bits by transformers + bitsandbytes: kept so
     if (src->part())
       return absl::UnimplementedError(absl::StrCat(ck_->file_of(src->name), ": '", src->name, "' is a fused 4-bit ",
@@ -78,11 +96,21 @@ absl::Status WeightLoader::norm(RmsNorm& n, const std::string& name, int64_t dim
   return absl::OkStatus();
 }
 
-absl::Status WeightLoader::check_unexpected() const {
+absl::Status WeightLoader::check_unexpected(std::vector<std::string>* notes) const {
   if (!ck_) return absl::OkStatus();
   std::set<std::string> consumed = consumed_;
-  for (const auto& n : ck_->names())  // buffers some older exports carry; transformers ignores them too
-    if (n.size() > 20 && n.ends_with("rotary_emb.inv_freq")) consumed.insert(n);
+  int64_t skipped = 0;
+  for (const auto& n : ck_->names()) {
+    if (n.size() > 20 && n.ends_with("rotary_emb.inv_freq")) consumed.insert(n);  // buffers some exports carry
+    for (const std::string& p : family_.skipped_prefixes)
+      if (n.starts_with(p) && consumed.insert(n).second) ++skipped;
+  }
+  if (skipped > 0 && notes) {
+    std::string prefixes;
+    for (const std::string& p : family_.skipped_prefixes) absl::StrAppend(&prefixes, prefixes.empty() ? "" : ", ", p);
+    notes->push_back(absl::StrCat(ck_->dir(), ": left out ", skipped, " tensors under ", prefixes,
+                                  " (Loom reads the language model only)"));
+  }
   return ck_->check_unexpected(consumed);
 }
 

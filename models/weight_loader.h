@@ -21,7 +21,9 @@ class WeightLoader {
   WeightLoader(const ModelConfig& config, const Checkpoint* ck, DType dtype, Device device, uint64_t seed,
                bool quantize_4bit, std::optional<BnbQuantConfig> bnb)
       : config_(config), family_(*config.family), ck_(ck), dtype_(dtype), device_(device), seed_(seed),
-        quantize_4bit_(quantize_4bit), bnb_(std::move(bnb)) {}
+        quantize_4bit_(quantize_4bit), bnb_(std::move(bnb)) {
+    choose_layout();
+  }
 
   // Loom's tensor `name` ("model.embed_tokens.weight") of `shape`; init_fill: the value without a
   // checkpoint (NaN: random normal).
@@ -29,13 +31,18 @@ class WeightLoader {
   // Loom's module `name` ("model.layers.0.self_attn.q_proj"), [out, in] (+ bias [out]).
   absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias);
   absl::Status norm(RmsNorm& n, const std::string& name, int64_t dim);
+  // Where a Hugging Face tensor of the language model sits in this checkpoint (the family's
+  // checkpoint layout: "model.norm.weight" -> "language_model.model.norm.weight"); itself otherwise.
+  std::string checkpoint_name(const std::string& hf_name) const;
   // Marks a checkpoint tensor the model does not need as read (lm_head's copy in a tied model).
-  void mark_consumed(const std::string& hf_name) { consumed_.insert(hf_name); }
-  // InvalidArgument naming the checkpoint tensors nothing consumed.
-  absl::Status check_unexpected() const;
+  void mark_consumed(const std::string& ck_name) { consumed_.insert(ck_name); }
+  // InvalidArgument naming the checkpoint tensors nothing consumed; tensors under the family's
+  // skipped prefixes are not counted, and `notes` gets one line saying how many were left out.
+  absl::Status check_unexpected(std::vector<std::string>* notes) const;
 
  private:
   absl::StatusOr<Tensor> load_part(const HfSource& src, const Shape& shape);
+  void choose_layout();
 
   const ModelConfig& config_;
   const FamilySpec& family_;
@@ -46,6 +53,7 @@ class WeightLoader {
   bool quantize_4bit_;
   std::optional<BnbQuantConfig> bnb_;
   std::set<std::string> consumed_;
+  const FamilySpec::CheckpointLayout* layout_ = nullptr;  // null: names as they are
   // The last fused Hugging Face tensor read, whose parts are usually asked for one after another.
   std::string fused_name_;
   Tensor fused_;

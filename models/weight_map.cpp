@@ -77,7 +77,8 @@ absl::StatusOr<HfSource> hf_source(const FamilySpec& family, const ModelConfig& 
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const CausalLM& model) {
   const ModelConfig& c = model.config();
   std::vector<std::pair<std::string, Tensor>> out;
-  std::map<std::string, size_t> fused;  // Hugging Face name -> its index in `out`
+  std::map<std::string, size_t> fused;          // Hugging Face name -> its index in `out`
+  std::map<std::string, int64_t> rows_missing;  // Hugging Face name -> rows no part has filled yet
   for (const auto& [name, v] : model.named_weights()) {
     auto src = hf_source(*c.family, c, name);
     if (!src.ok()) return src.status();
@@ -92,9 +93,15 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const 
       shape[0] = src->total_rows;
       it = fused.emplace(src->name, out.size()).first;
       out.emplace_back(src->name, Tensor::zeros(shape, t.dtype(), t.device()));
+      rows_missing[src->name] = src->total_rows;
     }
     out[it->second].second.narrow(0, src->row0, src->rows).copy_(t);
+    rows_missing[src->name] -= src->rows;
   }
+  for (const auto& [name, missing] : rows_missing)  // a 4-bit part has no dense weight to concatenate
+    if (missing != 0)
+      return absl::FailedPreconditionError(absl::StrCat("'", name, "' is fused from parts of which some are 4-bit (or ",
+                                                        "missing): dequantise the model first (loom merge does)"));
   return out;
 }
 

@@ -100,6 +100,21 @@ VARIANTS = {
         ablations=[("no attention softcap", {"config": {"attn_logit_softcapping": None}}),
                    ("no final softcap", {"config": {"final_logit_softcapping": None}}),
                    ("sliding window 4096", {"config": {"sliding_window": 4096}})]),
+    # Two RoPEs: `rope` on full-attention layers (the global base, linearly scaled as on Gemma 3 4B and up),
+    # `rope_local` on sliding ones (5.x: rope_parameters per layer type; 4.x: rope_local_base_freq). A window of 4
+    # in 12 tokens makes the sliding layer differ from the full one; q/k norms are (1 + w) like the others.
+    "gemma3": dict(
+        seed=8, arch="Gemma3ForCausalLM", config_class="Gemma3TextConfig",
+        config=_cfg(tie_word_embeddings=True, head_dim=16, hidden_act="gelu_pytorch_tanh",
+                    hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, sliding_window=4,
+                    sliding_window_pattern=2, layer_types=["sliding_attention", "full_attention"],
+                    attn_logit_softcapping=None, final_logit_softcapping=None),
+        rope=_rope("linear", theta=1000000.0, factor=8.0), rope_local=_rope(theta=10000.0),
+        norm="1+w", save_dtype="float32", shard=None, use_rslora=False,
+        window=dict(layer_types=["sliding_attention"], size=4),
+        ablations=[("local rope base = the global one", {"rope_local": _rope("linear", theta=1000000.0, factor=8.0)}),
+                   ("global rope unscaled", {"rope": _rope(theta=1000000.0)}),
+                   ("sliding window 4096", {"config": {"sliding_window": 4096}})]),
 }
 
 
@@ -123,8 +138,8 @@ def llama3_inv_freq(theta, dim, factor, low_freq_factor, high_freq_factor, old_c
     return out, regimes
 
 
-def expected_inv_freq(spec):
-    rope, head_dim = spec["rope"], spec["config"]["head_dim"]
+def expected_inv_freq(spec, rope=None):
+    rope, head_dim = rope or spec["rope"], spec["config"]["head_dim"]
     default = [rope["rope_theta"] ** (-(2.0 * i) / head_dim) for i in range(head_dim // 2)]
     if rope["rope_type"] == "default":
         return default, None
@@ -145,6 +160,9 @@ def print_plan(names):
         print("   rope_parameters:", json.dumps(spec["rope"], sort_keys=True))
         inv, regimes = expected_inv_freq(spec)
         print("   inv_freq:", " ".join(f"{f:.4g}" for f in inv))
+        if spec.get("rope_local"):
+            print("   rope_parameters.sliding_attention:", json.dumps(spec["rope_local"], sort_keys=True))
+            print("   sliding inv_freq:", " ".join(f"{f:.4g}" for f in expected_inv_freq(spec, spec["rope_local"])[0]))
         if regimes:
             counts = {r: regimes.count(r) for r in ("high", "mid", "low")}
             print("   llama3 regimes:", counts)
@@ -180,13 +198,18 @@ def build_config(spec, overrides=None):
     kw = dict(spec["config"])
     kw.update(overrides.get("config", {}))
     rope = dict(overrides.get("rope", spec["rope"]))
+    rope_local = overrides.get("rope_local", spec.get("rope_local"))
     if tf_major() >= 5:
-        kw["rope_parameters"] = rope
+        kw["rope_parameters"] = ({"full_attention": rope, "sliding_attention": dict(rope_local)} if rope_local
+                                 else rope)
     else:
         kw["rope_theta"] = rope.pop("rope_theta")
         if rope["rope_type"] != "default":
             kw["rope_scaling"] = rope
-    if tf_major() < 5 and "layer_types" in kw and spec["config_class"] != "Gemma2Config":
+        if rope_local:  # 4.x Gemma 3: the local base only, never scaled
+            assert rope_local["rope_type"] == "default", "4.x has no scaling for the local RoPE"
+            kw["rope_local_base_freq"] = rope_local["rope_theta"]
+    if tf_major() < 5 and "layer_types" in kw and spec["config_class"] not in ("Gemma2Config", "Gemma3TextConfig"):
         kw.pop("layer_types")
     kw["attn_implementation"] = "eager"
     cfg = getattr(transformers, spec["config_class"])(**kw)
@@ -261,7 +284,25 @@ def check_gelu_tanh(model):
         f"activation {act} is not gelu with the tanh approximation"
 
 
+def check_rope_per_type(model, spec):
+    """Gemma 3: each table (global, local) must be some inv_freq buffer of the model (4.x: rotary_emb and
+    rotary_emb_local; 5.x: <layer_type>_inv_freq), the two must differ, and both must match their formulas."""
+    bufs = [(n, b.detach().double()) for n, b in model.named_buffers() if n.endswith("inv_freq")]
+    assert len(bufs) >= 2, f"expected two inv_freq buffers, got {[n for n, _ in bufs]}"
+    worst = 0.0
+    for which in ("rope", "rope_local"):
+        want = torch.tensor(expected_inv_freq(spec, spec[which])[0], dtype=torch.float64)
+        errs = {n: float(((b - want).abs() / want).max()) for n, b in bufs if b.shape == want.shape}
+        name, err = min(errs.items(), key=lambda kv: kv[1])
+        assert err < 1e-5, f"{which}: no inv_freq buffer matches the independent formula (best {name}: {err:.3g})"
+        log(f"  {which} inv_freq matches {name} (max rel {err:.2g})")
+        worst = max(worst, err)
+    return worst
+
+
 def check_rope(model, spec):
+    if spec.get("rope_local"):
+        return check_rope_per_type(model, spec)
     bufs = [(n, b) for n, b in model.named_buffers() if n.split(".")[-1] == "inv_freq"]
     bufs = bufs or [(n, b) for n, b in model.named_buffers() if n.endswith("inv_freq")]
     assert bufs, "no inv_freq buffer found in the model"
@@ -523,7 +564,7 @@ def make_variant(name, spec, out_dir, do_lora):
         check_gelu_tanh(model)
     check_rope(model, spec)
     layer_types = getattr(model.config, "layer_types", None)
-    if spec["arch"] == "Gemma2ForCausalLM" and tf_major() >= 5:
+    if spec["arch"] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM") and layer_types is not None:
         assert list(layer_types) == ["sliding_attention", "full_attention"], layer_types
     log(f"  {n_params} parameter tensors initialised; layer_types={layer_types}")
 
@@ -570,7 +611,9 @@ def make_variant(name, spec, out_dir, do_lora):
     log(f"  saved {files}; reload rel err {reload_err:.2g}")
     del reloaded
 
-    summary = {"arch": spec["arch"], "seed": seed, "config": spec["config"], "rope_parameters": spec["rope"],
+    summary = {"arch": spec["arch"], "seed": seed, "config": spec["config"],
+               "rope_parameters": ({"full_attention": spec["rope"], "sliding_attention": spec["rope_local"]}
+                                   if spec.get("rope_local") else spec["rope"]),
                "norm": spec["norm"], "save_dtype": spec["save_dtype"], "sharded": bool(spec["shard"]),
                "layer_types": list(layer_types) if layer_types else None, "model_files": files,
                "logits_std": std, "loss": float(loss), "ablations_rel": ablations,

@@ -152,6 +152,26 @@ TEST(FamilySeam, FusedWeightsSplitOnLoadAndFuseOnSave) {
   EXPECT_EQ(gguf_to_hf(spec, "blk.3.ffn_up.weight")->name, "model.layers.3.mlp.gate_up_proj.weight");
 }
 
+// A fused tensor with one part 4-bit cannot be written back whole: an error, never zero rows.
+TEST(FamilySeam, AFusedTensorWithA4BitPartIsNotWrittenHalfEmpty) {
+  TempDir dir("loom_fused_nf4");
+  write_fused_checkpoint(dir.path());
+  const FamilySpec spec = fused_qwen2();
+  auto config = ModelConfig::load(dir.path());
+  ASSERT_TRUE(config.ok()) << config.status();
+  config->family = &spec;
+  auto model = CausalLM::load(*config, dir.path(), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  Linear* k = (*model)->linears()[1];
+  ASSERT_EQ(k->name, "model.layers.0.self_attn.k_proj");
+  k->nf4 = std::make_shared<const Nf4Weight>(Nf4Weight::quantize(k->weight.value()));
+  k->weight = ag::Variable();
+  auto hf = hf_state_dict(**model);
+  ASSERT_FALSE(hf.ok());
+  EXPECT_EQ(hf.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(hf.status().message().find("model.layers.0.self_attn.qkv_proj.weight"), std::string::npos) << hf.status();
+}
+
 TEST(FamilySeam, AFusedSpecOnAnUnfusedCheckpointNamesTheMissingTensor) {
   const FamilySpec spec = fused_qwen2();
   auto config = ModelConfig::load(fixture_dir("qwen2"));
