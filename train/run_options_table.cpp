@@ -54,7 +54,7 @@ RunOption number(std::string name, std::string def, std::string help, double lo,
   };
   o.get = [field](const TrainConfig& c) {  // %.9g round-trips a float, %.17g a double
     const auto v = field(const_cast<TrainConfig&>(c));
-    return absl::StrFormat(sizeof(v) == 4 ? "%.9g" : "%.17g", static_cast<double>(v));
+    return sizeof(v) == 4 ? absl::StrFormat("%.9g", static_cast<double>(v)) : absl::StrFormat("%.17g", static_cast<double>(v));
   };
   return o;
 }
