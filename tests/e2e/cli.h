@@ -13,9 +13,9 @@ struct RunResult {
   std::string output;  // stdout and stderr together
 };
 
-inline RunResult run_loom(const std::string& args) {
+// Runs a shell command and captures its stdout and exit code.
+inline RunResult run_command(const std::string& cmd) {
   RunResult r;
-  const std::string cmd = std::string(LOOM_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;
@@ -25,5 +25,7 @@ inline RunResult run_loom(const std::string& args) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }
+
+inline RunResult run_loom(const std::string& args) { return run_command(std::string(LOOM_BINARY) + " " + args + " 2>&1"); }
 
 }  // namespace loom::test

@@ -4,6 +4,9 @@
 // dropped (the system message kept) when the conversation outgrows --max-context.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+
 #include <array>
 #include <cstdio>
 
@@ -22,18 +25,10 @@ const std::string kFlags = " --temperature 0 --max-new-tokens 10";
 RunResult run_piped(const std::string& input, const std::string& args, std::string* err = nullptr) {
   const std::string err_file = ::testing::TempDir() + "loom_chat_stderr_" + std::to_string(getpid());
   const std::string cmd = "printf '" + input + "' | " + LOOM_BINARY + " " + args + " 2>" + err_file;
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  RunResult r = run_command(cmd);
   if (err) {
-    FILE* f = std::fopen(err_file.c_str(), "r");
-    while (f && (n = fread(buf.data(), 1, buf.size(), f)) > 0) err->append(buf.data(), n);
-    if (f) std::fclose(f);
+    std::ifstream f(err_file, std::ios::binary);
+    err->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   }
   std::remove(err_file.c_str());
   return r;
