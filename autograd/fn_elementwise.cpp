@@ -64,6 +64,27 @@ Variable transpose(const Variable& a, int64_t d0, int64_t d1) {
                  {&a}, a.value().transpose(d0, d1).contiguous());
 }
 
+std::vector<Variable> split(const Variable& a, const std::vector<int64_t>& sizes) {
+  const Shape from = a.shape();
+  const int64_t last = static_cast<int64_t>(from.size()) - 1;
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    LOOM_CHECK(n > 0, "split: part sizes must be positive");
+    total += n;
+  }
+  LOOM_CHECK(last >= 0 && total == from[last], "split: parts of ", total, " columns do not cover ", a.value().str());
+  std::vector<Tensor> parts;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    parts.push_back(a.value().narrow(last, at, n).contiguous());
+    at += n;
+  }
+  auto backward = [from, sizes](Node&, const std::vector<Tensor>& g) {
+    return std::vector<Tensor>{ops::cat_last(g, sizes).reshape(from)};
+  };
+  return record(node_of("split", backward), {&a}, parts);
+}
+
 Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length) {
   const Shape from = a.shape();
   const DType dtype = a.dtype();

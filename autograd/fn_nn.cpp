@@ -41,20 +41,20 @@ std::pair<Variable, Variable> add_rms_norm(const Variable& x, const Variable& r,
   return {out[0], out[1]};
 }
 
-Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq) {
-  auto backward = [positions, inv_freq](Node&, const Grads& g) {
-    return Grads{ops::rope_backward(g[0], positions, inv_freq)};
+Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq, float mscale) {
+  auto backward = [positions, inv_freq, mscale](Node&, const Grads& g) {
+    return Grads{ops::rope_backward(g[0], positions, inv_freq, mscale)};
   };
-  return record1(node_of("rope", backward), {&x}, ops::rope(x.value(), positions, inv_freq));
+  return record1(node_of("rope", backward), {&x}, ops::rope(x.value(), positions, inv_freq, mscale));
 }
 
 std::pair<Variable, Variable> rope_qk(const Variable& q, const Variable& k, const Tensor& positions,
-                                      const Tensor& inv_freq) {
-  auto backward = [positions, inv_freq](Node&, const Grads& g) {
-    auto [dq, dk] = ops::rope_pair(g[0], g[1], positions, inv_freq, true);
+                                      const Tensor& inv_freq, float mscale) {
+  auto backward = [positions, inv_freq, mscale](Node&, const Grads& g) {
+    auto [dq, dk] = ops::rope_pair(g[0], g[1], positions, inv_freq, true, mscale);
     return Grads{dq, dk};
   };
-  auto [qr, kr] = ops::rope_pair(q.value(), k.value(), positions, inv_freq, false);
+  auto [qr, kr] = ops::rope_pair(q.value(), k.value(), positions, inv_freq, false, mscale);
   std::vector<Variable> out = record(node_of("rope_qk", backward), {&q, &k}, {qr, kr});
   return {out[0], out[1]};
 }

@@ -20,6 +20,9 @@ Variable cast(const Variable& a, DType dtype);               // gradient cast ba
 Variable reshape(const Variable& a, const Shape& shape);
 Variable transpose(const Variable& a, int64_t d0, int64_t d1);
 Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length);
+// a [..., sum(sizes)] cut along its last dim into contiguous parts (a fused projection's outputs);
+// backward writes the parts' gradients side by side into one tensor (zeros for an unused part).
+std::vector<Variable> split(const Variable& a, const std::vector<int64_t>& sizes);
 Variable sum(const Variable& a);  // f32 scalar
 Variable softcap(const Variable& a, float cap);  // cap * tanh(a / cap)
 // Inverted dropout with a regenerated (never stored) mask; p = 0 returns a unchanged.
@@ -60,11 +63,12 @@ Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one 
 // backward pass instead of a separate addition. Same values as add then rms_norm.
 std::pair<Variable, Variable> add_rms_norm(const Variable& x, const Variable& r, const Variable& w, float eps,
                                            bool add_one = false);
-// x [batch, seq, heads, head_dim]; positions i32 [batch*seq]; inv_freq f32 [head_dim/2].
-Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq);
+// x [batch, seq, heads, head_dim]; positions i32 [batch*seq]; inv_freq f32 [rotary_dim/2] (ops::rope:
+// partial rotation, cos/sin scaled by mscale).
+Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq, float mscale = 1.f);
 // rope of q and of k as one node: one launch each way on CUDA (ops::rope_pair), the same values.
 std::pair<Variable, Variable> rope_qk(const Variable& q, const Variable& k, const Tensor& positions,
-                                      const Tensor& inv_freq);
+                                      const Tensor& inv_freq, float mscale = 1.f);
 Variable swiglu(const Variable& gate, const Variable& up);
 Variable geglu(const Variable& gate, const Variable& up);
 Variable embedding(const Tensor& ids, const Variable& table);

@@ -62,7 +62,8 @@ void register_rope() {
     auto x = random_array<bf16>(n);
     DeviceArray<bf16> y(n);
     run_timed(st, {bytes}, [&] {
-      cuda::rope_forward<bf16>(x.get(), y.get(), pos.get(), inv_freq.get(), kTokens, kHeads, kHeadDim, ctx().stream);
+      cuda::rope_forward<bf16>(x.get(), y.get(), pos.get(), inv_freq.get(), kTokens, kHeads, kHeadDim, kHeadDim, 1.f,
+                               ctx().stream);
     });
   });
   add("rope_bwd" + shape, [=](benchmark::State& st) {
@@ -71,7 +72,7 @@ void register_rope() {
     DeviceArray<bf16> dx(n);
     run_timed(st, {bytes}, [&] {
       cuda::rope_backward<bf16>(dy.get(), dx.get(), pos.get(), inv_freq.get(), kTokens, kHeads, kHeadDim,
-                                ctx().stream);
+                                kHeadDim, 1.f, ctx().stream);
     });
   });
 }

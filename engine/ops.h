@@ -28,6 +28,9 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, float s);
 void add_(Tensor& dst, const Tensor& src);  // dst += src, in place (gradient accumulation)
 void fill_(Tensor& t, float value);
+// The parts [..., n_i] (same leading shape, dtype and device; undefined = zeros of `widths[i]`
+// columns) side by side along the last dim: [..., sum n_i]. One strided 2-D copy per part.
+Tensor cat_last(const std::vector<Tensor>& parts, const std::vector<int64_t>& widths);
 Tensor add_bias(const Tensor& a, const Tensor& bias);  // a [..., C] + bias [C]
 // Column sums of a viewed as [rows, C] (C = last dim): into a new tensor of dtype `out`, or
 // accumulated into `into` ([C], f32 or a's dtype).
@@ -85,13 +88,15 @@ Tensor rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, c
                          bool add_one, const Tensor* dres = nullptr);
 
 // x [batch, seq, heads, head_dim] (or [tokens, heads, head_dim]); positions i32 [batch*seq];
-// inv_freq f32 [head_dim/2]. Hugging Face rotate-half layout.
-Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
-Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& inv_freq);
+// inv_freq f32 [rotary_dim/2]: the first rotary_dim (<= head_dim) entries of each head rotate, the rest
+// pass through (partial_rotary_factor). cos and sin are scaled by mscale (LongRoPE's attention
+// scaling). Hugging Face rotate-half layout.
+Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, float mscale = 1.f);
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& inv_freq, float mscale = 1.f);
 // rope (or rope_backward) of q and of k, which share tokens, positions and head_dim: one launch on
 // CUDA (the same bits as two). Either may be undefined (then its result is too).
 std::pair<Tensor, Tensor> rope_pair(const Tensor& q, const Tensor& k, const Tensor& positions, const Tensor& inv_freq,
-                                    bool backward);
+                                    bool backward, float mscale = 1.f);
 // The default (unscaled) inverse frequencies as an f32 tensor on device (models/rope_scaling.h scales them).
 Tensor rope_inv_freq(int64_t head_dim, double theta, Device device);
 

@@ -5,6 +5,13 @@
 #include "kernels/grad_norm.h"
 
 #include <cmath>
+#include <cstring>
+
+#if LOOM_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_check.h"
+#endif
 
 namespace loom::ops {
 using namespace detail;
@@ -232,6 +239,47 @@ Tensor grad_norm_coef(const std::vector<Tensor>& grads, float max_norm) {
   const float sum = total.defined() ? total.item() : 0.f;
   const float norm = std::sqrt(sum);
   return Tensor::from_floats({norm, clip_coefficient(norm, max_norm)}, {2});
+}
+
+Tensor cat_last(const std::vector<Tensor>& parts, const std::vector<int64_t>& widths) {
+  LOOM_CHECK(!parts.empty() && parts.size() == widths.size(), "cat_last: ", parts.size(), " parts and ", widths.size(),
+             " widths");
+  const Tensor* first = nullptr;
+  for (const Tensor& p : parts)
+    if (p.defined() && !first) first = &p;
+  LOOM_CHECK(first != nullptr, "cat_last: every part is undefined");
+  Shape shape = first->shape();
+  const int64_t rows = first->numel() / std::max<int64_t>(shape.back(), 1);
+  int64_t total = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].defined()) {
+      same_device("cat_last", *first, parts[i]);
+      same_dtype("cat_last", *first, parts[i]);
+      LOOM_CHECK(parts[i].size(-1) == widths[i] && parts[i].numel() == rows * widths[i], "cat_last: part ", i, " ",
+                 parts[i].str(), " does not fit ", rows, " rows of ", widths[i]);
+    }
+    total += widths[i];
+  }
+  shape.back() = total;
+  Tensor out = Tensor::empty(shape, first->dtype(), first->device());
+  const size_t es = bytes_for(first->dtype(), 1);
+  auto* dst = static_cast<char*>(out.data_ptr());
+  int64_t col = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Tensor src = parts[i].defined() ? parts[i].contiguous() : Tensor::zeros({rows, widths[i]}, out.dtype(), out.device());
+    const size_t w = widths[i] * es, pitch = total * es;
+    if (out.is_cuda()) {
+#if LOOM_WITH_CUDA
+      LOOM_CUDA_CHECK(cudaMemcpy2DAsync(dst + col * es, pitch, src.data_ptr(), w, w, rows, cudaMemcpyDeviceToDevice,
+                                        stream_of(out)));
+#endif
+    } else {
+      const auto* s = static_cast<const char*>(src.data_ptr());
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * pitch + col * es, s + r * w, w);
+    }
+    col += widths[i];
+  }
+  return out;
 }
 
 }  // namespace loom::ops

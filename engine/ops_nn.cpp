@@ -113,16 +113,17 @@ int64_t rope_tokens(const char* op, const Tensor& x, const Tensor& positions, co
   LOOM_CHECK(x.dim() >= 3, op, ": x must be [..., heads, head_dim], got ", x.str());
   const int64_t head_dim = x.size(-1), heads = x.size(-2);
   const int64_t tokens = x.numel() / std::max<int64_t>(heads * head_dim, 1);
-  LOOM_CHECK(head_dim % 2 == 0 && inv_freq.numel() == head_dim / 2, op, ": inv_freq ", inv_freq.str(),
-             " does not fit head_dim ", head_dim);
+  LOOM_CHECK(head_dim % 2 == 0 && inv_freq.dim() == 1 && inv_freq.numel() >= 1 && inv_freq.numel() <= head_dim / 2, op,
+             ": inv_freq ", inv_freq.str(), " does not fit head_dim ", head_dim, " (at most head_dim / 2 frequencies)");
   LOOM_CHECK(positions.numel() == tokens, op, ": ", positions.numel(), " positions for ", tokens, " tokens of ",
              x.str());
   return tokens;
 }
 
-Tensor rope_apply(const char* op, const Tensor& x_in, const Tensor& positions, const Tensor& inv_freq, bool backward) {
+Tensor rope_apply(const char* op, const Tensor& x_in, const Tensor& positions, const Tensor& inv_freq, bool backward,
+                  float mscale) {
   const int64_t tokens = rope_tokens(op, x_in, positions, inv_freq);
-  const int64_t head_dim = x_in.size(-1), heads = x_in.size(-2);
+  const int64_t head_dim = x_in.size(-1), heads = x_in.size(-2), rot = 2 * inv_freq.numel();
   Tensor x = x_in.contiguous(), pos = positions.contiguous(), f = inv_freq.contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(op, x.dtype(), [&](auto tag) {
@@ -132,32 +133,34 @@ Tensor rope_apply(const char* op, const Tensor& x_in, const Tensor& positions, c
     if (x.is_cuda()) {
       LOOM_ON_CUDA(op, T, {
         if (backward)
-          cuda::rope_backward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, stream_of(x));
+          cuda::rope_backward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, rot, mscale, stream_of(x));
         else
-          cuda::rope_forward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, stream_of(x));
+          cuda::rope_forward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, rot, mscale, stream_of(x));
       });
     } else if (backward) {
-      cpu::rope_backward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim);
+      cpu::rope_backward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, rot, mscale);
     } else {
-      cpu::rope_forward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim);
+      cpu::rope_forward(x.data<T>(), y.data<T>(), p, fr, tokens, heads, head_dim, rot, mscale);
     }
   });
   return y;
 }
 }  // namespace
 
-Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  return rope_apply("rope", x, positions, inv_freq, false);
+Tensor rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, float mscale) {
+  return rope_apply("rope", x, positions, inv_freq, false, mscale);
 }
-Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& inv_freq) {
-  return rope_apply("rope_backward", dy, positions, inv_freq, true);
+Tensor rope_backward(const Tensor& dy, const Tensor& positions, const Tensor& inv_freq, float mscale) {
+  return rope_apply("rope_backward", dy, positions, inv_freq, true, mscale);
 }
 
 std::pair<Tensor, Tensor> rope_pair(const Tensor& q_in, const Tensor& k_in, const Tensor& positions,
-                                    const Tensor& inv_freq, bool backward) {
+                                    const Tensor& inv_freq, bool backward, float mscale) {
   const char* op = backward ? "rope_pair (backward)" : "rope_pair";
   if (!q_in.defined() || !k_in.defined() || !q_in.is_cuda()) {
-    auto one = [&](const Tensor& x) { return x.defined() ? rope_apply(op, x, positions, inv_freq, backward) : Tensor(); };
+    auto one = [&](const Tensor& x) {
+      return x.defined() ? rope_apply(op, x, positions, inv_freq, backward, mscale) : Tensor();
+    };
     return {one(q_in), one(k_in)};
   }
   same_dtype(op, q_in, k_in);
@@ -170,8 +173,8 @@ std::pair<Tensor, Tensor> rope_pair(const Tensor& q_in, const Tensor& k_in, cons
   dispatch_float(op, q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     LOOM_ON_CUDA(op, T, cuda::rope_pair(q.data<T>(), qo.data<T>(), q_heads, k.data<T>(), ko.data<T>(), k_heads,
-                                        pos.data<int32_t>(), f.data<float>(), tokens, head_dim, backward,
-                                        stream_of(q)));
+                                        pos.data<int32_t>(), f.data<float>(), tokens, head_dim,
+                                        2 * f.numel(), mscale, backward, stream_of(q)));
   });
   return {qo, ko};
 }

@@ -7,12 +7,20 @@ namespace loom::detail {
 
 ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window) {
   const ModelConfig& c = *ctx.config;
-  ag::Variable q = ag::reshape(attn.q_proj.forward(h), {ctx.batch, ctx.seq, c.num_attention_heads, c.head_dim});
-  ag::Variable k = ag::reshape(attn.k_proj.forward(h), {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
-  ag::Variable v = ag::reshape(attn.v_proj.forward(h), {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
+  ag::Variable q, k, v;
+  if (present(attn.qkv_proj)) {  // Phi-3: one product, its rows q, then k, then v
+    std::vector<ag::Variable> p = ag::split(attn.qkv_proj.forward(h), {c.q_dim(), c.kv_dim(), c.kv_dim()});
+    q = p[0], k = p[1], v = p[2];
+  } else {
+    q = attn.q_proj.forward(h), k = attn.k_proj.forward(h), v = attn.v_proj.forward(h);
+  }
+  q = ag::reshape(q, {ctx.batch, ctx.seq, c.num_attention_heads, c.head_dim});
+  k = ag::reshape(k, {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
+  v = ag::reshape(v, {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
   if (attn.q_norm) q = attn.q_norm->forward(q);
   if (attn.k_norm) k = attn.k_norm->forward(k);
-  std::tie(q, k) = ag::rope_qk(q, k, ctx.positions, ctx.inv_freq);  // one launch for both
+  // One launch for both; partial rotary when the table is shorter than head_dim / 2.
+  std::tie(q, k) = ag::rope_qk(q, k, ctx.positions, ctx.inv_freq, ctx.rope_mscale);
   ops::AttentionOptions opt;
   opt.scale = c.attention_scale();
   opt.softcap = c.attn_logit_softcapping;

@@ -11,7 +11,9 @@ struct LayerContext {
   const ModelConfig* config = nullptr;
   int64_t batch = 0, seq = 0;
   Tensor positions;  // i32 [batch*seq]
-  Tensor inv_freq;   // f32 [head_dim/2]: the RoPE table of this layer's type (full or sliding)
+  Tensor inv_freq;   // f32 [rotary_dim/2]: the RoPE table of this layer's type (full or sliding)
+  float rope_mscale = 1.f;  // LongRoPE's attention scaling of cos and sin
+  int64_t max_position = -1;  // the largest position of this forward (LongRoPE's choice of factors)
   Tensor segment_ids;
   // Generation: this layer's KV cache [1, capacity, kv_heads, head_dim] and where the new tokens go.
   Tensor* k_cache = nullptr;

@@ -137,7 +137,8 @@ bool bnb_quantizes(const std::string& name, const BnbQuantConfig* config) {
   const std::string module = name.substr(0, name.size() - 7);
   const size_t dot = module.rfind('.');
   const std::string leaf = dot == std::string::npos ? module : module.substr(dot + 1);
-  static const char* const kLinears[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static const char* const kLinears[] = {"q_proj",  "k_proj",   "v_proj",   "o_proj",      "gate_proj",
+                                         "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
   bool linear = false;
   for (const char* l : kLinears) linear = linear || leaf == l;
   return linear && !(config && config->skips(module));

@@ -114,16 +114,27 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     };
     LOOM_RETURN_IF_ERROR(w.norm(L.input_layernorm, p + "input_layernorm", c.hidden_size));
     LOOM_RETURN_IF_ERROR(w.norm(L.post_attention_layernorm, p + "post_attention_layernorm", c.hidden_size));
-    LOOM_RETURN_IF_ERROR(w.linear(a.q_proj, p + "self_attn.q_proj", c.q_dim(), c.hidden_size, c.attention_bias));
-    LOOM_RETURN_IF_ERROR(w.linear(a.k_proj, p + "self_attn.k_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
-    LOOM_RETURN_IF_ERROR(w.linear(a.v_proj, p + "self_attn.v_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
+    // Fused projections (Phi-3) exist where the family's weight map names them as Loom modules.
+    if (fam.has_layer_module("self_attn.qkv_proj")) {
+      LOOM_RETURN_IF_ERROR(w.linear(a.qkv_proj, p + "self_attn.qkv_proj", c.q_dim() + 2 * c.kv_dim(), c.hidden_size,
+                                    c.attention_bias));
+    } else {
+      LOOM_RETURN_IF_ERROR(w.linear(a.q_proj, p + "self_attn.q_proj", c.q_dim(), c.hidden_size, c.attention_bias));
+      LOOM_RETURN_IF_ERROR(w.linear(a.k_proj, p + "self_attn.k_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
+      LOOM_RETURN_IF_ERROR(w.linear(a.v_proj, p + "self_attn.v_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
+    }
     LOOM_RETURN_IF_ERROR(w.linear(a.o_proj, p + "self_attn.o_proj", c.hidden_size, c.q_dim(), c.o_proj_bias));
     LOOM_RETURN_IF_ERROR(optional_norm(a.q_norm, "self_attn.q_norm", c.head_dim));
     LOOM_RETURN_IF_ERROR(optional_norm(a.k_norm, "self_attn.k_norm", c.head_dim));
     LOOM_RETURN_IF_ERROR(optional_norm(L.pre_feedforward_layernorm, "pre_feedforward_layernorm", c.hidden_size));
     LOOM_RETURN_IF_ERROR(optional_norm(L.post_feedforward_layernorm, "post_feedforward_layernorm", c.hidden_size));
-    LOOM_RETURN_IF_ERROR(w.linear(L.mlp.gate_proj, p + "mlp.gate_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
-    LOOM_RETURN_IF_ERROR(w.linear(L.mlp.up_proj, p + "mlp.up_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
+    if (fam.has_layer_module("mlp.gate_up_proj")) {
+      LOOM_RETURN_IF_ERROR(
+          w.linear(L.mlp.gate_up_proj, p + "mlp.gate_up_proj", 2 * c.intermediate_size, c.hidden_size, c.mlp_bias));
+    } else {
+      LOOM_RETURN_IF_ERROR(w.linear(L.mlp.gate_proj, p + "mlp.gate_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
+      LOOM_RETURN_IF_ERROR(w.linear(L.mlp.up_proj, p + "mlp.up_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
+    }
     LOOM_RETURN_IF_ERROR(w.linear(L.mlp.down_proj, p + "mlp.down_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));
     L.mlp.gelu = c.hidden_act == "gelu_pytorch_tanh";
     L.window = c.is_sliding(i) ? c.sliding_window : 0;
@@ -139,10 +150,18 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     LOOM_RETURN_IF_ERROR(w.linear(m->lm_head_, "lm_head", c.vocab_size, c.hidden_size, false));
   }
   LOOM_RETURN_IF_ERROR(w.check_unexpected(&m->load_notes_));
-  // One RoPE table per layer type (shared when both types rotate alike).
-  m->inv_freq_ = rope_inv_freq_tensor(c.head_dim, c.rope, options.device);
-  m->inv_freq_sliding_ =
-      c.rope_sliding == c.rope ? m->inv_freq_ : rope_inv_freq_tensor(c.head_dim, c.rope_sliding, options.device);
+  // One RoPE table per layer type (shared when both types rotate alike), two with LongRoPE.
+  auto tables = [&](const RopeParams& r) {
+    RopeTables t;
+    t.params = &r;
+    t.inv_freq = rope_inv_freq_tensor(c.head_dim, r, options.device);
+    if (r.scaling.kind == RopeScaling::Kind::kLongRope)
+      t.inv_freq_long = rope_inv_freq_tensor(c.head_dim, r, options.device, true);
+    return t;
+  };
+  m->rope_full_ = tables(c.rope);
+  m->rope_sliding_ = c.rope_sliding == c.rope ? m->rope_full_ : tables(c.rope_sliding);
+  m->rope_sliding_.params = &c.rope_sliding;
   return m;
 }
 
@@ -173,7 +192,22 @@ detail::LayerContext CausalLM::context_for(const Tensor& input_ids, const Forwar
     ctx.positions = Tensor::from_ints(pos, {ctx.batch * ctx.seq}).to(device_);
   }
   if (options.segment_ids.defined()) ctx.segment_ids = options.segment_ids.to(device_);
+  ctx.max_position = options.max_position;
+  if (ctx.max_position < 0) {
+    if (!options.positions.defined()) {
+      ctx.max_position = ctx.seq - 1;
+    } else if (rope_full_.inv_freq_long.defined() || rope_sliding_.inv_freq_long.defined()) {
+      // Only LongRoPE needs it: the positions are read (back) here unless the caller said.
+      const std::vector<int32_t> p = options.positions.to_ints();
+      for (int32_t v : p) ctx.max_position = std::max<int64_t>(ctx.max_position, v);
+    }
+  }
   return ctx;
+}
+
+void CausalLM::RopeTables::pick(int64_t max_position, detail::LayerContext& ctx) const {
+  ctx.inv_freq = inv_freq_long.defined() && params->uses_long_factors(max_position) ? inv_freq_long : inv_freq;
+  ctx.rope_mscale = params->mscale();
 }
 
 ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& options) const {
@@ -228,7 +262,7 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
       ctx.k_cache = &cache->k[i];
       ctx.v_cache = &cache->v[i];
     }
-    ctx.inv_freq = c.is_sliding(static_cast<int64_t>(i)) ? inv_freq_sliding_ : inv_freq_;
+    (c.is_sliding(static_cast<int64_t>(i)) ? rope_sliding_ : rope_full_).pick(ctx.max_position, ctx);
     if (checkpointed) {  // the layer runs again in backward: it captures its context by value
       auto layer = [L = &layers_[i], block, lctx = ctx](const std::vector<ag::Variable>& in) {
         return std::vector<ag::Variable>{block(*L, in[0], lctx)};
@@ -276,6 +310,9 @@ ag::Variable CausalLM::forward_cached(const Tensor& input_ids, KvCache& cache, b
   std::vector<int32_t> pos(ctx.seq);
   for (int64_t i = 0; i < ctx.seq; ++i) pos[i] = static_cast<int32_t>(cache.length + i);
   ctx.positions = Tensor::from_ints(pos, {ctx.seq}).to(device_);
+  // As transformers' generate: LongRoPE's factors follow the length so far (the cache keeps what
+  // earlier steps rotated).
+  ctx.max_position = cache.length + ctx.seq - 1;
   ag::Variable logits = run(input_ids, ctx, &cache, !all_positions);
   cache.length += ctx.seq;
   return logits;
@@ -284,9 +321,8 @@ ag::Variable CausalLM::forward_cached(const Tensor& input_ids, KvCache& cache, b
 std::vector<Linear*> CausalLM::linears() {
   std::vector<Linear*> out;
   for (DecoderLayer& L : layers_) {
-    Attention& a = L.self_attn;
-    for (Linear* l : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &L.mlp.gate_proj, &L.mlp.up_proj, &L.mlp.down_proj})
-      out.push_back(l);
+    for (Linear* l : L.self_attn.linears()) out.push_back(l);
+    for (Linear* l : L.mlp.linears()) out.push_back(l);
   }
   if (!config_.tie_word_embeddings) out.push_back(&lm_head_);
   return out;
@@ -309,13 +345,13 @@ std::vector<std::pair<std::string, const ag::Variable*>> CausalLM::named_weights
   for (const DecoderLayer& L : layers_) {
     add_norm(L.input_layernorm);
     const Attention& a = L.self_attn;
-    for (const Linear* l : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj}) add_linear(*l);
+    for (const Linear* l : const_cast<Attention&>(a).linears()) add_linear(*l);
     if (a.q_norm) add_norm(*a.q_norm);
     if (a.k_norm) add_norm(*a.k_norm);
     add_norm(L.post_attention_layernorm);
     if (L.pre_feedforward_layernorm) add_norm(*L.pre_feedforward_layernorm);
     if (L.post_feedforward_layernorm) add_norm(*L.post_feedforward_layernorm);
-    for (const Linear* l : {&L.mlp.gate_proj, &L.mlp.up_proj, &L.mlp.down_proj}) add_linear(*l);
+    for (const Linear* l : const_cast<Mlp&>(L.mlp).linears()) add_linear(*l);
   }
   add_norm(norm_);
   if (!config_.tie_word_embeddings) add_linear(lm_head_);

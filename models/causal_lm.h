@@ -40,6 +40,9 @@ struct LoadOptions {
 struct ForwardOptions {
   Tensor positions;    // optional i32 [batch*seq]; default 0..seq-1 in every row
   Tensor segment_ids;  // optional i32 [batch, seq]: attention stays inside a packed document
+  // The largest of `positions` when the caller knows it (-1: read from them when needed). LongRoPE
+  // picks its short or long factors by it, as transformers does by max(position_ids) + 1.
+  int64_t max_position = -1;
 };
 
 class CausalLM {
@@ -124,8 +127,15 @@ class CausalLM {
   std::vector<DecoderLayer> layers_;
   RmsNorm norm_;
   Linear lm_head_;  // weight is embed_tokens_ when tied
-  Tensor inv_freq_;          // RoPE of full-attention layers
-  Tensor inv_freq_sliding_;  // RoPE of sliding-window layers (the same tensor unless the family gives them their own)
+  // The RoPE of one layer type: its table (LongRoPE: the short factors' and the long factors') and
+  // the scaling of cos and sin.
+  struct RopeTables {
+    Tensor inv_freq, inv_freq_long;
+    const RopeParams* params = nullptr;
+    void pick(int64_t max_position, detail::LayerContext& ctx) const;
+  };
+  RopeTables rope_full_;     // full-attention layers
+  RopeTables rope_sliding_;  // sliding-window layers (the same tables unless the family gives them their own)
   Checkpointing checkpointing_ = Checkpointing::kNone;
 };
 

@@ -21,11 +21,28 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kSupportedRope = "default, linear, llama3";
+constexpr const char* kSupportedRope = "default, linear, llama3, longrope";
+
+// A list of positive numbers (LongRoPE's short_factor / long_factor).
+std::vector<double> read_factor_list(const ConfigFields& f, const char* key) {
+  if (!f.set(key)) f.missing(key, "LongRoPE needs both short_factor and long_factor");
+  const json& v = f.at(key);
+  if (!v.is_array() || v.empty()) f.wrong(key, "a non-empty list of numbers");
+  std::vector<double> out;
+  for (const json& e : v) {
+    if (!e.is_number()) f.wrong(key, "a non-empty list of numbers");
+    const double d = e.get<double>();
+    if (!(d > 0) || !std::isfinite(d)) f.bad(key, "every factor must be a finite number > 0");
+    out.push_back(d);
+  }
+  return out;
+}
 
 // The scaling dict of either version (4.x `rope_scaling` or 5.x `rope_parameters`), whose object
-// is `f`; `name` is the key it came from.
-RopeScaling parse_rope_scaling(const ConfigFields& f, const std::string& name) {
+// is `f`; `name` is the key it came from; `top` is config.json's top level (4.x Phi-3 keeps
+// original_max_position_embeddings there).
+RopeScaling parse_rope_scaling(const ConfigFields& f, const std::string& name, const ConfigFields& top,
+                               int64_t max_position_embeddings) {
   // transformers: rope_type wins over the legacy "type"; neither means the default rotation.
   std::string type = "default";
   if (auto t = f.opt_string("rope_type"))
@@ -54,18 +71,62 @@ RopeScaling parse_rope_scaling(const ConfigFields& f, const std::string& name) {
                         s.high_freq_factor, ": llama3 RoPE needs 0 < low_freq_factor < high_freq_factor"));
     return s;
   }
+  if (type == "longrope" || type == "su") {  // "su": the name Phi-3's first configs used
+    s.kind = RopeScaling::Kind::kLongRope;
+    s.short_factor = read_factor_list(f, "short_factor");
+    s.long_factor = read_factor_list(f, "long_factor");
+    if (s.short_factor.size() != s.long_factor.size())
+      config_fail(absl::StrCat(f.where(), ": ", name, " has ", s.short_factor.size(), " short_factor and ",
+                               s.long_factor.size(), " long_factor entries; LongRoPE needs one of each per frequency"));
+    // transformers: the pretrained length from the dict (5.x) or the top level (4.x), else
+    // max_position_embeddings; the default attention factor from max_position_embeddings / it.
+    double original = static_cast<double>(max_position_embeddings);
+    if (f.set("original_max_position_embeddings"))
+      original = f.req_double("original_max_position_embeddings", "");
+    else if (top.set("original_max_position_embeddings"))
+      original = top.req_double("original_max_position_embeddings", "");
+    if (!(original >= 1)) f.bad("original_max_position_embeddings", "must be >= 1");
+    s.original_max_position_embeddings = original;
+    s.factor = f.set("factor") ? f.req_double("factor", "") : static_cast<double>(max_position_embeddings) / original;
+    if (!(s.factor > 0)) f.bad("factor", "must be > 0");
+    if (f.set("attention_factor")) {
+      s.attention_factor = f.req_double("attention_factor", "");
+      if (!(s.attention_factor > 0)) f.bad("attention_factor", "must be > 0");
+    } else {
+      s.attention_factor = s.factor <= 1 ? 1.0 : std::sqrt(1 + std::log(s.factor) / std::log(original));
+    }
+    return s;
+  }
   config_fail(absl::StrCat(f.where(), ": ", name, " has rope_type '", type,
                     "', which Loom does not support (supported: ", kSupportedRope, ")"));
 }
 
 // One RoPE dict of `rope_parameters` (the object `f`, key `name`): its base and scaling.
-RopeParams parse_rope_dict(const ConfigFields& f, const std::string& name, double theta) {
+RopeParams parse_rope_dict(const ConfigFields& f, const std::string& name, double theta, const ConfigFields& top,
+                           int64_t max_position_embeddings) {
   RopeParams r;
   r.theta = f.get_double("rope_theta", theta);
-  r.scaling = parse_rope_scaling(f, name);
-  if (f.set("partial_rotary_factor") && f.get_double("partial_rotary_factor", 1) != 1)
-    f.bad("partial_rotary_factor", "partial rotary embeddings are not supported");
+  r.scaling = parse_rope_scaling(f, name, top, max_position_embeddings);
+  if (f.set("partial_rotary_factor")) r.partial_rotary_factor = f.get_double("partial_rotary_factor", 1);
   return r;
+}
+
+// partial_rotary_factor (top level in 4.x, or in the RoPE dict) against the family and head_dim, and
+// LongRoPE's factor lists against the rotated frequencies.
+void check_rotary(const ConfigFields& top, const std::string& origin, const ModelConfig& c, const RopeParams& r) {
+  if (r.partial_rotary_factor != 1) {
+    if (!c.family->partial_rotary)
+      top.bad("partial_rotary_factor", absl::StrCat("partial rotary embeddings are not part of ", c.model_type, " models"));
+    if (!(r.partial_rotary_factor > 0 && r.partial_rotary_factor <= 1))
+      top.bad("partial_rotary_factor", "must be in (0, 1]");
+  }
+  const int64_t dim = r.rotary_dim(c.head_dim);
+  if (dim < 2 || dim % 2 != 0)
+    config_fail(absl::StrCat(origin, ": partial_rotary_factor ", r.partial_rotary_factor, " of head_dim ", c.head_dim,
+                             " rotates ", dim, " dims; RoPE needs a positive even number"));
+  if (r.scaling.kind == RopeScaling::Kind::kLongRope && static_cast<int64_t>(r.scaling.short_factor.size()) != dim / 2)
+    config_fail(absl::StrCat(origin, ": LongRoPE has ", r.scaling.short_factor.size(), " factors per list, but ", dim,
+                             " rotated dims need ", dim / 2));
 }
 
 // Fills rope and rope_sliding from either form. 5.x `rope_parameters` wins when both appear
@@ -95,26 +156,34 @@ void parse_rope(const ConfigFields& top, const json& j, const std::string& origi
           config_fail(absl::StrCat(origin, ": rope_parameters has dicts per layer type but none for '", k, "'"));
       const double theta = c->rope.theta;
       c->rope = parse_rope_dict(ConfigFields(rp.at("full_attention"), origin, "rope_parameters.full_attention."),
-                                "rope_parameters.full_attention", theta);
+                                "rope_parameters.full_attention", theta, top, c->max_position_embeddings);
       c->rope_sliding = parse_rope_dict(ConfigFields(rp.at("sliding_attention"), origin, "rope_parameters.sliding_attention."),
-                                        "rope_parameters.sliding_attention", theta);
+                                        "rope_parameters.sliding_attention", theta, top, c->max_position_embeddings);
     } else {
-      c->rope = parse_rope_dict(ConfigFields(rp, origin, "rope_parameters."), "rope_parameters", c->rope.theta);
+      c->rope = parse_rope_dict(ConfigFields(rp, origin, "rope_parameters."), "rope_parameters", c->rope.theta, top,
+                                c->max_position_embeddings);
       c->rope_sliding = c->rope;
     }
   } else {
     if (top.set("rope_scaling")) {
       const json& rs = j.at("rope_scaling");
       if (!rs.is_object()) top.wrong("rope_scaling", "an object such as {\"rope_type\": \"llama3\", \"factor\": 8, ...}");
-      c->rope.scaling = parse_rope_scaling(ConfigFields(rs, origin, "rope_scaling."), "rope_scaling");
+      c->rope.scaling =
+          parse_rope_scaling(ConfigFields(rs, origin, "rope_scaling."), "rope_scaling", top, c->max_position_embeddings);
     }
     c->rope_sliding = c->rope;
   }
   if (!(c->rope.theta > 0)) config_fail(absl::StrCat(origin, ": rope_theta is ", c->rope.theta, ", expected > 0"));
   if (!(c->rope_sliding.theta > 0))
     config_fail(absl::StrCat(origin, ": the sliding layers' rope_theta is ", c->rope_sliding.theta, ", expected > 0"));
-  if (top.set("partial_rotary_factor") && top.get_double("partial_rotary_factor", 1) != 1)
-    top.bad("partial_rotary_factor", "partial rotary embeddings are not supported");
+  // 4.x keeps partial_rotary_factor at the top level (a dict's own value wins).
+  if (top.set("partial_rotary_factor")) {
+    const double p = top.get_double("partial_rotary_factor", 1);
+    for (RopeParams* r : {&c->rope, &c->rope_sliding})
+      if (r->partial_rotary_factor == 1) r->partial_rotary_factor = p;
+  }
+  check_rotary(top, origin, *c, c->rope);
+  check_rotary(top, origin, *c, c->rope_sliding);
 }
 
 void parse_token_ids(const ConfigFields& f, ModelConfig* c, std::optional<int64_t> bos, std::optional<int64_t> eos,

@@ -97,6 +97,7 @@ struct FamilySpec {
   // exactly where the weight map lists them).
   bool norm_adds_one = false;  // RMSNorm computes x * (1 + w) (Gemma)
   bool embed_scale = false;    // embeddings times sqrt(hidden_size) rounded to the model dtype (Gemma)
+  bool partial_rotary = false; // `partial_rotary_factor` < 1 rotates only the head's leading dims (Phi-3)
 
   // Weight map: the model-level modules ("model.embed_tokens", "model.norm", "lm_head") and one
   // decoder layer's (under "model.layers.<i>." and llama.cpp's "blk.<i>.").

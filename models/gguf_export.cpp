@@ -81,6 +81,13 @@ absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const s
     w.add(p + "rope.scaling.type", gguf_string("linear"));
     w.add(p + "rope.scaling.factor", gguf_f32(static_cast<float>(c.rope.scaling.factor)));
   }
+  if (c.rope.scaling.kind == RopeScaling::Kind::kLongRope) {  // as convert_hf_to_gguf.py's Phi3MiniModel
+    for (const auto& [name, factors] : {std::pair{kRopeFactorsLong, &c.rope.scaling.long_factor},
+                                        std::pair{kRopeFactorsShort, &c.rope.scaling.short_factor}}) {
+      std::vector<float> v(factors->begin(), factors->end());
+      w.add_tensor(name, Tensor::from_floats(v, {static_cast<int64_t>(v.size())}), GgmlType::F32);
+    }
+  }
   w.add("general.file_type", gguf_u32(file_type(matrix_type)));
   w.add("general.quantization_version", gguf_u32(2));
 

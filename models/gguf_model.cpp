@@ -80,9 +80,11 @@ absl::StatusOr<json> gguf_hf_config(const GgufFile& f) {
   }
   if (f.has(p + "rope.dimension_count")) {
     LOOM_ASSIGN_OR_RETURN(const int64_t rope_dim, f.get_int(p + "rope.dimension_count"));
-    if (rope_dim != head_dim)
+    if (rope_dim != head_dim && (!family->partial_rotary || rope_dim <= 0 || rope_dim > head_dim || rope_dim % 2))
       return absl::UnimplementedError(absl::StrCat(f.path(), ": ", p, "rope.dimension_count is ", rope_dim,
-                                                   " but heads are ", head_dim, " wide: partial rotary embeddings are not supported"));
+                                                   " but heads are ", head_dim, " wide: partial rotary embeddings are not ",
+                                                   "part of ", family->name, " models"));
+    if (rope_dim != head_dim) j["partial_rotary_factor"] = static_cast<double>(rope_dim) / static_cast<double>(head_dim);
   }
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd || embd->ne.size() != 2)
@@ -117,6 +119,21 @@ absl::StatusOr<json> gguf_hf_config(const GgufFile& f) {
   } else if (scaling != "none") {
     return absl::UnimplementedError(absl::StrCat(f.path(), ": ", p, "rope.scaling.type is '", scaling,
                                                  "'; Loom maps none and linear"));
+  }
+  // LongRoPE (Phi-3): convert_hf_to_gguf.py keeps the factor lists as two f32 tensors.
+  const GgufTensorInfo* long_f = f.find_tensor(kRopeFactorsLong);
+  const GgufTensorInfo* short_f = f.find_tensor(kRopeFactorsShort);
+  if (long_f || short_f) {
+    if (!long_f || !short_f)
+      return absl::InvalidArgumentError(absl::StrCat(f.path(), ": LongRoPE needs both '", kRopeFactorsLong, "' and '",
+                                                     kRopeFactorsShort, "', the file has one"));
+    json rs = {{"type", "longrope"}};
+    for (const auto& [key, info] : {std::pair{"long_factor", long_f}, std::pair{"short_factor", short_f}}) {
+      LOOM_ASSIGN_OR_RETURN(Tensor t, f.read_f32(*info));
+      rs[key] = json::array();
+      for (float v : t.to_floats()) rs[key].push_back(static_cast<double>(v));
+    }
+    j["rope_scaling"] = rs;
   }
   if (f.find_tensor("rope_freqs.weight"))
     return absl::UnimplementedError(absl::StrCat(
@@ -191,6 +208,7 @@ Tensor do_gguf_fix(Tensor t, GgufFix fix, const ModelConfig& c) { return apply_g
 absl::StatusOr<std::map<std::string, Tensor>> gguf_hf_tensors(const GgufFile& f, const ModelConfig& c) {
   std::map<std::string, Tensor> out;
   for (const GgufTensorInfo& info : f.tensors()) {
+    if (info.name == kRopeFactorsLong || info.name == kRopeFactorsShort) continue;  // in config.json's rope_scaling
     const auto hf = gguf_to_hf(*c.family, info.name);
     if (!hf)
       return absl::UnimplementedError(absl::StrCat(f.path(), ": tensor '", info.name, "' has no Hugging Face ",

@@ -14,6 +14,12 @@
 
 namespace loom {
 
+// llama.cpp's LongRoPE factor tensors (f32 [rotary_dim / 2]), read into and written from config.json's
+// rope_scaling.long_factor / short_factor.
+inline constexpr const char* kRopeFactorsLong = "rope_factors_long.weight";
+inline constexpr const char* kRopeFactorsShort = "rope_factors_short.weight";
+
+
 // True when `path` names a .gguf file (not a folder).
 bool is_gguf_path(const std::string& path);
 

@@ -20,8 +20,29 @@ ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute
   return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize, recompute_x);
 }
 
+std::vector<Linear*> Attention::linears() {
+  std::vector<Linear*> out;
+  for (Linear* l : {&q_proj, &k_proj, &v_proj, &qkv_proj, &o_proj})
+    if (present(*l)) out.push_back(l);
+  return out;
+}
+
+std::vector<Linear*> Mlp::linears() {
+  std::vector<Linear*> out;
+  for (Linear* l : {&gate_proj, &up_proj, &gate_up_proj, &down_proj})
+    if (present(*l)) out.push_back(l);
+  return out;
+}
+
 ag::Variable Mlp::forward(const ag::Variable& x) const {
-  ag::Variable gate = gate_proj.forward(x), up = up_proj.forward(x);
+  ag::Variable gate, up;
+  if (present(gate_up_proj)) {  // transformers' Phi3MLP: gate, up = gate_up_proj(x).chunk(2, dim=-1)
+    const int64_t inter = gate_up_proj.out_features() / 2;
+    std::vector<ag::Variable> parts = ag::split(gate_up_proj.forward(x), {inter, inter});
+    gate = parts[0], up = parts[1];
+  } else {
+    gate = gate_proj.forward(x), up = up_proj.forward(x);
+  }
   ag::Variable h = gelu ? ag::geglu(gate, up) : ag::swiglu(gate, up);
   // The activation's backward keeps gate and up; down_proj's adapter computes h from them again
   // rather than keeping a third [tokens, intermediate] tensor alive until backward.

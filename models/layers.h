@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "autograd/functions.h"
 #include "models/nf4_weight.h"
@@ -53,15 +54,25 @@ struct RmsNorm {
   }
 };
 
+// A Linear that a family may leave out has an empty name (not built, not listed, never called).
+inline bool present(const Linear& l) { return !l.name.empty(); }
+
 struct Attention {
   Linear q_proj, k_proj, v_proj, o_proj;
+  // Phi-3: q, k and v as one fused Linear (rows q, then k, then v) in place of the three, as its
+  // checkpoints, llama.cpp and PEFT keep it (a LoRA adapter on qkv_proj shares its A across the three).
+  Linear qkv_proj;
   std::optional<RmsNorm> q_norm, k_norm;  // Qwen3: per-head RMSNorm of q and k before RoPE
+  // The projections present, in checkpoint order.
+  std::vector<Linear*> linears();
 };
 
 struct Mlp {
   Linear gate_proj, up_proj, down_proj;
+  Linear gate_up_proj;  // Phi-3: gate and up fused (rows gate, then up) in place of the two
   bool gelu = false;  // gelu_pytorch_tanh (Gemma) instead of SiLU
   ag::Variable forward(const ag::Variable& x) const;
+  std::vector<Linear*> linears();  // present ones, in checkpoint order
 };
 
 struct DecoderLayer {

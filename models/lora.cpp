@@ -123,9 +123,14 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
   if (matched == 0) {
     std::string names;
     for (const auto& t : config.target_modules) absl::StrAppend(&names, names.empty() ? "" : ", ", t);
+    std::set<std::string> leaves;  // the model's own linear layers, by their short names
+    std::string have;
+    for (const Linear* l : std::as_const(model).linears())
+      if (l->name != "lm_head" && leaves.insert(l->name.substr(l->name.rfind('.') + 1)).second)
+        absl::StrAppend(&have, have.empty() ? "" : ", ", l->name.substr(l->name.rfind('.') + 1));
     return absl::InvalidArgumentError(absl::StrCat("LoRA target_modules [", names, "] match no module of this ",
-                                                   model.config().model_type, " model (its linear layers are q_proj, ",
-                                                   "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"));
+                                                   model.config().model_type, " model (its linear layers are ", have,
+                                                   ")"));
   }
   seed_lora_dropout(model, seed);
   return absl::OkStatus();

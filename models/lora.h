@@ -17,8 +17,11 @@ struct LoraConfig {
   float dropout = 0.f;
   bool use_rslora = false;  // scale alpha / sqrt(r) instead of alpha / r
   // PEFT semantics: a module matches when its name equals an entry or ends with "." + entry;
-  // "all-linear" means every Linear but the output head.
-  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  // "all-linear" means every Linear but the output head. The default names every projection of every
+  // family: the separate ones, and Phi-3's fused qkv_proj and gate_up_proj (names a model lacks match
+  // nothing, as in PEFT).
+  std::vector<std::string> target_modules = {"q_proj",  "k_proj",    "v_proj",   "o_proj",      "gate_proj",
+                                             "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
 
   float scale() const;
 };

@@ -1,16 +1,34 @@
 // The scaled RoPE tables (models/rope_scaling.h), reproducing transformers' float32 arithmetic.
 #include "models/rope_scaling.h"
 
+#include <cmath>
 #include <numbers>
 
 #include "kernels/rope.h"
 
 namespace loom {
 
-std::vector<float> rope_inv_freq(int64_t head_dim, const RopeParams& rope) {
-  std::vector<float> inv = cpu::rope_inv_freq(head_dim, rope.theta);
+int64_t RopeParams::rotary_dim(int64_t head_dim) const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+}
+
+std::vector<float> rope_inv_freq(int64_t head_dim, const RopeParams& rope, bool long_factors) {
+  const int64_t dim = rope.rotary_dim(head_dim);
+  std::vector<float> inv = cpu::rope_inv_freq(dim, rope.theta);
   const RopeScaling& s = rope.scaling;
   switch (s.kind) {
+    case RopeScaling::Kind::kLongRope: {
+      // transformers: 1.0 / (ext_factors * base ** (arange(0, dim, 2).float() / dim)), in float32.
+      const std::vector<double>& ext = long_factors ? s.long_factor : s.short_factor;
+      LOOM_CHECK(static_cast<int64_t>(ext.size()) == dim / 2, "rope_inv_freq: ", ext.size(), " LongRoPE factors for ",
+                 dim / 2, " frequencies");
+      const float base = static_cast<float>(rope.theta);
+      for (size_t i = 0; i < inv.size(); ++i) {
+        const float expo = static_cast<float>(2 * i) / static_cast<float>(dim);
+        inv[i] = 1.0f / (static_cast<float>(ext[i]) * std::pow(base, expo));
+      }
+      break;
+    }
     case RopeScaling::Kind::kDefault:
       break;
     case RopeScaling::Kind::kLinear: {
@@ -52,8 +70,8 @@ std::vector<float> rope_inv_freq(int64_t head_dim, const RopeParams& rope) {
   return inv;
 }
 
-Tensor rope_inv_freq_tensor(int64_t head_dim, const RopeParams& rope, Device device) {
-  std::vector<float> f = rope_inv_freq(head_dim, rope);
+Tensor rope_inv_freq_tensor(int64_t head_dim, const RopeParams& rope, Device device, bool long_factors) {
+  std::vector<float> f = rope_inv_freq(head_dim, rope, long_factors);
   return Tensor::from_floats(f, {static_cast<int64_t>(f.size())}).to(device);
 }
 
@@ -62,6 +80,7 @@ const char* rope_kind_name(RopeScaling::Kind k) {
     case RopeScaling::Kind::kDefault: return "default";
     case RopeScaling::Kind::kLinear: return "linear";
     case RopeScaling::Kind::kLlama3: return "llama3";
+    case RopeScaling::Kind::kLongRope: return "longrope";
   }
   return "?";
 }

@@ -27,6 +27,7 @@ BATCH, SEQ = 2, 12
 # Positions of `labels` set to -100 (transformers shifts labels by one inside the loss, so position 0 never counts).
 IGNORED_LABELS = {0: [3, 8], 1: [0, 5, 6, 11]}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PHI3_LORA_TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]  # Phi-3 keeps q/k/v and gate/up fused
 LORA_R, LORA_ALPHA = 8, 16
 LORA_B_STD = 0.05
 ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01}
@@ -115,6 +116,40 @@ VARIANTS = {
         ablations=[("local rope base = the global one", {"rope_local": _rope("linear", theta=1000000.0, factor=8.0)}),
                    ("global rope unscaled", {"rope": _rope(theta=1000000.0)}),
                    ("sliding window 4096", {"config": {"sliding_window": 4096}})]),
+    # Phi-3: fused qkv_proj / gate_up_proj (LoRA on the fused modules as PEFT does it), a window of 5 in 12 tokens
+    # on every layer (Phi-3-mini-4k has sliding_window 2047).
+    "phi3": dict(
+        seed=9, arch="Phi3ForCausalLM", config_class="Phi3Config",
+        config=_cfg(tie_word_embeddings=False, rms_norm_eps=1e-5, sliding_window=5, pad_token_id=None,
+                    bos_token_id=1, eos_token_id=2, original_max_position_embeddings=256),
+        rope=_rope(), norm="w", save_dtype="float32", shard=None, use_rslora=False,
+        lora_targets=PHI3_LORA_TARGETS, window=dict(layer_types=None, size=5),
+        ablations=[("no sliding window", {"config": {"sliding_window": None}})]),
+    # LongRoPE with a partial rotary factor (Phi-4-mini rotates 3/4 of a head; here 1/2: 8 of 16 dims, 4 factors).
+    # The 12 positions pass original_max_position_embeddings 8: transformers switches to the long factors.
+    "phi3_longrope": dict(
+        seed=10, arch="Phi3ForCausalLM", config_class="Phi3Config",
+        config=_cfg(tie_word_embeddings=True, rms_norm_eps=1e-5, sliding_window=None, pad_token_id=None,
+                    bos_token_id=1, eos_token_id=2, max_position_embeddings=64,
+                    original_max_position_embeddings=8, partial_rotary_factor=0.5),
+        rope=_rope("longrope", theta=10000.0, short_factor=[1.0, 1.3, 2.1, 3.7], long_factor=[1.1, 2.9, 7.3, 19.0]),
+        norm="w", save_dtype="float32", shard=None, use_rslora=False, lora_targets=PHI3_LORA_TARGETS,
+        ablations=[("all dims rotate", {"config": {"partial_rotary_factor": 1.0},
+                                        "rope": _rope("longrope", theta=10000.0, short_factor=[1.0] * 8,
+                                                      long_factor=[1.1, 2.9, 7.3, 19.0, 1, 1, 1, 1])}),
+                   ("short factors (original 16 > 12 positions)",
+                    {"config": {"original_max_position_embeddings": 16}})]),
+    # The same below original_max_position_embeddings (16 > 12 positions): the short factors, and attention
+    # scaling sqrt(1 + ln(64 / 16) / ln(16)).
+    "phi3_longrope_below": dict(
+        seed=11, arch="Phi3ForCausalLM", config_class="Phi3Config",
+        config=_cfg(tie_word_embeddings=True, rms_norm_eps=1e-5, sliding_window=None, pad_token_id=None,
+                    bos_token_id=1, eos_token_id=2, max_position_embeddings=64,
+                    original_max_position_embeddings=16, partial_rotary_factor=0.5),
+        rope=_rope("longrope", theta=10000.0, short_factor=[1.0, 1.3, 2.1, 3.7], long_factor=[1.1, 2.9, 7.3, 19.0]),
+        norm="w", save_dtype="float32", shard=None, use_rslora=False, lora_targets=PHI3_LORA_TARGETS,
+        ablations=[("long factors (original 8 < 12 positions)", {"config": {"original_max_position_embeddings": 8}}),
+                   ("no attention scaling", {"config": {"max_position_embeddings": 16}})]),
 }
 
 
@@ -140,7 +175,10 @@ def llama3_inv_freq(theta, dim, factor, low_freq_factor, high_freq_factor, old_c
 
 def expected_inv_freq(spec, rope=None):
     rope, head_dim = rope or spec["rope"], spec["config"]["head_dim"]
+    head_dim = int(head_dim * spec["config"].get("partial_rotary_factor", 1.0))  # the rotated dims
     default = [rope["rope_theta"] ** (-(2.0 * i) / head_dim) for i in range(head_dim // 2)]
+    if rope["rope_type"] == "longrope":  # the table before any forward: the short factors
+        return [f / e for f, e in zip(default, rope["short_factor"])], None
     if rope["rope_type"] == "default":
         return default, None
     if rope["rope_type"] == "linear":
@@ -242,6 +280,11 @@ def init_weights(model, spec, seed):
                 value = STD_LM_HEAD * randn
             elif name.endswith(("q_proj.weight", "k_proj.weight")):
                 value = STD_QK * randn
+            elif name.endswith("qkv_proj.weight"):  # fused rows q, k, v: q and k as large as the separate ones
+                c = spec["config"]
+                qk_rows = (c["num_attention_heads"] + c["num_key_value_heads"]) * c["head_dim"]
+                value = STD_LINEAR * randn
+                value[:qk_rows] = STD_QK * randn[:qk_rows]
             elif name.endswith("_proj.weight"):
                 value = STD_LINEAR * randn
             else:
@@ -317,6 +360,20 @@ def check_rope(model, spec):
         assert all(counts.values()), f"llama3 regimes must all occur: {counts}"
         log(f"  llama3 inv_freq matches the independent formula (max rel {err:.2g}); regimes {counts}")
     return err
+
+
+def check_longrope_choice(model, spec):
+    """After a forward of SEQ positions: transformers holds the long factors' table iff SEQ > the original length."""
+    c, rope = spec["config"], spec["rope"]
+    dim = int(c["head_dim"] * c.get("partial_rotary_factor", 1.0))
+    use_long = SEQ > c["original_max_position_embeddings"]
+    ext = rope["long_factor"] if use_long else rope["short_factor"]
+    want = torch.tensor([rope["rope_theta"] ** (-(2.0 * i) / dim) / e for i, e in enumerate(ext)], dtype=torch.float64)
+    bufs = [(n, b.detach().double()) for n, b in model.named_buffers() if n.split(".")[-1] == "inv_freq"]
+    err = min(float(((b - want).abs() / want).max()) for _, b in bufs if b.shape == want.shape)
+    assert err < 1e-5, f"after the forward the inv_freq is not the {'long' if use_long else 'short'} table ({err:.3g})"
+    scaling = [float(m.attention_scaling) for m in model.modules() if hasattr(m, "attention_scaling")]
+    log(f"  longrope: {'long' if use_long else 'short'} factors in use (rel {err:.2g}), attention scaling {scaling}")
 
 
 def run_model(model, ids, labels=None, capture=False):
@@ -425,13 +482,14 @@ def make_lora(name, spec, model, base_logits, ids, labels, vdir):
     seed = spec["seed"]
     n_layers = spec["config"]["num_hidden_layers"]
     torch.manual_seed(seed + 100)
-    lcfg = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
+    targets = spec.get("lora_targets", LORA_TARGETS)
+    lcfg = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=list(targets),
                       use_rslora=spec["use_rslora"], bias="none", task_type="CAUSAL_LM")
     pm = get_peft_model(model, lcfg)
     pm.eval()
     lora = {n: p for n, p in pm.named_parameters() if p.requires_grad}
     assert all(".lora_A." in n or ".lora_B." in n for n in lora), sorted(lora)
-    assert len(lora) == 2 * n_layers * len(LORA_TARGETS), f"{len(lora)} trainable tensors: {sorted(lora)}"
+    assert len(lora) == 2 * n_layers * len(targets), f"{len(lora)} trainable tensors: {sorted(lora)}"
 
     # A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's default bound) and B ~ 0.05 randn, from our own generator so the
     # values do not depend on the PEFT version; B != 0 makes the adapter change the logits.
@@ -462,7 +520,7 @@ def make_lora(name, spec, model, base_logits, ids, labels, vdir):
     acfg = json.loads((adapter_dir / "adapter_config.json").read_text())
     assert acfg["r"] == LORA_R and acfg["lora_alpha"] == LORA_ALPHA, acfg
     assert bool(acfg.get("use_rslora", False)) == spec["use_rslora"], acfg
-    assert sorted(acfg["target_modules"]) == sorted(LORA_TARGETS), acfg["target_modules"]
+    assert sorted(acfg["target_modules"]) == sorted(targets), acfg["target_modules"]
 
     # Forward + backward with the adapter active.
     logits, loss, _ = run_model(pm, ids, labels)
@@ -532,7 +590,7 @@ def make_lora(name, spec, model, base_logits, ids, labels, vdir):
     meta = {"optimizer": "torch.optim.AdamW", "lr": ADAMW["lr"], "beta1": ADAMW["beta1"], "beta2": ADAMW["beta2"],
             "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"], "amsgrad": False, "optimizer_steps": 1,
             "lora_r": LORA_R, "lora_alpha": LORA_ALPHA, "use_rslora": spec["use_rslora"], "lora_scale": scale,
-            "lora_dropout": 0.0, "target_modules": ",".join(LORA_TARGETS),
+            "lora_dropout": 0.0, "target_modules": ",".join(targets),
             "grad_of": "loss (mean CE over labels != -100 after the shift)",
             "merged_logits": "peft merge_and_unload of base + adapter/ (weights before the AdamW step), f32"}
     save_tensors(vdir / "reference_lora.safetensors", tensors, meta)
@@ -584,6 +642,8 @@ def make_variant(name, spec, out_dir, do_lora):
     assert 0.2 < std < 10, f"logits std {std:.3g} is far from O(1); adjust the init scales"
     if not 0.5 < std < 4:
         log(f"  WARNING: logits std {std:.3g} outside [0.5, 4]")
+    if spec["rope"]["rope_type"] == "longrope":
+        check_longrope_choice(model, spec)
     tensors = {"logits": logits.float(), "loss": loss.float().reshape(1)}
     tensors.update(debug)
     save_tensors(vdir / "reference.safetensors", tensors,

@@ -1,6 +1,8 @@
 // See device_batch.h.
 #include "train/device_batch.h"
 
+#include <algorithm>
+
 #include "engine/status_macros.h"
 #include "models/causal_lm.h"
 
@@ -29,6 +31,7 @@ absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batche
     d.input_ids = stage(b.input_ids, device, d.staging);
     d.targets = stage(targets, device, d.staging);
     d.positions = stage(b.positions, device, d.staging);
+    for (int32_t p : b.positions.to_ints()) d.max_position = std::max<int64_t>(d.max_position, p);
     // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).
     if (!one_segment_per_row(b)) d.segment_ids = stage(b.segment_ids, device, d.staging);
   }

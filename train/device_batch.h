@@ -13,6 +13,7 @@ namespace loom {
 
 struct DeviceBatch {
   Tensor input_ids, targets, positions, segment_ids;  // i32 [b, s], [b*s] (labels shifted), [b*s], [b, s]
+  int64_t max_position = 0;  // the largest position, read on the host (LongRoPE picks its factors by it)
   std::vector<Tensor> staging;
 };
 

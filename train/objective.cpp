@@ -13,7 +13,7 @@ class Sft final : public Objective {
   int64_t units(const Batch& batch) const override { return batch.target_tokens; }
   ag::Variable loss(const CausalLM& model, const DeviceBatch& b) const override {
     // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels were shifted on the host).
-    return model.loss_from_targets(b.input_ids, b.targets, {b.positions, b.segment_ids});
+    return model.loss_from_targets(b.input_ids, b.targets, {b.positions, b.segment_ids, b.max_position});
   }
 };
 

@@ -135,8 +135,9 @@ std::vector<RunOption> make_table() {
   t.push_back(number("lora-dropout", "0", "LoRA dropout probability", 0, false, 0.999, kFixed,
                      [](C& c) -> float& { return c.lora.dropout; }));
   {
-    RunOption o{"lora-targets", false, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-                "comma-separated module names, or all-linear", kFixed};
+    RunOption o{"lora-targets", false, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv_proj,gate_up_proj",
+                "comma-separated module names, or all-linear (Phi-3 fuses q/k/v as qkv_proj, gate/up as gate_up_proj)",
+                kFixed};
     o.set = [](const std::string& t, C& c) -> absl::Status {
       std::vector<std::string> names = absl::StrSplit(t, ',');
       for (const std::string& n : names)

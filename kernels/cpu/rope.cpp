@@ -28,17 +28,26 @@ namespace {
 // kSign = +1: forward rotation; -1: its transpose (the backward).
 template <class T, int kSign>
 void rope_apply(const T* in, T* out, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads,
-                int64_t head_dim) {
+                int64_t head_dim, int64_t rotary_dim, float mscale) {
   using A = Acc<T>;
   LOOM_CHECK(tokens >= 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0, "rope: bad shape [", tokens, ", ",
              heads, ", ", head_dim, "] (head_dim must be even)");
-  const int64_t half = head_dim / 2;
+  LOOM_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, "rope: rotary_dim ", rotary_dim,
+             " must be even, positive and at most head_dim ", head_dim);
+  const int64_t half = rotary_dim / 2;
+  if (in != out && rotary_dim < head_dim) {  // the pass-through part of every head
+    for (int64_t r = 0; r < tokens * heads; ++r)
+      for (int64_t j = rotary_dim; j < head_dim; ++j) out[r * head_dim + j] = in[r * head_dim + j];
+  }
 #pragma omp parallel for if (tokens * heads * head_dim > 65536)
   for (int64_t t = 0; t < tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
     for (int64_t i = 0; i < half; ++i) {
       const A angle = A(pos * inv_freq[i]);  // the product is rounded to f32, as in Hugging Face
-      const A c = std::cos(angle), sn = A(kSign) * std::sin(angle);
+      // transformers: cos = cos(emb) * attention_scaling (LongRoPE), one more rounding.
+      A c = std::cos(angle), sn = std::sin(angle);
+      if (mscale != 1.f) c *= A(mscale), sn *= A(mscale);
+      sn *= A(kSign);
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = (t * heads + h) * head_dim;
         const A x1 = to_acc(in[base + i]), x2 = to_acc(in[base + i + half]);
@@ -53,19 +62,19 @@ void rope_apply(const T* in, T* out, const int32_t* positions, const float* inv_
 
 template <class T>
 void rope_forward(const T* x, T* y, const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t heads,
-                  int64_t head_dim) {
-  rope_apply<T, 1>(x, y, positions, inv_freq, tokens, heads, head_dim);
+                  int64_t head_dim, int64_t rotary_dim, float mscale) {
+  rope_apply<T, 1>(x, y, positions, inv_freq, tokens, heads, head_dim, rotary_dim, mscale);
 }
 
 template <class T>
 void rope_backward(const T* dy, T* dx, const int32_t* positions, const float* inv_freq, int64_t tokens,
-                   int64_t heads, int64_t head_dim) {
-  rope_apply<T, -1>(dy, dx, positions, inv_freq, tokens, heads, head_dim);
+                   int64_t heads, int64_t head_dim, int64_t rotary_dim, float mscale) {
+  rope_apply<T, -1>(dy, dx, positions, inv_freq, tokens, heads, head_dim, rotary_dim, mscale);
 }
 
 #define LOOM_INST(T)                                                                                     \
-  template void rope_forward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t); \
-  template void rope_backward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t);
+  template void rope_forward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t, int64_t, float); \
+  template void rope_backward<T>(const T*, T*, const int32_t*, const float*, int64_t, int64_t, int64_t, int64_t, float);
 LOOM_INST(float)
 LOOM_INST(double)
 LOOM_INST(bf16)

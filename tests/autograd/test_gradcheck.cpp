@@ -127,6 +127,27 @@ TEST(GradCheck, Rope) {
   gradcheck([=](const V& v) { return ag::rope(v[0], pos, inv); }, {x});
 }
 
+// Partial rotary (6 of 8 dims, Phi-4-mini's shape of rotation) with LongRoPE's scaled cos and sin.
+TEST(GradCheck, RopePartialAndScaled) {
+  const int64_t b = 2, s = 3, h = 2, d = 8;
+  auto x = random_f64({b, s, h, d}, 17);
+  Tensor pos = Tensor::from_ints({0, 1, 2, 0, 1, 5}, {b * s});
+  Tensor inv = Tensor::from_floats(cpu::rope_inv_freq(6, 10000.0), {3});
+  gradcheck([=](const V& v) { return ag::rope(v[0], pos, inv, 1.25f); }, {x});
+}
+
+// A fused projection's output cut into q/k/v-like parts (Phi-3's qkv_proj), each used differently,
+// and one part unused (its gradient slot is zeros).
+TEST(GradCheck, SplitLastDim) {
+  auto x = random_f64({2, 3, 9}, 18), c = random_f64({2, 3, 4}, 19);
+  gradcheck(
+      [=](const V& v) {
+        std::vector<Variable> p = ag::split(v[0], {4, 4, 1});
+        return ag::add(ag::mul(p[0], Variable(c)), ag::mul(p[1], p[1]));
+      },
+      {x});
+}
+
 TEST(GradCheck, GatedActivations) {
   auto g = random_f64({3, 5}, 17, -3, 3), u = random_f64({3, 5}, 18);
   gradcheck([](const V& v) { return ag::swiglu(v[0], v[1]); }, {g, u});

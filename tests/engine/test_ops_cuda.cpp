@@ -110,8 +110,13 @@ TEST(OpsCuda, NormRopeActivationsEmbedding) {
     Tensor dtable = Tensor::zeros({50, 24}, DType::f32, d);
     Tensor emb_out = ops::embedding(ids.to(d), table.to(d, t));
     ops::embedding_backward(ids.to(d), emb_out, dtable);
+    // Partial rotary (12 of 16 dims) with LongRoPE's cos/sin scaling, as Phi-4-mini and Phi-3.5 use.
+    Tensor part = ops::rope_inv_freq(12, 10000.0, d);
+    auto [pq, pk] = ops::rope_pair(xd, dyd, pd, part, false, 1.19f);
+    auto [gq, gk] = ops::rope_pair(xd, dyd, pd, part, true, 1.19f);
     return std::vector<Tensor>{r.y, r.rstd, dx, dw, ops::rope(xd, pd, inv), ops::rope_backward(dyd, pd, inv),
-                               ops::swiglu(xd, dyd), dg, du, ops::geglu(xd, dyd), eg, eu, emb_out, dtable};
+                               ops::swiglu(xd, dyd), dg, du, ops::geglu(xd, dyd), eg, eu, emb_out, dtable,
+                               ops::rope(xd, pd, part, 1.19f), ops::rope_backward(dyd, pd, part, 1.19f), pq, pk, gq, gk};
   });
 }
 

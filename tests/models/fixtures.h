@@ -15,7 +15,8 @@ inline std::string fixture_dir(const std::string& variant) {
 }
 
 inline const std::vector<std::string>& fixture_variants() {
-  static const std::vector<std::string> v = {"llama", "llama_tied_bf16", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"};
+  static const std::vector<std::string> v = {"llama", "llama_tied_bf16", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
+                                                "phi3",  "phi3_longrope",   "phi3_longrope_below"};
   return v;
 }
 

@@ -456,13 +456,22 @@ TEST(ModelConfigErrors, HeadsNotAMultipleOfKvHeads) {
 }
 
 TEST(ModelConfigErrors, UnsupportedRopeTypesAreNamed) {
-  for (const char* type : {"yarn", "dynamic", "longrope", "su"}) {
+  for (const char* type : {"yarn", "dynamic"}) {
     json j = minimal("llama");
     j["rope_scaling"] = {{"rope_type", type}, {"factor", 4.0}};
-    expect_error(j, {"rope_scaling", std::string("'") + type + "'", "default, linear, llama3"});
+    expect_error(j, {"rope_scaling", std::string("'") + type + "'", "default, linear, llama3, longrope"});
     j.erase("rope_scaling");
     j["rope_parameters"] = {{"rope_type", type}, {"factor", 4.0}, {"rope_theta", 10000.0}};
-    expect_error(j, {"rope_parameters", std::string("'") + type + "'", "default, linear, llama3"});
+    expect_error(j, {"rope_parameters", std::string("'") + type + "'", "default, linear, llama3, longrope"});
+  }
+  // LongRoPE (and Phi-3's legacy name for it) needs its two factor lists, one entry per frequency.
+  for (const char* type : {"longrope", "su"}) {
+    json j = minimal("llama");
+    j["rope_scaling"] = {{"type", type}, {"factor", 4.0}};
+    expect_error(j, {"rope_scaling.short_factor", "LongRoPE"});
+    j["rope_scaling"]["short_factor"] = {1.0, 2.0};
+    j["rope_scaling"]["long_factor"] = {1.0, 2.0};
+    expect_error(j, {"LongRoPE has 2 factors per list"});
   }
   json j = minimal("llama");
   j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};  // the legacy key

@@ -31,8 +31,10 @@ TEST(FamilyRegistry, LooksUpByModelTypeArchitectureAndGgufArchitecture) {
   EXPECT_EQ(family_from_architecture("Qwen2ForCausalLM"), &family("qwen2"));
   EXPECT_EQ(family_from_gguf_architecture("llama"), &family("llama"));  // a llama GGUF is llama, never mistral
   EXPECT_EQ(family_from_gguf_architecture("mistral"), nullptr);
-  EXPECT_EQ(family_from_gguf_architecture("phi3"), nullptr);
-  EXPECT_FALSE(family_from_model_type("phi3").ok());
+  EXPECT_EQ(family_from_gguf_architecture("phi3"), &family("phi3"));
+  EXPECT_EQ(family_from_architecture("Phi3ForCausalLM"), &family("phi3"));
+  EXPECT_EQ(family_from_gguf_architecture("phi2"), nullptr);
+  EXPECT_FALSE(family_from_model_type("phi").ok());  // Phi-1/2: another architecture
 }
 
 // What the loader needs of every spec: a block, the modules every layer has, and split rules whose
@@ -43,15 +45,23 @@ TEST(FamilyRegistry, EverySpecIsComplete) {
     EXPECT_NE(f->parse, nullptr) << f->name;
     for (const char* m : {"model.embed_tokens", "model.norm", "lm_head"})
       EXPECT_NE(f->rule_for_loom(m, false), nullptr) << f->name << " " << m;
-    for (const char* m : {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-                          "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    for (const char* m : {"input_layernorm", "post_attention_layernorm", "self_attn.o_proj", "mlp.down_proj"})
       EXPECT_TRUE(f->has_layer_module(m)) << f->name << " " << m;
+    // q, k and v (gate and up) as Loom modules of their own, or fused as Phi-3 keeps them.
+    const bool qkv = f->has_layer_module("self_attn.q_proj") && f->has_layer_module("self_attn.k_proj") &&
+                     f->has_layer_module("self_attn.v_proj");
+    EXPECT_NE(qkv, f->has_layer_module("self_attn.qkv_proj")) << f->name;
+    EXPECT_NE(f->has_layer_module("mlp.gate_proj") && f->has_layer_module("mlp.up_proj"),
+              f->has_layer_module("mlp.gate_up_proj"))
+        << f->name;
     for (const WeightRule& r : f->layer_weights) EXPECT_EQ(r.loom.size() < 2 ? 0 : r.loom.size(), r.rows.size()) << r.hf;
   }
   EXPECT_TRUE(family("qwen3").has_layer_module("self_attn.q_norm"));
   EXPECT_FALSE(family("qwen2").has_layer_module("self_attn.q_norm"));
   EXPECT_TRUE(family("gemma2").has_layer_module("post_feedforward_layernorm"));
   EXPECT_FALSE(family("gemma").has_layer_module("post_feedforward_layernorm"));
+  EXPECT_TRUE(family("phi3").has_layer_module("self_attn.qkv_proj"));
+  EXPECT_FALSE(family("phi3").has_layer_module("self_attn.q_proj"));
 }
 
 // Qwen2 with Phi-3's fused projections: llama.cpp's phi3 keeps them fused as attn_qkv and ffn_up.
