@@ -5,7 +5,8 @@
 # bitsandbytes QLoRA and Unsloth 2026.10.9 — same random Llama-shaped weights, same batch, same
 # sequence, LoRA r16 on all seven projections, bf16. Prints one table (tokens/s, peak GPU memory,
 # MFU, ratios) and writes every raw JSON line to $OUT/e2e.jsonl.
-#   bench/e2e/run.sh [1b|8b ...]            (default: 1b)
+#   bench/e2e/run.sh [1b|8b|phi35|gemma3_4b ...]   (default: 1b; phi35 and gemma3_4b: Phi-3.5-mini and
+#   Gemma-3-4B shapes, whose Unsloth peer is bench/e2e/unsloth_family.py)
 # Env: LOOM_E2E_MODES (default "none recompute offload"), LOOM_E2E_QLORA_MODES (the same with
 # --qlora, default none), LOOM_E2E_PEERS (default "peft peft-gc";
 # add "bnb unsloth" to run those too; Unsloth runs LOOM_E2E_UNSLOTH, modes of .peers/unsloth_bench.py
@@ -95,7 +96,7 @@ PY
 }
 
 for shape in ${@:-1b}; do
-  if [ "$shape" = 8b ]; then batch=4; else batch=8; fi
+  if [ "$shape" = 1b ]; then batch=8; else batch=4; fi  # 8b and the 4B-class family shapes: 4 rows
   for mode in $modes; do emit "$(loom_run "$shape" "$mode" "$batch" 2048)"; done
   for mode in ${LOOM_E2E_QLORA_MODES:-}; do emit "$(loom_run "$shape" "$mode" "$batch" 2048 --qlora)"; done
   for mode in ${LOOM_E2E_PROFILE:-}; do
@@ -116,7 +117,15 @@ for shape in ${@:-1b}; do
             case $m in 1b-*|8b-*) [[ $m == "$shape"-* ]] && umodes+=("$m") ;; *) umodes+=("$shape-$m") ;; esac
           done
           [ ${#umodes[@]} -gt 0 ] || continue
-          OUT="$work/unsloth-$shape" bash .peers/run_unsloth.sh "${umodes[@]}" > "$work/unsloth-$shape.log" 2>&1
+          if [ "$shape" = 1b ] || [ "$shape" = 8b ]; then
+            OUT="$work/unsloth-$shape" bash .peers/run_unsloth.sh "${umodes[@]}" > "$work/unsloth-$shape.log" 2>&1
+          else  # the family shapes: bench/e2e/unsloth_family.py on the same folder (wheels installed as run_unsloth.sh does)
+            mkdir -p "$work/unsloth-$shape/r"
+            [ -f /tmp/site/.unsloth_installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile \
+              --no-cache-dir --upgrade --target /tmp/site .peers/*.whl && touch /tmp/site/.unsloth_installed; }
+            PYTHONPATH=/tmp/site timeout 700 python3 bench/e2e/unsloth_family.py "$(model_dir "$shape")" "$shape" "$batch" 2048 \
+              "${umodes[@]#"$shape"-}" > "$work/unsloth-$shape/r/results.jsonl" 2> "$work/unsloth-$shape.log"
+          fi
           grep -h '"mode"' "$work/unsloth-$shape"/r/results.jsonl 2>/dev/null | while read -r l; do emit "{\"shape\": \"$shape\", \"who\": \"unsloth\", \"raw\": $l}"; done
           last=$SECONDS  # the lines were emitted in a subshell
         else

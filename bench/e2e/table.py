@@ -10,14 +10,19 @@ import sys
 
 PEAK = 989e12
 SHAPES = {"1b": dict(h=2048, i=8192, layers=16, kv=512, vocab=128256, seq=2048, batch=8),
-          "8b": dict(h=4096, i=14336, layers=32, kv=1024, vocab=128256, seq=2048, batch=4)}
+          "8b": dict(h=4096, i=14336, layers=32, kv=1024, vocab=128256, seq=2048, batch=4),
+          # q: the query width where it is not h (Gemma 3's 8 heads of 256); attention counted as full on
+          # every layer (Gemma's 1024-token windows do less, so its MFU is a slight overestimate).
+          "phi35": dict(h=3072, i=8192, layers=32, kv=3072, vocab=32064, seq=2048, batch=4),
+          "gemma3_4b": dict(h=2560, q=2048, i=10240, layers=34, kv=1024, vocab=262208, seq=2048, batch=4)}
 
 
 def flops_per_token(shape, seq):
     s = SHAPES[shape]
-    per_layer = 2 * s["h"] * s["h"] + 2 * s["h"] * s["kv"] + 3 * s["h"] * s["i"]
+    q = s.get("q", s["h"])
+    per_layer = 2 * s["h"] * q + 2 * s["h"] * s["kv"] + 3 * s["h"] * s["i"]
     n = s["layers"] * per_layer + s["vocab"] * s["h"]
-    attention = s["layers"] * 3.5 * 2 * seq * s["h"]  # causal: half of 4*seq*h forward
+    attention = s["layers"] * 3.5 * 2 * seq * q  # causal: half of 4*seq*q forward
     return 4 * n + attention
 
 
@@ -73,7 +78,7 @@ def main():
             continue
         fpt = flops_per_token(shape, SHAPES[shape]["seq"])
         # bitsandbytes' lines carry no batch of their own: the shape's, as run.sh runs it
-        print(f"\n### {shape} shape, batch {SHAPES[shape]['batch']} x 2048, LoRA r16 on 7 projections, bf16\n")
+        print(f"\n### {shape} shape, batch {SHAPES[shape]['batch']} x 2048, LoRA r16 on every projection, bf16\n")
         print("Ratios are tokens/s at peak memory against the peer with the same checkpointing and base weights.\n")
         print("| run | tokens/s | peak GPU GiB | MFU | vs PEFT | vs Unsloth |")
         print("|---|---|---|---|---|---|")
