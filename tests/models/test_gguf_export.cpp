@@ -94,6 +94,10 @@ std::vector<Source> sources() {
   return {{test::fixture_dir("mistral"), test::fixture_dir("mistral") + "/adapter"},
           {test::fixture_dir("qwen2"), test::fixture_dir("qwen2") + "/adapter"},
           {test::fixture_dir("qwen3"), test::fixture_dir("qwen3") + "/adapter"},
+          // llama.cpp's phi3: fused attn_qkv and ffn_up, the window, LongRoPE's factor tensors and
+          // attention factor, partial rotary as rope.dimension_count (the adapter on the fused modules merged).
+          {test::fixture_dir("phi3"), test::fixture_dir("phi3") + "/adapter"},
+          {test::fixture_dir("phi3_longrope"), test::fixture_dir("phi3_longrope") + "/adapter"},
           {std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/tiny_llama.gguf", ""}};
 }
 
@@ -108,6 +112,16 @@ TEST(GgufExport, ReadBackGivesTheSourceLogitsWithTheSameRounding) {
       ASSERT_TRUE(back);
       EXPECT_EQ(back->config().num_key_value_heads, src->config().num_key_value_heads);
       EXPECT_EQ(back->config().tie_word_embeddings, src->config().tie_word_embeddings);
+      if (back->config().family == src->config().family) {  // not mistral, which is written as llama without its window
+        EXPECT_EQ(back->config().sliding_window, src->config().sliding_window);
+        EXPECT_EQ(back->config().rope.rotary_dim(back->config().head_dim),
+                  src->config().rope.rotary_dim(src->config().head_dim));
+        EXPECT_EQ(back->config().rope.scaling.kind, src->config().rope.scaling.kind);
+        auto f32 = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
+        EXPECT_EQ(f32(back->config().rope.scaling.long_factor), f32(src->config().rope.scaling.long_factor));
+        EXPECT_EQ(f32(back->config().rope.scaling.short_factor), f32(src->config().rope.scaling.short_factor));
+        EXPECT_EQ(back->config().rope.mscale(), src->config().rope.mscale());
+      }
       const Tensor ids = ids_for(*src);
       const auto unrounded = src->forward(ids).value().to_floats();
       round_matrices(*src, type);
@@ -124,6 +138,10 @@ TEST(GgufExport, NamesAndPermutationInvertTheReader) {
     for (const char* g : {"token_embd.weight", "output_norm.weight", "output.weight", "blk.0.attn_q.weight",
                           "blk.12.attn_k.bias", "blk.3.ffn_down.weight", "blk.1.ffn_norm.weight"})
       EXPECT_EQ(hf_to_gguf_name(gguf_to_hf_name(g, *f), *f), g);
+  for (const char* g : {"blk.0.attn_qkv.weight", "blk.3.ffn_up.weight", "blk.1.attn_output.weight", "output.weight"})
+    EXPECT_EQ(hf_to_gguf_name(gguf_to_hf_name(g, family("phi3")), family("phi3")), g);
+  EXPECT_EQ(gguf_to_hf_name("blk.2.attn_qkv.weight", family("phi3")), "model.layers.2.self_attn.qkv_proj.weight");
+  EXPECT_EQ(gguf_to_hf_name("blk.2.ffn_up.weight", family("phi3")), "model.layers.2.mlp.gate_up_proj.weight");
   EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", family("qwen3")), "blk.2.attn_q_norm.weight");
   EXPECT_EQ(hf_to_gguf_name("model.layers.2.self_attn.q_norm.weight", family("llama")), "");
   std::vector<float> v(4 * 8 * 3);
