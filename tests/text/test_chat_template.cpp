@@ -68,7 +68,7 @@ TEST(ChatTemplate, MatchesTransformersByteForByte) {
     EXPECT_EQ(r->train_spans, spans);
     with_spans += !spans.empty();
   }
-  EXPECT_EQ(templates.size(), 8u);
+  EXPECT_EQ(templates.size(), 10u);
   EXPECT_GT(rendered, 200);
   EXPECT_GT(with_spans, 150);
   EXPECT_GE(raised, 20);
