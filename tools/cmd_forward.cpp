@@ -1,6 +1,7 @@
 // `loom forward`: runs a Hugging Face model or .gguf file (optionally with a PEFT LoRA adapter) on
 // token ids from a safetensors file and writes logits, the loss and, with --grads, the LoRA gradients.
 #include <cstdio>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "engine/tensor_io.h"
@@ -95,6 +96,7 @@ int run_forward(const std::vector<std::string>& argv) {
 
   auto model = CausalLM::load(args->str("model"), {*dtype, *device, false, args->flag("allow-nonfinite")});
   if (!model.ok()) return fail(model.status());
+  for (const std::string& note : (*model)->load_notes()) std::cerr << "note: " << note << "\n";
   const ModelConfig& c = (*model)->config();
   const std::vector<int32_t> id_values = ids->to_ints();
   for (size_t i = 0; i < id_values.size(); ++i)

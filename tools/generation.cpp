@@ -2,6 +2,7 @@
 #include "tools/generation.h"
 
 #include <chrono>
+#include <iostream>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,7 @@ absl::StatusOr<GenerationModel> load_generation_model(const Args& args) {
   auto model = CausalLM::load(m.path, {m.dtype, m.device, false, args.flag("allow-nonfinite")});
   if (!model.ok()) return model.status();
   m.model = *std::move(model);
+  for (const std::string& note : m.model->load_notes()) std::cerr << "note: " << note << "\n";  // e.g. a skipped vision tower
   if (args.has("adapter"))
     if (auto lc = load_adapter(*m.model, args.str("adapter")); !lc.ok()) return lc.status();
   // As `loom train` checks: a token the model has no embedding row for would be out of range.

@@ -31,7 +31,9 @@ std::string plural(int64_t n, const char* one, const char* many) { return absl::
 std::string Trainer::State::start_summary(int64_t steps_per_epoch) const {
   const int64_t world = dist ? dist->world() : 1;
   const int64_t rows = cfg.batch_size * world;
-  std::string out = absl::StrFormat("data: %s: %s examples read", cfg.data_path, count(stats.examples));
+  std::string out;
+  for (const std::string& note : model->load_notes()) absl::StrAppend(&out, "model: ", note, "\n");  // e.g. a skipped vision tower
+  absl::StrAppend(&out, absl::StrFormat("data: %s: %s examples read", cfg.data_path, count(stats.examples)));
   if (stats.skipped > 0) absl::StrAppend(&out, absl::StrFormat(", %s bad lines skipped", count(stats.skipped)));
   if (stats.conversations > 0)
     absl::StrAppend(&out, absl::StrFormat(" (%s rendered with the chat template)", count(stats.conversations)));
