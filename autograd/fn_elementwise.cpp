@@ -85,6 +85,31 @@ std::vector<Variable> split(const Variable& a, const std::vector<int64_t>& sizes
   return record(node_of("split", backward), {&a}, parts);
 }
 
+Variable host_scalar(const std::vector<Variable>& inputs, const HostScalarFn& f) {
+  LOOM_CHECK(!inputs.empty(), "host_scalar: no inputs");
+  std::vector<double> x;
+  std::vector<const Variable*> ptrs;
+  for (const Variable& v : inputs) {
+    LOOM_CHECK(v.value().numel() == 1, "host_scalar: input ", v.value().str(), " is not a scalar");
+    x.push_back(static_cast<double>(v.value().item()));
+    ptrs.push_back(&v);
+  }
+  std::vector<double> d(x.size(), 0.0);
+  const double y = f(x, d);
+  LOOM_CHECK(d.size() == x.size(), "host_scalar: ", d.size(), " derivatives for ", x.size(), " inputs");
+  const Device device = inputs[0].device();
+  std::vector<std::pair<Shape, DType>> like;
+  for (const Variable& v : inputs) like.emplace_back(v.shape(), v.dtype());
+  auto backward = [d, like, device](Node&, const std::vector<Tensor>& g) {
+    const double dy = static_cast<double>(g[0].item());
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < d.size(); ++i)
+      out.push_back(Tensor::full(like[i].first, static_cast<float>(dy * d[i]), like[i].second, device));
+    return out;
+  };
+  return record1(node_of("host_scalar", backward), ptrs, Tensor::full({}, static_cast<float>(y), DType::f32, device));
+}
+
 Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length) {
   const Shape from = a.shape();
   const DType dtype = a.dtype();

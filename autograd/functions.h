@@ -24,6 +24,11 @@ Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length);
 // backward writes the parts' gradients side by side into one tensor (zeros for an unused part).
 std::vector<Variable> split(const Variable& a, const std::vector<int64_t>& sizes);
 Variable sum(const Variable& a);  // f32 scalar
+// y = f(x_1..x_n) of scalar inputs, evaluated on the host in f64; f also fills dy/dx_i, which
+// backward scales by dy. For small functions of a few per-sequence values (preference losses); the
+// inputs are read back (a device sync). y is an f32 scalar on the first input's device.
+using HostScalarFn = std::function<double(const std::vector<double>& x, std::vector<double>& dy_dx)>;
+Variable host_scalar(const std::vector<Variable>& inputs, const HostScalarFn& f);
 Variable softcap(const Variable& a, float cap);  // cap * tanh(a / cap)
 // Inverted dropout with a regenerated (never stored) mask; p = 0 returns a unchanged.
 Variable dropout(const Variable& a, float p, uint64_t seed, uint64_t offset);

@@ -13,7 +13,7 @@ ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute
     rematerialize = [q = nf4, dtype = x.dtype()] { return q->dequantize(dtype); };
     w = ag::Variable(rematerialize(), false);
   }
-  if (!lora) return nf4 ? ag::frozen_linear(x, w, rematerialize, b) : ag::linear(x, weight, b);
+  if (!lora || !lora->enabled) return nf4 ? ag::frozen_linear(x, w, rematerialize, b) : ag::linear(x, weight, b);
   // One fused function: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
   // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
   ag::LoraArgs args{lora->scale, lora->training ? lora->dropout : 0.f, lora->dropout_seed, lora->dropout_offset};

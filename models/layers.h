@@ -21,6 +21,7 @@ struct LoraAdapter {
   uint64_t dropout_seed = 0;  // the trainer advances dropout_offset every step
   uint64_t dropout_offset = 0;
   bool training = false;  // dropout applies only while the trainer trains (never in forward/generate)
+  bool enabled = true;    // off: the Linear is its base weight alone (a preference objective's reference)
 };
 
 // A linear layer whose frozen base weight is dense or 4-bit NF4 (QLoRA), plus an optional LoRA

@@ -136,6 +136,18 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
   return absl::OkStatus();
 }
 
+AdaptersOff::AdaptersOff(CausalLM& model) {
+  for (Linear* l : model.linears())
+    if (l->lora && l->lora->enabled) {
+      l->lora->enabled = false;
+      off_.push_back(l->lora.get());
+    }
+}
+
+AdaptersOff::~AdaptersOff() {
+  for (LoraAdapter* a : off_) a->enabled = true;
+}
+
 std::vector<std::pair<std::string, ag::Variable*>> lora_parameters(CausalLM& model) {
   std::vector<std::pair<std::string, ag::Variable*>> out;
   for (Linear* l : model.linears()) {

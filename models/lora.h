@@ -48,6 +48,19 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
 // Unsupported options (DoRA, bias training, rank/alpha patterns, modules_to_save, ...) are errors.
 absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir);
 
+// The model without its LoRA adapters for the scope (the same base weights, no copy): a LoRA
+// policy's reference model in DPO and IPO, as PEFT's disable_adapter(). Restores them on exit.
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(CausalLM& model);
+  ~AdaptersOff();
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  std::vector<LoraAdapter*> off_;
+};
+
 // W <- W + scale * B A for every adapted module (computed in f32) and drops the adapters.
 void merge_lora(CausalLM& model);
 // Writes a Hugging Face checkpoint of the model's current weights in bf16 into out_dir (created

@@ -1,11 +1,16 @@
 // `loom forward`: runs a Hugging Face model or .gguf file (optionally with a PEFT LoRA adapter) on
-// token ids from a safetensors file and writes logits, the loss and, with --grads, the LoRA gradients.
+// token ids from a safetensors file and writes logits, the loss and, with --grads, the LoRA gradients;
+// with --objective, a preference loss (train/preference_loss.h) over pairs of completions.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "engine/tensor_io.h"
 #include "models/lora.h"
+#include "train/preference_forward.h"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
 #include "tools/outputs.h"
@@ -21,6 +26,13 @@ const std::vector<FlagSpec> kFlags = {
     {"input", false, "safetensors with input_ids (i32 [B,S]) and optional labels (i32 [B,S], -100 ignored)", ""},
     {"output", false, "safetensors to write: logits, loss, grad.<PEFT name>", ""},
     {"grads", true, "also write the gradient of the loss for every LoRA tensor (needs --adapter and labels)", ""},
+    {"objective", false,
+     "dpo, ipo, simpo or orpo: a preference loss over pairs instead (--input holds chosen_input_ids, chosen_labels, "
+     "rejected_input_ids, rejected_labels, i32 [pairs, seq]; --output gets loss, chosen_logps, rejected_logps and, "
+     "for dpo/ipo, ref_chosen_logps, ref_rejected_logps: the reference is the model without the adapter)", ""},
+    {"beta", false, "preference objectives: beta", "0.1"},
+    {"simpo-gamma", false, "simpo: the target margin gamma", "0.5"},
+    {"label-smoothing", false, "dpo and simpo: conservative label smoothing in [0, 0.5)", "0"},
     {"save-adapter", false, "also re-save the loaded adapter into this folder in PEFT format", ""},
     {"overwrite", true, kOverwriteHelp, ""},
     {"allow-nonfinite", true, kAllowNonfiniteHelp, ""},
@@ -42,6 +54,49 @@ absl::StatusOr<Tensor> read_ids(const SafetensorsFile& f, const std::string& nam
     return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", name, " must be int32 [batch, seq], got ",
                                                    std::string(loom::name(t->dtype)), shape_str(t->shape)));
   return read_tensor(f, *t);
+}
+
+int run_preference(const Args& args, const SafetensorsFile& in, Device device, DType dtype) {
+  PreferenceParams params;
+  auto kind = parse_preference_kind(args.str("objective"));
+  if (!kind.ok()) return fail(absl::InvalidArgumentError(absl::StrCat("--objective: ", kind.status().message())));
+  params.kind = *kind;
+  for (auto [flag, into] : {std::pair{"beta", &params.beta}, std::pair{"simpo-gamma", &params.simpo_gamma},
+                            std::pair{"label-smoothing", &params.label_smoothing}})
+    if (!absl::SimpleAtod(args.str(flag), into) || !std::isfinite(*into))
+      return fail(absl::InvalidArgumentError(absl::StrCat("--", flag, " must be a number, got '", args.str(flag), "'")));
+  auto model = CausalLM::load(args.str("model"), {dtype, device, false, args.flag("allow-nonfinite")});
+  if (!model.ok()) return fail(model.status());
+  for (const std::string& note : (*model)->load_notes()) std::cerr << "note: " << note << "\n";
+  if (args.has("adapter"))
+    if (auto lc = load_adapter(**model, args.str("adapter")); !lc.ok()) return fail(lc.status());
+  auto pairs = read_preference_pairs(in, (*model)->config());
+  if (!pairs.ok()) return fail(pairs.status());
+  const bool grads = args.flag("grads");
+  std::optional<ag::NoGradGuard> no_grad;
+  if (!grads) no_grad.emplace();
+  auto r = preference_forward(**model, *pairs, params);
+  if (!r.ok()) return fail(r.status());
+  const PreferenceMetrics& m = r->result.metrics;
+  std::printf("%s: loss %.6f, rewards/chosen %.6f, rewards/rejected %.6f, rewards/accuracies %.3f, rewards/margins %.6f\n",
+              preference_name(params.kind), m.loss, m.rewards_chosen, m.rewards_rejected, m.accuracy, m.margin);
+  auto vec = [](const std::vector<float>& v) { return Tensor::from_floats(v, {static_cast<int64_t>(v.size())}); };
+  std::vector<std::pair<std::string, Tensor>> outputs = {
+      {"loss", r->result.loss.value().to(Device::cpu(), DType::f32).reshape({1})},
+      {"chosen_logps", vec(r->chosen)},
+      {"rejected_logps", vec(r->rejected)}};
+  if (needs_reference(params.kind)) {
+    outputs.emplace_back("ref_chosen_logps", vec(r->ref_chosen));
+    outputs.emplace_back("ref_rejected_logps", vec(r->ref_rejected));
+  }
+  if (grads) {
+    ag::backward(r->result.loss);
+    for (auto& [name, v] : lora_parameters(**model)) outputs.emplace_back("grad." + name, v->grad());
+  }
+  if (absl::Status s = save_tensors(args.str("output"), outputs, DType::f32); !s.ok()) return fail(s);
+  std::printf("loom forward: %s on %s in %s -> %s (%zu tensors)\n", (*model)->config().summary().c_str(),
+              device.str().c_str(), std::string(loom::name(dtype)).c_str(), args.str("output").c_str(), outputs.size());
+  return 0;
 }
 
 }  // namespace
@@ -85,6 +140,7 @@ int run_forward(const std::vector<std::string>& argv) {
 
   auto in = SafetensorsFile::open(args->str("input"));
   if (!in.ok()) return fail(in.status());
+  if (args->has("objective")) return run_preference(*args, *in, *device, *dtype);
   auto ids = read_ids(*in, "input_ids", true);
   if (!ids.ok()) return fail(ids.status());
   auto labels = read_ids(*in, "labels", false);

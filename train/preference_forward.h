@@ -1,0 +1,38 @@
+// One forward of a preference objective over a file of pairs (`loom forward --objective`, and the
+// trainer's preference micro-batch): the policy's summed completion log-probabilities of both sides,
+// the reference's (dpo/ipo: the same model with its LoRA adapters off, no second copy; a model
+// without adapters is its own reference), and the loss of train/preference_loss.h.
+#pragma once
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/safetensors.h"
+#include "models/causal_lm.h"
+#include "train/preference_loss.h"
+
+namespace loom {
+
+// Both sides of the pairs, [pairs, seq] each (the two may differ in seq): token ids and the
+// shifted targets (labels unshifted in the file, as transformers takes them: -100 on the prompt and
+// the padding), and each completion's target count.
+struct PreferencePairs {
+  Tensor chosen_ids, rejected_ids;          // i32 [pairs, seq]
+  Tensor chosen_targets, rejected_targets;  // i32 [pairs*seq], on the host
+  std::vector<int64_t> chosen_tokens, rejected_tokens;
+};
+
+// Reads chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels (int32 [pairs, seq])
+// and checks them against the model (ids in the vocabulary, lengths within max_position_embeddings,
+// a completion token in every sequence), with errors naming the tensor and the position.
+absl::StatusOr<PreferencePairs> read_preference_pairs(const SafetensorsFile& file, const ModelConfig& config);
+
+struct PreferenceForward {
+  PreferenceResult result;  // the loss (backpropagate it for the gradients) and TRL's metrics
+  std::vector<float> chosen, rejected;          // the policy's pi per pair
+  std::vector<float> ref_chosen, ref_rejected;  // dpo/ipo: the reference's
+};
+
+absl::StatusOr<PreferenceForward> preference_forward(CausalLM& model, const PreferencePairs& pairs,
+                                                     const PreferenceParams& params);
+
+}  // namespace loom
