@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/rope_scaling.h"
 #include "models/family.h"
 #include "nlohmann/json.hpp"
 
@@ -376,13 +377,81 @@ TEST(ModelConfig, LoadReadsConfigJsonFromTheFolder) {
 // ---- errors -------------------------------------------------------------------------------------
 
 TEST(ModelConfigErrors, UnknownModelTypeListsTheSupportedOnes) {
-  expect_error(minimal("phi3"), {"phi3", "llama, mistral, qwen2, qwen3, gemma, gemma2"});
+  expect_error(minimal("phi"), {"'phi'", "llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gemma3, phi3"});
   auto f = family_from_model_type("gpt2");
   ASSERT_FALSE(f.ok());
   EXPECT_NE(f.status().message().find("llama, mistral, qwen2, qwen3, gemma, gemma2"), std::string::npos);
   EXPECT_EQ((*family_from_model_type("qwen3"))->name, "qwen3");
   EXPECT_EQ(family_from_architecture("Gemma2ForCausalLM")->name, "gemma2");
-  EXPECT_EQ(family_from_architecture("Phi3ForCausalLM"), nullptr);
+  EXPECT_EQ(family_from_architecture("Phi3ForCausalLM")->name, "phi3");
+  EXPECT_EQ(family_from_architecture("PhiForCausalLM"), nullptr);  // Phi-2: another architecture
+}
+
+// Published Phi-3 configs (their shapes and RoPE keys): Phi-3-mini-4k (window 2047, no scaling),
+// Phi-3.5-mini (LongRoPE, 48 factors per list, 4.x keys), Phi-4-mini (LongRoPE on 3/4 of each
+// head: 48 factors for 96 rotated dims of 128, tied), and the 5.x form transformers writes back.
+TEST(ModelConfig, Phi3FamilyConfigs) {
+  json mini4k = {{"model_type", "phi3"}, {"vocab_size", 32064}, {"hidden_size", 3072}, {"intermediate_size", 8192},
+                 {"num_hidden_layers", 32}, {"num_attention_heads", 32}, {"num_key_value_heads", 32},
+                 {"max_position_embeddings", 4096}, {"original_max_position_embeddings", 4096},
+                 {"rope_scaling", nullptr}, {"rope_theta", 10000.0}, {"sliding_window", 2047}, {"rms_norm_eps", 1e-5},
+                 {"hidden_act", "silu"}, {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 32000},
+                 {"pad_token_id", 32000}};
+  ModelConfig c = parse_ok(mini4k);
+  EXPECT_EQ(c.sliding_window, 2047);
+  EXPECT_TRUE(c.is_sliding(0) && c.is_sliding(31));
+  EXPECT_EQ(c.rope.scaling.kind, RopeScaling::Kind::kDefault);
+  EXPECT_EQ(c.rope.rotary_dim(c.head_dim), 96);
+  EXPECT_TRUE(c.family->has_layer_module("self_attn.qkv_proj"));
+
+  std::vector<double> f48(48, 1.0), long48(48, 2.5);
+  json phi35 = mini4k;
+  phi35["max_position_embeddings"] = 131072;
+  phi35["sliding_window"] = 262144;
+  phi35["rope_scaling"] = {{"type", "longrope"}, {"short_factor", f48}, {"long_factor", long48}};
+  c = parse_ok(phi35);
+  EXPECT_EQ(c.rope.scaling.kind, RopeScaling::Kind::kLongRope);
+  EXPECT_EQ(c.rope.scaling.original_max_position_embeddings, 4096);
+  // transformers: sqrt(1 + ln(131072 / 4096) / ln(4096)) = 1.19024
+  EXPECT_NEAR(c.rope.scaling.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  EXPECT_FALSE(c.rope.uses_long_factors(4095));
+  EXPECT_TRUE(c.rope.uses_long_factors(4096));  // 4097 positions
+  // The tables: inv_freq_i = 1 / (factor_i * theta^(2i/96)).
+  EXPECT_NEAR(rope_inv_freq(c.head_dim, c.rope, true)[1] * 2.5, rope_inv_freq(c.head_dim, c.rope, false)[1], 1e-7);
+
+  json phi4mini = phi35;
+  phi4mini["vocab_size"] = 200064;
+  phi4mini["num_attention_heads"] = 24;
+  phi4mini["num_key_value_heads"] = 8;
+  phi4mini["partial_rotary_factor"] = 0.75;
+  phi4mini["tie_word_embeddings"] = true;
+  c = parse_ok(phi4mini);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope.rotary_dim(c.head_dim), 96);
+  EXPECT_EQ(rope_inv_freq(c.head_dim, c.rope).size(), 48u);
+  phi4mini["rope_scaling"]["short_factor"] = std::vector<double>(64, 1.0);  // one per dim pair of the whole head: wrong
+  phi4mini["rope_scaling"]["long_factor"] = std::vector<double>(64, 2.0);
+  expect_error(phi4mini, {"LongRoPE has 64 factors per list", "96 rotated dims need 48"});
+
+  // 5.x: rope_parameters with the pretrained length and the partial factor inside.
+  json v5 = mini4k;
+  v5.erase("rope_scaling");
+  v5.erase("original_max_position_embeddings");
+  v5["max_position_embeddings"] = 64;
+  v5["head_dim"] = 16;
+  v5["hidden_size"] = 64;
+  v5["num_attention_heads"] = 4;
+  v5["num_key_value_heads"] = 2;
+  v5["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 10000.0}, {"original_max_position_embeddings", 8},
+                           {"partial_rotary_factor", 0.5}, {"short_factor", {1.0, 1.3, 2.1, 3.7}},
+                           {"long_factor", {1.1, 2.9, 7.3, 19.0}}};
+  c = parse_ok(v5);
+  EXPECT_EQ(c.rope.rotary_dim(16), 8);
+  EXPECT_NEAR(c.rope.mscale(), std::sqrt(2.0), 1e-6);
+  // Partial rotary is Phi-3's; a llama config with it is refused by name.
+  json llama = minimal("llama");
+  llama["partial_rotary_factor"] = 0.5;
+  expect_error(llama, {"partial_rotary_factor", "not part of llama models"});
 }
 
 TEST(ModelConfigErrors, MissingRequiredFields) {
