@@ -2,6 +2,8 @@
 // calls), ShareGPT {"conversations"} and Alpaca {"instruction","input","output"}, each turned into
 // a tokenized Example with the loss on the assistant's turns.
 #pragma once
+#include <functional>
+
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "train/data.h"
@@ -46,5 +48,14 @@ absl::StatusOr<Example> example_from_line(LineShape shape, const nlohmann::order
 // The classic Alpaca prompt (Stanford Alpaca's wording, with Axolotl's and Unsloth's "\n" after
 // "### Response:"); a non-empty system replaces the first paragraph.
 std::string alpaca_prompt(const std::string& instruction, const std::string& input, const std::string& system);
+
+// Each non-blank line of a JSONL file as a JSON object, with the training data's limits (a folder, a
+// file over max_file_bytes (0: default_max_data_bytes()), a line over 64 MiB, invalid UTF-8 and
+// malformed JSON are errors), handed to fn with its 1-based line number. An error of a line (fn's
+// included) is returned as "<file>:<line>: ..." or, with skip_bad_lines, counted in *skipped.
+// *lines counts the non-blank lines.
+using JsonlObjectFn = std::function<absl::Status(const nlohmann::ordered_json& line, int64_t lineno)>;
+absl::Status for_each_jsonl_object(const std::string& path, bool skip_bad_lines, int64_t max_file_bytes,
+                                   const JsonlObjectFn& fn, int64_t* lines, int64_t* skipped);
 
 }  // namespace loom

@@ -79,9 +79,8 @@ void append_eos(Example* ex, const Tokenizer& tok) {
   }
 }
 
-// Parses and tokenizes one non-blank line; the caller adds "<file>:<line>: " to errors.
-absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok, const DataOptions& options,
-                                   LineInfo* info) {
+// One non-blank line as a JSON object (valid UTF-8, well-formed); the caller adds "<file>:<line>: ".
+absl::StatusOr<json> parse_object(const std::string& line) {
   if (const size_t bad = find_invalid_utf8(line); bad != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("invalid UTF-8 at byte ", bad + 1));
   }
@@ -97,6 +96,15 @@ absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat("expected a JSON object, got ", j.type_name()));
   }
+  return j;
+}
+
+// Parses and tokenizes one non-blank line; the caller adds "<file>:<line>: " to errors.
+absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok, const DataOptions& options,
+                                   LineInfo* info) {
+  auto parsed = parse_object(line);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
   const bool has_text = j.contains("text"), has_messages = j.contains("messages");
   const bool has_pc = j.contains("prompt") || j.contains("completion");
   const bool has_sharegpt = j.contains("conversations");
@@ -254,6 +262,43 @@ absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const T
                                                    st.skipped, " skipped as bad)"));
   }
   return out;
+}
+
+absl::Status for_each_jsonl_object(const std::string& path, bool skip_bad_lines, int64_t max_file_bytes,
+                                   const JsonlObjectFn& fn, int64_t* lines, int64_t* skipped) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a folder (Is a directory); a JSONL file is needed"));
+  std::ifstream f(path, std::ios::binary);
+  if (!f || is_directory_path(path))
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file: ", open_error_reason(path)));
+  const uint64_t limit = max_file_bytes > 0 ? static_cast<uint64_t>(max_file_bytes) : default_max_data_bytes();
+  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > limit)
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", size, " bytes is more than the ", limit,
+                                                     "-byte limit on training data held in memory; split it"));
+  std::string line;
+  int64_t lineno = 0;
+  LineReader reader(f);
+  for (;;) {
+    const LineRead r = reader.next(&line, kMaxLineBytes, skip_bad_lines);
+    if (r == LineRead::kEnd) break;
+    ++lineno;
+    absl::Status s;
+    if (r == LineRead::kTooLong) {
+      s = absl::InvalidArgumentError(absl::StrCat("the line is longer than ", kMaxLineBytes, " bytes (is this a JSONL file?)"));
+    } else {
+      if (is_blank(line)) continue;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      auto j = parse_object(line);
+      s = j.ok() ? fn(*j, lineno) : j.status();
+    }
+    ++*lines;
+    if (s.ok()) continue;
+    if (!skip_bad_lines) return absl::Status(s.code(), absl::StrCat(path, ":", lineno, ": ", s.message()));
+    ++*skipped;
+  }
+  if (f.bad()) return absl::DataLossError(absl::StrCat(path, ":", lineno, ": read error"));
+  return absl::OkStatus();
 }
 
 }  // namespace loom
