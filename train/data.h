@@ -54,6 +54,9 @@ struct Batch {
   Tensor input_ids, labels, positions, segment_ids;
   int64_t tokens = 0;         // non-padding tokens
   int64_t target_tokens = 0;  // labels != -100
+  // Preference batches (PairLoader): rows [0, pairs) are the chosen sequences, [pairs, 2 pairs) the
+  // rejected ones of the same pairs; 0 for packed rows.
+  int64_t pairs = 0;
 };
 
 // True when every row of the batch is a single piece of one document with no padding (segment ids
@@ -77,16 +80,31 @@ struct LoaderState {
 // first token), since attention cannot see the previous row. Batches never span two epochs: the
 // last batch of an epoch is padded (rows of pure padding if needed). The shuffle is a Fisher-Yates
 // driven by splitmix64 of (seed, epoch): the same order on every platform and standard library.
-class PackedLoader {
+// The epoch's order of n items: a Fisher-Yates shuffle driven by splitmix64 of (seed, epoch), the
+// same on every platform (the packer's and the pair loader's).
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch);
+
+// What the trainer draws its micro-batches from: packed documents (SFT) or preference pairs.
+class BatchLoader {
+ public:
+  virtual ~BatchLoader() = default;
+  virtual Batch next() = 0;
+  virtual LoaderState state() const = 0;  // part of a checkpoint
+  virtual void set_state(const LoaderState& s) = 0;
+  // Batches in one pass over the data (epoch 0's order).
+  virtual int64_t steps_per_epoch() const = 0;
+};
+
+class PackedLoader final : public BatchLoader {
  public:
   PackedLoader(std::vector<Example> examples, int64_t seq_len, int64_t batch_size, uint64_t seed, int rank = 0,
                int world = 1, int32_t pad_id = 0);
-  Batch next();
-  LoaderState state() const;
-  void set_state(const LoaderState& s);
+  Batch next() override;
+  LoaderState state() const override;
+  void set_state(const LoaderState& s) override;
   // Batches in one pass over a shard (epoch 0's order), the largest over all ranks so that every
   // rank computes the same number (shards differ in size; a rank that runs out starts its next epoch).
-  int64_t steps_per_epoch() const;
+  int64_t steps_per_epoch() const override;
 
  private:
   std::vector<Example> examples_;  // this rank's shard, empty documents dropped

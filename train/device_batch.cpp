@@ -30,6 +30,8 @@ absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batche
     LOOM_RETURN_IF_ERROR(check_token_ids(targets, vocab, true, "targets"));
     d.input_ids = stage(b.input_ids, device, d.staging);
     d.targets = stage(targets, device, d.staging);
+    d.host_targets = targets;
+    d.pairs = b.pairs;
     d.positions = stage(b.positions, device, d.staging);
     for (int32_t p : b.positions.to_ints()) d.max_position = std::max<int64_t>(d.max_position, p);
     // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).

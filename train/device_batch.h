@@ -14,6 +14,8 @@ namespace loom {
 struct DeviceBatch {
   Tensor input_ids, targets, positions, segment_ids;  // i32 [b, s], [b*s] (labels shifted), [b*s], [b, s]
   int64_t max_position = 0;  // the largest position, read on the host (LongRoPE picks its factors by it)
+  Tensor host_targets;       // the shifted targets on the host (what per-sequence log-probs count)
+  int64_t pairs = 0;         // a preference batch's pairs (Batch::pairs)
   std::vector<Tensor> staging;
 };
 

@@ -58,6 +58,7 @@ std::string metrics_json_line(const StepMetrics& m) {
   j["mem_bytes"] = m.mem_bytes;
   if (m.host_mem_bytes >= 0) j["host_mem_bytes"] = m.host_mem_bytes;
   if (m.eval_loss) j["eval_loss"] = *m.eval_loss;
+  for (const auto& [k, v] : m.extra) j[k] = v;
   return j.dump();
 }
 

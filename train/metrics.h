@@ -5,6 +5,8 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -22,6 +24,9 @@ struct StepMetrics {
   int64_t mem_bytes = 0;     // peak device (or host) bytes in use
   int64_t host_mem_bytes = -1;  // peak pinned bytes of offloaded activations (written when >= 0)
   std::optional<double> eval_loss;  // --eval-data's mean loss after this step (written when evaluated)
+  // The objective's own measures (train/objective.h: TRL's "rewards/chosen", ... for preference
+  // objectives), means over the step's units, written after the fields above.
+  std::vector<std::pair<std::string, double>> extra;
 };
 
 class MetricsWriter {

@@ -21,18 +21,6 @@ uint64_t uniform_below(uint64_t* state, uint64_t n) {
   }
 }
 
-// The epoch's order of n documents: a Fisher-Yates shuffle keyed by (seed, epoch).
-std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> order(n);
-  for (int64_t i = 0; i < n; ++i) order[i] = i;
-  uint64_t state = seed ^ (0xD6E8FEB86659FD93ull * (static_cast<uint64_t>(epoch) + 1));
-  (void)splitmix64(&state);
-  for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(uniform_below(&state, static_cast<uint64_t>(i) + 1));
-    std::swap(order[i], order[j]);
-  }
-  return order;
-}
 
 // One piece of a document placed in a row: tokens [begin, end) of the document at order index `at`.
 struct Piece {
@@ -76,6 +64,18 @@ int64_t rows_in_pass(const std::vector<int64_t>& lengths, const std::vector<int6
 }
 
 }  // namespace
+
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  uint64_t state = seed ^ (0xD6E8FEB86659FD93ull * (static_cast<uint64_t>(epoch) + 1));
+  (void)splitmix64(&state);
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(uniform_below(&state, static_cast<uint64_t>(i) + 1));
+    std::swap(order[i], order[j]);
+  }
+  return order;
+}
 
 PackedLoader::PackedLoader(std::vector<Example> examples, int64_t seq_len, int64_t batch_size, uint64_t seed,
                            int rank, int world, int32_t pad_id)

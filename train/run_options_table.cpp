@@ -169,6 +169,19 @@ std::vector<RunOption> make_table() {
   t.push_back(text("optim", "adamw (torch.optim.AdamW) or adamw8bit (bitsandbytes' 8-bit blockwise state)", kFixed,
                    [](C& c) -> std::string& { return c.optim; },
                    [](const std::string& v) { return one_of("optim", v, {"adamw", "adamw8bit"}); }, "adamw"));
+  t.push_back(text("objective",
+                   "sft, or a preference loss over {\"prompt\", \"chosen\", \"rejected\"} pairs (TRL's formats): dpo, ipo, "
+                   "simpo, orpo (dpo/ipo: the model without its LoRA adapters is the reference)",
+                   kFixed, [](C& c) -> std::string& { return c.objective; },
+                   [](const std::string& v) { return one_of("objective", v, {"sft", "dpo", "ipo", "simpo", "orpo"}); }, "sft"));
+  t.push_back(number("beta", "0.1", "preference objectives: beta (TRL's)", 0, true, 1e6, kFixed,
+                     [](C& c) -> double& { return c.beta; }));
+  t.push_back(number("simpo-gamma", "0.5", "simpo: the target reward margin gamma", 0, false, 1e6, kFixed,
+                     [](C& c) -> double& { return c.simpo_gamma; }));
+  t.push_back(number("label-smoothing", "0", "dpo and simpo: conservative label smoothing, below 0.5", 0, false, 0.499,
+                     kFixed, [](C& c) -> double& { return c.label_smoothing; }));
+  t.push_back(integer("max-prompt-len", "0", "preference data: keep the last N prompt tokens (0 = all)", 0, int64_t{1} << 24,
+                      kFixed, [](C& c) -> int64_t& { return c.max_prompt_len; }));
   t.push_back(number("max-grad-norm", "1", "global gradient-norm clip (0 = off)", 0, false, 1e9, kWarned,
                      [](C& c) -> float& { return c.max_grad_norm; }));
   t.push_back(text("schedule", "constant, linear or cosine", kWarned, [](C& c) -> std::string& { return c.schedule; },

@@ -33,22 +33,38 @@ std::string Trainer::State::start_summary(int64_t steps_per_epoch) const {
   const int64_t rows = cfg.batch_size * world;
   std::string out;
   for (const std::string& note : model->load_notes()) absl::StrAppend(&out, "model: ", note, "\n");  // e.g. a skipped vision tower
-  absl::StrAppend(&out, absl::StrFormat("data: %s: %s examples read", cfg.data_path, count(stats.examples)));
+  const bool pairs = cfg.objective != "sft";
+  absl::StrAppend(&out, absl::StrFormat("data: %s: %s %s read", cfg.data_path, count(stats.examples),
+                                        pairs ? "preference pairs" : "examples"));
   if (stats.skipped > 0) absl::StrAppend(&out, absl::StrFormat(", %s bad lines skipped", count(stats.skipped)));
   if (stats.conversations > 0)
     absl::StrAppend(&out, absl::StrFormat(" (%s rendered with the chat template)", count(stats.conversations)));
-  absl::StrAppend(&out, absl::StrFormat("; %s tokens, %s of them targets (%.1f %%); %s rows of %s tokens per epoch after packing\n",
-                                        count(stats.tokens), count(stats.target_tokens),
-                                        100.0 * static_cast<double>(stats.target_tokens) /
-                                            static_cast<double>(std::max<int64_t>(1, stats.tokens)),
-                                        count(loader->steps_per_epoch() * rows), count(cfg.seq_len)));
+  if (pairs) {  // what truncation did, and how pairs become rows
+    absl::StrAppend(&out, absl::StrFormat("; %s prompt and %s completion tokens (both sides)", count(pair_stats.prompt_tokens),
+                                          count(pair_stats.completion_tokens)));
+    if (pair_stats.truncated > 0)
+      absl::StrAppend(&out, absl::StrFormat("; %s pairs cut to --max-prompt-len / --seq-len", count(pair_stats.truncated)));
+    if (pair_stats.dropped_too_long > 0)
+      absl::StrAppend(&out, absl::StrFormat("; %s pairs dropped (the prompt alone reaches --seq-len %d)",
+                                            count(pair_stats.dropped_too_long), cfg.seq_len));
+    absl::StrAppend(&out, absl::StrFormat("; objective %s (beta %g), both sequences of a pair in one micro-batch, padded\n",
+                                          cfg.objective, cfg.beta));
+  } else {
+    absl::StrAppend(&out, absl::StrFormat("; %s tokens, %s of them targets (%.1f %%); %s rows of %s tokens per epoch after packing\n",
+                                          count(stats.tokens), count(stats.target_tokens),
+                                          100.0 * static_cast<double>(stats.target_tokens) /
+                                              static_cast<double>(std::max<int64_t>(1, stats.tokens)),
+                                          count(loader->steps_per_epoch() * rows), count(cfg.seq_len)));
+  }
   const std::string in_total =
       cfg.max_steps > 0 ? absl::StrCat("; ", count(total_steps), " in total (--max-steps)")
                         : absl::StrCat(" x ", plural(cfg.epochs, "epoch", "epochs"), " = ", count(total_steps), " in total");
   absl::StrAppend(&out, absl::StrFormat("steps: %s per epoch%s%s (a step: %s = --batch-size %d x --grad-accum %d%s)\n",
                                         count(steps_per_epoch), in_total,
                                         step > 0 ? absl::StrCat(", resuming at ", step) : "",
-                                        plural(rows * cfg.grad_accum, "row", "rows"), cfg.batch_size, cfg.grad_accum,
+                                        pairs ? plural(cfg.batch_size * cfg.grad_accum, "pair", "pairs")
+                                              : plural(rows * cfg.grad_accum, "row", "rows"),
+                                        cfg.batch_size, cfg.grad_accum,
                                         world > 1 ? absl::StrCat(" x ", world, " ranks") : ""));
   int64_t total = 0, trainable = 0;
   for (const auto& [name, v] : model->named_weights()) total += v->value().numel();

@@ -25,6 +25,11 @@ struct TrainConfig {
   int64_t seq_len = 1024, batch_size = 1, grad_accum = 1;
   float lr = 2e-4f, weight_decay = 0.f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, max_grad_norm = 1.f;
   std::string optim = "adamw";  // adamw (torch.optim.AdamW) or adamw8bit (bitsandbytes' AdamW8bit)
+  // What a step minimises (train/objective.h): sft, or a preference loss over pairs (dpo, ipo, simpo,
+  // orpo) with its settings; --seq-len is then the longest pair sequence (--max-len, TRL's max_length).
+  std::string objective = "sft";
+  double beta = 0.1, simpo_gamma = 0.5, label_smoothing = 0.0;
+  int64_t max_prompt_len = 0;  // preference data: prompts keep their last this many tokens (0 = all)
   std::string schedule = "linear";  // constant, linear, cosine (with warmup)
   int64_t warmup_steps = 0;
   int64_t epochs = 1, max_steps = 0;  // max_steps > 0 overrides epochs

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -125,6 +126,7 @@ absl::Status Trainer::run() {
     std::vector<DeviceBatch> uploaded;
     LOOM_ASSIGN_OR_RETURN(uploaded, upload(batches, s.device, s.model->config().vocab_size));
     Tensor loss_total;
+    std::vector<std::pair<std::string, double>> extra;  // the objective's measures, unit-weighted
     for (size_t i = 0; i < batches.size(); ++i) {
       const Batch& b = batches[i];
       // The global row's dropout stream (Philox blocks of 4 elements), so any world size draws the same masks.
@@ -141,6 +143,11 @@ absl::Status Trainer::run() {
       ag::Variable weighted = ag::scale(loss, weight);
       loss_total = loss_total.defined() ? ops::add(loss_total, weighted.value()) : weighted.value();
       ag::backward(weighted);
+      for (const auto& [k, v] : s.objective->metrics()) {
+        auto it = std::find_if(extra.begin(), extra.end(), [&](const auto& e) { return e.first == k; });
+        if (it == extra.end()) it = extra.insert(extra.end(), {k, 0.0});
+        it->second += v * weight;
+      }
     }
     if (timing.on) {
       timing.queued_fb = std::chrono::steady_clock::now();
@@ -188,6 +195,7 @@ absl::Status Trainer::run() {
     m.tokens_per_s = static_cast<double>(tokens) / dt;
     m.mem_bytes = memory_stats(s.device).peak_bytes;
     if (s.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
+    m.extra = extra;
     if (!s.eval_batches.empty() && std::isfinite(loss_sum) &&
         ((s.cfg.eval_every > 0 && s.step % s.cfg.eval_every == 0) || s.step == s.total_steps)) {
       LOOM_ASSIGN_OR_RETURN(m.eval_loss, s.evaluate());
@@ -197,9 +205,14 @@ absl::Status Trainer::run() {
                                             m.eval_loss)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double eta = elapsed / static_cast<double>(s.step - first_step) * static_cast<double>(s.total_steps - s.step);
-      std::printf("%sstep %lld/%lld | loss %.4f%s | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB%s | ETA %s%s",
+      std::string pref;  // preference objectives: the reward margin and accuracy beside the loss
+      for (const auto& [k, v] : extra) {
+        if (k == "rewards/margins") absl::StrAppendFormat(&pref, " | margin %.4f", v);
+        if (k == "rewards/accuracies") absl::StrAppendFormat(&pref, " | acc %.2f", v);
+      }
+      std::printf("%sstep %lld/%lld | loss %.4f%s%s | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB%s | ETA %s%s",
                   tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
-                  m.eval_loss ? absl::StrFormat(" | eval %.4f", *m.eval_loss).c_str() : "",
+                  pref.c_str(), m.eval_loss ? absl::StrFormat(" | eval %.4f", *m.eval_loss).c_str() : "",
                   lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9,
                   m.host_mem_bytes >= 0 ? absl::StrFormat(" (+%.2f GB host)", static_cast<double>(m.host_mem_bytes) / 1e9).c_str() : "",
                   format_duration(eta).c_str(),

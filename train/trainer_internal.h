@@ -13,6 +13,7 @@
 #include "train/distributed.h"
 #include "train/metrics.h"
 #include "train/objective.h"
+#include "train/preference_data.h"
 #include "train/schedule.h"
 #include "train/train_checkpoint.h"
 #include "train/trainer.h"
@@ -25,7 +26,7 @@ struct Trainer::State {
   DType dtype = DType::bf16;
   std::unique_ptr<CausalLM> model;
   Tokenizer tokenizer;
-  std::unique_ptr<PackedLoader> loader;
+  std::unique_ptr<BatchLoader> loader;  // packed rows (sft) or pairs (preference objectives)
   // f32 masters (the LoRA or f32 weights themselves, or copies of bf16 weights) and the state.
   std::unique_ptr<optim::Optimizer> optimizer;
   std::unique_ptr<Objective> objective;  // what the step minimises (the loop names none)
@@ -34,6 +35,7 @@ struct Trainer::State {
   std::vector<float> losses;
   std::optional<MetricsWriter> metrics;
   DataStats stats;
+  PreferenceStats pair_stats;  // preference objectives: pairs read, truncated, dropped
   // --eval-data packed once at setup: one pass in global batches (every rank evaluates its rows).
   std::vector<Batch> eval_batches;
   DataStats eval_stats;

@@ -21,6 +21,7 @@
 #include "optim/adamw.h"
 #include "train/optimizer_memory.h"
 #include "train/run_options.h"
+#include "train/pair_loader.h"
 #include "train/trainer_internal.h"
 
 namespace loom {
@@ -61,7 +62,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   s->dtype = cfg.resolved_dtype();
   LrScheduleKind kind;
   LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
-  LOOM_ASSIGN_OR_RETURN(s->objective, make_objective("sft"));
+  PreferenceParams pref;
+  pref.beta = cfg.beta, pref.simpo_gamma = cfg.simpo_gamma, pref.label_smoothing = cfg.label_smoothing;
+  LOOM_ASSIGN_OR_RETURN(s->objective, make_objective(cfg.objective, pref));
+  const bool pairs = cfg.objective != "sft";
 
   if (path_is_within(cfg.out_dir, cfg.model_dir) && path_is_within(cfg.model_dir, cfg.out_dir))
     return absl::InvalidArgumentError(absl::StrCat("--out ", cfg.out_dir, " is the --model folder: the run's adapter and ",
@@ -160,7 +164,31 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   std::string template_note;
   dopt.chat_template = training_chat_template(cfg.model_dir, cfg.chat_template, &template_note);
   std::vector<Example> examples;
-  LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
+  std::vector<PreferenceExample> pair_data;
+  if (pairs) {  // TRL's preference formats; the data summary counts pairs as examples
+    PreferenceDataOptions popt;
+    popt.skip_bad_lines = cfg.skip_bad_lines;
+    popt.chat_template = dopt.chat_template;
+    popt.max_len = cfg.seq_len;
+    popt.max_prompt_len = cfg.max_prompt_len;
+    LOOM_ASSIGN_OR_RETURN(pair_data, load_preference_jsonl(cfg.data_path, s->tokenizer, popt, &s->pair_stats));
+    s->stats.lines = s->pair_stats.lines, s->stats.examples = s->pair_stats.pairs, s->stats.skipped = s->pair_stats.skipped;
+    s->stats.conversations = s->pair_stats.conversations;
+    s->stats.tokens = s->pair_stats.prompt_tokens + s->pair_stats.completion_tokens;
+    s->stats.target_tokens = s->pair_stats.completion_tokens;
+    for (const PreferenceExample& p : pair_data) {  // the fingerprint's view of a pair: two documents
+      Example c, r;
+      for (const auto* side : {&p.chosen, &p.rejected}) {
+        Example& e = side == &p.chosen ? c : r;
+        e.ids = p.prompt, e.target.assign(p.prompt.size(), 0);
+        e.ids.insert(e.ids.end(), side->begin(), side->end());
+        e.target.resize(e.ids.size(), 1);
+      }
+      examples.push_back(std::move(c)), examples.push_back(std::move(r));
+    }
+  } else {
+    LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
+  }
   // Which template conversations got: said only when the data has some; a template that cannot be
   // used, once (under --skip-bad-lines the lines that needed it were skipped).
   if (!template_note.empty() && !cfg.quiet && s->stats.conversations > 0)
@@ -199,7 +227,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
         "%.1f GiB available: use a smaller --grad-accum or --batch-size",
         cfg.grad_accum, cfg.batch_size * world, cfg.seq_len, step_bytes / (1LL << 30),
         static_cast<double>(device_available_bytes(Device::cpu())) / (1LL << 30)));
-  s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
+  if (pairs)  // --batch-size pairs a micro-batch, each pair's two sequences padded to the batch's longest
+    s->loader = std::make_unique<PairLoader>(std::move(pair_data), cfg.batch_size, cfg.seed, pad);
+  else
+    s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
   const int64_t per_epoch = std::max<int64_t>(1, s->loader->steps_per_epoch() / cfg.grad_accum);
   s->total_steps = cfg.max_steps > 0 ? cfg.max_steps : per_epoch * cfg.epochs;
   s->schedule = LrSchedule{kind, cfg.warmup_steps, s->total_steps};
