@@ -2,6 +2,7 @@
 // Its loss is the trainer's: the e2e tests (eval loss against an f64 per-document reference,
 // ranks against one process, resume bit for bit) run through it.
 #include "train/objective.h"
+#include "train/pair_loader.h"
 
 #include <gtest/gtest.h>
 
@@ -21,9 +22,41 @@ TEST(Objective, SftCountsTheTargetTokens) {
 }
 
 TEST(Objective, AnUnknownOneNamesThoseThereAre) {
-  auto dpo = make_objective("sgd");
-  ASSERT_FALSE(dpo.ok());
-  EXPECT_NE(std::string(dpo.status().message()).find("unknown objective 'sgd' (there is: sft)"), std::string::npos);
+  auto bad = make_objective("sgd");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("unknown objective 'sgd' (there is: sft, dpo, ipo, simpo, orpo)"),
+            std::string::npos)
+      << bad.status();
+}
+
+// A preference objective's units are the batch's pairs (its loss is a mean over them); the pair
+// loader keeps both sequences of a pair in one batch, chosen rows first.
+TEST(Objective, PreferenceCountsPairs) {
+  auto dpo = make_objective("dpo");
+  ASSERT_TRUE(dpo.ok()) << dpo.status();
+  EXPECT_EQ((*dpo)->name(), "dpo");
+  std::vector<PreferenceExample> pairs = {{{1, 2}, {3, 4, 5}, {6}}, {{7}, {8}, {9, 10}}, {{11, 12, 13}, {14}, {15}}};
+  PairLoader loader(pairs, 2, 42, 0);
+  const Batch b = loader.next();
+  EXPECT_EQ(b.pairs, 2);
+  EXPECT_EQ((*dpo)->units(b), 2);
+  ASSERT_EQ(b.input_ids.size(0), 4);
+  // Row i and row i + 2 are one pair: the same prompt, their completions as labels, the rest -100.
+  const std::vector<int32_t> ids = b.input_ids.to_ints(), labels = b.labels.to_ints();
+  const int64_t S = b.input_ids.size(1);
+  for (int64_t i = 0; i < 2; ++i) {
+    int64_t prompt = 0;
+    while (prompt < S && labels[i * S + prompt] == -100) ++prompt;
+    for (int64_t k = 0; k < prompt; ++k) EXPECT_EQ(ids[i * S + k], ids[(i + 2) * S + k]);
+  }
+  EXPECT_EQ(b.target_tokens, 2 * 0 + [&] {
+    int64_t n = 0;
+    for (int32_t l : labels) n += l != -100;
+    return n;
+  }());
+  const Batch last = loader.next();  // the epoch's short last batch: one pair
+  EXPECT_EQ(last.pairs, 1);
+  EXPECT_EQ(loader.state().epoch, 1);
 }
 
 }  // namespace
