@@ -143,10 +143,10 @@ absl::Status Trainer::run() {
       ag::Variable weighted = ag::scale(loss, weight);
       loss_total = loss_total.defined() ? ops::add(loss_total, weighted.value()) : weighted.value();
       ag::backward(weighted);
-      for (const auto& [k, v] : s.objective->metrics()) {
-        auto it = std::find_if(extra.begin(), extra.end(), [&](const auto& e) { return e.first == k; });
-        if (it == extra.end()) it = extra.insert(extra.end(), {k, 0.0});
-        it->second += v * weight;
+      for (const std::pair<std::string, double>& mv : s.objective->metrics()) {
+        auto it = std::find_if(extra.begin(), extra.end(), [&mv](const auto& e) { return e.first == mv.first; });
+        if (it == extra.end()) it = extra.insert(extra.end(), {mv.first, 0.0});
+        it->second += mv.second * weight;
       }
     }
     if (timing.on) {
