@@ -3,83 +3,14 @@
 // the llama and phi3 fixtures (phi3: LoRA on the fused qkv_proj / gate_up_proj) and dumped the loss,
 // both sides' summed log-probabilities, the reference's (adapters disabled) and every LoRA gradient.
 // Also: the loss formulas' derivatives against central differences in f64, and the adapters-off scope.
-#include <gtest/gtest.h>
-
-#include <cmath>
-#include <fstream>
-#include <sstream>
-
-#include "engine/tensor_io.h"
-#include "models/lora.h"
-#include "nlohmann/json.hpp"
-#include "tests/models/fixtures.h"
-#include "train/preference_forward.h"
+#include "tests/train/preference_checks.h"
 
 namespace loom::test {
 namespace {
 
-const std::string kDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/preference/";
-
-nlohmann::json cases() {
-  std::ifstream f(kDir + "cases.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
-
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  EXPECT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
-TEST(PreferenceTrl, LossLogpsAndLoraGradientsMatchTrl) {
-  const nlohmann::json all = cases();
-  ASSERT_EQ(all["cases"].size(), 10u);
-  for (const auto& [key, c] : all["cases"].items()) {
-    SCOPED_TRACE(key);
-    const std::string variant = key.substr(0, key.find('/')), name = key.substr(key.find('/') + 1);
-    auto model = CausalLM::load(fixture_dir(variant), {DType::f32, Device::cpu()});
-    ASSERT_TRUE(model.ok()) << model.status();
-    ASSERT_TRUE(load_adapter(**model, fixture_dir(variant) + "/adapter").ok());
-    auto in = SafetensorsFile::open(kDir + variant + "/inputs.safetensors");
-    ASSERT_TRUE(in.ok()) << in.status();
-    auto pairs = read_preference_pairs(*in, (*model)->config());
-    ASSERT_TRUE(pairs.ok()) << pairs.status();
-    PreferenceParams p;
-    p.kind = *parse_preference_kind(c["objective"].get<std::string>());
-    p.beta = c["beta"].get<double>();
-    p.simpo_gamma = c["simpo_gamma"].get<double>();
-    p.label_smoothing = c["label_smoothing"].get<double>();
-    auto r = preference_forward(**model, *pairs, p);
-    ASSERT_TRUE(r.ok()) << r.status();
-    ag::backward(r->result.loss);
-    auto ref = read_all(kDir + variant + "/" + name + ".safetensors");
-    // f32 on both sides, summation order apart: the loss and log-probs to ~1e-6, the gradients
-    // through two layers and the loss's own derivative to 1e-4 (test_families.cpp's bound).
-    EXPECT_NEAR(r->result.loss.value().item(), ref["loss"].to_floats()[0], 2e-5 * std::max(1.f, ref["loss"].to_floats()[0]));
-    EXPECT_NEAR(r->result.metrics.loss, c["loss"].get<double>(), 2e-5 * std::max(1.0, c["loss"].get<double>()));
-    EXPECT_LT(max_rel(r->chosen, ref["chosen_logps"].to_floats()), 1e-5);
-    EXPECT_LT(max_rel(r->rejected, ref["rejected_logps"].to_floats()), 1e-5);
-    if (needs_reference(p.kind)) {
-      EXPECT_LT(max_rel(r->ref_chosen, ref["ref_chosen_logps"].to_floats()), 1e-5);
-      EXPECT_LT(max_rel(r->ref_rejected, ref["ref_rejected_logps"].to_floats()), 1e-5);
-      // The adapter moves the policy away from its reference: the test would see a reference that kept it.
-      EXPECT_GT(max_rel(r->chosen, r->ref_chosen), 1e-4);
-    }
-    int grads = 0;
-    for (auto& [pname, v] : lora_parameters(**model)) {
-      ASSERT_TRUE(ref.count("grad." + pname)) << pname;
-      EXPECT_LT(max_rel(v->grad().to_floats(), ref["grad." + pname].to_floats()), 1e-4) << pname;
-      ++grads;
-    }
-    EXPECT_EQ(grads * 1u, ref.size() - (needs_reference(p.kind) ? 5 : 3));
-  }
-}
+// f32 on both sides, summation order apart: the loss and log-probs to ~1e-6, the gradients through
+// two layers and the loss's own derivative to 1e-4 (test_families.cpp's bound).
+TEST(PreferenceTrl, LossLogpsAndLoraGradientsMatchTrl) { check_against_trl(Device::cpu(), DType::f32, 2e-5, 1e-4); }
 
 // The loss formulas' gradients (what backward hands the model) against central differences of the
 // f64 loss, for every objective, with smoothing, at log-probs of real size (-5..-40 over 3..12 tokens).
