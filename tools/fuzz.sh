@@ -16,7 +16,7 @@ if [ "${1:-}" = "--ci" ]; then replay=1 ci=1; shift; fi
 seconds=${1:-600}
 shift || true
 all=(fuzz_safetensors fuzz_gguf fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_jsonl fuzz_chat_template
-     fuzz_config fuzz_bnb fuzz_adapter_config fuzz_train_checkpoint)
+     fuzz_config fuzz_bnb fuzz_adapter_config fuzz_train_checkpoint fuzz_preference_jsonl)
 [ $# -gt 0 ] && targets=("$@") || targets=("${all[@]}")
 
 generator=()
@@ -33,7 +33,7 @@ if ((ci)); then
   if [ "${LOOM_SANITIZE_ALL:-0}" = 1 ]; then
     cmake --build "$build" -j"$(nproc)"
   else
-    san_tests=(loom_fuzz engine_test_safetensors engine_test_gguf engine_test_tensor text_test_tokenizer
+    san_tests=(loom_fuzz engine_test_safetensors engine_test_gguf engine_test_tensor text_test_tokenizer train_test_preference_data
                text_test_chat_template text_test_jinja text_test_jinja_limits text_test_gguf_tokenizer text_test_unicode_nfc train_test_data
                train_test_resource_limits train_test_schedule train_test_metrics models_test_config
                models_test_checkpoint models_test_load_errors models_test_bnb_checkpoint)
