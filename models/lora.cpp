@@ -225,9 +225,25 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
       return bad(absl::StrCat("peft_type must be \"LORA\", got ", j.value("peft_type", nlohmann::json()).dump()));
     for (const char* key : {"r", "target_modules"})
       if (!j.contains(key)) return bad(absl::StrCat("missing field \"", key, "\""));
-    c.r = j.at("r").get<int64_t>();
-    c.alpha = j.value("lora_alpha", 8.f);
-    c.dropout = j.value("lora_dropout", 0.f);
+    // Numbers checked before they are converted: a float past int64 or float range is undefined
+    // behaviour to cast (found by fuzz_adapter_config: "r": 8.4e47).
+    const nlohmann::json& r = j.at("r");
+    if (!r.is_number_integer() || r.get<int64_t>() < 1 || r.get<int64_t>() > 65536)
+      return bad(absl::StrCat("r must be an integer from 1 to 65536, got ", r.dump()));
+    c.r = r.get<int64_t>();
+    auto real = [&](const char* key, float dflt, float* out) -> absl::Status {
+      if (!j.contains(key) || j[key].is_null()) {
+        *out = dflt;
+        return absl::OkStatus();
+      }
+      const nlohmann::json& v = j[key];
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 1e30)
+        return bad(absl::StrCat(key, " must be a finite number, got ", v.dump()));
+      *out = static_cast<float>(v.get<double>());
+      return absl::OkStatus();
+    };
+    if (absl::Status st = real("lora_alpha", 8.f, &c.alpha); !st.ok()) return st;
+    if (absl::Status st = real("lora_dropout", 0.f, &c.dropout); !st.ok()) return st;
     c.use_rslora = j.value("use_rslora", false);
     const auto& t = j.at("target_modules");
     if (t.is_string()) {
