@@ -49,11 +49,9 @@ TEST(Objective, PreferenceCountsPairs) {
     while (prompt < S && labels[i * S + prompt] == -100) ++prompt;
     for (int64_t k = 0; k < prompt; ++k) EXPECT_EQ(ids[i * S + k], ids[(i + 2) * S + k]);
   }
-  EXPECT_EQ(b.target_tokens, 2 * 0 + [&] {
-    int64_t n = 0;
-    for (int32_t l : labels) n += l != -100;
-    return n;
-  }());
+  int64_t labelled = 0;
+  for (int32_t l : labels) labelled += l != -100;
+  EXPECT_EQ(b.target_tokens, labelled);
   const Batch last = loader.next();  // the epoch's short last batch: one pair
   EXPECT_EQ(last.pairs, 1);
   EXPECT_EQ(loader.state().epoch, 1);
