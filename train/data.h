@@ -57,6 +57,8 @@ struct Batch {
   // Preference batches (PairLoader): rows [0, pairs) are the chosen sequences, [pairs, 2 pairs) the
   // rejected ones of the same pairs; 0 for packed rows.
   int64_t pairs = 0;
+  // Each pair's index in its data file's pairs (what --precompute-ref's scores are looked up by).
+  std::vector<int64_t> pair_ids;
 };
 
 // True when every row of the batch is a single piece of one document with no padding (segment ids

@@ -16,6 +16,7 @@ struct DeviceBatch {
   int64_t max_position = 0;  // the largest position, read on the host (LongRoPE picks its factors by it)
   Tensor host_targets;       // the shifted targets on the host (what per-sequence log-probs count)
   int64_t pairs = 0;         // a preference batch's pairs (Batch::pairs)
+  std::vector<int64_t> pair_ids;  // Batch::pair_ids
   std::vector<Tensor> staging;
 };
 

@@ -1,6 +1,7 @@
 // The Trainer's data-parallel hooks (see distributed.h).
 #include "train/distributed.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -80,6 +81,26 @@ void DistContext::attach(optim::Optimizer& opt, bool quiet) {
 }
 
 Batch DistContext::slice(const Batch& g) const {
+  if (g.pairs > 0) {  // pairs [lo, hi) of P: their chosen rows [lo, hi) and rejected rows [P + lo, P + hi)
+    const int64_t P = g.pairs, lo = rank() * P / world(), hi = (rank() + 1) * P / world(), seq = g.input_ids.size(1);
+    Batch b;
+    b.pairs = hi - lo;
+    b.tokens = g.tokens;  // progress counts the global batch
+    b.pair_ids.assign(g.pair_ids.begin() + lo, g.pair_ids.begin() + hi);
+    // Host rows (a short last batch of fewer pairs than ranks may leave a rank none).
+    auto rows = [&](const Tensor& t) {
+      const std::vector<int32_t> v = t.to_ints();
+      std::vector<int32_t> mine;
+      for (int64_t first : {lo, P + lo}) mine.insert(mine.end(), v.begin() + first * seq, v.begin() + (first + hi - lo) * seq);
+      return mine;
+    };
+    b.input_ids = Tensor::from_ints(rows(g.input_ids), {2 * b.pairs, seq});
+    b.labels = Tensor::from_ints(rows(g.labels), {2 * b.pairs, seq});
+    b.segment_ids = Tensor::from_ints(rows(g.segment_ids), {2 * b.pairs, seq});
+    b.positions = Tensor::from_ints(rows(g.positions), {2 * b.pairs * seq});
+    for (int32_t l : b.labels.to_ints()) b.target_tokens += l != -100;
+    return b;
+  }
   const int64_t rows = g.input_ids.size(0) / world();
   LOOM_CHECK(rows * world() == g.input_ids.size(0), "DistContext::slice: ", g.input_ids.str(), " over ", world(), " ranks");
   const int64_t seq = g.input_ids.size(1), r0 = rank() * rows;
@@ -119,6 +140,15 @@ double DistContext::sum(double v) {
   group_->cpu().all_reduce(t, dist::ReduceOp::kSum);
   group_->cpu().wait();
   return *t.data<double>();
+}
+
+void DistContext::sum(std::vector<double>& v) {
+  if (v.empty()) return;
+  Tensor t = Tensor::zeros({static_cast<int64_t>(v.size())}, DType::f64);
+  std::copy(v.begin(), v.end(), t.data<double>());
+  group_->cpu().all_reduce(t, dist::ReduceOp::kSum);
+  group_->cpu().wait();
+  std::copy(t.data<double>(), t.data<double>() + v.size(), v.begin());
 }
 
 bool DistContext::any(bool v) { return sum(v ? 1.0 : 0.0) > 0; }

@@ -44,7 +44,7 @@ class DistContext {
   void attach(optim::Optimizer& opt, bool quiet);
 
   // Rank r's rows [r * rows, (r + 1) * rows) of a global batch of world * rows rows, with its own
-  // token counts.
+  // token counts. A batch of P pairs: rank r's pairs [r P / world, (r + 1) P / world), both sides.
   Batch slice(const Batch& global) const;
   // Index of this rank's first row in the global batch (dropout streams follow the global row).
   int64_t first_row(int64_t rows_per_rank) const { return rank() * rows_per_rank; }
@@ -53,6 +53,7 @@ class DistContext {
   // After the step's backwards: reduce, clip by the global norm, update; gradients cleared.
   GradNorm step(optim::Optimizer& opt, float lr, float max_norm);
   double sum(double v);
+  void sum(std::vector<double>& v);  // element-wise over the ranks, in place
   bool any(bool v);
 
   // Writes the checkpoint of `step`: rank 0 writes the folder (state, extra files, its optimizer

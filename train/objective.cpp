@@ -2,7 +2,9 @@
 #include "train/objective.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "models/lora.h"
+#include "train/distributed.h"
 
 namespace loom {
 namespace {
@@ -17,6 +19,23 @@ class Sft final : public Objective {
     return model.loss_from_targets(b.input_ids, b.targets, {b.positions, b.segment_ids, b.max_position});
   }
 };
+
+// The reference's log-probability of each row's completion (rows [0, P) chosen, [P, 2P) rejected):
+// `frozen` when given, else the model with its adapters off; no gradient either way.
+std::vector<double> reference_logps(CausalLM& model, CausalLM* frozen, const DeviceBatch& b) {
+  ag::NoGradGuard ng;
+  const ForwardOptions fwd{b.positions, Tensor(), b.max_position};
+  std::vector<ag::Variable> ref;
+  if (frozen) {
+    ref = frozen->sequence_logps(b.input_ids, b.host_targets, fwd);
+  } else {
+    AdaptersOff off(model);
+    ref = model.sequence_logps(b.input_ids, b.host_targets, fwd);
+  }
+  std::vector<double> out;
+  for (const ag::Variable& v : ref) out.push_back(static_cast<double>(v.value().item()));
+  return out;
+}
 
 // A preference loss over a batch of pairs (rows [0, P) chosen, [P, 2P) rejected): both sides'
 // log-probabilities in one forward, the reference's (dpo/ipo) in a second one without gradients and
@@ -41,17 +60,39 @@ class Preference final : public Objective {
       (r < b.pairs ? s.chosen_tokens : s.rejected_tokens).push_back(n);
     }
     if (needs_reference(params_.kind)) {
-      ag::NoGradGuard ng;
-      AdaptersOff off(model);
-      std::vector<ag::Variable> ref = model.sequence_logps(b.input_ids, b.host_targets, fwd);
-      for (int64_t r = 0; r < 2 * b.pairs; ++r)
-        (r < b.pairs ? s.ref_chosen : s.ref_rejected).push_back(static_cast<double>(ref[r].value().item()));
+      if (table_) {
+        LOOM_CHECK(static_cast<int64_t>(b.pair_ids.size()) == b.pairs, "preference objective: a batch without pair ids");
+        for (int64_t id : b.pair_ids) {
+          LOOM_CHECK(id >= 0 && id < static_cast<int64_t>(table_->chosen.size()), "preference objective: pair ", id,
+                     " is past the reference table's ", table_->chosen.size());
+          s.ref_chosen.push_back(table_->chosen[id]), s.ref_rejected.push_back(table_->rejected[id]);
+        }
+      } else {
+        const std::vector<double> ref = reference_logps(model, frozen_, b);
+        s.ref_chosen.assign(ref.begin(), ref.begin() + b.pairs);
+        s.ref_rejected.assign(ref.begin() + b.pairs, ref.end());
+      }
     }
+    if (step_pairs_ > 0)  // this micro-batch's share of the step's chosen tokens (PairScores::nll_denominator)
+      s.nll_denominator = static_cast<double>(step_chosen_) * static_cast<double>(b.pairs) / static_cast<double>(step_pairs_);
     auto res = preference_loss(s, params_);
     LOOM_CHECK(res.ok(), res.status().message());
     last_ = res->metrics;
     return res->loss;
   }
+  void begin_step(const std::vector<Batch>& global) override {
+    step_pairs_ = step_chosen_ = 0;
+    for (const Batch& g : global) {  // the chosen rows' targets: labels past each row's first token
+      step_pairs_ += g.pairs;
+      const std::vector<int32_t> l = g.labels.to_ints();
+      const int64_t seq = g.pairs > 0 ? g.labels.size(1) : 0;
+      for (int64_t r = 0; r < g.pairs; ++r)
+        for (int64_t j = 1; j < seq; ++j) step_chosen_ += l[r * seq + j] != ops::kIgnoreIndex;
+    }
+  }
+  bool uses_reference() const override { return needs_reference(params_.kind); }
+  void set_reference_model(CausalLM* frozen) override { frozen_ = frozen; }
+  void set_reference_logps(std::shared_ptr<const ReferenceLogps> table) override { table_ = std::move(table); }
   std::vector<std::pair<std::string, double>> metrics() const override {
     std::vector<std::pair<std::string, double>> m = {
         {"rewards/chosen", last_.rewards_chosen}, {"rewards/rejected", last_.rewards_rejected},
@@ -67,6 +108,9 @@ class Preference final : public Objective {
  private:
   PreferenceParams params_;
   PreferenceMetrics last_;
+  CausalLM* frozen_ = nullptr;
+  int64_t step_pairs_ = 0, step_chosen_ = 0;  // begin_step's totals (0: none given)
+  std::shared_ptr<const ReferenceLogps> table_;
 };
 
 }  // namespace
@@ -79,6 +123,27 @@ absl::StatusOr<std::unique_ptr<Objective>> make_objective(const std::string& nam
     return std::make_unique<Preference>(p);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown objective '", name, "' (there is: sft, dpo, ipo, simpo, orpo)"));
+}
+
+absl::StatusOr<ReferenceLogps> score_reference(CausalLM& model, CausalLM* frozen, const std::vector<Batch>& batches,
+                                               int64_t pairs, Device device, DistContext* dist) {
+  ReferenceLogps t;
+  t.chosen.assign(pairs, 0.0), t.rejected.assign(pairs, 0.0);
+  const int64_t world = dist ? dist->world() : 1, rank = dist ? dist->rank() : 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (static_cast<int64_t>(i) % world != rank) continue;
+    std::vector<DeviceBatch> d;
+    LOOM_ASSIGN_OR_RETURN(d, upload({batches[i]}, device, model.config().vocab_size));
+    const std::vector<double> ref = reference_logps(model, frozen, d[0]);
+    const int64_t P = batches[i].pairs;
+    for (int64_t k = 0; k < P; ++k) {
+      const int64_t id = batches[i].pair_ids[k];
+      if (id < 0 || id >= pairs) return absl::InternalError(absl::StrCat("score_reference: pair ", id, " of ", pairs));
+      t.chosen[id] = ref[k], t.rejected[id] = ref[P + k];
+    }
+  }
+  if (dist) dist->sum(t.chosen), dist->sum(t.rejected);
+  return t;
 }
 
 }  // namespace loom

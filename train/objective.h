@@ -18,6 +18,12 @@
 
 namespace loom {
 
+// The reference's log-probability of each pair's chosen and rejected completion, by the pair's
+// index in the training data (Batch::pair_ids): --precompute-ref's table.
+struct ReferenceLogps {
+  std::vector<double> chosen, rejected;
+};
+
 class Objective {
  public:
   virtual ~Objective() = default;
@@ -26,6 +32,10 @@ class Objective {
   // step weighs each micro-batch's loss by its share of the step's units (over every rank), so the
   // loss of a step does not depend on how its rows are split into micro-batches or over ranks.
   virtual int64_t units(const Batch& batch) const = 0;
+  // Before a step's (or an evaluation's) micro-batches: all of them, whole (before they are sliced
+  // over ranks). An objective whose loss is not a plain mean over units (orpo's NLL is a mean over
+  // chosen tokens) reads the totals it needs here.
+  virtual void begin_step(const std::vector<Batch>& /*global*/) {}
   // The mean loss over the micro-batch's units: a scalar on the batch's device, to backpropagate.
   // Never called on a batch with no units. The model is not changed (a preference objective turns
   // its adapters off for the reference and back on).
@@ -33,7 +43,24 @@ class Objective {
   // What the last loss() measured besides the loss, under the names metrics.jsonl gives them
   // (TRL's "rewards/chosen", ...), each a mean over that micro-batch's units; none for SFT.
   virtual std::vector<std::pair<std::string, double>> metrics() const { return {}; }
+
+  // Whether loss() scores its batch under a reference model too (dpo, ipo).
+  virtual bool uses_reference() const { return false; }
+  // Where the reference's scores come from, when loss() needs them. By default the model itself with
+  // its adapters off (a LoRA policy's reference, no second copy). A frozen model (--full: the
+  // weights as they were before training) instead, not owned; or a table computed once before
+  // training (--precompute-ref), read by Batch::pair_ids, which a batch must then carry.
+  virtual void set_reference_model(CausalLM* /*frozen*/) {}
+  virtual void set_reference_logps(std::shared_ptr<const ReferenceLogps> /*table*/) {}
 };
+
+// Scores every pair of `batches` under the reference of `objective`'s kind, in no-grad forwards on
+// `device`, as the training steps would (adapters off, or `frozen` when given): the table of
+// --precompute-ref for pairs 0..pairs-1. With `dist`, each rank scores the batches i with
+// i % world == rank and the table is summed over the ranks.
+class DistContext;
+absl::StatusOr<ReferenceLogps> score_reference(CausalLM& model, CausalLM* frozen, const std::vector<Batch>& batches,
+                                               int64_t pairs, Device device, DistContext* dist);
 
 // "sft": next-token cross-entropy over the target tokens (fused lm_head + loss, never the
 // [tokens, vocab] logits). "dpo", "ipo", "simpo", "orpo": train/preference_loss.h over batches of

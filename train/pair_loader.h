@@ -5,12 +5,25 @@
 // transformers takes them). Pairs are padded rather than packed: two sequences per pair share one
 // prompt, so packing saves little and would need per-document attention in every row.
 #pragma once
+#include <span>
 #include <vector>
 
 #include "train/data.h"
 #include "train/preference_data.h"
 
 namespace loom {
+
+// Each pair as two documents, prompt + chosen and prompt + rejected, targets on the completions.
+std::vector<Example> pair_documents(const std::vector<PreferenceExample>& pairs);
+
+// The batch of pairs[which[0]], pairs[which[1]], ...: rows [0, P) the chosen sequences, [P, 2P) the
+// rejected ones, right-padded with pad_id to their longest; pair_ids = which.
+Batch make_pair_batch(const std::vector<PreferenceExample>& pairs, std::span<const int64_t> which, int32_t pad_id);
+
+// Every pair once, in file order, `pairs_per_batch` a batch (the last one short): the held-out pass
+// of --eval-data and the reference pass of --precompute-ref.
+std::vector<Batch> pair_batches_in_order(const std::vector<PreferenceExample>& pairs, int64_t pairs_per_batch,
+                                         int32_t pad_id);
 
 class PairLoader final : public BatchLoader {
  public:

@@ -54,8 +54,9 @@ absl::StatusOr<PreferenceResult> preference_loss(const PairScores& s, const Pref
   PreferenceMetrics m;
   m.pairs = static_cast<int64_t>(n);
   const double beta = p.beta, ls = p.label_smoothing, inv_n = 1.0 / static_cast<double>(n);
-  int64_t chosen_total = 0;
-  for (int64_t t : s.chosen_tokens) chosen_total += t;
+  int64_t chosen_tokens = 0;
+  for (int64_t t : s.chosen_tokens) chosen_tokens += t;
+  const double chosen_total = s.nll_denominator > 0 ? s.nll_denominator : static_cast<double>(chosen_tokens);
   // x: chosen sums, then rejected sums; d: dloss/dx.
   auto f = [&](const std::vector<double>& x, std::vector<double>& d) {
     double loss = 0;
@@ -102,7 +103,7 @@ absl::StatusOr<PreferenceResult> preference_loss(const PairScores& s, const Pref
           loss += -beta * log_sig;
           const double dlo = -beta * sigmoid(-lo);
           // d lo / d ac = 1 + e^ac / (1 - e^ac) = -1 / expm1(ac); likewise for ar with the sign flipped.
-          d[i] = (dlo * (-1 / std::expm1(ac)) / nc) * inv_n - 1.0 / static_cast<double>(chosen_total);
+          d[i] = (dlo * (-1 / std::expm1(ac)) / nc) * inv_n - 1.0 / chosen_total;
           d[n + i] = (dlo * (1 / std::expm1(ar)) / nr) * inv_n;
           m.nll_loss += -pc;
           m.log_odds_ratio += log_sig;
@@ -115,7 +116,7 @@ absl::StatusOr<PreferenceResult> preference_loss(const PairScores& s, const Pref
     }
     loss *= inv_n;
     if (p.kind == PreferenceKind::kOrpo) {
-      m.nll_loss /= static_cast<double>(chosen_total);
+      m.nll_loss /= chosen_total;
       loss += m.nll_loss;
     }
     for (double* v : {&m.rewards_chosen, &m.rewards_rejected, &m.margin, &m.accuracy, &m.logps_chosen, &m.logps_rejected,

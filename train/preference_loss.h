@@ -39,6 +39,11 @@ struct PairScores {
   std::vector<ag::Variable> chosen, rejected;
   std::vector<int64_t> chosen_tokens, rejected_tokens;
   std::vector<double> ref_chosen, ref_rejected;
+  // orpo: what the chosen sums' total is divided by for the NLL (0: the pairs' chosen tokens, TRL's
+  // mean over the batch). A trainer that weighs micro-batches by their share of a step's pairs
+  // gives the step's chosen tokens times that share, so that the NLL is a mean over all the step's
+  // chosen tokens however its pairs are split over micro-batches and ranks.
+  double nll_denominator = 0;
 };
 
 // TRL's logged values for the micro-batch (means over its pairs): rewards are beta (pi - ref) for

@@ -199,22 +199,12 @@ absl::Status check_train_config(const TrainConfig& c) {
     return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
   if (c.eval_every > 0 && c.eval_data_path.empty())
     return absl::InvalidArgumentError("--eval-every needs --eval-data (the held-out JSONL to evaluate)");
-  if (c.objective != "sft") {
-    // Not built yet for preference objectives: said before anything is loaded.
-    if (c.full && (c.objective == "dpo" || c.objective == "ipo"))
-      return absl::UnimplementedError(absl::StrCat("--objective ", c.objective, " with --full needs a frozen copy of the ",
-                                                   "model as its reference, which Loom does not keep yet: train LoRA ",
-                                                   "(the reference is then the model without its adapters) or use ",
-                                                   "simpo/orpo, which need no reference"));
-    if (!c.dist.empty())
-      return absl::UnimplementedError(absl::StrCat("--objective ", c.objective, " does not run with --dist yet (pairs are ",
-                                                   "not sliced over ranks); train on one process"));
-    if (!c.eval_data_path.empty())
-      return absl::UnimplementedError(absl::StrCat("--eval-data is not evaluated for --objective ", c.objective, " yet"));
-  } else if (c.beta != 0.1 || c.simpo_gamma != 0.5 || c.label_smoothing != 0 || c.max_prompt_len != 0) {
+  if (c.precompute_ref && c.objective != "dpo" && c.objective != "ipo")
+    return absl::InvalidArgumentError(absl::StrCat("--precompute-ref scores pairs under a reference model, which only ",
+                                                   "--objective dpo and ipo have (", c.objective, " has none)"));
+  if (c.objective == "sft" && (c.beta != 0.1 || c.simpo_gamma != 0.5 || c.label_smoothing != 0 || c.max_prompt_len != 0))
     return absl::InvalidArgumentError("--beta, --simpo-gamma, --label-smoothing and --max-prompt-len belong to the "
                                       "preference objectives: add --objective dpo|ipo|simpo|orpo");
-  }
   return absl::OkStatus();
 }
 

@@ -182,6 +182,12 @@ std::vector<RunOption> make_table() {
                      kFixed, [](C& c) -> double& { return c.label_smoothing; }));
   t.push_back(integer("max-prompt-len", "0", "preference data: keep the last N prompt tokens (0 = all)", 0, int64_t{1} << 24,
                       kFixed, [](C& c) -> int64_t& { return c.max_prompt_len; }));
+  // Free on resume: the table is reused when its key matches, and rebuilt (LoRA) when it does not.
+  t.push_back(on_off("precompute-ref",
+                     "dpo and ipo: score every pair under the reference once before training (kept in the run folder as "
+                     "ref_logps.safetensors, reused on resume) instead of a reference forward each step (TRL's "
+                     "precompute_ref_log_probs)",
+                     kFree, [](C& c) -> bool& { return c.precompute_ref; }));
   t.push_back(number("max-grad-norm", "1", "global gradient-norm clip (0 = off)", 0, false, 1e9, kWarned,
                      [](C& c) -> float& { return c.max_grad_norm; }));
   t.push_back(text("schedule", "constant, linear or cosine", kWarned, [](C& c) -> std::string& { return c.schedule; },

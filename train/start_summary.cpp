@@ -62,7 +62,7 @@ std::string Trainer::State::start_summary(int64_t steps_per_epoch) const {
   absl::StrAppend(&out, absl::StrFormat("steps: %s per epoch%s%s (a step: %s = --batch-size %d x --grad-accum %d%s)\n",
                                         count(steps_per_epoch), in_total,
                                         step > 0 ? absl::StrCat(", resuming at ", step) : "",
-                                        pairs ? plural(cfg.batch_size * cfg.grad_accum, "pair", "pairs")
+                                        pairs ? plural(cfg.batch_size * cfg.grad_accum * world, "pair", "pairs")
                                               : plural(rows * cfg.grad_accum, "row", "rows"),
                                         cfg.batch_size, cfg.grad_accum,
                                         world > 1 ? absl::StrCat(" x ", world, " ranks") : ""));

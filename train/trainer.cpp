@@ -30,11 +30,18 @@ std::string format_duration(double s) {
   return t >= 3600 ? absl::StrCat(t / 3600, "h", (t % 3600) / 60, "m") : absl::StrCat(t / 60, "m", t % 60, "s");
 }
 
+// The held-out accuracy of a preference objective for the progress line ("" for SFT).
+std::string eval_acc(const std::vector<std::pair<std::string, double>>& extra) {
+  for (const auto& [k, v] : extra)
+    if (k == "eval_rewards/accuracies") return absl::StrFormat(" (acc %.2f)", v);
+  return "";
+}
+
 }  // namespace
 
 // No dropout, no tape; every rank takes its rows of each global batch and the sums are global, so
 // any world size gives the same figure. Each batch's loss is read back: evaluation is not the hot path.
-absl::StatusOr<double> Trainer::State::evaluate() {
+absl::StatusOr<double> Trainer::State::evaluate(std::vector<std::pair<std::string, double>>* measures) {
   ag::NoGradGuard no_grad;
   std::vector<LoraAdapter*> dropping;
   for (Linear* l : model->linears())
@@ -42,7 +49,10 @@ absl::StatusOr<double> Trainer::State::evaluate() {
   absl::Cleanup train_again = [&] {
     for (LoraAdapter* w : dropping) w->training = true;
   };
-  double sum = 0;  // sum over the objective's units (SFT: target tokens) of their loss
+  // Sums over the objective's units (SFT: target tokens) of the loss, then of each measure.
+  objective->begin_step(eval_batches);  // the pass is one mean over all its units
+  std::vector<std::string> names;
+  std::vector<double> sums = {0.0};
   int64_t units = 0;
   for (const Batch& global : eval_batches) {
     units += objective->units(global);
@@ -51,10 +61,22 @@ absl::StatusOr<double> Trainer::State::evaluate() {
     if (mine == 0) continue;
     std::vector<DeviceBatch> d;
     LOOM_ASSIGN_OR_RETURN(d, upload({b}, device, model->config().vocab_size));
-    sum += objective->loss(*model, d[0]).value().to_doubles()[0] * static_cast<double>(mine);
+    sums[0] += objective->loss(*model, d[0]).value().to_doubles()[0] * static_cast<double>(mine);
+    const std::vector<std::pair<std::string, double>> m = objective->metrics();
+    if (names.empty())
+      for (const auto& [k, v] : m) names.push_back(k), sums.push_back(0.0);
+    for (size_t i = 0; i < m.size() && i + 1 < sums.size(); ++i) sums[i + 1] += m[i].second * static_cast<double>(mine);
   }
-  if (dist) sum = dist->sum(sum);
-  return sum / static_cast<double>(units);
+  // Every rank must add the same number of values: the measures' names are the objective's, the
+  // same on every rank, but a rank with no units saw none of them.
+  if (dist) {
+    if (names.empty())
+      for (const auto& [k, v] : objective->metrics()) names.push_back(k), sums.push_back(0.0);
+    dist->sum(sums);
+  }
+  if (measures)
+    for (size_t i = 0; i < names.size(); ++i) measures->emplace_back(names[i], sums[i + 1] / static_cast<double>(units));
+  return sums[0] / static_cast<double>(units);
 }
 
 Trainer::Trainer(std::unique_ptr<State> state) : s_(std::move(state)) {}
@@ -107,8 +129,10 @@ absl::Status Trainer::run() {
       units += s.objective->units(batches.back());
       targets += batches.back().target_tokens;
       tokens += batches.back().tokens;
-      if (s.dist) batches.back() = s.dist->slice(batches.back());
     }
+    s.objective->begin_step(batches);
+    if (s.dist)
+      for (Batch& b : batches) b = s.dist->slice(b);
     if (units == 0) {  // nothing to learn from in these rows (e.g. prompts cut off): no update
       micro += s.cfg.grad_accum;
       if (++empty_steps > std::max<int64_t>(1, s.loader->steps_per_epoch()))
@@ -126,7 +150,10 @@ absl::Status Trainer::run() {
     std::vector<DeviceBatch> uploaded;
     LOOM_ASSIGN_OR_RETURN(uploaded, upload(batches, s.device, s.model->config().vocab_size));
     Tensor loss_total;
-    std::vector<std::pair<std::string, double>> extra;  // the objective's measures, unit-weighted
+    // The objective's measures, unit-weighted; every rank lists them all (a rank whose rows had no
+    // units adds zeros), so that their sums over the ranks line up.
+    std::vector<std::pair<std::string, double>> extra = s.objective->metrics();
+    for (auto& e : extra) e.second = 0.0;
     for (size_t i = 0; i < batches.size(); ++i) {
       const Batch& b = batches[i];
       // The global row's dropout stream (Philox blocks of 4 elements), so any world size draws the same masks.
@@ -180,7 +207,13 @@ absl::Status Trainer::run() {
       gn.coef = static_cast<float>(nc[1]);
     }
     if (timing.on) timing.print(s.step, t0, std::chrono::steady_clock::now());
-    if (s.dist) loss_sum = s.dist->sum(loss_sum);
+    if (s.dist) {
+      loss_sum = s.dist->sum(loss_sum);
+      std::vector<double> v;
+      for (const auto& e : extra) v.push_back(e.second);
+      s.dist->sum(v);
+      for (size_t i = 0; i < v.size(); ++i) extra[i].second = v[i];
+    }
     s.losses.push_back(static_cast<float>(loss_sum));
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     StepMetrics m;
@@ -198,7 +231,9 @@ absl::Status Trainer::run() {
     m.extra = extra;
     if (!s.eval_batches.empty() && std::isfinite(loss_sum) &&
         ((s.cfg.eval_every > 0 && s.step % s.cfg.eval_every == 0) || s.step == s.total_steps)) {
-      LOOM_ASSIGN_OR_RETURN(m.eval_loss, s.evaluate());
+      std::vector<std::pair<std::string, double>> held_out;  // TRL's names for the held-out set: "eval_" + name
+      LOOM_ASSIGN_OR_RETURN(m.eval_loss, s.evaluate(&held_out));
+      for (const auto& [k, v] : held_out) m.extra.emplace_back("eval_" + k, v);
     }
     if (s.metrics) LOOM_RETURN_IF_ERROR(s.metrics->write(m));
     if (!s.cfg.quiet && s.metrics && (tty || s.step % std::max<int64_t>(1, s.cfg.log_every) == 0 || s.step == s.total_steps ||
@@ -212,7 +247,7 @@ absl::Status Trainer::run() {
       }
       std::printf("%sstep %lld/%lld | loss %.4f%s%s | lr %.3g | grad %.3g | %.0f tok/s | mem %.2f GB%s | ETA %s%s",
                   tty ? "\r\033[K" : "", static_cast<long long>(s.step), static_cast<long long>(s.total_steps), loss_sum,
-                  pref.c_str(), m.eval_loss ? absl::StrFormat(" | eval %.4f", *m.eval_loss).c_str() : "",
+                  pref.c_str(), m.eval_loss ? absl::StrFormat(" | eval %.4f%s", *m.eval_loss, eval_acc(m.extra)).c_str() : "",
                   lr, gn.norm, m.tokens_per_s, static_cast<double>(m.mem_bytes) / 1e9,
                   m.host_mem_bytes >= 0 ? absl::StrFormat(" (+%.2f GB host)", static_cast<double>(m.host_mem_bytes) / 1e9).c_str() : "",
                   format_duration(eta).c_str(),

@@ -20,6 +20,9 @@
 
 namespace loom {
 
+// The tokenized training data in brief: a changed data file (or tokenizer, or template) changes it.
+nlohmann::json fingerprint(const std::vector<Example>& examples);
+
 struct Trainer::State {
   TrainConfig cfg;
   Device device;
@@ -41,6 +44,9 @@ struct Trainer::State {
   DataStats eval_stats;
   std::unique_ptr<DistContext> dist;  // data parallelism (--dist), else null
   Checkpointing checkpointing = Checkpointing::kNone;  // the mode in use (--checkpointing auto decided)
+  // --precompute-ref: the training pairs then the held-out ones, kept until prepare_reference scores them.
+  std::vector<PreferenceExample> reference_pairs;
+  std::unique_ptr<CausalLM> reference_model;  // --full dpo/ipo without --precompute-ref: the frozen start
   nlohmann::json data_fingerprint;    // what the tokenized data was (a changed file refuses to resume)
   // A fresh run into a folder holding an earlier run's checkpoint-<step> folders removes them when
   // it saves for the first time, not at start: a run that fails first loses nothing.
@@ -53,8 +59,15 @@ struct Trainer::State {
   absl::Status check_compatible(const std::string& checkpoint_dir, const nlohmann::json& saved) const;
   absl::Status restore(const std::string& checkpoint_dir, const TrainCheckpoint& c);
   absl::Status save_final();
-  // eval_batches' mean loss over their target tokens with the current weights (trainer.cpp).
-  absl::StatusOr<double> evaluate();
+  // eval_batches' mean loss over the objective's units (SFT: target tokens) with the current weights,
+  // and the objective's measures averaged alike into `measures` (trainer.cpp).
+  absl::StatusOr<double> evaluate(std::vector<std::pair<std::string, double>>* measures = nullptr);
+  // Preference objectives with a reference (preference_setup.cpp): a frozen copy for --full, or the
+  // table of --precompute-ref read from the run folder or scored now. After the adapters exist.
+  absl::Status prepare_reference(const LoadOptions& load, bool resumed);
+  // --eval-data in a preference format: the held-out pairs as eval_batches, their pair ids after
+  // the `first_id` training pairs (preference_setup.cpp).
+  absl::Status load_eval_pairs(const PreferenceDataOptions& options, int32_t pad, int64_t world, int64_t first_id);
   nlohmann::json describe() const;
   // The lines a run prints before its first step (start_summary.cpp).
   std::string start_summary(int64_t steps_per_epoch) const;

@@ -26,9 +26,7 @@
 
 namespace loom {
 namespace fs = std::filesystem;
-namespace {
 
-// The tokenized training data in brief: a changed data file (or tokenizer, or template) changes it.
 nlohmann::json fingerprint(const std::vector<Example>& examples) {
   uint64_t h = 0xCBF29CE484222325ull, tokens = 0;
   for (const Example& e : examples) {
@@ -38,6 +36,8 @@ nlohmann::json fingerprint(const std::vector<Example>& examples) {
   }
   return {{"examples", examples.size()}, {"tokens", tokens}, {"hash", absl::StrFormat("%016x", h)}};
 }
+
+namespace {
 
 }  // namespace
 
@@ -165,27 +165,18 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   dopt.chat_template = training_chat_template(cfg.model_dir, cfg.chat_template, &template_note);
   std::vector<Example> examples;
   std::vector<PreferenceExample> pair_data;
+  PreferenceDataOptions popt;
+  popt.skip_bad_lines = cfg.skip_bad_lines;
+  popt.chat_template = dopt.chat_template;
+  popt.max_len = cfg.seq_len;
+  popt.max_prompt_len = cfg.max_prompt_len;
   if (pairs) {  // TRL's preference formats; the data summary counts pairs as examples
-    PreferenceDataOptions popt;
-    popt.skip_bad_lines = cfg.skip_bad_lines;
-    popt.chat_template = dopt.chat_template;
-    popt.max_len = cfg.seq_len;
-    popt.max_prompt_len = cfg.max_prompt_len;
     LOOM_ASSIGN_OR_RETURN(pair_data, load_preference_jsonl(cfg.data_path, s->tokenizer, popt, &s->pair_stats));
     s->stats.lines = s->pair_stats.lines, s->stats.examples = s->pair_stats.pairs, s->stats.skipped = s->pair_stats.skipped;
     s->stats.conversations = s->pair_stats.conversations;
     s->stats.tokens = s->pair_stats.prompt_tokens + s->pair_stats.completion_tokens;
     s->stats.target_tokens = s->pair_stats.completion_tokens;
-    for (const PreferenceExample& p : pair_data) {  // the fingerprint's view of a pair: two documents
-      Example c, r;
-      for (const auto* side : {&p.chosen, &p.rejected}) {
-        Example& e = side == &p.chosen ? c : r;
-        e.ids = p.prompt, e.target.assign(p.prompt.size(), 0);
-        e.ids.insert(e.ids.end(), side->begin(), side->end());
-        e.target.resize(e.ids.size(), 1);
-      }
-      examples.push_back(std::move(c)), examples.push_back(std::move(r));
-    }
+    examples = pair_documents(pair_data);  // the fingerprint's view of a pair: two documents
   } else {
     LOOM_ASSIGN_OR_RETURN(examples, load_jsonl(cfg.data_path, s->tokenizer, dopt, &s->stats));
   }
@@ -207,7 +198,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   const int32_t pad = static_cast<int32_t>(s->tokenizer.eos_id().value_or(0));
   // Every rank packs the global batch (the same on any number of ranks) and trains on its rows.
   const int64_t world = s->dist ? s->dist->world() : 1;
-  if (!cfg.eval_data_path.empty()) {
+  if (cfg.precompute_ref) s->reference_pairs = pair_data;  // scored once the adapters exist
+  if (!cfg.eval_data_path.empty() && pairs) {
+    LOOM_RETURN_IF_ERROR(s->load_eval_pairs(popt, pad, world, static_cast<int64_t>(pair_data.size())));
+  } else if (!cfg.eval_data_path.empty()) {
     std::vector<Example> held_out;
     LOOM_ASSIGN_OR_RETURN(held_out, load_jsonl(cfg.eval_data_path, s->tokenizer, dopt, &s->eval_stats));
     say_skipped(s->eval_stats, cfg.eval_data_path);
@@ -228,7 +222,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
         cfg.grad_accum, cfg.batch_size * world, cfg.seq_len, step_bytes / (1LL << 30),
         static_cast<double>(device_available_bytes(Device::cpu())) / (1LL << 30)));
   if (pairs)  // --batch-size pairs a micro-batch, each pair's two sequences padded to the batch's longest
-    s->loader = std::make_unique<PairLoader>(std::move(pair_data), cfg.batch_size, cfg.seed, pad);
+    s->loader = std::make_unique<PairLoader>(std::move(pair_data), cfg.batch_size * world, cfg.seed, pad);
   else
     s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
   const int64_t per_epoch = std::max<int64_t>(1, s->loader->steps_per_epoch() / cfg.grad_accum);
@@ -282,6 +276,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (s->dist) s->dist->attach(*s->optimizer, cfg.quiet);
   else if (cfg.offload_optimizer && !cfg.quiet) print_offload_summary(*s->optimizer);
   if (resume_dir) LOOM_RETURN_IF_ERROR(s->restore(*resume_dir, resume_from));
+  LOOM_RETURN_IF_ERROR(s->prepare_reference(load, resume_dir.has_value()));
   if (!cfg.quiet && (!s->dist || s->dist->root())) std::printf("%s", s->start_summary(per_epoch).c_str());
   if (s->dist && !s->dist->root()) return std::unique_ptr<Trainer>(new Trainer(std::move(s)));  // rank 0 writes
   auto metrics = MetricsWriter::open(cfg.out_dir, resume_dir ? std::optional<int64_t>(s->step) : std::nullopt);
