@@ -117,9 +117,11 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
 
 #if LOOM_WITH_CUDA
 namespace {
-// Pinned blocks are kept for reuse by exact size: cudaMallocHost is slow and cudaFreeHost
-// synchronises the device, and the same sizes (a step's batch, a layer's input) come back every
-// step. A released block may be handed out again at once, so a caller must keep a block alive
+// Pinned blocks are kept for reuse: cudaMallocHost is slow and cudaFreeHost synchronises the
+// device, and the same sizes (a step's batch, a layer's input) come back every step, or nearly
+// the same ones (a preference batch is padded to its longest pair): blocks come in the sizes of
+// pinned_block_size, and a request takes the smallest free block of at least its size and at
+// most a quarter more. A released block may be handed out again at once, so a caller must keep a block alive
 // while an asynchronous copy still uses it (engine/offload.cpp does; the trainer keeps its batch
 // for the whole step).
 struct PinnedCache {
@@ -146,20 +148,30 @@ struct PinnedCacheCloser {
 }  // namespace
 #endif
 
+size_t pinned_block_size(size_t nbytes) {
+  const size_t n = std::max<size_t>(nbytes, 1);
+  if (n <= 4096) return n;
+  size_t top = size_t{1} << (63 - __builtin_clzll(n));  // the largest power of two <= n
+  const size_t grain = top / 16;
+  return (n + grain - 1) / grain * grain;
+}
+
 std::shared_ptr<Storage> allocate_pinned(size_t nbytes) {
 #if LOOM_WITH_CUDA
   if (cuda_available()) {
-    const size_t n = std::max<size_t>(nbytes, 1);
+    size_t n = pinned_block_size(nbytes);
     void* p = nullptr;
     PinnedCache& cache = pinned_cache();
     static PinnedCacheCloser closer;
     {
       std::lock_guard<std::mutex> lock(cache.mu);
-      auto it = cache.free.find(n);
-      if (it != cache.free.end() && !it->second.empty()) {
-        p = it->second.back();
-        it->second.pop_back();
-      }
+      for (auto it = cache.free.lower_bound(n); it != cache.free.end() && it->first <= n + n / 4; ++it)
+        if (!it->second.empty()) {
+          p = it->second.back();
+          it->second.pop_back();
+          n = it->first;  // the block's own size: it goes back to its place
+          break;
+        }
     }
     if (!p) LOOM_CUDA_CHECK(cudaMallocHost(&p, n));
     count_alloc(Device::cpu(), static_cast<int64_t>(nbytes));

@@ -80,22 +80,29 @@ done
 
 python3 - "$results" <<'PY'
 import json, sys
+# Like for like: each loom mode against the peers' runs that keep as little (TRL's gradient checkpointing
+# keeps each layer's input on the GPU as loom's recompute does; Unsloth's "unsloth" checkpointing moves
+# it to host memory as loom's offload does, so both loom modes are set against it).
+PEERS = {"none": ("trl", "unsloth-nogc"), "recompute": ("trl-gc", "unsloth"), "offload": ("trl-gc", "unsloth"),
+         "precompute": ("trl-precompute", None)}
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 for shape in dict.fromkeys(r["shape"] for r in rows):
     mine = [r for r in rows if r["shape"] == shape]
     ok = {r["who"]: r for r in mine if r.get("ok")}
-    def best(prefix):
-        c = [r for w, r in ok.items() if w.startswith(prefix)]
-        return max(c, key=lambda r: r["pairs_s"]) if c else None
-    trl, uns = best("trl"), best("unsloth")
     print(f"\n{shape}: DPO, LoRA r16, bf16, {mine[0].get('batch', '?')} pairs a micro-batch, max length 2048")
-    print(f"{'run':<46} {'pairs/s':>8} {'peak GiB':>9} {'vs best TRL':>12} {'vs best Unsloth':>16}")
+    print(f"{'run':<44} {'pairs/s':>8} {'peak GiB':>9}   {'vs TRL (speed, memory)':<30} {'vs Unsloth (speed, memory)':<30}")
     for r in mine:
         if not r.get("ok"):
-            print(f"{r['who']:<46} failed: {r.get('error', '')[:90]}")
+            print(f"{r['who']:<44} failed: {r.get('error', '')[:90]}")
             continue
-        ratio = lambda p: f"{r['pairs_s'] / p['pairs_s']:.2f}x" if p else "-"
+        vs = ["", ""]
+        if r["who"].startswith("loom"):
+            mode = "precompute" if "--precompute-ref" in r["who"] else r["who"].split()[-1]
+            for i, peer in enumerate(PEERS.get(mode, (None, None))):
+                p = ok.get(peer)
+                if p:
+                    vs[i] = f"{r['pairs_s'] / p['pairs_s']:.2f}x, {r['peak_GiB'] / p['peak_GiB']:.2f}x ({peer})"
         extra = f"  (reference pass {r['precompute_s']:.1f} s)" if "precompute_s" in r else ""
-        print(f"{r['who']:<46} {r['pairs_s']:>8.2f} {r['peak_GiB']:>9.2f} {ratio(trl):>12} {ratio(uns):>16}{extra}")
+        print(f"{r['who']:<44} {r['pairs_s']:>8.2f} {r['peak_GiB']:>9.2f}   {vs[0]:<30} {vs[1]:<30}{extra}")
 PY
 rm -rf "$work"
