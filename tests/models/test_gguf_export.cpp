@@ -263,6 +263,47 @@ TEST(GgufExport, Gemma3RefusesWhatLlamaCppCannotHold) {
   EXPECT_EQ(back->get()->config().final_logit_softcapping, 30.f);
 }
 
+// A Gemma3ForConditionalGeneration folder (transformers 5.x layout) is written as its language model
+// alone, as convert_hf_to_gguf.py's Gemma3Model writes it (the vision tower is its mmproj file's):
+// the same tensors, bytes and metadata as the text folder.
+TEST(GgufExport, Gemma3MultimodalSourceWritesItsLanguageModel) {
+  test::TempDir dir("loom_gguf_gemma3_mm");
+  std::ifstream in(gemma3_dir(false) + "/config.json");
+  const nlohmann::json text = nlohmann::json::parse(in);
+  std::ofstream(dir.file("config.json"))
+      << nlohmann::json({{"model_type", "gemma3"}, {"architectures", {"Gemma3ForConditionalGeneration"}},
+                         {"text_config", text}, {"vision_config", {{"model_type", "siglip_vision_model"}}}})
+             .dump();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, t] : test::read_all(gemma3_dir(false) + "/model.safetensors"))
+    tensors.emplace_back("model.language_model." + name.substr(6), t);
+  tensors.emplace_back("model.vision_tower.vision_model.embeddings.patch_embedding.weight",
+                       Tensor::zeros({4, 3}, DType::f32, Device::cpu()));
+  ASSERT_TRUE(save_tensors(dir.file("model.safetensors"), tensors).ok());
+  auto write = [&](const std::string& model, const std::string& out) {
+    auto m = CausalLM::load(model, {DType::f32, Device::cpu()});
+    ASSERT_TRUE(m.ok()) << m.status();
+    GgufWriter w;
+    ASSERT_TRUE(add_gguf_model(**m, GgmlType::F16, "g", w).ok());
+    ASSERT_TRUE(w.write(out).ok());
+  };
+  write(dir.path(), dir.file("mm.gguf"));
+  write(gemma3_dir(false), dir.file("text.gguf"));
+  auto mm = GgufFile::open(dir.file("mm.gguf")), txt = GgufFile::open(dir.file("text.gguf"));
+  ASSERT_TRUE(mm.ok() && txt.ok());
+  EXPECT_EQ(*mm->get_string("general.architecture"), "gemma3");
+  ASSERT_EQ(mm->metadata().size(), txt->metadata().size());
+  for (size_t i = 0; i < mm->metadata().size(); ++i) EXPECT_EQ(mm->metadata()[i].key, txt->metadata()[i].key);
+  EXPECT_EQ(mm->get_int("gemma3.attention.sliding_window").value_or(0), 4);
+  ASSERT_EQ(mm->tensors().size(), txt->tensors().size());
+  for (const GgufTensorInfo& t : txt->tensors()) {
+    const GgufTensorInfo* other = mm->find_tensor(t.name);
+    ASSERT_NE(other, nullptr) << t.name;
+    const auto a = mm->bytes(*other), b = txt->bytes(t);
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << t.name;
+  }
+}
+
 TEST(GgufWriter, WriteFailsCleanlyIntoAMissingFolder) {
   GgufWriter w;
   w.add("general.architecture", gguf_string("llama"));
