@@ -17,14 +17,20 @@ absl::Status gemma_gguf_to_config(const GgufFile& f, const std::string& p, nlohm
 
 namespace {
 
-// llama.cpp's gemma3 (llama-model.cpp, LLM_ARCH_GEMMA3; src/models/gemma3.cpp) keeps no key for these:
-// with `attention.sliding_window` set, every layer but each 6th slides (set_swa_pattern(6)) and
-// sliding layers rotate with base 10000 unscaled; without it no layer slides. The attention scale is
+// llama.cpp's gemma3 (llama-model.cpp, LLM_ARCH_GEMMA3; src/models/gemma3.cpp): with
+// `attention.sliding_window` set, every layer but each 6th slides (set_swa_pattern(6)) and sliding
+// layers rotate with base 10000 unscaled; without it no layer slides. The attention scale is
 // head_dim^-0.5, or (hidden / heads)^-0.5 for 62 layers (27B), whatever query_pre_attn_scalar said.
+// convert_hf_to_gguf.py writes no key for the pattern or the local base; newer llama.cpp builds read
+// `attention.sliding_window_pattern` and `rope.freq_base_swa` when present (the reader honours them),
+// older ones ignore them, so export writes neither and refuses a model that would need them.
 constexpr int64_t kLlamaCppSwaPattern = 6;
 constexpr double kLlamaCppLocalBase = 10000;
 
-bool llama_cpp_slides(int64_t layer) { return layer % kLlamaCppSwaPattern != kLlamaCppSwaPattern - 1; }
+// set_swa_pattern(period): 0 = every layer slides, 1 = none.
+bool llama_cpp_slides(int64_t layer, int64_t period = kLlamaCppSwaPattern) {
+  return period == 0 || layer % period < period - 1;
+}
 
 int64_t llama_cpp_query_scalar(int64_t layers, int64_t hidden, int64_t heads, int64_t head_dim) {
   return layers == 62 ? hidden / heads : head_dim;
@@ -86,17 +92,19 @@ absl::Status gguf_export_check(const ModelConfig& c) {
   const int64_t scalar = llama_cpp_query_scalar(c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.head_dim);
   if (c.query_pre_attn_scalar != static_cast<double>(scalar))
     return refuse(absl::StrCat("query_pre_attn_scalar is ", c.query_pre_attn_scalar, ", but llama.cpp scales ",
-                               "attention by ", scalar, "^-0.5 (", c.num_hidden_layers == 62 ? "hidden_size / heads" : "head_dim",
-                               " for ", c.num_hidden_layers, " layers)"));
+                               "attention by ", scalar, "^-0.5 (",
+                               c.num_hidden_layers == 62 ? "hidden_size / heads" : "head_dim", " for ",
+                               c.num_hidden_layers, " layers)"));
   if (c.rope.scaling.kind != RopeScaling::Kind::kDefault && c.rope.scaling.kind != RopeScaling::Kind::kLinear)
     return refuse(absl::StrCat("rope_scaling is ", rope_kind_name(c.rope.scaling.kind), "; llama.cpp's gemma3 reads ",
                                "none or linear"));
   if (c.attn_logit_softcapping > 0)
     return refuse(absl::StrCat("attn_logit_softcapping is ", c.attn_logit_softcapping, "; llama.cpp's gemma3 has none"));
   if (c.final_logit_softcapping > 0 && any_sliding(c))
-    return refuse(absl::StrCat("final_logit_softcapping is ", c.final_logit_softcapping, "; llama.cpp's gemma3 ",
-                               "applies it only to models without sliding-window layers"));
-  if (c.attention_bias || c.o_proj_bias || c.mlp_bias) return refuse("attention_bias is true; llama.cpp's gemma3 loads no biases");
+    return refuse(absl::StrCat("final_logit_softcapping is ", c.final_logit_softcapping, " beside sliding-window ",
+                               "layers; older llama.cpp builds leave it out of that graph (src/models/gemma3.cpp)"));
+  if (c.attention_bias || c.o_proj_bias || c.mlp_bias)
+    return refuse("attention_bias is true; llama.cpp's gemma3 loads no biases");
   if (c.hidden_act != "gelu_pytorch_tanh")
     return refuse(absl::StrCat("hidden_activation is ", c.hidden_act, "; llama.cpp's gemma3 runs gelu_pytorch_tanh"));
   return absl::OkStatus();
@@ -108,18 +116,23 @@ absl::Status gguf_to_config(const GgufFile& f, const std::string& p, nlohmann::j
   if (absl::Status s = gemma_gguf_to_config(f, p, j); !s.ok()) return s;
   const int64_t layers = j.at("num_hidden_layers");
   const int64_t window = f.get_int(p + "attention.sliding_window").value_or(0);
+  int64_t period = kLlamaCppSwaPattern;
+  if (const std::string key = p + "attention.sliding_window_pattern"; window > 0 && f.has(key)) {
+    auto v = f.get_int(key);  // llama.cpp reads one period for gemma3, not a list per layer
+    if (!v.ok() || *v < 0)
+      return absl::UnimplementedError(absl::StrCat(f.path(), ": metadata '", key, "' is not one period >= 0"));
+    period = *v;
+  }
   nlohmann::json types = nlohmann::json::array();
   for (int64_t i = 0; i < layers; ++i)
-    types.push_back(window > 0 && llama_cpp_slides(i) ? "sliding_attention" : "full_attention");
+    types.push_back(window > 0 && llama_cpp_slides(i, period) ? "sliding_attention" : "full_attention");
   j["layer_types"] = types;
-  if (window > 0) {
-    j["sliding_window"] = window;
-    j["sliding_window_pattern"] = kLlamaCppSwaPattern;
-  } else {
-    j["sliding_window_pattern"] = 1;  // no sliding layer (transformers before layer_types read this)
-  }
-  j["rope_local_base_freq"] = kLlamaCppLocalBase;
-  j["query_pre_attn_scalar"] = llama_cpp_query_scalar(layers, j.at("hidden_size"), j.at("num_attention_heads"), j.at("head_dim"));
+  if (window > 0) j["sliding_window"] = window;
+  // transformers before layer_types read this (a layer slides unless (i + 1) % pattern == 0).
+  if (window == 0 || period >= 1) j["sliding_window_pattern"] = window > 0 ? period : 1;
+  j["rope_local_base_freq"] = f.get_float(p + "rope.freq_base_swa").value_or(kLlamaCppLocalBase);
+  j["query_pre_attn_scalar"] =
+      llama_cpp_query_scalar(layers, j.at("hidden_size"), j.at("num_attention_heads"), j.at("head_dim"));
   j["attn_logit_softcapping"] = nullptr;
   j["final_logit_softcapping"] = nullptr;
   if (auto cap = f.get_float(p + "final_logit_softcapping"); cap.ok()) j["final_logit_softcapping"] = *cap;

@@ -236,7 +236,8 @@ TEST(GgufModel, Gemma3FileHoldsLlamaCppNamesKeysAndNormsPlusOne) {
 // the attention scale head_dim^-0.5, or (hidden / heads)^-0.5 for 62 layers.
 TEST(GgufModel, Gemma3ConfigFromMetadata) {
   test::TempDir dir("loom_gguf_gemma3_cfg");
-  auto config_of = [&](int64_t layers, bool window, bool softcap) {
+  auto config_of = [&](int64_t layers, bool window, bool softcap,
+                       const std::vector<std::pair<std::string, GgufValue>>& extra = {}) {
     GgufWriter w;
     w.add("general.architecture", gguf_string("gemma3"));
     for (const auto& [key, v] : std::vector<std::pair<std::string, uint32_t>>{
@@ -250,6 +251,7 @@ TEST(GgufModel, Gemma3ConfigFromMetadata) {
     w.add("gemma3.rope.scaling.factor", gguf_f32(8.f));
     if (window) w.add("gemma3.attention.sliding_window", gguf_u32(1024));
     if (softcap) w.add("gemma3.final_logit_softcapping", gguf_f32(30.f));
+    for (const auto& [key, value] : extra) w.add(key, value);
     w.add_tensor("token_embd.weight", Tensor::zeros({100, 64}, DType::f32, Device::cpu()), GgmlType::F32);
     EXPECT_TRUE(w.write(dir.file("c.gguf")).ok());
     auto f = GgufFile::open(dir.file("c.gguf"));
@@ -294,6 +296,21 @@ TEST(GgufModel, Gemma3ConfigFromMetadata) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->layer_is_sliding, std::vector<bool>(4, false));
   EXPECT_EQ(c->final_logit_softcapping, 30.f);
+  // Keys convert_hf_to_gguf.py does not write but newer llama.cpp builds read for gemma3: the period
+  // of set_swa_pattern and the sliding layers' base.
+  j = config_of(5, true, false, {{"gemma3.attention.sliding_window_pattern", gguf_u32(2)},
+                                 {"gemma3.rope.freq_base_swa", gguf_f32(5000.f)}});
+  EXPECT_EQ(j["layer_types"], nlohmann::json({"sliding_attention", "full_attention", "sliding_attention",
+                                              "full_attention", "sliding_attention"}));
+  EXPECT_EQ(j["sliding_window_pattern"], 2);
+  EXPECT_EQ(j["rope_local_base_freq"], 5000.0);
+  c = ModelConfig::from_json_text(j.dump(), "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->layer_is_sliding, (std::vector<bool>{true, false, true, false, true}));
+  EXPECT_EQ(c->rope_sliding.theta, 5000.0);
+  j = config_of(3, true, false, {{"gemma3.attention.sliding_window_pattern", gguf_u32(0)}});  // 0: all slide
+  EXPECT_EQ(j["layer_types"], nlohmann::json(std::vector<std::string>(3, "sliding_attention")));
+  EXPECT_FALSE(j.contains("sliding_window_pattern"));
 }
 
 TEST(GgufModel, Errors) {
