@@ -115,6 +115,7 @@ absl::Status gguf_export_check(const ModelConfig& c) {
 absl::Status gguf_to_config(const GgufFile& f, const std::string& p, nlohmann::json& j) {
   if (absl::Status s = gemma_gguf_to_config(f, p, j); !s.ok()) return s;
   const int64_t layers = j.at("num_hidden_layers");
+  if (layers < 0 || layers > (int64_t{1} << 16)) return absl::OkStatus();  // config parsing refuses the count
   const int64_t window = f.get_int(p + "attention.sliding_window").value_or(0);
   int64_t period = kLlamaCppSwaPattern;
   if (const std::string key = p + "attention.sliding_window_pattern"; window > 0 && f.has(key)) {

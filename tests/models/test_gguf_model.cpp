@@ -308,6 +308,12 @@ TEST(GgufModel, Gemma3ConfigFromMetadata) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->layer_is_sliding, (std::vector<bool>{true, false, true, false, true}));
   EXPECT_EQ(c->rope_sliding.theta, 5000.0);
+  // A corrupt block count (fuzz_gguf's kind of input) builds no layer list; config parsing names it.
+  j = config_of(4000000000, true, false);
+  EXPECT_FALSE(j.contains("layer_types"));
+  c = ModelConfig::from_json_text(j.dump(), "x");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("num_hidden_layers"), std::string::npos) << c.status();
   j = config_of(3, true, false, {{"gemma3.attention.sliding_window_pattern", gguf_u32(0)}});  // 0: all slide
   EXPECT_EQ(j["layer_types"], nlohmann::json(std::vector<std::string>(3, "sliding_attention")));
   EXPECT_FALSE(j.contains("sliding_window_pattern"));
