@@ -15,6 +15,7 @@
 //     against transformers + PEFT), config.json cases in tests/models/test_config.cpp and, when it
 //     has GGUF names, a round trip in tests/models/test_gguf_export.cpp.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,13 @@ struct FamilySpec {
   absl::Status (*gguf_to_config)(const GgufFile& file, const std::string& p, nlohmann::json& config) = nullptr;
   // Adds the family's <arch>.* metadata on export.
   void (*config_to_gguf)(const ModelConfig& config, const std::string& p, GgufWriter& w) = nullptr;
+  // What llama.cpp's architecture cannot hold of this model, checked before anything is written:
+  // Unimplemented naming the config field and what llama.cpp does instead; OK when it can.
+  absl::Status (*gguf_export_check)(const ModelConfig& config) = nullptr;
+  // The RoPE llama.cpp's architecture gives sliding-window layers by itself, held by no metadata key
+  // (gemma3: base 10000, unscaled); unset: the full-attention layers' RoPE. Export refuses a model
+  // whose sliding layers have another.
+  std::optional<RopeParams> gguf_sliding_rope;
   // A warning to print when exporting (what llama.cpp's architecture drops), "" for none.
   std::string (*gguf_export_warning)(const ModelConfig& config) = nullptr;
 

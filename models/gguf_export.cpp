@@ -28,6 +28,15 @@ uint32_t file_type(GgmlType t) {
   }
 }
 
+// "base 10000, linear x8" (what the error messages show of a RoPE).
+std::string describe(const RopeParams& r) {
+  std::string s = absl::StrCat("base ", r.theta);
+  if (r.scaling.kind == RopeScaling::Kind::kDefault) return s + ", unscaled";
+  absl::StrAppend(&s, ", ", rope_kind_name(r.scaling.kind));
+  if (r.scaling.kind == RopeScaling::Kind::kLinear) absl::StrAppend(&s, " x", r.scaling.factor);
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> gguf_architecture(const FamilySpec& family) {
@@ -51,8 +60,16 @@ absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const s
   auto arch_or = gguf_architecture(*c.family);
   if (!arch_or.ok()) return arch_or.status();
   const std::string arch = *arch_or, p = arch + ".";
-  if (!(c.rope_sliding == c.rope))
-    return absl::UnimplementedError("GGUF export: a second RoPE for sliding-window layers is not written yet");
+  // No metadata key holds a second RoPE: sliding-window layers get the architecture's own (or the
+  // full layers').
+  const RopeParams sliding_rope = c.family->gguf_sliding_rope.value_or(c.rope);
+  if (std::find(c.layer_is_sliding.begin(), c.layer_is_sliding.end(), true) != c.layer_is_sliding.end() &&
+      !(c.rope_sliding == sliding_rope))
+    return absl::UnimplementedError(absl::StrCat("GGUF export: llama.cpp's ", arch, " gives sliding-window layers RoPE ",
+                                                 describe(sliding_rope), "; this model's sliding layers have ",
+                                                 describe(c.rope_sliding)));
+  if (c.family->gguf_export_check)
+    if (absl::Status s = c.family->gguf_export_check(c); !s.ok()) return s;
   if (c.rope.scaling.kind == RopeScaling::Kind::kLlama3)
     return absl::UnimplementedError(
         "GGUF export: Llama 3.1 RoPE scaling (rope_type llama3) needs llama.cpp's rope_freqs tensor, which Loom "

@@ -24,9 +24,11 @@ std::string gguf_export_warning(const ModelConfig& config);
 // Adds general.* (architecture, name, file_type, quantization_version) and <arch>.* metadata and
 // every weight of `model` (any dtype and device; copied to f32 on the CPU). Matrices are written as
 // `matrix_type` (F32, F16, BF16 or Q8_0; a matrix whose rows are not whole Q8_0 blocks falls back to
-// F16, as llama.cpp does); norms and biases stay F32. Unimplemented for families without a GGUF
-// architecture to write and for Llama 3.1 RoPE scaling (llama.cpp's rope_freqs tensor, which Loom's
-// reader does not map back).
+// F16, as llama.cpp does); norms and biases stay F32. Unimplemented, before anything is added, for
+// families without a GGUF architecture to write, for Llama 3.1 RoPE scaling (llama.cpp's rope_freqs
+// tensor, which Loom's reader does not map back), for sliding-window layers whose RoPE is not the one
+// the architecture gives them, and for what the family's gguf_export_check says its architecture
+// cannot hold (gemma3: a layer pattern other than every 6th layer full, ...).
 absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const std::string& name, GgufWriter& w);
 
 }  // namespace loom

@@ -7,7 +7,8 @@ Reads the file with gguf.GGUFReader and compares it with the Hugging Face folder
 computed here in numpy without Loom: tensor names (llama.cpp's), ggml shapes and types (matrices of
 --type, norms and biases F32), the values dequantised by gguf.quants.dequantize against the source
 safetensors with the PEFT adapter merged here in float64 (W + scale * B @ A) and q/k permuted as
-convert_hf_to_gguf.py's LlamaModel.permute does; the general.* / <arch>.* metadata against
+convert_hf_to_gguf.py's LlamaModel.permute does (gemma3: names from gguf-py's TensorNameMap, norms
+stored as 1 + w as its Gemma3Model does); the general.* / <arch>.* metadata against
 config.json; tokenizer.ggml.* against tokenizer.json / tokenizer_config.json; 32-byte alignment.
 Tolerances: without an adapter F16/BF16 must equal the round-to-nearest-even rounding of the f32
 source exactly and Q8_0 must equal gguf-py's own Q8_0 quantisation bit for bit; with an adapter the
@@ -101,8 +102,14 @@ LAYER_NAMES = {
 }
 
 
-def gguf_name(hf):
+def gguf_name(hf, arch, n_layers):
     stem, suffix = hf.rsplit(".", 1)
+    if arch == "gemma3":  # gguf-py's own map for the architecture
+        name = gguf.TensorNameMap(gguf.MODEL_ARCH.GEMMA3, n_layers).get_name(stem)
+        if name is None:
+            fail(f"{hf}: gguf-py has no gemma3 name for it")
+            return hf
+        return f"{name}.{suffix}"
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
     if stem in top:
         return f"{top[stem]}.{suffix}"
@@ -152,10 +159,25 @@ def check_metadata(reader, cfg, arch):
     if eps is None or np.float32(eps) != np.float32(cfg["rms_norm_eps"]):
         fail(f"metadata rms eps {eps}, expected {cfg['rms_norm_eps']}")
     rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3 (5.x): one dict per layer type
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     got_theta = field(reader, f"{arch}.rope.freq_base")
     if got_theta is None or np.float32(got_theta) != np.float32(theta):
         fail(f"metadata rope.freq_base {got_theta}, expected {theta}")
+    if arch == "gemma3":  # convert_hf_to_gguf.py's Gemma3Model (and TextModel's rope scaling)
+        scaling = rope if "rope_type" in rope else (cfg.get("rope_scaling") or {})
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        head_dim = cfg.get("head_dim", 256)
+        sliding = "sliding_attention" in cfg.get("layer_types", ["sliding_attention"])
+        want = {f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
+                f"{arch}.attention.sliding_window": cfg["sliding_window"] if sliding else None,
+                f"{arch}.rope.scaling.type": "linear" if kind == "linear" else None}
+        for k, v in want.items():
+            if field(reader, k) != v:
+                fail(f"metadata {k}: {field(reader, k)!r}, expected {v!r}")
+        factor = field(reader, f"{arch}.rope.scaling.factor")
+        if kind == "linear" and (factor is None or np.float32(factor) != np.float32(scaling["factor"])):
+            fail(f"metadata rope.scaling.factor {factor}, expected {scaling['factor']}")
 
 
 def check_tokenizer(reader, d, vocab_size):
@@ -208,7 +230,8 @@ def main():
     args = ap.parse_args()
 
     cfg = json.load(open(os.path.join(args.model, "config.json")))
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[cfg["model_type"]]
+    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+            "gemma3_text": "gemma3"}[cfg["model_type"]]
     src = read_model(args.model)
     if args.adapter:
         merged, bound = merge(src, args.adapter)
@@ -228,7 +251,7 @@ def main():
     seen = set()
     worst = 0.0
     for hf, w64 in sorted(merged.items()):
-        name = gguf_name(hf)
+        name = gguf_name(hf, arch, cfg["num_hidden_layers"])
         seen.add(name)
         t = by_name.get(name)
         if t is None:
@@ -245,6 +268,9 @@ def main():
             w64, w32, b = permute(w64, n_head), permute(w32, n_head), permute(b, n_head)
         if arch == "llama" and ".attn_k." in name:
             w64, w32, b = permute(w64, n_kv), permute(w32, n_kv), permute(b, n_kv)
+        if arch == "gemma3" and hf.endswith("norm.weight"):  # Gemma3Model stores 1 + w, added in f32
+            w32 = w32.astype(np.float32) + np.float32(1)
+            w64 = w32.astype(np.float64)
         want_type = matrix_type if w64.ndim == 2 else gguf.GGMLQuantizationType.F32
         if t.tensor_type != want_type:
             fail(f"{name}: type {t.tensor_type.name}, expected {want_type.name}")

@@ -1,6 +1,7 @@
 // `loom generate`: samples a continuation of a prompt, or the answer to a chat message rendered with
 // the model's chat template, from a Hugging Face model or .gguf file (optionally with a PEFT LoRA
-// adapter) with a KV cache, streaming the text as it is produced; tokens/s go to stderr.
+// adapter) with a KV cache, streaming the text as it is produced; tokens/s (and, with --show-prompt,
+// the prompt as the model sees it) go to stderr.
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -16,7 +17,9 @@ std::vector<FlagSpec> flags() {
   f.insert(f.begin() + 2, {{"prompt", false, "the text to continue", ""},
                            {"chat", false, "a user message: answered with the model's chat template, stopping at the end "
                                            "of the turn (`loom chat` holds a whole conversation)", ""},
-                           {"system", false, "a system message for --chat", ""}});
+                           {"system", false, "a system message for --chat", ""},
+                           {"show-prompt", true, "print the prompt the model is given (its tokens decoded, special "
+                                                 "tokens included) to stderr first", ""}});
   f.push_back({"help", true, "show this help", ""});
   return f;
 }
@@ -56,6 +59,9 @@ int run_generate(const std::vector<std::string>& argv) {
     prompt = m->tokenizer->encode(args->str("prompt"), /*add_special_tokens=*/true);
   }
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
+  if (args->flag("show-prompt"))
+    std::fprintf(stderr, "loom generate: the prompt (%zu tokens):\n%s\nloom generate: end of the prompt\n", prompt.size(),
+                 m->tokenizer->decode(prompt).c_str());
   const int64_t max_pos = m->model->config().max_position_embeddings;
   if (static_cast<int64_t>(prompt.size()) >= max_pos)
     return fail(absl::OutOfRangeError(absl::StrCat("the prompt is ", prompt.size(), " tokens; the model's ",

@@ -13,6 +13,7 @@
 #include "models/causal_lm.h"
 #include "nlohmann/json.hpp"
 #include "tests/e2e/cli.h"
+#include "tests/models/fixtures.h"
 #include "tests/temp_dir.h"
 #include "text/chat_template.h"
 #include "text/gguf_tokenizer.h"
@@ -100,6 +101,50 @@ TEST(Convert, SentencePieceTokenizerFiles) {
     // The model in the same file loads from the folder with the logits of the GGUF itself.
     EXPECT_EQ(logits(out, DType::f32), logits(gguf, DType::f32));
   }
+}
+
+// Gemma 3 through llama.cpp's gemma3 and back with the CLI: `loom export` (the adapter merged) of
+// the fixture changed so that gemma3 holds it, given tiny_llama's tokenizer (66 ids fit its 128),
+// then `loom convert`: a Gemma3ForCausalLM config.json with what llama.cpp runs, whose model gives
+// the .gguf's logits. The fixture as it is (a full second layer) is refused, naming the field.
+TEST(Convert, Gemma3ExportAndBack) {
+  test::TempDir dir("loom_convert_gemma3");
+  ASSERT_EQ(test::run_loom("convert --gguf " + kDir + "tiny_llama.gguf --out " + dir.file("tiny") + " --dtype f32").exit_code, 0);
+  const std::string src = dir.file("src"), gguf = dir.file("g.gguf"), back = dir.file("back");
+  std::filesystem::create_directory(src);
+  test::copy_fixture("gemma3", src, test::gemma3_llama_cpp_patch());
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(dir.file("tiny") + "/" + f, src + "/" + f);
+  const std::string adapter = test::fixture_dir("gemma3") + "/adapter";
+  auto r = test::run_loom("export --model " + src + " --adapter " + adapter + " --out " + gguf + " --type f16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  r = test::run_loom("convert --gguf " + gguf + " --out " + back + " --dtype f32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto c = read_json(back + "/config.json");
+  EXPECT_EQ(c["model_type"], "gemma3_text");
+  EXPECT_EQ(c["architectures"], nlohmann::json({"Gemma3ForCausalLM"}));
+  EXPECT_EQ(c["layer_types"], nlohmann::json({"sliding_attention", "sliding_attention"}));
+  EXPECT_EQ(c["sliding_window"], 4);
+  EXPECT_EQ(c["sliding_window_pattern"], 6);
+  EXPECT_EQ(c["rope_theta"], 1e6);
+  EXPECT_EQ(c["rope_scaling"], nlohmann::json({{"rope_type", "linear"}, {"factor", 8.0}}));
+  EXPECT_EQ(c["rope_local_base_freq"], 10000.0);
+  EXPECT_EQ(c["query_pre_attn_scalar"], 16);
+  EXPECT_EQ(c["head_dim"], 16);
+  EXPECT_EQ(c["tie_word_embeddings"], true);
+  EXPECT_EQ(c["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_EQ(c["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(logits(back, DType::f32), logits(gguf, DType::f32));
+  // The merge is in the file: the source's logits with the adapter differ from those without.
+  EXPECT_NE(logits(back, DType::f32), logits(src, DType::f32));
+
+  const std::string as_is = test::fixture_dir("gemma3");
+  r = test::run_loom("export --model " + as_is + " --out " + dir.file("x.gguf"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("llama.cpp's gemma3 cannot hold this model: layer_types[1] is full_attention"),
+            std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x.gguf")));
 }
 
 TEST(Convert, Errors) {
