@@ -244,28 +244,33 @@ ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& 
 }
 
 std::vector<ag::Variable> CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets,
-                                                   const ForwardOptions& options) const {
+                                                   const ForwardOptions& options, std::vector<Span> spans) const {
   LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32 && targets.dtype() == DType::i32 &&
                  targets.dim() == 1 && targets.numel() == input_ids.numel() && targets.device().is_cpu(),
              "CausalLM::sequence_logps: input_ids ", input_ids.str(), " and targets ", targets.str(),
              " must be i32 [batch, seq] and host i32 [batch*seq]");
   if (absl::Status s = check_token_ids(targets, config_.vocab_size, true, "targets"); !s.ok()) LOOM_CHECK(false, s.message());
   const int64_t batch = input_ids.size(0), seq = input_ids.size(1);
+  if (spans.empty())
+    for (int64_t b = 0; b < batch; ++b) spans.push_back({b * seq, seq});
+  for (const Span& sp : spans)
+    LOOM_CHECK(sp.start >= 0 && sp.length >= 0 && sp.start + sp.length <= batch * seq, "CausalLM::sequence_logps: span {",
+               sp.start, ", ", sp.length, "} is outside ", batch, " x ", seq, " positions");
   detail::LayerContext ctx = context_for(input_ids, options);
   ag::Variable h = ag::reshape(hidden_states(input_ids, ctx, nullptr), {batch * seq, config_.hidden_size});
   const std::vector<int32_t> t = targets.to_ints();
   const bool fused = !(lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype());
   std::vector<ag::Variable> out;
-  for (int64_t b = 0; b < batch; ++b) {
+  for (const Span& sp : spans) {
     int64_t n = 0;
-    for (int64_t s = 0; s < seq; ++s) n += t[b * seq + s] != ops::kIgnoreIndex;
+    for (int64_t i = sp.start; i < sp.start + sp.length; ++i) n += t[i] != ops::kIgnoreIndex;
     if (n == 0) {
       out.emplace_back(Tensor::zeros({}, DType::f32, device_));
       continue;
     }
-    ag::Variable hb = ag::narrow(h, 0, b * seq, seq);
-    const Tensor tb = targets.narrow(0, b * seq, seq).contiguous().to(device_);
-    // The mean cross-entropy over the row's n targets, times -n: their summed log-probability.
+    ag::Variable hb = ag::narrow(h, 0, sp.start, sp.length);
+    const Tensor tb = targets.narrow(0, sp.start, sp.length).contiguous().to(device_);
+    // The mean cross-entropy over the span's n targets, times -n: their summed log-probability.
     ag::Variable ce = fused ? ag::linear_cross_entropy(hb, lm_head_.weight, tb, config_.final_logit_softcapping)
                             : ag::cross_entropy(head(hb), tb);
     out.push_back(ag::cast(ag::scale(ce, -static_cast<float>(n)), DType::f32));

@@ -82,13 +82,18 @@ class CausalLM {
   // trainer uploads them with the batch, so nothing is read back or copied from pageable memory.
   ag::Variable loss_from_targets(const Tensor& input_ids, const Tensor& targets, const ForwardOptions& options = {}) const;
 
-  // Per-row sums of the targets' log-probabilities, sum over s of log p(targets[b*seq + s] | row b up
-  // to s) with -100 skipped: one f32 scalar per row on the model's device (a row without targets is
-  // a constant 0), each from the fused lm_head + cross-entropy over that row's positions, so the
-  // [tokens, vocab] logits never exist. targets: shifted labels, i32 [batch*seq] on the host. The
-  // sequence log-probabilities of preference objectives (DPO's pi and ref).
+  // Per-sequence sums of the targets' log-probabilities, sum over t of log p(targets[t] | the row up
+  // to t) with -100 skipped: one f32 scalar per span of positions {start, length} of the flattened
+  // [batch*seq] (by default one span per row), on the model's device (a span without targets is a
+  // constant 0), each from the fused lm_head + cross-entropy over the span's positions, so the
+  // [tokens, vocab] logits never exist. targets: shifted labels, i32 [batch*seq] on the host. Spans
+  // of rows that pack several sequences need options.segment_ids. The sequence log-probabilities of
+  // preference objectives (DPO's pi and ref).
+  struct Span {
+    int64_t start = 0, length = 0;
+  };
   std::vector<ag::Variable> sequence_logps(const Tensor& input_ids, const Tensor& targets,
-                                           const ForwardOptions& options = {}) const;
+                                           const ForwardOptions& options = {}, std::vector<Span> spans = {}) const;
 
   // Generation with a KV cache (batch 1, no gradients): runs input_ids [1, n] at positions
   // start..start+n-1, appending their keys and values to the cache; returns logits f32 [1, 1, vocab]

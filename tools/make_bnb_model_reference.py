@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Quantises the six tiny fixture families with transformers + bitsandbytes (NF4, double quantisation)
+"""Quantises the tiny fixture families with transformers + bitsandbytes (NF4, double quantisation)
 and dumps what Loom's 4-bit tests compare against, into tests/fixtures/bnb/models/<family>/.
 
 Run on the GPU machine from the repository root (torch, transformers 5.x, peft, safetensors; the
@@ -42,8 +42,13 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SRC = REPO_ROOT / "tests" / "fixtures" / "models"
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "bnb" / "models"
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"]
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gemma3"]
 LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+FUSED_LINEARS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]  # phi3 keeps them fused
+
+
+def linears_of(family):
+    return FUSED_LINEARS if family.startswith("phi3") else LINEARS
 COMPANIONS = [".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"]
 
 
@@ -103,13 +108,14 @@ def make_family(name, out_dir):
             tensors[f"dequant.{mname}.weight"] = bnbf.dequantize_4bit(mod.weight.data, qs).float().cpu()
             n4 += 1
     n_layers = model.config.num_hidden_layers
-    assert n4 == len(LINEARS) * n_layers, f"{n4} Linear4bit modules, expected {len(LINEARS) * n_layers}"
+    lins = linears_of(src.name)
+    assert n4 == len(lins) * n_layers, f"{n4} Linear4bit modules, expected {len(lins) * n_layers}"
 
     model.save_pretrained(str(dst), safe_serialization=True)
     saved = load_file(str(dst / "model.safetensors"))
     for i in range(n_layers):
-        for lin in LINEARS:
-            part = "self_attn" if lin in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+        for lin in lins:
+            part = "self_attn" if lin in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj") else "mlp"
             w = f"model.layers.{i}.{part}.{lin}.weight"
             assert saved[w].dtype == torch.uint8, (w, saved[w].dtype)
             for c in COMPANIONS:
@@ -161,7 +167,7 @@ def make_family(name, out_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(DEFAULT_OUT))
-    ap.add_argument("--only", default="", help="comma-separated families (default: all six)")
+    ap.add_argument("--only", default="", help="comma-separated families (default: all)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("make_bnb_model_reference.py: bitsandbytes 4-bit needs a CUDA device")

@@ -59,6 +59,12 @@ struct Batch {
   int64_t pairs = 0;
   // Each pair's index in its data file's pairs (what --precompute-ref's scores are looked up by).
   std::vector<int64_t> pair_ids;
+  // Where each sequence lies in the flattened [rows * seq] positions: pair i's chosen side at i, its
+  // rejected side at pairs + i (train/pair_loader.h).
+  std::vector<int64_t> seq_start, seq_len;
+  // The rows come in this many equal blocks, block r holding pairs [r P / groups, (r + 1) P / groups)
+  // (one per rank).
+  int64_t groups = 1;
 };
 
 // True when every row of the batch is a single piece of one document with no padding (segment ids

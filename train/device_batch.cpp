@@ -33,6 +33,8 @@ absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batche
     d.host_targets = targets;
     d.pairs = b.pairs;
     d.pair_ids = b.pair_ids;
+    d.seq_start = b.seq_start, d.seq_len = b.seq_len;
+    d.packed = !one_segment_per_row(b);
     d.positions = stage(b.positions, device, d.staging);
     for (int32_t p : b.positions.to_ints()) d.max_position = std::max<int64_t>(d.max_position, p);
     // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).

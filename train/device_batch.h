@@ -17,6 +17,8 @@ struct DeviceBatch {
   Tensor host_targets;       // the shifted targets on the host (what per-sequence log-probs count)
   int64_t pairs = 0;         // a preference batch's pairs (Batch::pairs)
   std::vector<int64_t> pair_ids;  // Batch::pair_ids
+  std::vector<int64_t> seq_start, seq_len;  // Batch::seq_start, seq_len
+  bool packed = false;  // rows hold several sequences: attention needs the segment ids
   std::vector<Tensor> staging;
 };
 

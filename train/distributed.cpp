@@ -81,23 +81,23 @@ void DistContext::attach(optim::Optimizer& opt, bool quiet) {
 }
 
 Batch DistContext::slice(const Batch& g) const {
-  if (g.pairs > 0) {  // pairs [lo, hi) of P: their chosen rows [lo, hi) and rejected rows [P + lo, P + hi)
-    const int64_t P = g.pairs, lo = rank() * P / world(), hi = (rank() + 1) * P / world(), seq = g.input_ids.size(1);
+  if (g.pairs > 0) {  // pairs [lo, hi) of P: the block of rows that holds them (Batch::groups)
+    LOOM_CHECK(g.groups == world(), "DistContext::slice: a batch of pairs in ", g.groups, " blocks over ", world(), " ranks");
+    const int64_t P = g.pairs, lo = rank() * P / world(), hi = (rank() + 1) * P / world();
+    const int64_t R = g.input_ids.size(0) / world(), seq = g.input_ids.size(1), first = rank() * R * seq;
     Batch b;
     b.pairs = hi - lo;
     b.tokens = g.tokens;  // progress counts the global batch
     b.pair_ids.assign(g.pair_ids.begin() + lo, g.pair_ids.begin() + hi);
-    // Host rows (a short last batch of fewer pairs than ranks may leave a rank none).
-    auto rows = [&](const Tensor& t) {
-      const std::vector<int32_t> v = t.to_ints();
-      std::vector<int32_t> mine;
-      for (int64_t first : {lo, P + lo}) mine.insert(mine.end(), v.begin() + first * seq, v.begin() + (first + hi - lo) * seq);
-      return mine;
-    };
-    b.input_ids = Tensor::from_ints(rows(g.input_ids), {2 * b.pairs, seq});
-    b.labels = Tensor::from_ints(rows(g.labels), {2 * b.pairs, seq});
-    b.segment_ids = Tensor::from_ints(rows(g.segment_ids), {2 * b.pairs, seq});
-    b.positions = Tensor::from_ints(rows(g.positions), {2 * b.pairs * seq});
+    for (int64_t side = 0; side < 2; ++side)
+      for (int64_t k = lo; k < hi; ++k) {
+        b.seq_start.push_back(g.seq_start[side * P + k] - first);
+        b.seq_len.push_back(g.seq_len[side * P + k]);
+      }
+    b.input_ids = g.input_ids.narrow(0, rank() * R, R).contiguous();
+    b.labels = g.labels.narrow(0, rank() * R, R).contiguous();
+    b.segment_ids = g.segment_ids.narrow(0, rank() * R, R).contiguous();
+    b.positions = g.positions.narrow(0, first, R * seq).contiguous();
     for (int32_t l : b.labels.to_ints()) b.target_tokens += l != -100;
     return b;
   }

@@ -44,7 +44,7 @@ class DistContext {
   void attach(optim::Optimizer& opt, bool quiet);
 
   // Rank r's rows [r * rows, (r + 1) * rows) of a global batch of world * rows rows, with its own
-  // token counts. A batch of P pairs: rank r's pairs [r P / world, (r + 1) P / world), both sides.
+  // token counts. A batch of P pairs in world blocks (Batch::groups): rank r's block, pairs [r P / world, (r + 1) P / world).
   Batch slice(const Batch& global) const;
   // Index of this rank's first row in the global batch (dropout streams follow the global row).
   int64_t first_row(int64_t rows_per_rank) const { return rank() * rows_per_rank; }

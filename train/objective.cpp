@@ -20,17 +20,31 @@ class Sft final : public Objective {
   }
 };
 
-// The reference's log-probability of each row's completion (rows [0, P) chosen, [P, 2P) rejected):
+// A batch of pairs' forward: positions, and the segment ids when rows pack several sequences (right
+// padding alone needs no mask).
+ForwardOptions forward_options(const DeviceBatch& b) {
+  return {b.positions, b.packed ? b.segment_ids : Tensor(), b.max_position};
+}
+
+// Each sequence's positions: Batch::seq_start / seq_len, chosen sides first.
+std::vector<CausalLM::Span> spans(const DeviceBatch& b) {
+  LOOM_CHECK(static_cast<int64_t>(b.seq_start.size()) == 2 * b.pairs && b.seq_len.size() == b.seq_start.size(),
+             "preference objective: a batch of ", b.pairs, " pairs with ", b.seq_start.size(), " sequence spans");
+  std::vector<CausalLM::Span> out;
+  for (size_t i = 0; i < b.seq_start.size(); ++i) out.push_back({b.seq_start[i], b.seq_len[i]});
+  return out;
+}
+
+// The reference's log-probability of each sequence's completion (rows [0, P) chosen, [P, 2P) rejected):
 // `frozen` when given, else the model with its adapters off; no gradient either way.
 std::vector<double> reference_logps(CausalLM& model, CausalLM* frozen, const DeviceBatch& b) {
   ag::NoGradGuard ng;
-  const ForwardOptions fwd{b.positions, Tensor(), b.max_position};
   std::vector<ag::Variable> ref;
   if (frozen) {
-    ref = frozen->sequence_logps(b.input_ids, b.host_targets, fwd);
+    ref = frozen->sequence_logps(b.input_ids, b.host_targets, forward_options(b), spans(b));
   } else {
     AdaptersOff off(model);
-    ref = model.sequence_logps(b.input_ids, b.host_targets, fwd);
+    ref = model.sequence_logps(b.input_ids, b.host_targets, forward_options(b), spans(b));
   }
   std::vector<double> out;
   for (const ag::Variable& v : ref) out.push_back(static_cast<double>(v.value().item()));
@@ -46,17 +60,16 @@ class Preference final : public Objective {
   std::string name() const override { return preference_name(params_.kind); }
   int64_t units(const Batch& batch) const override { return batch.pairs; }
   ag::Variable loss(CausalLM& model, const DeviceBatch& b) override {
-    LOOM_CHECK(b.pairs > 0 && b.input_ids.size(0) == 2 * b.pairs, "preference objective: the batch is not pairs");
-    const ForwardOptions fwd{b.positions, Tensor(), b.max_position};  // right padding: no segment mask needed
-    std::vector<ag::Variable> all = model.sequence_logps(b.input_ids, b.host_targets, fwd);
+    LOOM_CHECK(b.pairs > 0, "preference objective: the batch is not pairs");
+    const std::vector<CausalLM::Span> seqs = spans(b);
+    std::vector<ag::Variable> all = model.sequence_logps(b.input_ids, b.host_targets, forward_options(b), seqs);
     PairScores s;
     s.chosen.assign(all.begin(), all.begin() + b.pairs);
     s.rejected.assign(all.begin() + b.pairs, all.end());
-    const int64_t seq = b.input_ids.size(1);
     const std::vector<int32_t> t = b.host_targets.to_ints();
     for (int64_t r = 0; r < 2 * b.pairs; ++r) {
       int64_t n = 0;
-      for (int64_t j = 0; j < seq; ++j) n += t[r * seq + j] != ops::kIgnoreIndex;
+      for (int64_t j = seqs[r].start; j < seqs[r].start + seqs[r].length; ++j) n += t[j] != ops::kIgnoreIndex;
       (r < b.pairs ? s.chosen_tokens : s.rejected_tokens).push_back(n);
     }
     if (needs_reference(params_.kind)) {
@@ -82,12 +95,11 @@ class Preference final : public Objective {
   }
   void begin_step(const std::vector<Batch>& global) override {
     step_pairs_ = step_chosen_ = 0;
-    for (const Batch& g : global) {  // the chosen rows' targets: labels past each row's first token
+    for (const Batch& g : global) {  // the chosen sides' targets: labels past each sequence's first token
       step_pairs_ += g.pairs;
       const std::vector<int32_t> l = g.labels.to_ints();
-      const int64_t seq = g.pairs > 0 ? g.labels.size(1) : 0;
       for (int64_t r = 0; r < g.pairs; ++r)
-        for (int64_t j = 1; j < seq; ++j) step_chosen_ += l[r * seq + j] != ops::kIgnoreIndex;
+        for (int64_t j = g.seq_start[r] + 1; j < g.seq_start[r] + g.seq_len[r]; ++j) step_chosen_ += l[j] != ops::kIgnoreIndex;
     }
   }
   bool uses_reference() const override { return needs_reference(params_.kind); }

@@ -62,7 +62,7 @@ absl::Status Trainer::State::load_eval_pairs(const PreferenceDataOptions& option
     std::fprintf(stderr, "loom train: skipped %lld bad line(s) of %lld in %s\n", static_cast<long long>(st.skipped),
                  static_cast<long long>(st.lines), cfg.eval_data_path.c_str());
   // One pass in global batches (every rank evaluates its pairs of each), pair ids after the training pairs.
-  eval_batches = pair_batches_in_order(held_out, cfg.batch_size * world, pad);
+  eval_batches = pair_batches_in_order(held_out, cfg.batch_size * world, pad, pair_layout(cfg), world);
   for (Batch& b : eval_batches)
     for (int64_t& id : b.pair_ids) id += first_id;
   if (cfg.precompute_ref) reference_pairs.insert(reference_pairs.end(), held_out.begin(), held_out.end());
@@ -102,7 +102,8 @@ absl::Status Trainer::State::prepare_reference(const LoadOptions& load, bool res
     const auto t0 = std::chrono::steady_clock::now();
     ReferenceLogps scored;
     LOOM_ASSIGN_OR_RETURN(scored, score_reference(*model, start.get(), pair_batches_in_order(reference_pairs, cfg.batch_size,
-                                                                                          static_cast<int32_t>(tokenizer.eos_id().value_or(0))),
+                                                                                          static_cast<int32_t>(tokenizer.eos_id().value_or(0)),
+                                                                                          pair_layout(cfg)),
                                                   n, device, dist.get()));
     table = std::move(scored);
     if (!dist || dist->root()) LOOM_RETURN_IF_ERROR(write_table(path, key, *table));

@@ -182,6 +182,11 @@ std::vector<RunOption> make_table() {
                      kFixed, [](C& c) -> double& { return c.label_smoothing; }));
   t.push_back(integer("max-prompt-len", "0", "preference data: keep the last N prompt tokens (0 = all)", 0, int64_t{1} << 24,
                       kFixed, [](C& c) -> int64_t& { return c.max_prompt_len; }));
+  t.push_back(text("pair-layout",
+                   "preference batches: pack (each pair's sequences packed into rows with per-sequence attention; "
+                   "no padding but the rows' ends) or pad (one sequence a row, right-padded, as TRL)",
+                   kFixed, [](C& c) -> std::string& { return c.pair_layout; },
+                   [](const std::string& v) { return one_of("pair-layout", v, {"pack", "pad"}); }, "pack"));
   // Free on resume: the table is reused when its key matches, and rebuilt (LoRA) when it does not.
   t.push_back(on_off("precompute-ref",
                      "dpo and ipo: score every pair under the reference once before training (kept in the run folder as "

@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/memory.h"
 #include "train/checkpointing_plan.h"
+#include "train/pair_loader.h"
 #include "train/run_options.h"
 #include "train/trainer_internal.h"
 
@@ -47,8 +48,11 @@ std::string Trainer::State::start_summary(int64_t steps_per_epoch) const {
     if (pair_stats.dropped_too_long > 0)
       absl::StrAppend(&out, absl::StrFormat("; %s pairs dropped (the prompt alone reaches --seq-len %d)",
                                             count(pair_stats.dropped_too_long), cfg.seq_len));
-    absl::StrAppend(&out, absl::StrFormat("; objective %s (beta %g), both sequences of a pair in one micro-batch, padded\n",
-                                          cfg.objective, cfg.beta));
+    const auto* pl = dynamic_cast<const PairLoader*>(loader.get());
+    absl::StrAppend(&out, absl::StrFormat("; objective %s (beta %g), both sequences of a pair in one micro-batch, %s "
+                                          "(one sequence a row, %.1f %% of the tokens would be padding)\n",
+                                          cfg.objective, cfg.beta, cfg.pair_layout == "pad" ? "padded" : "packed into rows",
+                                          pl ? 100.0 * pl->padding_share() : 0.0));
   } else {
     absl::StrAppend(&out, absl::StrFormat("; %s tokens, %s of them targets (%.1f %%); %s rows of %s tokens per epoch after packing\n",
                                           count(stats.tokens), count(stats.target_tokens),

@@ -29,7 +29,8 @@ struct TrainConfig {
   // orpo) with its settings; --seq-len is then the longest pair sequence (--max-len, TRL's max_length).
   std::string objective = "sft";
   double beta = 0.1, simpo_gamma = 0.5, label_smoothing = 0.0;
-  bool precompute_ref = false;  // dpo/ipo: the reference's scores computed once before training
+  bool precompute_ref = false;
+  std::string pair_layout = "pack";  // preference batches: "pack" or "pad" (train/pair_loader.h)  // dpo/ipo: the reference's scores computed once before training
   int64_t max_prompt_len = 0;  // preference data: prompts keep their last this many tokens (0 = all)
   std::string schedule = "linear";  // constant, linear, cosine (with warmup)
   int64_t warmup_steps = 0;

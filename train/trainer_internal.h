@@ -13,12 +13,16 @@
 #include "train/distributed.h"
 #include "train/metrics.h"
 #include "train/objective.h"
+#include "train/pair_loader.h"
 #include "train/preference_data.h"
 #include "train/schedule.h"
 #include "train/train_checkpoint.h"
 #include "train/trainer.h"
 
 namespace loom {
+
+// --pair-layout as a PairLayout.
+inline PairLayout pair_layout(const TrainConfig& cfg) { return cfg.pair_layout == "pad" ? PairLayout::kPad : PairLayout::kPack; }
 
 // The tokenized training data in brief: a changed data file (or tokenizer, or template) changes it.
 nlohmann::json fingerprint(const std::vector<Example>& examples);

@@ -222,7 +222,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
         cfg.grad_accum, cfg.batch_size * world, cfg.seq_len, step_bytes / (1LL << 30),
         static_cast<double>(device_available_bytes(Device::cpu())) / (1LL << 30)));
   if (pairs)  // --batch-size pairs a micro-batch, each pair's two sequences padded to the batch's longest
-    s->loader = std::make_unique<PairLoader>(std::move(pair_data), cfg.batch_size * world, cfg.seed, pad);
+    s->loader = std::make_unique<PairLoader>(std::move(pair_data), cfg.batch_size * world, cfg.seed, pad,
+                                             pair_layout(cfg), world);
   else
     s->loader = std::make_unique<PackedLoader>(std::move(examples), cfg.seq_len, cfg.batch_size * world, cfg.seed, 0, 1, pad);
   const int64_t per_epoch = std::max<int64_t>(1, s->loader->steps_per_epoch() / cfg.grad_accum);

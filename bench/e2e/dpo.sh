@@ -12,8 +12,11 @@
 # Env: LOOM_DPO_MODES (default "none recompute offload"), LOOM_DPO_PRECOMPUTE (the modes run again
 # with --precompute-ref, default "none"), LOOM_DPO_PEERS (dpo_peer.py modes, default "trl trl-gc
 # trl-precompute unsloth unsloth-nogc"; .peers must have been carried for unsloth), LOOM_DPO_STEPS
-# (default 10; the first quarter is warm-up), LOOM_DPO_PAIRS (default 200), LOOM_DPO_PREVIOUS (a
-# dpo.jsonl of an earlier call whose lines open this one's table).
+# (default 10; the first quarter is warm-up), LOOM_DPO_PAIRS (default 200), LOOM_DPO_PROMPT and
+# LOOM_DPO_COMPLETION (words, or a range "LO-HI" each pair draws from; default 600 and 300),
+# LOOM_DPO_PAD (the modes run again with --pair-layout pad, one sequence a row, default none: loom
+# packs a batch's sequences into rows by default), LOOM_DPO_PREVIOUS (a dpo.jsonl of an earlier call
+# whose lines open this one's table).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -26,7 +29,7 @@ steps=${LOOM_DPO_STEPS:-10}
 work=$(mktemp -d)
 source bench/e2e/model.sh  # model_dir 1b|8b
 pairs="$work/pairs.jsonl"
-python3 bench/e2e/preference_pairs.py "$pairs" "${LOOM_DPO_PAIRS:-200}" 600 300 || exit 1
+python3 bench/e2e/preference_pairs.py "$pairs" "${LOOM_DPO_PAIRS:-200}" "${LOOM_DPO_PROMPT:-600}" "${LOOM_DPO_COMPLETION:-300}" || exit 1
 if [ -d .peers ] && [ ! -d /tmp/site/unsloth ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/*.whl > "$work/pip.log" 2>&1
 fi
@@ -66,6 +69,7 @@ for shape in ${@:-1b}; do
   if [ "$shape" = 1b ]; then batch=4; else batch=2; fi
   for mode in ${LOOM_DPO_MODES-none recompute offload}; do loom_run "$shape" "$mode" "$batch" | tee -a "$results"; done
   for mode in ${LOOM_DPO_PRECOMPUTE-none}; do loom_run "$shape" "$mode" "$batch" --precompute-ref | tee -a "$results"; done
+  for mode in ${LOOM_DPO_PAD-}; do loom_run "$shape" "$mode" "$batch" "--pair-layout pad" | tee -a "$results"; done
   peer_modes=${LOOM_DPO_PEERS-trl trl-gc trl-precompute unsloth unsloth-nogc}
   if [ -n "${peer_modes// /}" ]; then
     BENCH_WARMUP=3 BENCH_STEPS=$((steps > 4 ? steps - 3 : 2)) PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \

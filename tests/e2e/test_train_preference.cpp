@@ -130,6 +130,22 @@ TEST(TrainPreference, EvalDataGivesTheHeldOutLossAndAccuracy) {
   EXPECT_NE(r.output.find("(acc "), std::string::npos) << r.output;
 }
 
+// --pair-layout pack (the default: a pair's sequences packed into rows, attention within each) and
+// pad (a sequence a row) train the same: each sequence's sums do not depend on its neighbours.
+TEST(TrainPreference, PackedAndPaddedPairsTrainAlike) {
+  const std::string pack = fresh_dir("pref_pack"), pad = fresh_dir("pref_pad");
+  RunResult r = run_loom(dpo_args(pack, "orpo"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_loom(dpo_args(pad, "orpo") + " --pair-layout pad");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> a = metric_losses(pack), b = metric_losses(pad);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * std::max(1.0, std::abs(b[i]))) << "step " << i + 1;
+  // input_tokens counts the real tokens (not the padding): the same either way.
+  EXPECT_EQ(metric_values(pack, "input_tokens"), metric_values(pad, "input_tokens"));
+}
+
 TEST(TrainPreference, MisplacedOptionsAreRefusedByName) {
   RunResult r = run_loom(dpo_args(fresh_dir("pref_simpo_pre"), "simpo") + " --precompute-ref");
   EXPECT_NE(r.exit_code, 0);

@@ -38,8 +38,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto* v : {&e.prompt, &e.chosen, &e.rejected})
       for (int32_t id : *v) LOOM_FUZZ_CHECK(id >= 0 && id < tok.vocab_size());
   }
-  loom::PairLoader loader(*std::move(pairs), 3, 7, 0);
-  const loom::Batch b = loader.next();
-  LOOM_FUZZ_CHECK(b.pairs >= 1 && b.input_ids.size(0) == 2 * b.pairs);
+  // Both layouts: every sequence inside one row of the batch, the padded one a row each.
+  for (loom::PairLayout layout : {loom::PairLayout::kPad, loom::PairLayout::kPack}) {
+    loom::PairLoader loader(*pairs, 3, 7, 0, layout, 2);
+    const loom::Batch b = loader.next();
+    const int64_t W = b.input_ids.size(1), rows = b.input_ids.size(0);
+    LOOM_FUZZ_CHECK(b.pairs >= 1 && b.seq_start.size() == static_cast<size_t>(2 * b.pairs));
+    if (layout == loom::PairLayout::kPad) LOOM_FUZZ_CHECK(rows == 2 * ((b.pairs + 1) / 2) * 2);
+    for (size_t j = 0; j < b.seq_start.size(); ++j)
+      LOOM_FUZZ_CHECK(b.seq_start[j] >= 0 && b.seq_start[j] % W + b.seq_len[j] <= W && b.seq_start[j] < rows * W);
+  }
   return 0;
 }
