@@ -125,8 +125,9 @@ def make_family(name, out_dir):
             assert v.dtype == torch.float32, (k, v.dtype)
     cfg = json.loads((dst / "config.json").read_text())
     log(f"  saved {len(saved)} tensors; quantization_config {json.dumps(cfg['quantization_config'], sort_keys=True)}")
-    qs0 = bytes(saved["model.layers.0.self_attn.q_proj.weight.quant_state.bitsandbytes__nf4"].tolist()).decode()
-    log(f"  quant_state of layer 0 q_proj: {qs0}")
+    first = f"model.layers.0.self_attn.{lins[0]}.weight"
+    qs0 = bytes(saved[first + ".quant_state.bitsandbytes__nf4"].tolist()).decode()
+    log(f"  quant_state of layer 0 {lins[0]}: {qs0}")
 
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(dst), dtype=torch.float32,
                                                                  attn_implementation="eager",
