@@ -127,46 +127,36 @@ std::string fmt(double v, int decimals) {
 
 }  // namespace
 
-absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::string& svg_path) {
-  auto lines = read_lines(metrics_jsonl_path);
-  if (!lines.ok()) return lines.status();
-  std::vector<std::pair<double, double>> points, evals;  // (step, loss), (step, eval_loss)
-  for (size_t i = 0; i < lines->size(); ++i) {
-    const std::string& line = (*lines)[i];
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() && i + 1 == lines->size()) break;  // the last line cut short by a crash
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number())
-      return absl::InvalidArgumentError(absl::StrCat(metrics_jsonl_path, ":", i + 1,
-                                                     ": expected a JSON object with a numeric \"step\""));
-    if (j.contains("loss") && j["loss"].is_number()) points.emplace_back(j["step"].get<double>(), j["loss"].get<double>());
-    if (j.contains("eval_loss") && j["eval_loss"].is_number())
-      evals.emplace_back(j["step"].get<double>(), j["eval_loss"].get<double>());
-  }
-  std::sort(points.begin(), points.end());
-  std::sort(evals.begin(), evals.end());
+namespace {
 
-  // Layout: the plot area inside margins for the title, tick labels and axis labels.
+// One chart of the SVG: lines against step, each with its points, colour and legend label.
+struct Series {
+  std::string label, color, css_class;
+  std::vector<std::pair<double, double>> points;
+};
+struct Panel {
+  std::string title, y_label, empty_note;
+  std::vector<Series> series;  // the first is the main line; a legend appears when a second has points
+};
+
+// Draws `p` in an 800 x 480 box whose top is at y = `y_top`.
+void draw_panel(std::ostringstream& s, const Panel& p, double y_top) {
   const double width = 800, height = 480, left = 80, right = 30, top = 50, bottom = 60;
   const double pw = width - left - right, ph = height - top - bottom;
+  const std::vector<std::pair<double, double>>& main = p.series.front().points;
   double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
-  if (!points.empty()) {
-    x0 = points.front().first, x1 = points.back().first;
-    y0 = y1 = points.front().second;
-    for (const auto& p : points) y0 = std::min(y0, p.second), y1 = std::max(y1, p.second);
-    for (const auto& p : evals)
-      x0 = std::min(x0, p.first), x1 = std::max(x1, p.first), y0 = std::min(y0, p.second), y1 = std::max(y1, p.second);
+  if (!main.empty()) {
+    x0 = main.front().first, x1 = main.back().first;
+    y0 = y1 = main.front().second;
+    for (const Series& se : p.series)
+      for (const auto& q : se.points)
+        x0 = std::min(x0, q.first), x1 = std::max(x1, q.first), y0 = std::min(y0, q.second), y1 = std::max(y1, q.second);
   }
   const Axis ax = nice_axis(x0, x1), ay = nice_axis(y0, y1);
   auto px = [&](double x) { return left + (x - ax.lo) / (ax.hi - ax.lo) * pw; };
   auto py = [&](double y) { return top + ph - (y - ay.lo) / (ay.hi - ay.lo) * ph; };
-
-  std::ostringstream s;
-  s << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-    << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-    << "\" viewBox=\"0 0 " << width << ' ' << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
-    << "<rect x=\"0\" y=\"0\" width=\"" << width << "\" height=\"" << height << "\" fill=\"white\"/>\n"
-    << "<text x=\"" << width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">Training loss</text>\n";
+  if (y_top > 0) s << "<g transform=\"translate(0 " << y_top << ")\">\n";
+  s << "<text x=\"" << width / 2 << "\" y=\"28\" text-anchor=\"middle\" font-size=\"16\">" << p.title << "</text>\n";
   // Grid lines and tick labels.
   const int nx = static_cast<int>(std::lround((ax.hi - ax.lo) / ax.step));
   const int ny = static_cast<int>(std::lround((ay.hi - ay.lo) / ay.step));
@@ -190,35 +180,79 @@ absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::st
     << "<line x1=\"" << left << "\" y1=\"" << top << "\" x2=\"" << left << "\" y2=\"" << top + ph << "\" stroke=\"black\"/>\n"
     << "<text x=\"" << left + pw / 2 << "\" y=\"" << height - 15 << "\" text-anchor=\"middle\">step</text>\n"
     << "<text x=\"20\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 20 " << top + ph / 2
-    << ")\">loss</text>\n";
-  // The data.
-  if (points.empty()) {
+    << ")\">" << p.y_label << "</text>\n";
+  if (main.empty()) {
     s << "<text x=\"" << left + pw / 2 << "\" y=\"" << top + ph / 2 << "\" text-anchor=\"middle\" fill=\"#808080\">"
-      << "no loss values yet</text>\n";
-  } else {
-    s << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
-    for (size_t i = 0; i < points.size(); ++i)
-      s << (i ? " " : "") << fmt(px(points[i].first), 2) << ',' << fmt(py(points[i].second), 2);
-    s << "\"/>\n";
-    if (points.size() == 1)
-      s << "<circle cx=\"" << fmt(px(points[0].first), 2) << "\" cy=\"" << fmt(py(points[0].second), 2)
-        << "\" r=\"3\" fill=\"#1f77b4\"/>\n";
+      << p.empty_note << "</text>\n";
+    if (y_top > 0) s << "</g>\n";
+    return;
   }
-  // --eval-data's losses: a second line with a dot per evaluation, and a legend for the two.
-  if (!points.empty() && !evals.empty()) {
-    s << "<polyline class=\"eval\" fill=\"none\" stroke=\"#ff7f0e\" stroke-width=\"1.5\" points=\"";
-    for (size_t i = 0; i < evals.size(); ++i)
-      s << (i ? " " : "") << fmt(px(evals[i].first), 2) << ',' << fmt(py(evals[i].second), 2);
+  // The lines: the main one, then the others (a dot per point: held-out values are sparse).
+  bool legend = false;
+  for (size_t k = 0; k < p.series.size(); ++k) {
+    const Series& se = p.series[k];
+    if (se.points.empty()) continue;
+    legend = legend || k > 0;
+    s << "<polyline" << (se.css_class.empty() ? "" : " class=\"" + se.css_class + "\"") << " fill=\"none\" stroke=\""
+      << se.color << "\" stroke-width=\"1.5\" points=\"";
+    for (size_t i = 0; i < se.points.size(); ++i)
+      s << (i ? " " : "") << fmt(px(se.points[i].first), 2) << ',' << fmt(py(se.points[i].second), 2);
     s << "\"/>\n";
-    for (const auto& e : evals)
-      s << "<circle cx=\"" << fmt(px(e.first), 2) << "\" cy=\"" << fmt(py(e.second), 2) << "\" r=\"3\" fill=\"#ff7f0e\"/>\n";
+    if (k > 0 || se.points.size() == 1)
+      for (const auto& q : se.points)
+        s << "<circle cx=\"" << fmt(px(q.first), 2) << "\" cy=\"" << fmt(py(q.second), 2) << "\" r=\"3\" fill=\"" << se.color
+          << "\"/>\n";
+  }
+  if (legend) {
     const double lx = left + pw - 150, ly = top + 14;
-    s << "<line x1=\"" << lx << "\" y1=\"" << ly << "\" x2=\"" << lx + 24 << "\" y2=\"" << ly << "\" stroke=\"#1f77b4\" "
-      << "stroke-width=\"1.5\"/>\n<text x=\"" << lx + 30 << "\" y=\"" << ly + 4 << "\">training loss</text>\n"
-      << "<line x1=\"" << lx << "\" y1=\"" << ly + 18 << "\" x2=\"" << lx + 24 << "\" y2=\"" << ly + 18
-      << "\" stroke=\"#ff7f0e\" stroke-width=\"1.5\"/>\n<text x=\"" << lx + 30 << "\" y=\"" << ly + 22
-      << "\">eval loss</text>\n";
+    for (size_t k = 0; k < p.series.size(); ++k) {
+      const double y = ly + 18 * static_cast<double>(k);
+      s << "<line x1=\"" << lx << "\" y1=\"" << y << "\" x2=\"" << lx + 24 << "\" y2=\"" << y << "\" stroke=\""
+        << p.series[k].color << "\" stroke-width=\"1.5\"/>\n<text x=\"" << lx + 30 << "\" y=\"" << y + 4 << "\">"
+        << p.series[k].label << "</text>\n";
+    }
   }
+  if (y_top > 0) s << "</g>\n";
+}
+
+}  // namespace
+
+absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::string& svg_path) {
+  auto lines = read_lines(metrics_jsonl_path);
+  if (!lines.ok()) return lines.status();
+  // (step, value) of each key drawn: the loss, and a preference objective's margin and accuracy,
+  // each beside its held-out value.
+  const std::vector<std::string> keys = {"loss",           "eval_loss",           "rewards/margins",
+                                         "eval_rewards/margins", "rewards/accuracies", "eval_rewards/accuracies"};
+  std::vector<std::vector<std::pair<double, double>>> values(keys.size());
+  for (size_t i = 0; i < lines->size(); ++i) {
+    const std::string& line = (*lines)[i];
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() && i + 1 == lines->size()) break;  // the last line cut short by a crash
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number())
+      return absl::InvalidArgumentError(absl::StrCat(metrics_jsonl_path, ":", i + 1,
+                                                     ": expected a JSON object with a numeric \"step\""));
+    for (size_t k = 0; k < keys.size(); ++k)
+      if (j.contains(keys[k]) && j[keys[k]].is_number()) values[k].emplace_back(j["step"].get<double>(), j[keys[k]].get<double>());
+  }
+  for (auto& v : values) std::sort(v.begin(), v.end());
+  std::vector<Panel> panels;
+  panels.push_back({"Training loss", "loss", "no loss values yet",
+                    {{"training loss", "#1f77b4", "", values[0]}, {"eval loss", "#ff7f0e", "eval", values[1]}}});
+  if (!values[2].empty())
+    panels.push_back({"Reward margin (chosen minus rejected)", "margin", "",
+                      {{"training", "#2ca02c", "", values[2]}, {"held out", "#ff7f0e", "eval", values[3]}}});
+  if (!values[4].empty())
+    panels.push_back({"Reward accuracy (chosen above rejected)", "accuracy", "",
+                      {{"training", "#9467bd", "", values[4]}, {"held out", "#ff7f0e", "eval", values[5]}}});
+  const double width = 800, height = 480 * static_cast<double>(panels.size());
+  std::ostringstream s;
+  s << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+    << "\" viewBox=\"0 0 " << width << ' ' << height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+    << "<rect x=\"0\" y=\"0\" width=\"" << width << "\" height=\"" << height << "\" fill=\"white\"/>\n";
+  for (size_t k = 0; k < panels.size(); ++k) draw_panel(s, panels[k], 480.0 * static_cast<double>(k));
   s << "</svg>\n";
   return write_atomically(svg_path, s.str());
 }

@@ -1,5 +1,6 @@
 // Training metrics: one JSON object per optimizer step appended to <out>/metrics.jsonl (flushed per
-// line, so a crash loses at most the step in flight), and an SVG chart of loss against step.
+// line, so a crash loses at most the step in flight), and an SVG chart of loss against step (with a
+// preference objective's reward margin and accuracy below it).
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -54,7 +55,8 @@ class MetricsWriter {
 std::string metrics_json_line(const StepMetrics& m);
 
 // Draws loss against step from a metrics.jsonl into a self-contained SVG (axes, ticks, labels,
-// title; eval_loss, where there is some, as a second line with a legend), written to a temporary
+// title; eval_loss, where there is some, as a second line with a legend; a preference objective's
+// rewards/margins and rewards/accuracies, with their eval_ values, as two more charts below), written to a temporary
 // file next to svg_path and renamed into place. Lines whose loss is null are left out; a truncated
 // last line (a crash mid-write) is ignored; any other line that is not a JSON object with numeric
 // "step" is an error naming the file and line. With no points the chart is drawn empty, saying so.

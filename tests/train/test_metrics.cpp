@@ -170,6 +170,38 @@ TEST(LossSvg, EvalLossIsASecondLineWithALegend) {
   EXPECT_EQ(m[1].str(), "425.00,50.00 770.00,383.00");
 }
 
+// A preference objective's metrics add two charts below the loss: the reward margin and the reward
+// accuracy, each with its held-out values, each 480 high.
+TEST(LossSvg, PreferenceRunsAlsoDrawMarginAndAccuracy) {
+  TempDir dir;
+  {
+    auto w = MetricsWriter::open(dir.path());
+    ASSERT_TRUE(w.ok());
+    for (int i = 1; i <= 4; ++i) {
+      StepMetrics m = metrics(i, 0.7 - 0.1 * i);
+      m.extra = {{"rewards/margins", 0.5 * i}, {"rewards/accuracies", 0.25 * i}};
+      if (i == 4) m.eval_loss = 0.4, m.extra.push_back({"eval_rewards/margins", 1.0}), m.extra.push_back({"eval_rewards/accuracies", 0.5});
+      ASSERT_TRUE(w->write(m).ok());
+    }
+  }
+  ASSERT_TRUE(write_loss_svg(dir.file("metrics.jsonl"), dir.file("loss.svg")).ok());
+  const std::string svg = text_of(dir.file("loss.svg"));
+  expect_well_formed(svg);
+  for (const char* s : {"height=\"1440\"", ">Reward margin (chosen minus rejected)<", ">Reward accuracy (chosen above rejected)<",
+                        "translate(0 480)", "translate(0 960)", ">held out<"})
+    EXPECT_NE(svg.find(s), std::string::npos) << s;
+  // Three training lines and three held-out ones (one point each), in chart order.
+  const std::regex line("<polyline( class=\"eval\")?[^>]*points=\"([^\"]*)\"");
+  std::vector<std::string> got;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), line); it != std::sregex_iterator(); ++it)
+    got.push_back(std::string((*it)[1].matched ? "eval " : "") + (*it)[2].str());
+  ASSERT_EQ(got.size(), 6u);
+  // The margin chart: steps 1..4 (ticks of 1: the axis is [1, 4]) in x [80, 770], margins 0.5..2
+  // (ticks of 0.5: [0.5, 2]) in y [420, 50]; the held-out margin 1.0 at step 4.
+  EXPECT_EQ(got[2], "80.00,420.00 310.00,296.67 540.00,173.33 770.00,50.00");
+  EXPECT_EQ(got[3], "eval 770.00,296.67");
+}
+
 TEST(LossSvg, SinglePointEmptyAndDamagedFiles) {
   TempDir dir;
   const std::string jsonl = dir.file("m.jsonl"), svg = dir.file("out.svg");
