@@ -19,16 +19,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-             "UNSLOTH_DISABLE_STATISTICS": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1",
-             "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-             "UNSLOTH_COMPILE_LOCATION": "/tmp/unsloth_bench_work/unsloth_compiled_cache",
-             "HF_HOME": "/tmp/unsloth_bench_work/hf_home"}.items():
-    os.environ.setdefault(k, v)
+import unsloth_family  # noqa: E402  (its import sets the offline environment both peers need)
 
 WARMUP = int(os.environ.get("BENCH_WARMUP", "3"))
 STEPS = int(os.environ.get("BENCH_STEPS", "8"))
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj"]
+TARGETS = unsloth_family.TARGETS  # every projection, separate or fused
 
 
 def run_mode(model_dir, shape, pairs, B, L, mode):
@@ -44,9 +39,8 @@ def run_mode(model_dir, shape, pairs, B, L, mode):
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import DPOConfig, DPOTrainer
-    from unsloth_family import with_tokenizer
 
-    path = with_tokenizer(model_dir, shape)
+    path = unsloth_family.with_tokenizer(model_dir, shape)
     tok = AutoTokenizer.from_pretrained(path)
     info = dict(mode=f"{shape}-dpo-{mode}", B=B, max_len=L, torch=torch.__version__)
     torch.cuda.reset_peak_memory_stats()

@@ -37,17 +37,7 @@ std::string args(const std::string& out, int steps, int batch) {
 }
 
 // A shell command's exit code and output (stdout and stderr).
-RunResult run_sh(const std::string& cmd) {
-  RunResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+RunResult run_sh(const std::string& cmd) { return run_command(cmd + " 2>&1"); }
 
 RunResult run_mpi(int np, const std::string& a) {
   return run_sh(kMpi + "-np " + std::to_string(np) + " " + LOOM_BINARY + " " + a);

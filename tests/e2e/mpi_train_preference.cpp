@@ -3,10 +3,8 @@
 // TRL measures and the held-out loss are those of one process with the same global batch; so are
 // they with the reference precomputed (each rank scores part of the pairs, the table is summed).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -18,17 +16,7 @@ namespace {
 const std::string kPairs = kSrc + "/examples/data/preference_demo.jsonl";
 const std::string kMpi = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun --oversubscribe ";
 
-RunResult run_sh(const std::string& cmd) {
-  RunResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
+RunResult run_sh(const std::string& cmd) { return run_command(cmd + " 2>&1"); }
 
 // 80 pairs to train on and 20 held out (the demo file's last ones), written once.
 const std::string& split_dir() {
