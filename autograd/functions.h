@@ -78,6 +78,19 @@ Variable swiglu(const Variable& gate, const Variable& up);
 Variable geglu(const Variable& gate, const Variable& up);
 Variable embedding(const Tensor& ids, const Variable& table);
 
+// Mixture of experts (engine/ops.h moe_*). moe_route: the top-k experts of each token (constant) and
+// their routing weights, differentiable in the router's logits.
+struct MoeRouting {
+  ops::MoeRoute route;
+  Variable weights;  // route.weights, on the tape
+};
+MoeRouting moe_route(const Variable& logits, int64_t k, bool renorm);
+// y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]: gradients to ys and weights.
+Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of);
+// Rows [offsets[e], offsets[e + 1]) of xs [N, in] times expert e's w[e] [out, in] transposed, for every
+// expert: [N, out], one product per expert with rows (the grouped GEMM's reference).
+Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets);
+
 // ---- attention and loss (fn_attention.cpp) ----
 Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt);
 // Mean softmax cross-entropy over targets != ignore_index (as torch's reduction='mean'); an

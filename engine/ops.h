@@ -111,6 +111,28 @@ std::pair<Tensor, Tensor> swiglu_backward_consuming(Tensor gate, Tensor up, cons
 std::pair<Tensor, Tensor> geglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout);
 
 // ids i32 [...], table [vocab, dim] -> [..., dim]. CPU checks ids against vocab.
+// Mixture of experts (kernels/moe.h; CPU so far). moe_route: the router's logits f32 (or f64)
+// [T, E] -> the top-k experts of each token, i32 [T, K], and their routing weights [T, K] (softmax
+// over the experts, renormalised over the k when `renorm`).
+struct MoeRoute {
+  Tensor ids, weights;
+};
+MoeRoute moe_route(const Tensor& logits, int64_t k, bool renorm);
+Tensor moe_route_backward(const Tensor& logits, const MoeRoute& route, const Tensor& dweights, bool renorm);
+// The token-expert assignments grouped by expert, stably (expert e's rows in token order):
+// token_of_row i32 [T K] (row r holds token token_of_row[r]), row_of i32 [T K] (assignment t K + j
+// is row row_of[t K + j]), offsets (host) [E + 1]: expert e's rows are [offsets[e], offsets[e + 1]).
+struct MoeDispatch {
+  Tensor token_of_row, row_of;
+  std::vector<int64_t> offsets;
+};
+MoeDispatch moe_dispatch(const Tensor& ids, int64_t experts);
+// y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]; weights in ys's accumulation dtype.
+Tensor moe_combine(const Tensor& ys, const Tensor& row_of, const Tensor& weights);
+// -> dys [T K, H] and dweights [T, K].
+std::pair<Tensor, Tensor> moe_combine_backward(const Tensor& ys, const Tensor& row_of, const Tensor& weights,
+                                               const Tensor& dy);
+
 Tensor embedding(const Tensor& ids, const Tensor& table);
 // dtable (acc dtype, [vocab, dim]) += scatter of dout.
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);

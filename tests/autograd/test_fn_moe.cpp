@@ -1,0 +1,113 @@
+// The mixture-of-experts functions (ag::moe_route, grouped_linear, moe_combine) composed into a
+// SwiGLU expert layer as Mixtral and Qwen3-MoE run it, against a per-token f64 loop written here
+// from transformers' MixtralSparseMoeBlock (softmax in f32/f64, top k, renormalised or not, each
+// chosen expert's down(silu(gate x) * up x) weighted and summed), and f64 finite differences of
+// every input: the tokens, the router and the three stacked expert weights.
+#include <algorithm>
+#include <numeric>
+
+#include "tests/autograd/gradcheck.h"
+
+namespace loom::test {
+namespace {
+using V = std::vector<ag::Variable>;
+using ag::Variable;
+
+constexpr int64_t kT = 7, kH = 5, kI = 3, kE = 4;
+
+// x [T, H], router [E, H], gate and up [E, I, H], down [E, H, I] -> y [T, H].
+Variable moe_layer(const V& v, int64_t k, bool renorm) {
+  const Variable &x = v[0], &router = v[1], &gate = v[2], &up = v[3], &down = v[4];
+  ag::MoeRouting r = ag::moe_route(ag::linear(x, router), k, renorm);
+  const ops::MoeDispatch d = ops::moe_dispatch(r.route.ids, router.shape()[0]);
+  const Variable xs = ag::embedding(d.token_of_row, x);
+  const Variable act = ag::swiglu(ag::grouped_linear(xs, gate, d.offsets), ag::grouped_linear(xs, up, d.offsets));
+  return ag::moe_combine(ag::grouped_linear(act, down, d.offsets), r.weights, d.row_of);
+}
+
+// The same, one token at a time.
+std::vector<double> reference(const std::vector<Tensor>& in, int64_t k, bool renorm) {
+  const auto x = in[0].to_doubles(), router = in[1].to_doubles(), gate = in[2].to_doubles(), up = in[3].to_doubles(),
+             down = in[4].to_doubles();
+  std::vector<double> y(kT * kH, 0.0);
+  for (int64_t t = 0; t < kT; ++t) {
+    std::vector<double> p(kE);
+    for (int64_t e = 0; e < kE; ++e)
+      for (int64_t c = 0; c < kH; ++c) p[e] += x[t * kH + c] * router[e * kH + c];
+    const double mx = *std::max_element(p.begin(), p.end());
+    double z = 0;
+    for (double& q : p) z += q = std::exp(q - mx);
+    for (double& q : p) q /= z;
+    std::vector<int64_t> order(kE);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    double s = 0;
+    for (int64_t j = 0; j < k; ++j) s += p[order[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[j];
+      const double w = renorm ? p[e] / s : p[e];
+      std::vector<double> a(kI);
+      for (int64_t i = 0; i < kI; ++i) {
+        double g = 0, u = 0;
+        for (int64_t c = 0; c < kH; ++c) {
+          g += gate[(e * kI + i) * kH + c] * x[t * kH + c];
+          u += up[(e * kI + i) * kH + c] * x[t * kH + c];
+        }
+        a[i] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int64_t c = 0; c < kH; ++c)
+        for (int64_t i = 0; i < kI; ++i) y[t * kH + c] += w * down[(e * kH + c) * kI + i] * a[i];
+    }
+  }
+  return y;
+}
+
+std::vector<Tensor> inputs() {
+  return {random_f64({kT, kH}, 1), random_f64({kE, kH}, 2, -2, 2), random_f64({kE, kI, kH}, 3),
+          random_f64({kE, kI, kH}, 4), random_f64({kE, kH, kI}, 5)};
+}
+
+TEST(MoeLayer, ForwardIsThePerTokenLoop) {
+  for (bool renorm : {true, false})
+    for (int64_t k : {1, 2, 4}) {
+      const std::vector<Tensor> in = inputs();
+      V v;
+      for (const Tensor& t : in) v.emplace_back(t, false);
+      const std::vector<double> got = moe_layer(v, k, renorm).value().to_doubles(), want = reference(in, k, renorm);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << "k " << k << " renorm " << renorm;
+    }
+}
+
+TEST(MoeLayer, GradientsMatchFiniteDifferences) {
+  for (bool renorm : {true, false})
+    gradcheck([renorm](const V& v) { return moe_layer(v, 2, renorm); }, inputs());
+}
+
+TEST(MoeLayer, F32IsTheF64Result) {
+  const std::vector<Tensor> in = inputs();
+  V v;
+  for (const Tensor& t : in) v.emplace_back(t.to(DType::f32), false);
+  // The router's logits in f32 either way (transformers' softmax dtype); the rest as the weights.
+  ag::MoeRouting r = ag::moe_route(ag::linear(v[0], v[1]), 2, true);
+  EXPECT_EQ(r.weights.dtype(), DType::f32);
+  const std::vector<double> got = moe_layer(v, 2, true).value().to_doubles(), want = reference(in, 2, true);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5);
+}
+
+// Rows grouped by expert, each expert's rows in token order; every assignment has its row.
+TEST(MoeDispatch, GroupsAssignmentsByExpertStably) {
+  const Tensor ids = Tensor::from_ints({2, 0, 1, 2, 2, 3, 0, 1}, {4, 2});
+  const ops::MoeDispatch d = ops::moe_dispatch(ids, 5);
+  EXPECT_EQ(d.offsets, (std::vector<int64_t>{0, 2, 4, 7, 8, 8}));
+  EXPECT_EQ(d.token_of_row.to_ints(), (std::vector<int32_t>{0, 3, 1, 3, 0, 1, 2, 2}));
+  const std::vector<int32_t> ids_v = ids.to_ints(), row_of = d.row_of.to_ints(), tok = d.token_of_row.to_ints();
+  for (int64_t a = 0; a < 8; ++a) {
+    EXPECT_EQ(tok[row_of[a]], a / 2) << a;
+    EXPECT_GE(row_of[a], d.offsets[ids_v[a]]) << a;
+    EXPECT_LT(row_of[a], d.offsets[ids_v[a] + 1]) << a;
+  }
+  EXPECT_THROW(ops::moe_dispatch(ids, 3), Error);  // expert 3 of 3
+}
+
+}  // namespace
+}  // namespace loom::test
