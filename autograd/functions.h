@@ -85,6 +85,9 @@ struct MoeRouting {
   Variable weights;  // route.weights, on the tape
 };
 MoeRouting moe_route(const Variable& logits, int64_t k, bool renorm);
+// transformers' load-balancing loss (engine/ops.h moe_aux_loss) of the router's logits of every
+// MoE layer, concatenated [N, E], with the experts they chose [N, K]: an f32 scalar.
+Variable moe_aux_loss(const Variable& logits, const Tensor& ids);
 // y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]: gradients to ys and weights.
 Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of);
 // Rows [offsets[e], offsets[e + 1]) of xs [N, in] times expert e's w[e] [out, in] transposed, for every

@@ -127,6 +127,10 @@ struct MoeDispatch {
   std::vector<int64_t> offsets;
 };
 MoeDispatch moe_dispatch(const Tensor& ids, int64_t experts);
+// transformers' load-balancing loss of the router's logits f32/f64 [N, E] and their choices ids
+// [N, K] (kernels/moe.h): a host scalar; moe_aux_loss_backward gives dlogits for dloss.
+double moe_aux_loss(const Tensor& logits, const Tensor& ids);
+Tensor moe_aux_loss_backward(const Tensor& logits, const Tensor& ids, double dloss);
 // y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]; weights in ys's accumulation dtype.
 Tensor moe_combine(const Tensor& ys, const Tensor& row_of, const Tensor& weights);
 // -> dys [T K, H] and dweights [T, K].

@@ -47,6 +47,32 @@ Tensor moe_route_backward(const Tensor& logits_in, const MoeRoute& route, const 
   return dl;
 }
 
+namespace {
+double aux_loss(const char* op, const Tensor& logits_in, const Tensor& ids_in, double dloss, Tensor* dlogits) {
+  cpu_only(op, logits_in);
+  expect_dtype(op, ids_in, DType::i32, "ids");
+  const Tensor logits = logits_in.contiguous(), ids = ids_in.contiguous();
+  LOOM_CHECK(logits.dim() == 2 && ids.dim() == 2 && ids.size(0) == logits.size(0), op, ": logits ", logits.str(),
+             " and ids ", ids.str(), " do not fit");
+  const int64_t n = logits.size(0), e = logits.size(1), k = ids.size(1);
+  if (dlogits) *dlogits = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  if (logits.dtype() == DType::f64)
+    return cpu::moe_aux_loss(logits.data<double>(), ids.data<int32_t>(), n, e, k, dloss,
+                             dlogits ? dlogits->data<double>() : nullptr);
+  expect_dtype(op, logits, DType::f32, "logits");
+  return cpu::moe_aux_loss(logits.data<float>(), ids.data<int32_t>(), n, e, k, static_cast<float>(dloss),
+                           dlogits ? dlogits->data<float>() : nullptr);
+}
+}  // namespace
+
+double moe_aux_loss(const Tensor& logits, const Tensor& ids) { return aux_loss("moe_aux_loss", logits, ids, 0, nullptr); }
+
+Tensor moe_aux_loss_backward(const Tensor& logits, const Tensor& ids, double dloss) {
+  Tensor d;
+  aux_loss("moe_aux_loss_backward", logits, ids, dloss, &d);
+  return d;
+}
+
 MoeDispatch moe_dispatch(const Tensor& ids_in, int64_t experts) {
   const char* op = "moe_dispatch";
   expect_dtype(op, ids_in, DType::i32, "ids");

@@ -20,6 +20,14 @@ void moe_route_forward(const F* logits, int32_t* ids, F* weights, int64_t tokens
 template <class F>
 void moe_route_backward(const F* logits, const int32_t* ids, const F* weights, const F* dweights, F* dlogits,
                         int64_t tokens, int64_t experts, int64_t k, bool renorm);
+// transformers' load_balancing_loss_func over N tokens (every layer's, concatenated): with p_t the
+// softmax of token t's logits and c_e how many of the N K choices went to expert e, its
+// tokens_per_expert [K, E] summed over K is c_e / N, so the loss is E * sum_e (c_e / N) mean_t p_te.
+// Returns the loss; dlogits [N, E] (when not null) gets its gradient times dloss (the choices are
+// constants).
+template <class F>
+F moe_aux_loss(const F* logits, const int32_t* ids, int64_t tokens, int64_t experts, int64_t k, F dloss, F* dlogits);
+
 // y[t, :] = sum over j < K of w[t, j] * ys[row_of[t K + j], :] (summed in Acc<T>); ys [N, H], y [T, H].
 template <class T>
 void moe_combine_forward(const T* ys, const int32_t* row_of, const Acc<T>* w, T* y, int64_t tokens, int64_t k,

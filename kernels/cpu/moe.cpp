@@ -59,6 +59,38 @@ void moe_route_backward(const F* logits, const int32_t* ids, const F* weights, c
   }
 }
 
+template <class F>
+F moe_aux_loss(const F* logits, const int32_t* ids, int64_t tokens, int64_t experts, int64_t k, F dloss, F* dlogits) {
+  std::vector<F> count(experts, 0), mean_p(experts, 0), p(static_cast<size_t>(tokens * experts));
+  for (int64_t a = 0; a < tokens * k; ++a) count[ids[a]] += 1;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const F* l = logits + t * experts;
+    F* pt = p.data() + t * experts;
+    const F mx = *std::max_element(l, l + experts);
+    F z = 0;
+    for (int64_t e = 0; e < experts; ++e) z += pt[e] = std::exp(l[e] - mx);
+    for (int64_t e = 0; e < experts; ++e) mean_p[e] += (pt[e] /= z) / static_cast<F>(tokens);
+  }
+  F loss = 0;
+  for (int64_t e = 0; e < experts; ++e) loss += count[e] / static_cast<F>(tokens) * mean_p[e];
+  loss *= static_cast<F>(experts);
+  if (dlogits) {  // d loss / d p_te = E c_e / N^2, then through each token's softmax
+    for (int64_t t = 0; t < tokens; ++t) {
+      const F* pt = p.data() + t * experts;
+      F* dl = dlogits + t * experts;
+      F dot = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        dl[e] = dloss * static_cast<F>(experts) * count[e] / (static_cast<F>(tokens) * static_cast<F>(tokens));
+        dot += dl[e] * pt[e];
+      }
+      for (int64_t e = 0; e < experts; ++e) dl[e] = pt[e] * (dl[e] - dot);
+    }
+  }
+  return loss;
+}
+template float moe_aux_loss<float>(const float*, const int32_t*, int64_t, int64_t, int64_t, float, float*);
+template double moe_aux_loss<double>(const double*, const int32_t*, int64_t, int64_t, int64_t, double, double*);
+
 template <class T>
 void moe_combine_forward(const T* ys, const int32_t* row_of, const Acc<T>* w, T* y, int64_t tokens, int64_t k, int64_t h) {
   std::vector<Acc<T>> acc(h);

@@ -94,6 +94,39 @@ TEST(MoeLayer, F32IsTheF64Result) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5);
 }
 
+// load_balancing_loss_func as transformers writes it: one-hot masks of the choices [N, K, E], their
+// mean over tokens [K, E], times the mean routing probability [E], summed, times E.
+double transformers_aux_loss(const std::vector<double>& logits, const std::vector<int32_t>& ids, int64_t n, int64_t e,
+                             int64_t k) {
+  std::vector<double> tokens_per_expert(k * e, 0.0), prob(e, 0.0);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) tokens_per_expert[j * e + ids[t * k + j]] += 1.0 / static_cast<double>(n);
+    double z = 0, mx = -1e300;
+    for (int64_t x = 0; x < e; ++x) mx = std::max(mx, logits[t * e + x]);
+    for (int64_t x = 0; x < e; ++x) z += std::exp(logits[t * e + x] - mx);
+    for (int64_t x = 0; x < e; ++x) prob[x] += std::exp(logits[t * e + x] - mx) / z / static_cast<double>(n);
+  }
+  double overall = 0;
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t x = 0; x < e; ++x) overall += tokens_per_expert[j * e + x] * prob[x];
+  return overall * static_cast<double>(e);
+}
+
+TEST(MoeAuxLoss, IsTransformersLoadBalancingLossAndItsGradient) {
+  const Tensor logits = random_f64({9, kE}, 7, -2, 2);
+  const Tensor ids = ops::moe_route(logits, 2, true).ids;
+  ag::NoGradGuard ng;
+  const double got = ag::moe_aux_loss(Variable(logits, false), ids).value().to_doubles()[0];
+  EXPECT_NEAR(got, transformers_aux_loss(logits.to_doubles(), ids.to_ints(), 9, kE, 2), 1e-14);
+  EXPECT_NEAR(ops::moe_aux_loss(logits.to(DType::f32), ids), got, 1e-6);
+}
+
+TEST(MoeAuxLoss, GradientMatchesFiniteDifferences) {
+  const Tensor logits = random_f64({9, kE}, 8, -2, 2);
+  const Tensor ids = ops::moe_route(logits, 2, false).ids;  // the choices are constants of the loss
+  gradcheck([ids](const V& v) { return ag::moe_aux_loss(v[0], ids); }, {logits});
+}
+
 // Rows grouped by expert, each expert's rows in token order; every assignment has its row.
 TEST(MoeDispatch, GroupsAssignmentsByExpertStably) {
   const Tensor ids = Tensor::from_ints({2, 0, 1, 2, 2, 3, 0, 1}, {4, 2});
