@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "engine/io_error.h"
+#include "engine/status_macros.h"
 #include "train/data.h"
 #include "train/data_formats.h"
 
@@ -99,12 +100,8 @@ absl::StatusOr<json> parse_object(const std::string& line) {
   return j;
 }
 
-// Parses and tokenizes one non-blank line; the caller adds "<file>:<line>: " to errors.
-absl::StatusOr<Example> parse_line(const std::string& line, const Tokenizer& tok, const DataOptions& options,
-                                   LineInfo* info) {
-  auto parsed = parse_object(line);
-  if (!parsed.ok()) return parsed.status();
-  const json& j = *parsed;
+// Tokenizes one line's object; the caller adds "<file>:<line>: " to errors.
+absl::StatusOr<Example> parse_line(const json& j, const Tokenizer& tok, const DataOptions& options, LineInfo* info) {
   const bool has_text = j.contains("text"), has_messages = j.contains("messages");
   const bool has_pc = j.contains("prompt") || j.contains("completion");
   const bool has_sharegpt = j.contains("conversations");
@@ -204,59 +201,26 @@ uint64_t default_max_data_bytes() {
 
 absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const Tokenizer& tokenizer,
                                                 const DataOptions& options, DataStats* stats) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    return absl::InvalidArgumentError(absl::StrCat(path, ": is a folder (Is a directory); a JSONL file is needed"));
-  std::ifstream f(path, std::ios::binary);
-  if (!f || is_directory_path(path))
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file: ", open_error_reason(path)));
-  // The tokenized documents stay in memory (~1.25x the text's bytes): a file that cannot fit is
-  // refused before it is read, not after the machine has started swapping.
-  const uint64_t limit = options.max_file_bytes > 0 ? static_cast<uint64_t>(options.max_file_bytes) : default_max_data_bytes();
-  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > limit)
-    return absl::ResourceExhaustedError(absl::StrCat(
-        path, ": ", size, " bytes is more than the ", limit,
-        "-byte limit on training data held in memory (half the physical memory); split it into smaller files"));
   DataStats local;
   DataStats& st = stats ? *stats : local;
   st = DataStats{};
   std::vector<Example> out;
-  std::string line;
-  int64_t lineno = 0;
-  LineReader reader(f);
-  for (;;) {
-    const LineRead r = reader.next(&line, kMaxLineBytes, options.skip_bad_lines);
-    if (r == LineRead::kEnd) break;
-    ++lineno;
-    if (r == LineRead::kTooLong) {
-      if (!options.skip_bad_lines)
-        return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": the line is longer than ", kMaxLineBytes,
-                                                       " bytes (one document per line; is this a JSONL file?)"));
-      ++st.lines;
-      ++st.skipped;
-      continue;
-    }
-    if (is_blank(line)) continue;
-    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF files
-    ++st.lines;
+  auto one = [&](const json& j, int64_t lineno) -> absl::Status {
     LineInfo info;
-    auto ex = parse_line(line, tokenizer, options, &info);
-    if (!ex.ok()) {
-      if (options.skip_bad_lines) {
-        ++st.skipped;
-        if (info.template_failed && st.template_skipped++ == 0)
-          st.template_error = absl::StrCat(path, ":", lineno, ": ", ex.status().message());
-        continue;
-      }
-      return absl::Status(ex.status().code(), absl::StrCat(path, ":", lineno, ": ", ex.status().message()));
+    auto ex = parse_line(j, tokenizer, options, &info);
+    if (!ex.ok()) {  // a template that cannot be used is said once, not per skipped line
+      if (options.skip_bad_lines && info.template_failed && st.template_skipped++ == 0)
+        st.template_error = absl::StrCat(path, ":", lineno, ": ", ex.status().message());
+      return ex.status();
     }
     ++st.examples;
     st.conversations += info.conversation;
     st.tokens += static_cast<int64_t>(ex->ids.size());
     for (uint8_t t : ex->target) st.target_tokens += t;
     out.push_back(*std::move(ex));
-  }
-  if (f.bad()) return absl::DataLossError(absl::StrCat(path, ":", lineno, ": read error"));
+    return absl::OkStatus();
+  };
+  LOOM_RETURN_IF_ERROR(for_each_jsonl_object(path, options.skip_bad_lines, options.max_file_bytes, one, &st.lines, &st.skipped));
   if (out.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no training examples (", st.lines, " non-blank lines, ",
                                                    st.skipped, " skipped as bad)"));
@@ -274,8 +238,9 @@ absl::Status for_each_jsonl_object(const std::string& path, bool skip_bad_lines,
     return absl::NotFoundError(absl::StrCat(path, ": cannot open the data file: ", open_error_reason(path)));
   const uint64_t limit = max_file_bytes > 0 ? static_cast<uint64_t>(max_file_bytes) : default_max_data_bytes();
   if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > limit)
-    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", size, " bytes is more than the ", limit,
-                                                     "-byte limit on training data held in memory; split it"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        path, ": ", size, " bytes is more than the ", limit,
+        "-byte limit on training data held in memory (half the physical memory); split it into smaller files"));
   std::string line;
   int64_t lineno = 0;
   LineReader reader(f);
@@ -285,7 +250,8 @@ absl::Status for_each_jsonl_object(const std::string& path, bool skip_bad_lines,
     ++lineno;
     absl::Status s;
     if (r == LineRead::kTooLong) {
-      s = absl::InvalidArgumentError(absl::StrCat("the line is longer than ", kMaxLineBytes, " bytes (is this a JSONL file?)"));
+      s = absl::InvalidArgumentError(
+          absl::StrCat("the line is longer than ", kMaxLineBytes, " bytes (one document per line; is this a JSONL file?)"));
     } else {
       if (is_blank(line)) continue;
       if (!line.empty() && line.back() == '\r') line.pop_back();
