@@ -1,0 +1,277 @@
+// See device_plan.h.
+#include "train/device_plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "engine/json_file.h"
+#include "models/family.h"
+
+namespace loom {
+namespace {
+
+std::string gib(int64_t b) { return absl::StrFormat("%.2f GiB", static_cast<double>(b) / (1LL << 30)); }
+
+// NF4 with double quantisation: 4 bits a weight, an 8-bit absmax per 64 weights and an f32 absmax
+// per 256 of those.
+int64_t nf4_bytes(int64_t n) { return n / 2 + (n + 63) / 64 + 4 * ((n + 64 * 256 - 1) / (64 * 256)); }
+
+bool targeted(const PlanOptions& o, const std::string& module) {
+  return std::find(o.lora_targets.begin(), o.lora_targets.end(), module) != o.lora_targets.end();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> parse_bytes(const std::string& text_in) {
+  const std::string text(absl::StripAsciiWhitespace(text_in));
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  double v = 0;
+  if (i == 0 || !absl::SimpleAtod(text.substr(0, i), &v))
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size (e.g. 20GiB, 500MB)"));
+  const std::string unit = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text.substr(i)));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},       {"B", 1},          {"KB", 1e3},       {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12},  {"KIB", 1024.0},   {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end())
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "': unknown unit '", text.substr(i),
+                                                   "' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"));
+  const double bytes = v * it->second;
+  if (!(bytes >= 0 && bytes < 9.2e18)) return absl::InvalidArgumentError(absl::StrCat("'", text, "' is out of range"));
+  return static_cast<int64_t>(bytes);
+}
+
+absl::StatusOr<MemoryCaps> parse_max_memory(const std::string& text) {
+  MemoryCaps caps;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const std::vector<std::string> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
+    if (kv.size() != 2)
+      return absl::InvalidArgumentError(absl::StrCat("--max-memory: '", part, "' is not DEVICE=SIZE (e.g. cuda:0=20GiB)"));
+    const std::string dev(absl::StripAsciiWhitespace(kv[0]));
+    auto bytes = parse_bytes(kv[1]);
+    if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("--max-memory ", dev, ": ", bytes.status().message()));
+    int index = 0;
+    if (dev == "cpu") {
+      caps.cpu = *bytes;
+    } else if ((absl::StartsWith(dev, "cuda:") && absl::SimpleAtoi(dev.substr(5), &index) && index >= 0) ||
+               (absl::SimpleAtoi(dev, &index) && index >= 0)) {
+      if (caps.gpu.count(index)) return absl::InvalidArgumentError(absl::StrCat("--max-memory: ", dev, " is given twice"));
+      caps.gpu[index] = *bytes;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--max-memory: unknown device '", dev, "' (cpu, cuda:N or N)"));
+    }
+  }
+  return caps;
+}
+
+std::vector<PlanUnit> plan_units(const ModelConfig& c, const PlanOptions& o) {
+  const int64_t h = c.hidden_size, act = bytes_for(o.activation_dtype, 1);
+  auto dense = [&](int64_t n) { return bytes_for(o.weight_dtype, n); };
+  std::vector<PlanUnit> units;
+  PlanUnit embed{"model.embed_tokens", dense(c.vocab_size * h)};
+  if (o.full) embed.state_bytes = 16 * c.vocab_size * h;
+  embed.activation_bytes = o.checkpointing == Checkpointing::kOffload ? 0 : o.tokens * h * act;
+  units.push_back(embed);
+  // A decoder layer's Linears: {module, in, out}.
+  const std::vector<std::tuple<std::string, int64_t, int64_t>> linears = {
+      {"q_proj", h, c.q_dim()},    {"k_proj", h, c.kv_dim()},   {"v_proj", h, c.kv_dim()}, {"o_proj", c.q_dim(), h},
+      {"gate_proj", h, c.intermediate_size}, {"up_proj", h, c.intermediate_size}, {"down_proj", c.intermediate_size, h}};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    PlanUnit u{absl::StrCat("model.layers.", i)};
+    int64_t norms = 0, biases = 0;  // the norms the family's block has (q/k norms are per head)
+    for (const WeightRule& r : c.family->layer_weights)
+      if (r.hf.find("norm") != std::string::npos) norms += r.hf.find("_norm") != std::string::npos ? c.head_dim : h;
+    if (c.attention_bias) biases += c.q_dim() + 2 * c.kv_dim();
+    if (c.o_proj_bias) biases += h;
+    if (c.mlp_bias) biases += 2 * c.intermediate_size + h;
+    u.weight_bytes = dense(norms + biases);
+    for (const auto& [name, in, out] : linears) {
+      u.weight_bytes += o.qlora ? nf4_bytes(in * out) : dense(in * out);
+      if (o.full) u.state_bytes += 16 * in * out;
+      else if (targeted(o, name)) u.state_bytes += 16 * o.lora_r * (in + out);  // f32 A and B, gradients, AdamW moments
+    }
+    if (o.full) u.state_bytes += 16 * (norms + biases);
+    // What backward needs of the layer (train/checkpointing_plan.h's estimate): everything (none), the
+    // input (recompute), nothing on the GPU (offload).
+    u.activation_bytes = o.checkpointing == Checkpointing::kNone
+                             ? o.tokens * (2 * c.intermediate_size + 9 * h) * act
+                             : o.checkpointing == Checkpointing::kRecompute ? o.tokens * h * act : 0;
+    units.push_back(u);
+  }
+  PlanUnit norm{"model.norm", dense(h)};
+  if (o.full) norm.state_bytes = 16 * h;
+  units.push_back(norm);
+  PlanUnit head{"lm_head", c.tie_word_embeddings ? 0 : dense(c.vocab_size * h)};
+  if (o.full && !c.tie_word_embeddings) head.state_bytes = 16 * c.vocab_size * h;
+  units.push_back(head);
+  return units;
+}
+
+namespace {
+
+// accelerate's device_map JSON: every unit gets the device of the longest key that is it or a
+// dotted prefix of it ("" stands for the whole model).
+absl::StatusOr<std::vector<Device>> read_map_file(const std::string& path, const std::vector<PlanUnit>& units, int gpus) {
+  auto j = read_json_file(path);
+  if (!j.ok()) return j.status();
+  if (!j->is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": a device map is a JSON object"));
+  std::map<std::string, Device> keys;
+  for (const auto& [k, v] : j->items()) {
+    Device d;
+    if (v.is_number_integer() && v.get<int64_t>() >= 0) {
+      d = Device::cuda(static_cast<int>(v.get<int64_t>()));
+    } else if (v.is_string() && (v == "cpu" || absl::StartsWith(v.get<std::string>(), "cuda"))) {
+      auto p = parse_device(v.get<std::string>());
+      if (!p.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": \"", k, "\": ", p.status().message()));
+      d = *p;
+    } else if (v.is_string() && v.get<std::string>() == "disk") {
+      return absl::UnimplementedError(absl::StrCat(path, ": \"", k, "\": \"disk\": Loom streams layers from host memory, ",
+                                                   "not from disk; use \"cpu\""));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", k, "\": ", v.dump(),
+                                                     " is not a device (a GPU index, \"cuda:N\" or \"cpu\")"));
+    }
+    if (d.is_cuda() && d.index >= gpus)
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", k, "\": ", d.str(), " but ", gpus, " GPU(s) are visible"));
+    bool used = false;
+    for (const PlanUnit& u : units)
+      used = used || k.empty() || u.name == k || absl::StartsWith(u.name, k + ".");
+    if (!used)
+      return absl::InvalidArgumentError(absl::StrCat(path, ": \"", k, "\" names no part of the model (its parts: ",
+                                                     units.front().name, ", model.layers.0 .. ", units.size() - 3, ", ",
+                                                     units[units.size() - 2].name, ", ", units.back().name, ")"));
+    keys[k] = d;
+  }
+  std::vector<Device> out;
+  for (const PlanUnit& u : units) {
+    const std::string* best = nullptr;
+    for (const auto& [k, d] : keys)
+      if ((k.empty() || u.name == k || absl::StartsWith(u.name, k + ".")) && (!best || k.size() > best->size())) best = &k;
+    if (!best) return absl::InvalidArgumentError(absl::StrCat(path, ": no device for ", u.name));
+    out.push_back(keys[*best]);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, const std::string& map, const MemoryCaps& caps,
+                                        int gpus, const std::map<std::string, int64_t>& available, int64_t working_bytes) {
+  DevicePlan plan;
+  plan.working_bytes = working_bytes;
+  std::vector<Device> devices;  // in filling order
+  for (int g = 0; g < gpus; ++g) devices.push_back(Device::cuda(g));
+  devices.push_back(Device::cpu());
+  for (const auto& [g, b] : caps.gpu)
+    if (g >= gpus) return absl::InvalidArgumentError(absl::StrCat("--max-memory cuda:", g, ": ", gpus, " GPU(s) are visible"));
+  auto cap_of = [&](const Device& d) -> int64_t {
+    if (d.is_cpu() && caps.cpu) return *caps.cpu;
+    if (d.is_cuda() && caps.gpu.count(d.index)) return caps.gpu.at(d.index);
+    auto it = available.find(d.str());
+    return it == available.end() ? 0 : it->second;
+  };
+  int64_t total = 0, largest = 0;
+  for (const PlanUnit& u : units) total += u.bytes(), largest = std::max(largest, u.bytes());
+  std::vector<Device> chosen;
+  if (map != "auto" && map != "balanced" && map != "sequential") {
+    auto from_file = read_map_file(map, units, gpus);
+    if (!from_file.ok()) return from_file.status();
+    chosen = *from_file;
+    plan.strategy = map;
+  } else {
+    plan.strategy = map == "auto" ? (gpus > 1 ? "balanced" : "sequential") : map;
+    // Each device's budget: its cap less the working memory a GPU needs; balanced cuts a GPU's to an
+    // even share of the model plus its largest unit.
+    std::vector<int64_t> budget;
+    for (const Device& d : devices) {
+      int64_t b = cap_of(d) - (d.is_cuda() ? working_bytes : 0);
+      if (plan.strategy == "balanced" && d.is_cuda() && gpus > 0) b = std::min(b, (total + gpus - 1) / gpus + largest);
+      budget.push_back(b);
+    }
+    size_t at = 0;
+    std::vector<int64_t> used(devices.size(), 0);
+    for (const PlanUnit& u : units) {
+      while (at < devices.size() && used[at] + u.bytes() > budget[at]) ++at;
+      if (at == devices.size()) {
+        int64_t weights = 0, state = 0, acts = 0, all_caps = 0;
+        for (const PlanUnit& v : units) weights += v.weight_bytes, state += v.state_bytes, acts += v.activation_bytes;
+        for (const Device& d : devices) all_caps += cap_of(d);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the model does not fit the devices' memory: it needs ", gib(total), " (weights ", gib(weights),
+            ", trainable state ", gib(state), ", kept activations ", gib(acts), ") plus ", gib(working_bytes),
+            " of working memory a GPU, and the caps give ", gib(all_caps), " in all (", u.name,
+            " found no room). Raise --max-memory (cpu=... holds the layers streamed from host memory), or shrink the "
+            "run: --qlora stores the weights in 4 bits, --checkpointing offload keeps no activation on the GPU"));
+      }
+      used[at] += u.bytes();
+      chosen.push_back(devices[at]);
+    }
+  }
+  for (size_t i = 0; i < units.size(); ++i) {
+    plan.placement.emplace_back(units[i].name, chosen[i]);
+    plan.bytes[chosen[i].str()] += units[i].bytes();
+  }
+  for (auto& [name, b] : plan.bytes)
+    if (name != "cpu") b += working_bytes;
+  return plan;
+}
+
+std::string DevicePlan::describe(const MemoryCaps& caps) const {
+  std::map<std::string, std::vector<std::string>> parts;  // device -> its units, layer runs as ranges
+  std::map<std::string, std::pair<int64_t, int64_t>> runs;  // device -> the current layer run
+  auto flush = [&](const std::string& dev) {
+    auto it = runs.find(dev);
+    if (it == runs.end()) return;
+    const auto [a, b] = it->second;
+    parts[dev].push_back(a == b ? absl::StrCat("layer ", a) : absl::StrCat("layers ", a, "-", b));
+    runs.erase(it);
+  };
+  for (const auto& [unit, d] : placement) {
+    const std::string dev = d.str();
+    int64_t layer = -1;
+    if (absl::StartsWith(unit, "model.layers.") && absl::SimpleAtoi(unit.substr(13), &layer)) {
+      auto it = runs.find(dev);
+      if (it != runs.end() && it->second.second + 1 == layer) {
+        it->second.second = layer;
+      } else {
+        flush(dev);
+        runs[dev] = {layer, layer};
+      }
+      continue;
+    }
+    flush(dev);
+    parts[dev].push_back(unit == "model.embed_tokens" ? "embedding" : unit == "model.norm" ? "final norm" : unit);
+  }
+  for (auto& [dev, run] : std::map<std::string, std::pair<int64_t, int64_t>>(runs)) flush(dev);
+  std::string out = absl::StrCat("device map (", strategy, "):\n");
+  for (const auto& [dev, list] : parts) {
+    std::string cap;
+    if (dev == "cpu" && caps.cpu) cap = absl::StrCat(" of ", gib(*caps.cpu));
+    int index = 0;
+    if (absl::StartsWith(dev, "cuda:") && absl::SimpleAtoi(dev.substr(5), &index) && caps.gpu.count(index))
+      cap = absl::StrCat(" of ", gib(caps.gpu.at(index)));
+    absl::StrAppend(&out, "  ", dev, ": ", absl::StrJoin(list, ", "), " (", gib(bytes.at(dev)), cap,
+                    dev == "cpu" ? ", streamed to the GPU a layer ahead" : "", ")\n");
+  }
+  return out;
+}
+
+nlohmann::json DevicePlan::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [unit, d] : placement) {
+    if (d.is_cuda()) j[unit] = d.index;
+    else j[unit] = "cpu";
+  }
+  return j;
+}
+
+}  // namespace loom
