@@ -16,4 +16,5 @@ int run_convert(const std::vector<std::string>& args);
 int run_quantize(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
 int run_bench_cpu(const std::vector<std::string>& args);
+int run_doctor(const std::vector<std::string>& args);
 }  // namespace loom::cli

@@ -21,6 +21,7 @@ struct Command {
 };
 
 const Command kCommands[] = {
+    {"doctor", loom::cli::run_doctor, "check this machine: build, CPU, GPUs, NCCL, MPI, memory, disk, and a self-test"},
     {"demo", loom::cli::run_demo, "train a small Llama-style model on a built-in pattern and print the loss"},
     {"forward", loom::cli::run_forward, "logits, loss and LoRA gradients of a model on given token ids"},
     {"merge", loom::cli::run_merge, "fold a PEFT LoRA adapter into its base model; write a bf16 Hugging Face folder"},
