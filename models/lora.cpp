@@ -361,8 +361,11 @@ absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) 
   if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";
   config.erase("quantization_config");  // the weights written here are dense (a 4-bit source was dequantised)
   if (absl::Status s = write_text_atomic((tmp / "config.json").string(), config.dump(2) + "\n"); !s.ok()) return s;
-  // The files that make the folder a complete Hugging Face model besides the weights.
-  for (const char* extra : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+  // The files that make the folder a complete Hugging Face model besides the weights (tokenizer.model
+  // and added_tokens.json too: `loom export` of the merged folder then writes the GGUF vocabulary the
+  // source folder gives; chat_template.jinja: where transformers 5 keeps the chat template).
+  for (const char* extra : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                            "tokenizer.model", "added_tokens.json", "chat_template.jinja"}) {
     const fs::path src = fs::path(model.source_dir()) / extra;
     if (!fs::exists(src) || fs::equivalent(src.parent_path(), tmp, ec)) continue;
     const fs::path part = tmp / absl::StrCat(extra, ".tmp.", getpid());

@@ -70,7 +70,9 @@ int run_export(const std::vector<std::string>& argv) {
   GgufWriter w;
   if (absl::Status s = add_gguf_model(**model, type, provenance->name, w); !s.ok()) return fail(s);
   add_gguf_provenance(*provenance, w);
-  if (absl::Status s = add_gguf_tokenizer(src, (*model)->config().vocab_size, w); !s.ok()) return fail(s);
+  auto arch = gguf_architecture(*(*model)->config().family);
+  if (!arch.ok()) return fail(arch.status());
+  if (absl::Status s = add_gguf_tokenizer(src, (*model)->config().vocab_size, *arch, w); !s.ok()) return fail(s);
   if (absl::Status s = w.write(out); !s.ok()) return fail(s);
   std::printf("loom export: %s%s -> %s (%s, general.name \"%s\")\n", src.c_str(),
               args->has("adapter") ? absl::StrCat(" + ", args->str("adapter")).c_str() : "", out.c_str(), type_name.c_str(),

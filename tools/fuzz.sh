@@ -16,7 +16,7 @@ if [ "${1:-}" = "--ci" ]; then replay=1 ci=1; shift; fi
 seconds=${1:-600}
 shift || true
 all=(fuzz_safetensors fuzz_gguf fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_jsonl fuzz_chat_template
-     fuzz_config fuzz_bnb fuzz_adapter_config fuzz_train_checkpoint fuzz_preference_jsonl)
+     fuzz_config fuzz_bnb fuzz_adapter_config fuzz_train_checkpoint fuzz_preference_jsonl fuzz_sentencepiece_model)
 [ $# -gt 0 ] && targets=("$@") || targets=("${all[@]}")
 
 generator=()

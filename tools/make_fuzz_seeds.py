@@ -53,6 +53,7 @@ def fdp_string(s):
 
 def main():
     # safetensors: small real files of each kind of content.
+    out("fuzz_sentencepiece_model", "spm_model", read("tokenizers/spm_model/tokenizer.model"))
     out("fuzz_safetensors", "inputs", read("models/llama/inputs.safetensors"))
     out("fuzz_safetensors", "adapter", read("models/llama/adapter/adapter_model.safetensors"))
     out("fuzz_safetensors", "gguf_expected", read("gguf/tiny_qwen2.expected.safetensors"))

@@ -1,7 +1,8 @@
-// Hugging Face tokenizer files -> GGUF tokenizer metadata (convert_hf_to_gguf.py's get_vocab_base
-// and gguf-py's SpecialVocab): tokens by id, token types (1 normal, 3 control = special added
-// token, 4 user-defined = other added token, 5 unused = padding id), merges as "left right",
-// bos/eos/padding ids, add_bos/add_eos, tokenizer.ggml.pre, and the chat template.
+// Hugging Face tokenizer files -> GGUF tokenizer metadata (convert_hf_to_gguf.py's get_vocab_base or
+// _set_vocab_sentencepiece, and gguf-py's SpecialVocab): byte-level BPE as tokens by id, token types
+// (1 normal, 3 control = special added token, 4 user-defined = other added token, 5 unused = padding
+// id) and merges; SentencePiece-style tokenizers as tokens, scores and types (gguf_tokenizer_export_spm.cpp);
+// then bos/eos/padding/unknown ids, add_bos/add_eos and the chat template.
 #include "train/gguf_tokenizer_export.h"
 
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "models/gguf_model.h"
 #include "nlohmann/json.hpp"
 #include "text/gguf_tokenizer.h"
+#include "train/gguf_tokenizer_export_internal.h"
 
 namespace loom {
 namespace {
@@ -63,27 +65,23 @@ absl::Status add_from_gguf(const std::string& path, int64_t vocab_size, GgufWrit
   return absl::OkStatus();
 }
 
-absl::Status add_from_folder(const fs::path& dir, int64_t vocab_size, GgufWriter& w) {
-  const fs::path tj_path = dir / "tokenizer.json";
-  LOOM_ASSIGN_OR_RETURN(const json tj, read_json(tj_path, true));
-  LOOM_ASSIGN_OR_RETURN(const json tc, read_json(dir / "tokenizer_config.json", false));
-  LOOM_ASSIGN_OR_RETURN(const json cfg, read_json(dir / "config.json", false));
-  const std::string where = tj_path.string();
+// The byte-level BPE vocabulary of tokenizer.json (convert_hf_to_gguf.py's get_vocab_base): tokens
+// by id, types, merges, tokenizer.ggml.pre.
+absl::Status add_byte_level(const json& tj, const std::string& where, int64_t vocab_size, std::vector<std::string>& tokens,
+                            std::vector<bool>& seen, GgufWriter& w) {
   if (!tj.contains("model") || !tj["model"].is_object() || tj["model"].value("type", "") != "BPE" ||
       !tj["model"].contains("vocab") || !tj["model"]["vocab"].is_object())
     return absl::UnimplementedError(absl::StrCat(where, ": model.type is not BPE with a vocab; GGUF export writes "
-                                                 "byte-level BPE tokenizers (tokenizer.ggml.model gpt2) so far"));
-  if (tj["model"].value("byte_fallback", false))
-    return absl::UnimplementedError(absl::StrCat(where, ": a SentencePiece-style BPE (byte_fallback); GGUF export "
-                                                 "writes byte-level BPE tokenizers so far"));
+                                                 "byte-level BPE (tokenizer.ggml.model gpt2) and SentencePiece-style "
+                                                 "(llama) tokenizers"));
   const std::string pre = gguf_pre_tokenizer_name(tj);
   if (pre.empty())
     return absl::UnimplementedError(absl::StrCat(where, ": pre_tokenizer ", tj.value("pre_tokenizer", json()).dump(),
                                                  " matches none of llama.cpp's smollm, gpt-2, llama-bpe, qwen2"));
 
-  std::vector<std::string> tokens(vocab_size);
+  tokens.assign(vocab_size, "");
   std::vector<int32_t> types(vocab_size, kUnused);
-  std::vector<bool> seen(vocab_size, false);
+  seen.assign(vocab_size, false);
   auto place = [&](const std::string& text, int64_t id, int32_t type, const char* field) -> absl::Status {
     if (id < 0 || id >= vocab_size)
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, " '", text, "' has id ", id,
@@ -120,6 +118,38 @@ absl::Status add_from_folder(const fs::path& dir, int64_t vocab_size, GgufWriter
   w.add("tokenizer.ggml.tokens", gguf_strings(tokens));
   w.add("tokenizer.ggml.token_type", gguf_i32s(types));
   w.add("tokenizer.ggml.merges", gguf_strings(merges));
+  return absl::OkStatus();
+}
+
+// A SentencePiece-style vocabulary (train/gguf_tokenizer_export_spm.cpp) as _set_vocab_sentencepiece
+// writes it: tokenizer.ggml.model "llama", tokenizer.ggml.pre "default", no merges.
+absl::Status add_sentencepiece(const fs::path& dir, const json* tj, const json& tc, const std::string& arch,
+                               int64_t vocab_size, std::vector<std::string>& tokens, std::vector<bool>& seen, GgufWriter& w) {
+  LOOM_ASSIGN_OR_RETURN(gguf_export::SpmVocab v, gguf_export::sentencepiece_vocab(dir, tj, tc, arch, vocab_size));
+  w.add("tokenizer.ggml.model", gguf_string("llama"));
+  w.add("tokenizer.ggml.pre", gguf_string("default"));
+  w.add("tokenizer.ggml.tokens", gguf_strings(v.tokens));
+  w.add("tokenizer.ggml.scores", gguf_f32s(v.scores));
+  w.add("tokenizer.ggml.token_type", gguf_i32s(v.types));
+  if (!v.space_prefix) w.add("tokenizer.ggml.add_space_prefix", gguf_bool(false));
+  tokens = std::move(v.tokens);
+  seen = std::move(v.filled);
+  return absl::OkStatus();
+}
+
+absl::Status add_from_folder(const fs::path& dir, int64_t vocab_size, const std::string& arch, GgufWriter& w) {
+  const fs::path tj_path = dir / "tokenizer.json";
+  std::error_code ec;
+  const bool has_model = fs::exists(dir / "tokenizer.model", ec);
+  LOOM_ASSIGN_OR_RETURN(const json tj, read_json(tj_path, !has_model));
+  LOOM_ASSIGN_OR_RETURN(const json tc, read_json(dir / "tokenizer_config.json", false));
+  LOOM_ASSIGN_OR_RETURN(const json cfg, read_json(dir / "config.json", false));
+  const std::string where = tj_path.string();
+  std::vector<std::string> tokens;
+  std::vector<bool> seen;
+  const bool spm = tj.is_null() || gguf_export::is_sentencepiece_style(tj);
+  if (spm) LOOM_RETURN_IF_ERROR(add_sentencepiece(dir, tj.is_null() ? nullptr : &tj, tc, arch, vocab_size, tokens, seen, w));
+  else LOOM_RETURN_IF_ERROR(add_byte_level(tj, where, vocab_size, tokens, seen, w));
 
   // Special ids: tokenizer_config.json's tokens, else config.json's ids (as SpecialVocab reads them).
   auto id_of = [&](const std::string& text) -> int64_t {
@@ -149,8 +179,9 @@ absl::Status add_from_folder(const fs::path& dir, int64_t vocab_size, GgufWriter
     }
     if (id >= 0) w.add(key, gguf_u32(static_cast<uint32_t>(id)));
   }
-  const json post = tj.value("post_processor", json());
-  bool add_bos = !bos_text.empty() && post_processor_adds(post, bos_text, true);
+  // A SentencePiece tokenizer known only by tokenizer.model adds BOS, as transformers' LlamaTokenizer does.
+  const json post = tj.is_object() ? tj.value("post_processor", json()) : json();
+  bool add_bos = tj.is_null() ? spm : !bos_text.empty() && post_processor_adds(post, bos_text, true);
   if (tc.is_object() && tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) add_bos = tc["add_bos_token"].get<bool>();
   bool add_eos = false;
   if (tc.is_object() && tc.contains("add_eos_token") && tc["add_eos_token"].is_boolean()) add_eos = tc["add_eos_token"].get<bool>();
@@ -179,9 +210,9 @@ absl::Status add_from_folder(const fs::path& dir, int64_t vocab_size, GgufWriter
 
 }  // namespace
 
-absl::Status add_gguf_tokenizer(const std::string& model_path, int64_t vocab_size, GgufWriter& w) {
+absl::Status add_gguf_tokenizer(const std::string& model_path, int64_t vocab_size, const std::string& arch, GgufWriter& w) {
   if (is_gguf_path(model_path)) return add_from_gguf(model_path, vocab_size, w);
-  return add_from_folder(fs::path(model_path), vocab_size, w);
+  return add_from_folder(fs::path(model_path), vocab_size, arch, w);
 }
 
 }  // namespace loom

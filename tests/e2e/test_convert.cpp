@@ -1,7 +1,8 @@
 // `loom convert --gguf`: the folder it writes loads as a Hugging Face model whose logits equal the
 // .gguf loaded directly (f32 exactly; bf16 weights within bf16 rounding), with tokenizer files when
 // the GGUF has a byte-level or SentencePiece vocabulary (the latter encoding as transformers does
-// from the same GGUF), and clear errors for bad flags and files.
+// from the same GGUF), SentencePiece-style tokenizers through `loom export` and back, and clear errors
+// for bad flags and files.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "text/chat_template.h"
 #include "text/gguf_tokenizer.h"
 #include "text/tokenizer.h"
+#include "engine/tensor_io.h"
 
 namespace loom {
 namespace {
@@ -145,6 +147,113 @@ TEST(Convert, Gemma3ExportAndBack) {
   EXPECT_NE(r.output.find("llama.cpp's gemma3 cannot hold this model: layer_types[1] is full_attention"),
             std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.gguf")));
+}
+
+// A model whose rows the SentencePiece tokenizer fixture fills: fixture `variant` in `dir` with
+// vocab_size `n` and its embedding (and untied lm_head) padded to n rows with zeros.
+void copy_fixture_with_vocab(const std::string& variant, const std::string& dir, nlohmann::json patch, int64_t n) {
+  patch["vocab_size"] = n;
+  test::copy_fixture(variant, dir, patch);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, t] : test::read_all(dir + "/model.safetensors")) {
+    if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+      std::vector<float> v = t.to_floats();
+      const int64_t cols = t.shape()[1];
+      v.resize(n * cols, 0.0f);
+      t = Tensor::from_floats(v, {n, cols});
+    }
+    out.emplace_back(name, t);
+  }
+  ASSERT_TRUE(save_tensors(dir + "/model.safetensors", out).ok());
+}
+
+// `loom export` of a Gemma 3 and a Phi-3 model whose tokenizer is SentencePiece-style (the gemma and
+// llama2 tokenizer fixtures: Gemma's and Llama 2 / Phi-3's tokenizer.json layouts, without
+// tokenizer.model), then `loom convert` back: the folder's tokenizer encodes corpus.txt and the
+// fixture's cases to the source tokenizer.json's ids and decodes them alike, the chat template comes
+// back, and the model gives the .gguf's logits.
+TEST(Convert, SentencePieceExportAndBack) {
+  const std::string tok_dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/";
+  struct Case {
+    const char* variant;
+    nlohmann::json patch;
+    const char* tokenizer;
+    int64_t vocab;
+    nlohmann::json config;
+    const char* arch;
+  };
+  const std::string tmpl = "{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] + eos_token }}{% endfor %}";
+  const Case cases[] = {
+      {"gemma3", test::gemma3_llama_cpp_patch(), "gemma", 1756,
+       {{"bos_token", "<bos>"}, {"eos_token", "<eos>"}, {"unk_token", "<unk>"}, {"pad_token", "<pad>"}, {"chat_template", tmpl}},
+       "gemma3"},
+      {"phi3", nlohmann::json::object(), "llama2", 1571,
+       {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}, {"chat_template", tmpl}}, "phi3"},
+  };
+  std::string corpus;
+  {
+    std::ifstream in(tok_dir + "corpus.txt", std::ios::binary);
+    corpus.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.variant);
+    test::TempDir dir("loom_convert_spm");
+    const std::string src = dir.file("src"), gguf = dir.file("m.gguf"), back = dir.file("back");
+    std::filesystem::create_directory(src);
+    copy_fixture_with_vocab(c.variant, src, c.patch, c.vocab);
+    std::filesystem::copy_file(tok_dir + c.tokenizer + "/tokenizer.json", src + "/tokenizer.json");
+    std::ofstream(src + "/tokenizer_config.json") << c.config.dump();
+    auto r = test::run_loom("export --model " + src + " --out " + gguf + " --type f16");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto f = GgufFile::open(gguf);
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(*f->get_string("general.architecture"), c.arch);
+    EXPECT_EQ(*f->get_string("tokenizer.ggml.model"), "llama");
+    EXPECT_EQ(f->get_strings("tokenizer.ggml.tokens")->size(), static_cast<size_t>(c.vocab));
+    r = test::run_loom("convert --gguf " + gguf + " --out " + back + " --dtype f32");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+
+    auto want = Tokenizer::load(src + "/tokenizer.json");
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto got = Tokenizer::load(back);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<std::string> texts = {corpus};
+    for (const auto& k : read_json(tok_dir + c.tokenizer + "/cases.json")["cases"]) texts.push_back(k["text"]);
+    for (const std::string& text : texts)
+      for (bool add : {false, true}) {
+        const auto ids = want->encode(text, add);
+        ASSERT_EQ(got->encode(text, add), ids) << text;
+        EXPECT_EQ(got->decode(ids), want->decode(ids)) << text;
+      }
+    EXPECT_EQ(read_json(back + "/tokenizer_config.json")["chat_template"], tmpl);
+    EXPECT_EQ(logits(back, DType::f32), logits(gguf, DType::f32));
+  }
+}
+
+// `loom merge` keeps tokenizer.model and chat_template.jinja, so that `loom export` of the merged
+// folder writes the vocabulary (from tokenizer.model) and chat template that exporting the source
+// with its adapter writes.
+TEST(Convert, MergedFolderExportsTheSameTokenizer) {
+  const std::string tok_dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/spm_model/";
+  test::TempDir dir("loom_convert_spm");
+  const std::string src = dir.file("src"), merged = dir.file("merged"), adapter = test::fixture_dir("mistral") + "/adapter";
+  std::filesystem::create_directory(src);
+  copy_fixture_with_vocab("mistral", src, nlohmann::json::object(), 704);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.model"})
+    std::filesystem::copy_file(tok_dir + f, src + "/" + f);
+  auto r = test::run_loom("merge --model " + src + " --adapter " + adapter + " --out " + merged);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* f : {"tokenizer.model", "chat_template.jinja"}) EXPECT_TRUE(std::filesystem::exists(merged + "/" + f)) << f;
+  ASSERT_EQ(test::run_loom("export --model " + src + " --adapter " + adapter + " --out " + dir.file("a.gguf")).exit_code, 0);
+  ASSERT_EQ(test::run_loom("export --model " + merged + " --out " + dir.file("b.gguf")).exit_code, 0);
+  auto a = GgufFile::open(dir.file("a.gguf")), b = GgufFile::open(dir.file("b.gguf"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*a->get_strings("tokenizer.ggml.tokens"), *b->get_strings("tokenizer.ggml.tokens"));
+  EXPECT_EQ(a->get_string("tokenizer.chat_template").value_or("(none)"), b->get_string("tokenizer.chat_template").value_or("(none)"));
+  EXPECT_EQ(*a->get_floats("tokenizer.ggml.scores"), *b->get_floats("tokenizer.ggml.scores"));
+  EXPECT_EQ(*a->get_ints("tokenizer.ggml.token_type"), *b->get_ints("tokenizer.ggml.token_type"));
+  EXPECT_EQ(*a->get_floats("tokenizer.ggml.scores"),
+            read_json(tok_dir + "reference.json")["llama_cpp"]["llama"]["scores"].get<std::vector<double>>());
 }
 
 TEST(Convert, Errors) {
