@@ -25,7 +25,11 @@
 #include "dist/versions.h"
 #include "engine/ops.h"
 #include "engine/system_info.h"
+#include "engine/memory.h"
+#include "models/causal_lm.h"
 #include "models/toy_llama.h"
+#include "train/checkpointing_plan.h"
+#include "train/device_plan.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
@@ -35,6 +39,13 @@ namespace {
 
 const std::vector<FlagSpec> kFlags = {
     {"out", false, "the folder runs will write to (its free disk is checked)", "."},
+    {"model", false, "a Hugging Face model folder: estimate a training run's peak memory in each checkpointing mode", ""},
+    {"device", false, "for --model: the device the run would use (cpu, cuda, cuda:N)", "cuda when there is a GPU, else cpu"},
+    {"seq-len", false, "for --model: tokens a row", "2048"},
+    {"batch-size", false, "for --model: rows a micro-batch", "1"},
+    {"lora-r", false, "for --model: LoRA rank", "16"},
+    {"qlora", true, "for --model: the decoder weights in NF4", ""},
+    {"full", true, "for --model: full fine-tuning (16 bytes of state a weight)", ""},
     {"json", true, "print the checks as one JSON object", ""},
     {"no-self-test", true, "skip the self-test of the devices", ""},
     {"help", true, "show this help", ""},
@@ -206,6 +217,59 @@ std::vector<Check> machine_checks(const std::string& out_dir) {
   return c;
 }
 
+// `--model`: the peak of a training step in each checkpointing mode, from the planner's sizes
+// (train/device_plan.h) and the checkpointing plan's working memory, against what the device has.
+int memory_estimate(const Args& args) {
+  auto fail = [](const std::string& m) {
+    std::fprintf(stderr, "loom doctor: %s\n", m.c_str());
+    return 1;
+  };
+  auto config = ModelConfig::load(args.str("model"));
+  if (!config.ok()) return fail(std::string(config.status().message()));
+  const std::vector<GpuInfo> gpus = gpu_info();
+  Device device = gpus.empty() ? Device::cpu() : Device::cuda(0);
+  if (args.has("device")) {
+    auto d = parse_device(args.str("device"));
+    if (!d.ok()) return fail(std::string(d.status().message()));
+    device = *d;
+  }
+  auto seq = args.integer("seq-len"), batch = args.integer("batch-size"), r = args.integer("lora-r");
+  for (const auto* v : {&seq, &batch, &r})
+    if (!v->ok()) return fail(std::string(v->status().message()));
+  if (*seq < 1 || *batch < 1 || *r < 1) return fail("--seq-len, --batch-size and --lora-r must be at least 1");
+  int64_t available = device_available_bytes(device);
+  for (const GpuInfo& g : gpus)
+    if (device.is_cuda() && g.index == device.index) available = g.free_bytes;
+  PlanOptions o;
+  o.qlora = args.has("qlora"), o.full = args.has("full"), o.lora_r = *r, o.tokens = *seq * *batch;
+  o.weight_dtype = o.activation_dtype = device.is_cuda() ? DType::bf16 : DType::f32;
+  std::printf("memory estimate: %s, %s, %lld x %lld tokens a micro-batch, on %s (%s available)\n",
+              config->model_type.c_str(), o.full ? "full fine-tuning" : o.qlora ? "QLoRA" : "LoRA",
+              static_cast<long long>(*batch), static_cast<long long>(*seq), device.str().c_str(), gib(available).c_str());
+  std::printf("  %-10s %10s %16s %17s %12s %10s\n", "mode", "weights", "trainable state", "kept activations",
+              "working", "total");
+  bool any = false;
+  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kRecompute, Checkpointing::kOffload}) {
+    o.checkpointing = mode;
+    int64_t w = 0, st = 0, act = 0;
+    for (const PlanUnit& u : plan_units(*config, o)) w += u.weight_bytes, st += u.state_bytes, act += u.activation_bytes;
+    // While a layer runs backward (or is recomputed) its whole activations live, twice over, beside the
+    // fused loss's chunk and workspaces (about 1 GiB): checkpointing_plan.h's working set.
+    const CheckpointingNeeds needs = estimate_checkpointing_needs(*config, o.tokens, o.activation_dtype, 0);
+    const int64_t layer = needs.none / std::max<int64_t>(1, config->num_hidden_layers);
+    const int64_t working = (mode == Checkpointing::kNone ? 0 : 2 * layer) + (int64_t{1} << 30);
+    const int64_t total = w + st + act + working;
+    const bool fits = total <= available;
+    any = any || fits;
+    std::printf("  %-10s %10s %16s %17s %12s %10s  %s\n", checkpointing_name(mode), gib(w).c_str(), gib(st).c_str(),
+                gib(act).c_str(), gib(working).c_str(), gib(total).c_str(), fits ? "fits" : "does not fit");
+  }
+  if (!any)
+    std::printf("  none of the modes fits: %s\n",
+                o.qlora || o.full ? "a smaller --batch-size or --seq-len" : "--qlora (weights in 4 bits), a smaller --batch-size or --seq-len");
+  return 0;
+}
+
 }  // namespace
 
 int run_doctor(const std::vector<std::string>& argv) {
@@ -218,6 +282,7 @@ int run_doctor(const std::vector<std::string>& argv) {
     std::fputs(usage("doctor", kFlags).c_str(), stdout);
     return 0;
   }
+  if (args->has("model")) return memory_estimate(*args);
   const bool json = args->has("json");
   std::vector<Check> checks = machine_checks(args->str("out"));
   if (!args->has("no-self-test")) {

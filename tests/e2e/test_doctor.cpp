@@ -2,6 +2,12 @@
 // references, --json for scripts, and a failed check (a folder that cannot be read) giving exit 1.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "nlohmann/json.hpp"
 #include "tests/e2e/cli.h"
 
@@ -30,6 +36,41 @@ TEST(Doctor, JsonAndAFailedCheck) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("[FAIL] disk"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1 check(s) failed"), std::string::npos) << r.output;
+}
+
+// `--model`: a training step's peak in each checkpointing mode, split into its parts; NF4 weights
+// take less than bf16 ones, and keeping fewer activations takes less memory.
+TEST(Doctor, MemoryEstimateOfAPlannedRun) {
+  auto total = [](const std::string& out, const std::string& mode) {
+    const size_t at = out.find("\n  " + mode + " ");
+    EXPECT_NE(at, std::string::npos) << mode << "\n" << out;
+    std::istringstream line(out.substr(at + 3, out.find('\n', at + 1) - at - 3));
+    std::string word, unit;
+    std::vector<double> gib;
+    line >> word;
+    for (double v; line >> v >> unit;) gib.push_back(unit == "MiB" ? v / 1024 : v);
+    EXPECT_EQ(gib.size(), 5u) << out;  // weights, state, activations, working, total
+    return gib;
+  };
+  // Only config.json is read: the Llama-3.2-1B shape.
+  const std::string model = ::testing::TempDir() + "loom_doctor_model_" + std::to_string(getpid());
+  std::filesystem::create_directories(model);
+  std::ofstream(model + "/config.json") << R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+      "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "tie_word_embeddings": true})";
+  RunResult dense = run_loom("doctor --model " + model + " --device cpu --seq-len 2048 --batch-size 4");
+  ASSERT_EQ(dense.exit_code, 0) << dense.output;
+  const auto none = total(dense.output, "none"), recompute = total(dense.output, "recompute"),
+             offload = total(dense.output, "offload");
+  EXPECT_GT(none[2], recompute[2]);
+  EXPECT_GE(recompute[2], offload[2]);
+  EXPECT_EQ(none[0], recompute[0]);
+  RunResult q = run_loom("doctor --model " + model + " --device cpu --seq-len 2048 --batch-size 4 --qlora");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_LT(total(q.output, "none")[0], none[0]);
+  RunResult bad = run_loom("doctor --model /no/such/model");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("/no/such/model"), std::string::npos) << bad.output;
 }
 
 }  // namespace
