@@ -10,6 +10,9 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dist/launch_env.h"
+#include "train/deepspeed_config.h"
 #include "absl/strings/numbers.h"
 #include "nlohmann/json.hpp"
 #include "engine/precision.h"
@@ -72,8 +75,16 @@ int run_train(const std::vector<std::string>& argv) {
   // over the stored settings of a resumed run over the defaults.
   GivenOptions given;
   bool help = false;
-  std::string config_file;
-  if (absl::Status s = parse_train_args(argv, OptionSource::kCommandLine, given, &help, &config_file); !s.ok()) return fail(s);
+  std::string config_file, deepspeed_file;
+  // --deepspeed FILE (or =FILE): DeepSpeed's ds_config.json, read into Loom's flags below.
+  std::vector<std::string> args;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--deepspeed" && i + 1 < argv.size()) deepspeed_file = argv[++i];
+    else if (argv[i].rfind("--deepspeed=", 0) == 0) deepspeed_file = argv[i].substr(12);
+    else if (argv[i] == "--deepspeed") return fail(absl::InvalidArgumentError("--deepspeed needs a value (a ds_config.json)"));
+    else args.push_back(argv[i]);
+  }
+  if (absl::Status s = parse_train_args(args, OptionSource::kCommandLine, given, &help, &config_file); !s.ok()) return fail(s);
   if (help) {
     std::fputs(train_usage().c_str(), stdout);
     return 0;
@@ -85,6 +96,21 @@ int run_train(const std::vector<std::string>& argv) {
     if (absl::Status s = parse_train_args(*flags, OptionSource::kConfigFile, from_file); !s.ok())
       return fail(absl::InvalidArgumentError(absl::StrCat(config_file, ": ", s.message())));
     for (auto& [name, v] : from_file.values) given.values.try_emplace(name, v);  // the command line wins
+  }
+  if (!deepspeed_file.empty()) {  // under the command line and --config
+    auto launch = detect_launch_env();
+    if (!launch.ok()) return fail(launch.status());
+    auto ds = read_deepspeed_config(deepspeed_file, launch->world_size);
+    if (!ds.ok()) return fail(ds.status());
+    GivenOptions from_ds;
+    if (absl::Status s = parse_train_args(ds->flags, OptionSource::kConfigFile, from_ds); !s.ok())
+      return fail(absl::InvalidArgumentError(absl::StrCat(deepspeed_file, ": ", s.message())));
+    for (auto& [name, v] : from_ds.values) given.values.try_emplace(name, v);
+    if (launch->rank == 0) {
+      std::printf("--deepspeed %s: %s\n", deepspeed_file.c_str(),
+                  ds->flags.empty() ? "nothing Loom needs to set" : absl::StrJoin(ds->flags, " ").c_str());
+      for (const std::string& n : ds->notes) std::printf("  %s\n", n.c_str());
+    }
   }
   if (given.has("resume")) {
     std::error_code ec;

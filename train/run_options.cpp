@@ -247,6 +247,9 @@ std::string train_usage() {
   }
   absl::StrAppend(&out,
                   "  --config FILE\n      flags from a file of `key = value` lines (command line wins)\n"
+                  "  --deepspeed FILE\n      a DeepSpeed ds_config.json read as Loom's flags: ZeRO stage, optimizer "
+                  "offload, batch sizes, clipping, precision, AdamW and warmup (\"auto\": Loom's own; the command line and "
+                  "--config win)\n"
                   "  --help\n      show this help\n"
                   "\nThreads: OpenMP uses every core; on a shared machine set OMP_NUM_THREADS to the cores you may use.\n");
   return out;
