@@ -52,4 +52,21 @@ ag::Variable Mlp::forward(const ag::Variable& x) const {
   return down_proj.forward(h, again);
 }
 
+ag::Variable MoeMlp::forward(const ag::Variable& x, ag::Variable* router_logits, Tensor* choices) const {
+  const int64_t experts = gate_up.size(0), inter = gate_up.size(1) / 2;
+  // transformers: F.linear(hidden, router.weight) in the model dtype, then softmax in f32.
+  const ag::Variable logits = ag::cast(ag::linear(x, router), x.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  ag::MoeRouting r = ag::moe_route(logits, top_k, renormalize);
+  if (router_logits) *router_logits = logits;
+  if (choices) *choices = r.route.ids;
+  const ops::MoeDispatch d = ops::moe_dispatch(r.route.ids, experts);
+  const ag::Variable xs = ag::embedding(d.token_of_row.to(x.device()), x);
+  std::vector<ag::Variable> gu = ag::split(ag::grouped_linear(xs, gate_up, d.offsets), {inter, inter});
+  const ag::Variable h = ag::swiglu(gu[0], gu[1]);
+  const ag::Variable ys = ag::grouped_linear(h, down, d.offsets);
+  // The routing weights in the expert outputs' accumulation dtype (f32, or f64 in f64 runs).
+  const ag::Variable w = ys.dtype() == DType::f64 ? r.weights : ag::cast(r.weights, DType::f32);
+  return ag::moe_combine(ys, w, d.row_of.to(x.device()));
+}
+
 }  // namespace loom

@@ -76,6 +76,22 @@ struct Mlp {
   std::vector<Linear*> linears();  // present ones, in checkpoint order
 };
 
+// A mixture-of-experts MLP (Mixtral, Qwen3-MoE), as transformers 5.x holds it: the router
+// `gate` [E, hidden] (its logits in f32, softmax, top k, renormalised when the config says), and the
+// experts stacked: `gate_up` [E, 2 I, hidden] (each expert's gate rows, then its up rows) and `down`
+// [E, hidden, I]. Each token's rows go to its experts grouped by expert (one product per expert), the
+// SwiGLU between, and come back weighted by the routing weights.
+struct MoeMlp {
+  ag::Variable router;   // [E, hidden]
+  ag::Variable gate_up;  // [E, 2 I, hidden]
+  ag::Variable down;     // [E, hidden, I]
+  int64_t top_k = 2;
+  bool renormalize = true;
+  // x [tokens, hidden] -> [tokens, hidden]; router_logits (when not null) gets the router's f32
+  // logits [tokens, E] and `choices` the experts chosen [tokens, k] (the load-balancing loss's inputs).
+  ag::Variable forward(const ag::Variable& x, ag::Variable* router_logits = nullptr, Tensor* choices = nullptr) const;
+};
+
 struct DecoderLayer {
   RmsNorm input_layernorm, post_attention_layernorm;
   std::optional<RmsNorm> pre_feedforward_layernorm, post_feedforward_layernorm;  // Gemma 2
