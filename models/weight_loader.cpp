@@ -86,6 +86,40 @@ absl::Status WeightLoader::linear(Linear& l, const std::string& name, int64_t ou
   return absl::OkStatus();
 }
 
+absl::StatusOr<ag::Variable> WeightLoader::experts(const std::vector<std::string>& parts, const std::vector<int64_t>& part_rows,
+                                                   int64_t experts, int64_t cols, const std::string& fused) {
+  int64_t rows = 0;
+  for (int64_t r : part_rows) rows += r;
+  const Shape shape{experts, rows, cols};
+  if (!ck_) return get(fused, shape);
+  if (const std::string name = checkpoint_name(fused); ck_->find(name)) {  // as transformers 5.x holds it
+    auto t = ck_->load(name, dtype_, device_, shape);
+    if (!t.ok()) return t.status();
+    consumed_.insert(name);
+    return ag::Variable(*std::move(t), false);
+  }
+  Tensor out = Tensor::empty(shape, dtype_, device_);
+  for (int64_t e = 0; e < experts; ++e) {
+    int64_t row = 0;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      std::string name = parts[p];
+      const size_t at = name.find("{e}");
+      if (at != std::string::npos) name.replace(at, 3, std::to_string(e));
+      name = checkpoint_name(name);
+      if (!ck_->find(name))
+        return absl::NotFoundError(absl::StrCat(ck_->dir(), ": no tensor '", name, "' (expert ", e, " of ", experts,
+                                                "), nor the fused '", checkpoint_name(fused), "'"));
+      auto t = ck_->load(name, dtype_, device_, {part_rows[p], cols});
+      if (!t.ok()) return t.status();
+      Tensor dst = out.narrow(0, e, 1).reshape({rows, cols}).narrow(0, row, part_rows[p]);
+      dst.copy_(*t);
+      consumed_.insert(name);
+      row += part_rows[p];
+    }
+  }
+  return ag::Variable(out, false);
+}
+
 absl::Status WeightLoader::norm(RmsNorm& n, const std::string& name, int64_t dim) {
   n.name = name;
   n.eps = static_cast<float>(config_.rms_norm_eps);

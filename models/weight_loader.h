@@ -31,6 +31,15 @@ class WeightLoader {
   // Loom's module `name` ("model.layers.0.self_attn.q_proj"), [out, in] (+ bias [out]).
   absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias);
   absl::Status norm(RmsNorm& n, const std::string& name, int64_t dim);
+  // A mixture-of-experts projection stacked over `experts`: [experts, sum of part_rows, cols]. Each
+  // expert e's rows are its parts' tensors one after another, the Hugging Face names of `parts` with
+  // "{e}" replaced by e ("model.layers.0.block_sparse_moe.experts.{e}.w1.weight", then ...w3.weight:
+  // gate rows, then up rows, as transformers 5.x fuses them), as hub checkpoints and transformers'
+  // save_pretrained write them. `fused`: the same tensor as transformers 5.x names it in memory
+  // ("model.layers.0.mlp.experts.gate_up_proj", written by save_original_format=False), read instead
+  // when the checkpoint has it. Without a checkpoint: N(0, 0.02).
+  absl::StatusOr<ag::Variable> experts(const std::vector<std::string>& parts, const std::vector<int64_t>& part_rows,
+                                       int64_t experts, int64_t cols, const std::string& fused);
   // Where a Hugging Face tensor of the language model sits in this checkpoint (the family's
   // checkpoint layout: "model.norm.weight" -> "language_model.model.norm.weight"); itself otherwise.
   std::string checkpoint_name(const std::string& hf_name) const;
