@@ -3,6 +3,7 @@
 // fuses gate_up_proj), or read as transformers 5.x's fused tensor; a missing expert is named.
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "models/config.h"
 #include "models/weight_loader.h"
 
