@@ -1093,16 +1093,6 @@ def make_variant(name, spec, out_dir, args):
     return summary
 
 
-def resolve_names(only):
-    if not only:
-        return list(VARIANTS)
-    names = [n.strip() for item in only for n in item.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"unknown variant(s) {unknown}; known: {list(VARIANTS)}")
-    return names
-
-
 def dry_run(names):
     print_plan(names)
     global transformers
@@ -1134,7 +1124,7 @@ def main():
     ap.add_argument("--keep-failed", action="store_true", help="keep the folder of a failed variant (debugging)")
     ap.add_argument("--threads", type=int, default=4, help="torch CPU threads")
     args = ap.parse_args()
-    names = resolve_names(args.only)
+    names = mr.resolve_names(args.only, VARIANTS)
     if args.dry_run:
         return dry_run(names)
 

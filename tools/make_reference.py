@@ -685,13 +685,15 @@ def make_variant(name, spec, out_dir, do_lora):
     return summary
 
 
-def resolve_names(only):
+def resolve_names(only, variants=None):
+    """--only's names (repeatable or comma-separated) checked against `variants` (default: VARIANTS)."""
+    variants = VARIANTS if variants is None else variants
     if not only:
-        return list(VARIANTS)
+        return list(variants)
     names = [n.strip() for item in only for n in item.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if n not in variants]
     if unknown:
-        raise SystemExit(f"unknown variant(s) {unknown}; known: {list(VARIANTS)}")
+        raise SystemExit(f"unknown variant(s) {unknown}; known: {list(variants)}")
     return names
 
 

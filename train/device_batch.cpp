@@ -34,11 +34,11 @@ absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batche
     d.pairs = b.pairs;
     d.pair_ids = b.pair_ids;
     d.seq_start = b.seq_start, d.seq_len = b.seq_len;
-    d.packed = !one_segment_per_row(b);
     d.positions = stage(b.positions, device, d.staging);
     for (int32_t p : b.positions.to_ints()) d.max_position = std::max<int64_t>(d.max_position, p);
     // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).
-    if (!one_segment_per_row(b)) d.segment_ids = stage(b.segment_ids, device, d.staging);
+    d.packed = !one_segment_per_row(b);
+    if (d.packed) d.segment_ids = stage(b.segment_ids, device, d.staging);
   }
   return out;
 }

@@ -251,7 +251,7 @@ std::string DevicePlan::describe(const MemoryCaps& caps) const {
     flush(dev);
     parts[dev].push_back(unit == "model.embed_tokens" ? "embedding" : unit == "model.norm" ? "final norm" : unit);
   }
-  for (auto& [dev, run] : std::map<std::string, std::pair<int64_t, int64_t>>(runs)) flush(dev);
+  while (!runs.empty()) flush(runs.begin()->first);
   std::string out = absl::StrCat("device map (", strategy, "):\n");
   for (const auto& [dev, list] : parts) {
     std::string cap;

@@ -49,10 +49,13 @@ absl::StatusOr<double> Trainer::State::evaluate(std::vector<std::pair<std::strin
   absl::Cleanup train_again = [&] {
     for (LoraAdapter* w : dropping) w->training = true;
   };
-  // Sums over the objective's units (SFT: target tokens) of the loss, then of each measure.
+  // Sums over the objective's units (SFT: target tokens) of the loss, then of each measure. The
+  // measures are listed by the objective, the same on every rank (one whose rows had no units adds
+  // zeros), so that the sums over the ranks line up.
   objective->begin_step(eval_batches);  // the pass is one mean over all its units
   std::vector<std::string> names;
-  std::vector<double> sums = {0.0};
+  for (const auto& [k, v] : objective->metrics()) names.push_back(k);
+  std::vector<double> sums(names.size() + 1, 0.0);
   int64_t units = 0;
   for (const Batch& global : eval_batches) {
     units += objective->units(global);
@@ -63,17 +66,9 @@ absl::StatusOr<double> Trainer::State::evaluate(std::vector<std::pair<std::strin
     LOOM_ASSIGN_OR_RETURN(d, upload({b}, device, model->config().vocab_size));
     sums[0] += objective->loss(*model, d[0]).value().to_doubles()[0] * static_cast<double>(mine);
     const std::vector<std::pair<std::string, double>> m = objective->metrics();
-    if (names.empty())
-      for (const auto& [k, v] : m) names.push_back(k), sums.push_back(0.0);
-    for (size_t i = 0; i < m.size() && i + 1 < sums.size(); ++i) sums[i + 1] += m[i].second * static_cast<double>(mine);
+    for (size_t i = 0; i < m.size() && i < names.size(); ++i) sums[i + 1] += m[i].second * static_cast<double>(mine);
   }
-  // Every rank must add the same number of values: the measures' names are the objective's, the
-  // same on every rank, but a rank with no units saw none of them.
-  if (dist) {
-    if (names.empty())
-      for (const auto& [k, v] : objective->metrics()) names.push_back(k), sums.push_back(0.0);
-    dist->sum(sums);
-  }
+  if (dist) dist->sum(sums);
   if (measures)
     for (size_t i = 0; i < names.size(); ++i) measures->emplace_back(names[i], sums[i + 1] / static_cast<double>(units));
   return sums[0] / static_cast<double>(units);
