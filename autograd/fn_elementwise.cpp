@@ -85,6 +85,29 @@ std::vector<Variable> split(const Variable& a, const std::vector<int64_t>& sizes
   return record(node_of("split", backward), {&a}, parts);
 }
 
+Variable cat_last(const std::vector<Variable>& parts) {
+  LOOM_CHECK(!parts.empty(), "cat_last: no parts");
+  std::vector<Tensor> values;
+  std::vector<int64_t> widths;
+  std::vector<const Variable*> inputs;
+  for (const Variable& p : parts) {
+    values.push_back(p.value());
+    widths.push_back(p.value().size(-1));
+    inputs.push_back(&p);
+  }
+  auto backward = [widths](Node&, const std::vector<Tensor>& g) {
+    std::vector<Tensor> out;
+    const int64_t last = g[0].dim() - 1;
+    int64_t at = 0;
+    for (int64_t w : widths) {
+      out.push_back(g[0].narrow(last, at, w).contiguous());
+      at += w;
+    }
+    return out;
+  };
+  return record1(node_of("cat_last", backward), inputs, ops::cat_last(values, widths));
+}
+
 Variable host_scalar(const std::vector<Variable>& inputs, const HostScalarFn& f) {
   LOOM_CHECK(!inputs.empty(), "host_scalar: no inputs");
   std::vector<double> x;

@@ -23,6 +23,8 @@ Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length);
 // a [..., sum(sizes)] cut along its last dim into contiguous parts (a fused projection's outputs);
 // backward writes the parts' gradients side by side into one tensor (zeros for an unused part).
 std::vector<Variable> split(const Variable& a, const std::vector<int64_t>& sizes);
+// The parts [..., w_i] (one leading shape) side by side along the last dim: [..., sum of w_i].
+Variable cat_last(const std::vector<Variable>& parts);
 Variable sum(const Variable& a);  // f32 scalar
 // y = f(x_1..x_n) of scalar inputs, evaluated on the host in f64; f also fills dy/dx_i, which
 // backward scales by dy. For small functions of a few per-sequence values (preference losses); the

@@ -44,11 +44,19 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
   return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));
 }
 
+ag::Variable mlp(const DecoderLayer& L, const ag::Variable& h, const LayerContext& ctx) {
+  if (!L.moe) return L.mlp.forward(h);
+  RouterOutput r;
+  const ag::Variable y = L.moe->forward(ag::reshape(h, {ctx.batch * ctx.seq, h.size(-1)}), ctx.routers ? &r : nullptr);
+  if (ctx.routers) ctx.routers->push_back(std::move(r));
+  return ag::reshape(y, h.shape());
+}
+
 ag::Variable prenorm_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
   // The attention's residual add and the MLP's norm in one pass (forward and backward).
   auto [h, normed] =
       L.post_attention_layernorm.forward_residual(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
-  return ag::add(h, L.mlp.forward(normed));
+  return ag::add(h, mlp(L, normed, ctx));
 }
 
 ag::Variable sandwich_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
@@ -56,7 +64,7 @@ ag::Variable sandwich_block(const DecoderLayer& L, const ag::Variable& x, const 
              "sandwich_block: the family's weight map lists no pre/post_feedforward_layernorm");
   ag::Variable a = self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window);
   ag::Variable h = ag::add(x, L.post_attention_layernorm.forward(a));
-  ag::Variable m = L.mlp.forward(L.pre_feedforward_layernorm->forward(h));
+  ag::Variable m = mlp(L, L.pre_feedforward_layernorm->forward(h), ctx);
   return ag::add(h, L.post_feedforward_layernorm->forward(m));
 }
 

@@ -19,7 +19,13 @@ struct LayerContext {
   Tensor* k_cache = nullptr;
   Tensor* v_cache = nullptr;
   int64_t cache_start = 0;
+  // Mixture-of-experts layers append what their router chose (for the load-balancing loss) when set.
+  std::vector<RouterOutput>* routers = nullptr;
 };
+
+// The layer's MLP on h [batch, seq, hidden]: the dense one, or the mixture of experts (which
+// reports its router to ctx.routers).
+ag::Variable mlp(const DecoderLayer& layer, const ag::Variable& h, const LayerContext& ctx);
 
 // Grouped-query self-attention with RoPE, and whatever optional parts the layer has: q/k norms
 // (present when the family's weight map lists them), the config's soft-cap and query scale, the

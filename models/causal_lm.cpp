@@ -128,14 +128,17 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     LOOM_RETURN_IF_ERROR(optional_norm(a.k_norm, "self_attn.k_norm", c.head_dim));
     LOOM_RETURN_IF_ERROR(optional_norm(L.pre_feedforward_layernorm, "pre_feedforward_layernorm", c.hidden_size));
     LOOM_RETURN_IF_ERROR(optional_norm(L.post_feedforward_layernorm, "post_feedforward_layernorm", c.hidden_size));
-    if (fam.has_layer_module("mlp.gate_up_proj")) {
+    if (c.is_moe_layer(i)) {
+      LOOM_RETURN_IF_ERROR(w.moe(L.moe.emplace(), p));
+    } else if (fam.has_layer_module("mlp.gate_up_proj")) {
       LOOM_RETURN_IF_ERROR(
           w.linear(L.mlp.gate_up_proj, p + "mlp.gate_up_proj", 2 * c.intermediate_size, c.hidden_size, c.mlp_bias));
     } else {
       LOOM_RETURN_IF_ERROR(w.linear(L.mlp.gate_proj, p + "mlp.gate_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
       LOOM_RETURN_IF_ERROR(w.linear(L.mlp.up_proj, p + "mlp.up_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
     }
-    LOOM_RETURN_IF_ERROR(w.linear(L.mlp.down_proj, p + "mlp.down_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));
+    if (!L.moe)
+      LOOM_RETURN_IF_ERROR(w.linear(L.mlp.down_proj, p + "mlp.down_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));
     L.mlp.gelu = c.hidden_act == "gelu_pytorch_tanh";
     L.window = c.is_sliding(i) ? c.sliding_window : 0;
     m->layers_.push_back(std::move(L));
@@ -233,14 +236,41 @@ ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& 
              " must be i32 [batch, seq] and i32 [batch*seq]");
   if (absl::Status s = check_token_ids(targets, config_.vocab_size, true, "targets"); !s.ok()) LOOM_CHECK(false, s.message());
   detail::LayerContext ctx = context_for(input_ids, options);
+  std::vector<RouterOutput> routers;
+  const bool aux = config_.moe.experts > 0 && (options.router_aux_loss_coef > 0 || options.aux_loss);
+  if (aux) ctx.routers = &routers;
   ag::Variable h = hidden_states(input_ids, ctx, nullptr);
   const Tensor t = targets.to(device_);
   h = ag::reshape(h, {input_ids.numel(), h.size(2)});
   // A LoRA adapter or a bias on lm_head is not part of the fused product, and a weight stored in
   // another dtype than the activations (a quantized head) is not a plain GEMM: take the plain path.
-  if (lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype())
-    return ag::cross_entropy(head(h), t);  // head() applies the final soft-cap
-  return ag::linear_cross_entropy(h, lm_head_.weight, t, config_.final_logit_softcapping);
+  ag::Variable loss = lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype()
+                          ? ag::cross_entropy(head(h), t)  // head() applies the final soft-cap
+                          : ag::linear_cross_entropy(h, lm_head_.weight, t, config_.final_logit_softcapping);
+  if (!aux || routers.empty()) return loss;
+  const ag::Variable balance = load_balancing_loss(routers);
+  if (options.aux_loss) *options.aux_loss = balance;
+  if (options.router_aux_loss_coef <= 0) return loss;
+  return ag::add(loss, ag::cast(ag::scale(balance, static_cast<float>(options.router_aux_loss_coef)), loss.dtype()));
+}
+
+ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers) {
+  LOOM_CHECK(!routers.empty(), "load_balancing_loss: no router outputs");
+  // Every MoE layer's rows together (transformers concatenates the layers' logits): the formula sums
+  // over rows, so [tokens, layers * E] read as [tokens * layers, E] serves.
+  std::vector<ag::Variable> logits;
+  std::vector<Tensor> ids;
+  std::vector<int64_t> widths;
+  for (const RouterOutput& r : routers) {
+    logits.push_back(r.logits);
+    ids.push_back(r.ids);
+    widths.push_back(r.ids.size(1));
+  }
+  const int64_t tokens = routers[0].logits.size(0), experts = routers[0].logits.size(1);
+  const int64_t n = tokens * static_cast<int64_t>(routers.size());
+  const ag::Variable all = routers.size() == 1 ? logits[0] : ag::reshape(ag::cat_last(logits), {n, experts});
+  const Tensor chosen = routers.size() == 1 ? ids[0] : ops::cat_last(ids, widths).reshape({n, widths[0]});
+  return ag::moe_aux_loss(all, chosen);
 }
 
 std::vector<ag::Variable> CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets,
@@ -299,10 +329,24 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
     }
     (c.is_sliding(static_cast<int64_t>(i)) ? rope_sliding_ : rope_full_).pick(ctx.max_position, ctx);
     if (checkpointed) {  // the layer runs again in backward: it captures its context by value
-      auto layer = [L = &layers_[i], block, lctx = ctx](const std::vector<ag::Variable>& in) {
-        return std::vector<ag::Variable>{block(*L, in[0], lctx)};
+      // A MoE layer's router logits leave as a second output (on the tape for the load-balancing
+      // loss); the experts chosen, constants, from the first run.
+      const bool report = ctx.routers && layers_[i].moe;
+      auto ids = std::make_shared<Tensor>();
+      auto layer = [L = &layers_[i], block, lctx = ctx, report, ids](const std::vector<ag::Variable>& in) {
+        std::vector<RouterOutput> routers;
+        detail::LayerContext c = lctx;
+        c.routers = report ? &routers : nullptr;
+        std::vector<ag::Variable> out{block(*L, in[0], c)};
+        if (report) {
+          out.push_back(routers.at(0).logits);
+          if (!ids->defined()) *ids = routers[0].ids;
+        }
+        return out;
       };
-      x = ag::checkpoint(layer, {x}, checkpoint_options)[0];
+      std::vector<ag::Variable> out = ag::checkpoint(layer, {x}, checkpoint_options);
+      x = out[0];
+      if (report) ctx.routers->push_back(RouterOutput{out.at(1), *ids});
     } else {
       x = block(layers_[i], x, ctx);
     }
@@ -363,6 +407,20 @@ std::vector<Linear*> CausalLM::linears() {
   return out;
 }
 
+std::vector<ExpertLinear*> CausalLM::expert_linears() {
+  std::vector<ExpertLinear*> out;
+  for (DecoderLayer& L : layers_)
+    if (L.moe)
+      for (ExpertLinear* e : L.moe->experts()) out.push_back(e);
+  return out;
+}
+
+std::vector<const ExpertLinear*> CausalLM::expert_linears() const {
+  std::vector<const ExpertLinear*> out;
+  for (ExpertLinear* e : const_cast<CausalLM*>(this)->expert_linears()) out.push_back(e);
+  return out;
+}
+
 std::vector<const Linear*> CausalLM::linears() const {
   std::vector<const Linear*> out;
   for (Linear* l : const_cast<CausalLM*>(this)->linears()) out.push_back(l);
@@ -387,6 +445,11 @@ std::vector<std::pair<std::string, const ag::Variable*>> CausalLM::named_weights
     if (L.pre_feedforward_layernorm) add_norm(*L.pre_feedforward_layernorm);
     if (L.post_feedforward_layernorm) add_norm(*L.post_feedforward_layernorm);
     for (const Linear* l : const_cast<Mlp&>(L.mlp).linears()) add_linear(*l);
+    if (L.moe) {
+      out.emplace_back(L.moe->name + ".gate.weight", &L.moe->router);
+      for (const ExpertLinear* e : const_cast<MoeMlp&>(*L.moe).experts())
+        if (!e->quantized()) out.emplace_back(e->name, &e->weight);
+    }
   }
   add_norm(norm_);
   if (!config_.tie_word_embeddings) add_linear(lm_head_);

@@ -43,6 +43,11 @@ struct ForwardOptions {
   // The largest of `positions` when the caller knows it (-1: read from them when needed). LongRoPE
   // picks its short or long factors by it, as transformers does by max(position_ids) + 1.
   int64_t max_position = -1;
+  // Mixture-of-experts models (loss only): the load-balancing loss (transformers'
+  // load_balancing_loss_func over every MoE layer's router) joins the loss times this coefficient
+  // when it is above 0; `aux_loss`, when not null, receives it (unscaled, f32 scalar on the tape).
+  double router_aux_loss_coef = 0;
+  ag::Variable* aux_loss = nullptr;
 };
 
 class CausalLM {
@@ -108,6 +113,9 @@ class CausalLM {
   // Every Linear in model order (LoRA injection walks these).
   std::vector<Linear*> linears();
   std::vector<const Linear*> linears() const;
+  // Every expert projection of the mixture-of-experts layers, in model order (gate_up, then down).
+  std::vector<ExpertLinear*> expert_linears();
+  std::vector<const ExpertLinear*> expert_linears() const;
   // Every weight by its Hugging Face name; a tied lm_head appears only as the embedding, and 4-bit
   // (NF4) Linear weights not at all.
   std::vector<std::pair<std::string, const ag::Variable*>> named_weights() const;
@@ -160,6 +168,9 @@ absl::Status check_token_ids(const Tensor& ids, int64_t vocab_size, bool targets
 // labels i32 [batch, seq] (on the host) -> targets i32 [batch*seq] on the host: position s of a row
 // is scored against labels[s + 1]; the last position has no target (-100).
 Tensor shift_labels(const Tensor& labels);
+
+// transformers' load_balancing_loss_func of the routers of a forward's MoE layers: an f32 scalar.
+ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers);
 
 // Hugging Face's causal-LM loss: logits[:, s] predicts labels[:, s+1]; mean over labels != -100.
 // logits [batch, seq, vocab]; labels i32 [batch, seq].

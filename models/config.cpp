@@ -344,6 +344,12 @@ std::string ModelConfig::summary() const {
   if (attn_logit_softcapping > 0 || final_logit_softcapping > 0)
     absl::StrAppendFormat(&s, ", softcap attn %g final %g", attn_logit_softcapping, final_logit_softcapping);
   if (query_pre_attn_scalar > 0) absl::StrAppendFormat(&s, ", query_pre_attn_scalar %g", query_pre_attn_scalar);
+  if (moe.experts > 0) {
+    int64_t moe_layers = 0;
+    for (bool m : moe.layer_is_moe) moe_layers += m;
+    absl::StrAppendFormat(&s, ", moe %d experts top %d width %d%s on %d layers", moe.experts, moe.experts_per_token,
+                          moe.expert_intermediate, moe.renormalize ? " renormalised" : "", moe_layers);
+  }
   if (!torch_dtype.empty()) absl::StrAppend(&s, ", ", torch_dtype);
   return s;
 }

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "models/moe_config.h"
 #include "models/rope_scaling.h"
 
 namespace loom {
@@ -55,6 +56,8 @@ struct ModelConfig {
   // One entry per layer: true where attention is limited to the last `sliding_window` positions.
   // All false when sliding_window == 0.
   std::vector<bool> layer_is_sliding;
+  // Mixture of experts (the families with a FamilySpec::moe): experts 0 for a dense model.
+  MoeConfig moe;
 
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;  // eos_token_id: the first of a list
   std::vector<int64_t> eos_token_ids;                               // every eos id ([] when none)
@@ -76,6 +79,9 @@ struct ModelConfig {
   // The RoPE of layer `layer`'s type.
   const RopeParams& rope_for_layer(int64_t layer) const { return is_sliding(layer) ? rope_sliding : rope; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
+  bool is_moe_layer(int64_t layer) const {
+    return moe.experts > 0 && layer >= 0 && layer < static_cast<int64_t>(moe.layer_is_moe.size()) && moe.layer_is_moe[layer];
+  }
   // Softmax scale of q.k: query_pre_attn_scalar^-0.5 when set, else head_dim^-0.5.
   float attention_scale() const;
   // One line for logs: "llama: 32 layers, hidden 4096, heads 32/8 x 128, ...".

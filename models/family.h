@@ -107,6 +107,21 @@ struct FamilySpec {
 
   BlockForward block = nullptr;
 
+  // Mixture of experts (Mixtral, Qwen3-MoE): the config rules (models/moe_config.h) and where each
+  // expert's matrices live in Hugging Face checkpoints: "model.layers.<i>.<experts>.<e>.<gate>.weight"
+  // and the same for up and down. In Loom (as transformers 5.x holds them in memory) a MoE layer
+  // has the router "mlp.gate" (a rule of the weight map names its checkpoint tensor and GGUF name)
+  // and the experts stacked: "mlp.experts.gate_up_proj" [E, 2 I, hidden] (gate rows, then up rows)
+  // and "mlp.experts.down_proj" [E, hidden, I]. Dense layers of the family use the Mlp modules.
+  struct MoeSpec {
+    MoeRules rules;
+    std::string experts;          // "block_sparse_moe.experts" (Mixtral's hub name) or "mlp.experts"
+    std::string gate, up, down;   // "w1", "w3", "w2" or "gate_proj", "up_proj", "down_proj"
+    // The routing weights rounded to the model dtype before they scale the experts (Qwen3-MoE).
+    bool round_weights = false;
+  };
+  std::optional<MoeSpec> moe;
+
   // GGUF: llama.cpp's `general.architecture` this family reads ("" = none), and the one it is
   // written as ("" = export not supported), with the family's metadata in both directions.
   std::string gguf_read_arch;

@@ -52,20 +52,41 @@ ag::Variable Mlp::forward(const ag::Variable& x) const {
   return down_proj.forward(h, again);
 }
 
-ag::Variable MoeMlp::forward(const ag::Variable& x, ag::Variable* router_logits, Tensor* choices) const {
-  const int64_t experts = gate_up.size(0), inter = gate_up.size(1) / 2;
+Tensor ExpertLinear::dense_weight(DType dtype) const {
+  if (!quantized()) return weight.value().to(dtype);
+  Tensor w = Tensor::empty({experts, out, in}, dtype, nf4[0]->device());
+  for (int64_t e = 0; e < experts; ++e) {
+    Tensor we = w.narrow(0, e, 1);
+    nf4[e]->dequantize_into(we);
+  }
+  return w;
+}
+
+ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const {
+  // A frozen NF4 weight is dequantised in the compute dtype for this product.
+  const ag::Variable w = quantized() ? ag::Variable(dense_weight(xs.dtype()), false) : weight;
+  ag::Variable y = ag::grouped_linear(xs, w, offsets);
+  if (!lora || !lora->enabled) return y;
+  // y += scale * (xs A_e^T) B_e^T, the adapter's products in the compute dtype (f32 masters cast).
+  const ag::Variable a = ag::cast(lora->A, xs.dtype()), b = ag::cast(lora->B, xs.dtype());
+  return ag::add(y, ag::scale(ag::grouped_linear(ag::grouped_linear(xs, a, offsets), b, offsets), lora->scale));
+}
+
+ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out) const {
+  const int64_t experts = gate_up.experts, inter = gate_up.out / 2;
   // transformers: F.linear(hidden, router.weight) in the model dtype, then softmax in f32.
   const ag::Variable logits = ag::cast(ag::linear(x, router), x.dtype() == DType::f64 ? DType::f64 : DType::f32);
   ag::MoeRouting r = ag::moe_route(logits, top_k, renormalize);
-  if (router_logits) *router_logits = logits;
-  if (choices) *choices = r.route.ids;
+  if (out) *out = RouterOutput{logits, r.route.ids};
   const ops::MoeDispatch d = ops::moe_dispatch(r.route.ids, experts);
   const ag::Variable xs = ag::embedding(d.token_of_row.to(x.device()), x);
-  std::vector<ag::Variable> gu = ag::split(ag::grouped_linear(xs, gate_up, d.offsets), {inter, inter});
-  const ag::Variable h = ag::swiglu(gu[0], gu[1]);
-  const ag::Variable ys = ag::grouped_linear(h, down, d.offsets);
-  // The routing weights in the expert outputs' accumulation dtype (f32, or f64 in f64 runs).
-  const ag::Variable w = ys.dtype() == DType::f64 ? r.weights : ag::cast(r.weights, DType::f32);
+  std::vector<ag::Variable> gu = ag::split(gate_up.forward(xs, d.offsets), {inter, inter});
+  const ag::Variable ys = down.forward(ag::swiglu(gu[0], gu[1]), d.offsets);
+  // The routing weights in the expert outputs' accumulation dtype (f32, or f64 in f64 runs);
+  // Qwen3-MoE rounds them to the model dtype first.
+  ag::Variable w = r.weights;
+  if (round_weights && x.dtype() != w.dtype()) w = ag::cast(w, x.dtype());
+  if (ys.dtype() != DType::f64) w = ag::cast(w, DType::f32);
   return ag::moe_combine(ys, w, d.row_of.to(x.device()));
 }
 

@@ -76,27 +76,55 @@ struct Mlp {
   std::vector<Linear*> linears();  // present ones, in checkpoint order
 };
 
-// A mixture-of-experts MLP (Mixtral, Qwen3-MoE), as transformers 5.x holds it: the router
-// `gate` [E, hidden] (its logits in f32, softmax, top k, renormalised when the config says), and the
-// experts stacked: `gate_up` [E, 2 I, hidden] (each expert's gate rows, then its up rows) and `down`
-// [E, hidden, I]. Each token's rows go to its experts grouped by expert (one product per expert), the
-// SwiGLU between, and come back weighted by the routing weights.
+// One projection of every expert of a mixture-of-experts layer, stacked as transformers 5.x holds
+// it: weight [E, out, in], or (QLoRA) one NF4 weight per expert, each quantised as bitsandbytes
+// quantises a Linear weight of [out, in]. LoRA: one A [r, in] and B [out, r] per expert, stacked
+// A [E, r, in] and B [E, out, r] (PEFT's ParamWrapper stores them as [r E, in] and [out, r E]).
+struct ExpertLinear {
+  std::string name;  // "model.layers.0.mlp.experts.gate_up_proj" (transformers 5.x's parameter name)
+  ag::Variable weight;  // [E, out, in]; undefined when NF4
+  std::vector<std::shared_ptr<const Nf4Weight>> nf4;  // per expert, or empty
+  std::unique_ptr<LoraAdapter> lora;
+  int64_t experts = 0, out = 0, in = 0;
+
+  bool quantized() const { return !nf4.empty(); }
+  // [E, out, in] dense in dtype (dequantised when NF4).
+  Tensor dense_weight(DType dtype) const;
+  // Rows [offsets[e], offsets[e + 1]) of xs [N, in] through expert e: [N, out].
+  ag::Variable forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const;
+};
+
+// What a MoE layer's router chose, for the load-balancing loss: its f32 logits [tokens, E] (on the
+// tape) and the experts chosen [tokens, k].
+struct RouterOutput {
+  ag::Variable logits;
+  Tensor ids;
+};
+
+// A mixture-of-experts MLP (Mixtral, Qwen3-MoE): the router `gate` [E, hidden] (its logits computed
+// in the model dtype, then softmax in f32, top k, renormalised when the config says), and the
+// experts' SwiGLU: gate_up [E, 2 I, hidden] (each expert's gate rows, then its up rows) and down
+// [E, hidden, I]. Each token's rows go to its experts grouped by expert, and come back weighted by
+// the routing weights.
 struct MoeMlp {
-  ag::Variable router;   // [E, hidden]
-  ag::Variable gate_up;  // [E, 2 I, hidden]
-  ag::Variable down;     // [E, hidden, I]
+  std::string name;      // "model.layers.0.mlp"
+  ag::Variable router;   // [E, hidden] ("<name>.gate.weight")
+  ExpertLinear gate_up, down;
   int64_t top_k = 2;
   bool renormalize = true;
-  // x [tokens, hidden] -> [tokens, hidden]; router_logits (when not null) gets the router's f32
-  // logits [tokens, E] and `choices` the experts chosen [tokens, k] (the load-balancing loss's inputs).
-  ag::Variable forward(const ag::Variable& x, ag::Variable* router_logits = nullptr, Tensor* choices = nullptr) const;
+  // Qwen3-MoE rounds the routing weights to the model dtype before they scale the experts' outputs.
+  bool round_weights = false;
+  // x [tokens, hidden] -> [tokens, hidden]; `router` (when not null) gets what the router chose.
+  ag::Variable forward(const ag::Variable& x, RouterOutput* router = nullptr) const;
+  std::vector<ExpertLinear*> experts() { return {&gate_up, &down}; }
 };
 
 struct DecoderLayer {
   RmsNorm input_layernorm, post_attention_layernorm;
   std::optional<RmsNorm> pre_feedforward_layernorm, post_feedforward_layernorm;  // Gemma 2
   Attention self_attn;
-  Mlp mlp;
+  Mlp mlp;                     // dense layers
+  std::optional<MoeMlp> moe;   // mixture-of-experts layers, in place of mlp
   int64_t window = 0;  // sliding-window size for this layer, 0 = full causal
 };
 

@@ -17,6 +17,7 @@
 #include "engine/tensor_io.h"
 #include "models/finite_check.h"
 #include "models/gguf_model.h"
+#include "models/lora_experts.h"
 #include "models/weight_map.h"
 #include "nlohmann/json.hpp"
 
@@ -74,7 +75,8 @@ absl::Status check_config(const LoraConfig& c) {
   if (!(c.alpha > 0.f)) return absl::InvalidArgumentError(absl::StrCat("lora_alpha must be positive, got ", c.alpha));
   if (!(c.dropout >= 0.f && c.dropout < 1.f))
     return absl::InvalidArgumentError(absl::StrCat("lora_dropout must be in [0, 1), got ", c.dropout));
-  if (c.target_modules.empty()) return absl::InvalidArgumentError("LoRA target_modules is empty");
+  if (c.target_modules.empty() && c.target_parameters.empty())
+    return absl::InvalidArgumentError("LoRA target_modules (and target_parameters) are empty");
   return absl::OkStatus();
 }
 
@@ -120,14 +122,17 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
     ops::uniform_(a, seed, index << 32, -bound, bound);
     attach(*l, a, Tensor::zeros({out, config.r}, adapter, model.device()), config);
   }
+  if (absl::Status s = detail::add_expert_lora(model, config, seed, &matched); !s.ok()) return s;
   if (matched == 0) {
     std::string names;
     for (const auto& t : config.target_modules) absl::StrAppend(&names, names.empty() ? "" : ", ", t);
+    for (const auto& t : config.target_parameters) absl::StrAppend(&names, names.empty() ? "" : ", ", t);
     std::set<std::string> leaves;  // the model's own linear layers, by their short names
     std::string have;
     for (const Linear* l : std::as_const(model).linears())
       if (l->name != "lm_head" && leaves.insert(l->name.substr(l->name.rfind('.') + 1)).second)
         absl::StrAppend(&have, have.empty() ? "" : ", ", l->name.substr(l->name.rfind('.') + 1));
+    if (!model.expert_linears().empty()) absl::StrAppend(&have, "; its experts: mlp.experts.gate_up_proj, mlp.experts.down_proj");
     return absl::InvalidArgumentError(absl::StrCat("LoRA target_modules [", names, "] match no module of this ",
                                                    model.config().model_type, " model (its linear layers are ", have,
                                                    ")"));
@@ -142,6 +147,11 @@ AdaptersOff::AdaptersOff(CausalLM& model) {
       l->lora->enabled = false;
       off_.push_back(l->lora.get());
     }
+  for (ExpertLinear* p : model.expert_linears())
+    if (p->lora && p->lora->enabled) {
+      p->lora->enabled = false;
+      off_.push_back(p->lora.get());
+    }
 }
 
 AdaptersOff::~AdaptersOff() {
@@ -155,17 +165,32 @@ std::vector<std::pair<std::string, ag::Variable*>> lora_parameters(CausalLM& mod
     out.emplace_back(peft_tensor_name(l->name, true), &l->lora->A);
     out.emplace_back(peft_tensor_name(l->name, false), &l->lora->B);
   }
+  for (ExpertLinear* p : model.expert_linears()) {
+    if (!p->lora) continue;
+    const std::string module = detail::peft_expert_module(model, *p);
+    out.emplace_back(peft_tensor_name(module, true), &p->lora->A);
+    out.emplace_back(peft_tensor_name(module, false), &p->lora->B);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(const CausalLM& model, bool grads) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Linear* l : model.linears()) {
+    if (!l->lora) continue;
+    out.emplace_back(peft_tensor_name(l->name, true), grads ? l->lora->A.grad() : l->lora->A.value());
+    out.emplace_back(peft_tensor_name(l->name, false), grads ? l->lora->B.grad() : l->lora->B.value());
+  }
+  for (auto& t : detail::peft_expert_tensors(model, grads)) out.push_back(std::move(t));
   return out;
 }
 
 absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const std::string& dir) {
   if (absl::Status s = ensure_dir(dir); !s.ok()) return s;
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<std::pair<std::string, Tensor>> tensors = peft_adapter_tensors(model);
   std::set<std::string> short_targets, full_targets;
   for (const Linear* l : model.linears()) {
     if (!l->lora) continue;
-    tensors.emplace_back(peft_tensor_name(l->name, true), l->lora->A.value());
-    tensors.emplace_back(peft_tensor_name(l->name, false), l->lora->B.value());
     short_targets.insert(l->name.substr(l->name.rfind('.') + 1));
     full_targets.insert(l->name);
   }
@@ -178,6 +203,16 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       short_targets = full_targets;
       break;
     }
+  // Expert projections: PEFT's "mlp.experts.gate_up_proj" form when every MoE layer's is adapted.
+  std::set<std::string> short_params, full_params;
+  bool all_layers = true;
+  for (const ExpertLinear* p : model.expert_linears()) {
+    const std::string tail = p->name.substr(p->name.rfind(".mlp.experts.") + 1);
+    if (p->lora) short_params.insert(tail), full_params.insert(p->name);
+  }
+  for (const ExpertLinear* p : model.expert_linears())
+    if (!p->lora && short_params.count(p->name.substr(p->name.rfind(".mlp.experts.") + 1))) all_layers = false;
+  if (!all_layers) short_params = full_params;
   if (tensors.empty()) return absl::FailedPreconditionError("save_adapter: the model has no LoRA adapters");
   const std::string weights_path = (fs::path(dir) / "adapter_model.safetensors").string();
   if (absl::Status s = check_finite_to_save(tensors, weights_path); !s.ok()) return s;
@@ -189,7 +224,8 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       {"lora_alpha", config.alpha},
       {"lora_dropout", config.dropout},
       {"use_rslora", config.use_rslora},
-      {"target_modules", std::vector<std::string>(short_targets.begin(), short_targets.end())},
+      {"target_modules", short_targets.empty() ? nlohmann::json() : nlohmann::json(std::vector<std::string>(
+                                                                         short_targets.begin(), short_targets.end()))},
       {"bias", "none"},
       {"fan_in_fan_out", false},
       {"inference_mode", true},
@@ -202,6 +238,7 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       {"use_dora", false},
       {"revision", nullptr},
   };
+  if (!short_params.empty()) j["target_parameters"] = std::vector<std::string>(short_params.begin(), short_params.end());
   if (absl::Status s = save_tensors(weights_path, tensors, DType::f32, {{"format", "pt"}});
       !s.ok())
     return s;
@@ -223,8 +260,9 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
   try {
     if (!j.contains("peft_type") || !j["peft_type"].is_string() || j["peft_type"] != "LORA")
       return bad(absl::StrCat("peft_type must be \"LORA\", got ", j.value("peft_type", nlohmann::json()).dump()));
-    for (const char* key : {"r", "target_modules"})
-      if (!j.contains(key)) return bad(absl::StrCat("missing field \"", key, "\""));
+    const bool has_parameters = j.contains("target_parameters") && !j["target_parameters"].is_null();
+    if (!j.contains("r")) return bad("missing field \"r\"");
+    if (!has_parameters && !j.contains("target_modules")) return bad("missing field \"target_modules\"");
     // Numbers checked before they are converted: a float past int64 or float range is undefined
     // behaviour to cast (found by fuzz_adapter_config: "r": 8.4e47).
     const nlohmann::json& r = j.at("r");
@@ -245,13 +283,17 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (absl::Status st = real("lora_alpha", 8.f, &c.alpha); !st.ok()) return st;
     if (absl::Status st = real("lora_dropout", 0.f, &c.dropout); !st.ok()) return st;
     c.use_rslora = j.value("use_rslora", false);
-    const auto& t = j.at("target_modules");
-    if (t.is_string()) {
+    const nlohmann::json t = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+    if (t.is_null() && has_parameters) {  // experts only (PEFT's target_parameters)
+      c.target_modules.clear();
+    } else if (t.is_string()) {
       c.target_modules = {t.get<std::string>()};
       if (c.target_modules[0] != "all-linear") return bad("target_modules as a regular expression is not supported; list the module names");
     } else {
       c.target_modules = t.get<std::vector<std::string>>();
     }
+    if (j.contains("target_parameters") && !j["target_parameters"].is_null())
+      c.target_parameters = j["target_parameters"].get<std::vector<std::string>>();
     auto nonempty = [&](const char* key) { return j.contains(key) && !j[key].is_null() && !j[key].empty(); };
     if (nonempty("use_dora") && j.value("use_dora", false)) return bad("DoRA adapters (use_dora) are not supported");
     if (nonempty("bias") && j.value("bias", "none") != "none") return bad("LoRA bias training (bias != \"none\") is not supported");
@@ -270,6 +312,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     any = any || matches(l->name, c, l->name == "lm_head");
     module_names.insert(l->name.substr(l->name.rfind('.') + 1));
   }
+  for (const ExpertLinear* p : model.expert_linears()) any = any || detail::expert_targeted(p->name, c);
   if (!any)
     return bad(absl::StrCat("target_modules [", absl::StrJoin(c.target_modules, ", "), "] match no module of the model ",
                             "(its linear layers are ", absl::StrJoin(module_names, ", "), ")"));
@@ -300,6 +343,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (!b.ok()) return b.status();
     attach(*l, *std::move(a), *std::move(b), c);
   }
+  if (absl::Status s = detail::load_expert_lora(model, c, read); !s.ok()) return s;
   for (const TensorInfo& t : st->tensors())
     if (!used.count(t.name))
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", t.name, " matches no adapted module of the model"));
@@ -308,6 +352,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
 }
 
 void merge_lora(CausalLM& model) {
+  detail::merge_expert_lora(model);
   for (Linear* l : model.linears()) {
     if (!l->lora && !l->quantized()) continue;
     // A 4-bit weight is dequantised (QLoRA merges into a dense model in the model's dtype).

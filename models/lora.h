@@ -22,6 +22,9 @@ struct LoraConfig {
   // nothing, as in PEFT).
   std::vector<std::string> target_modules = {"q_proj",  "k_proj",    "v_proj",   "o_proj",      "gate_proj",
                                              "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
+  // PEFT's target_parameters: mixture-of-experts projections ("mlp.experts.gate_up_proj",
+  // "mlp.experts.down_proj"), matched as target_modules are (models/lora_experts.h). Empty: none.
+  std::vector<std::string> target_parameters;
 
   float scale() const;
 };
@@ -37,9 +40,12 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed);
 void seed_lora_dropout(CausalLM& model, uint64_t seed);
 
 // The adapter tensors under their PEFT names ("base_model.model.<module>.lora_A.weight"), A then B
-// for each adapted module in model order.
+// for each adapted module in model order, then each adapted expert projection's (in Loom's layout,
+// [E, r, in] and [E, out, r]; peft_adapter_tensors gives PEFT's).
 std::vector<std::pair<std::string, ag::Variable*>> lora_parameters(CausalLM& model);
 std::string peft_tensor_name(const std::string& module, bool lora_a);
+// Every adapter tensor (grads: its gradient) as PEFT names and lays it out in adapter_model.safetensors.
+std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(const CausalLM& model, bool grads = false);
 
 // Writes dir/adapter_config.json and dir/adapter_model.safetensors (f32), each to a temporary
 // name first and then renamed.

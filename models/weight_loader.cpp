@@ -120,6 +120,46 @@ absl::StatusOr<ag::Variable> WeightLoader::experts(const std::vector<std::string
   return ag::Variable(out, false);
 }
 
+absl::Status WeightLoader::moe(MoeMlp& m, const std::string& p) {
+  const FamilySpec::MoeSpec& spec = *family_.moe;
+  const MoeConfig& mc = config_.moe;
+  const int64_t E = mc.experts, I = mc.expert_intermediate, H = config_.hidden_size;
+  m.name = p + "mlp";
+  m.top_k = mc.experts_per_token;
+  m.renormalize = mc.renormalize;
+  m.round_weights = spec.round_weights;
+  auto router = get(p + "mlp.gate.weight", {E, H});
+  if (!router.ok()) return router.status();
+  m.router = *std::move(router);
+  const std::string per_expert = absl::StrCat(p, spec.experts, ".{e}.");
+  struct Part {
+    ExpertLinear& proj;
+    const char* name;
+    std::vector<std::string> hf;
+    std::vector<int64_t> rows;
+    int64_t cols;
+  };
+  for (Part part : {Part{m.gate_up, "gate_up_proj", {per_expert + spec.gate + ".weight", per_expert + spec.up + ".weight"},
+                         {I, I}, H},
+                    Part{m.down, "down_proj", {per_expert + spec.down + ".weight"}, {H}, I}}) {
+    ExpertLinear& x = part.proj;
+    x.name = p + "mlp.experts." + part.name;
+    x.experts = E, x.in = part.cols;
+    x.out = 0;
+    for (int64_t r : part.rows) x.out += r;
+    auto w = experts(part.hf, part.rows, E, part.cols, x.name);
+    if (!w.ok()) return w.status();
+    if (quantize_4bit_) {  // QLoRA: each expert as bitsandbytes quantises a Linear weight [out, in]
+      for (int64_t e = 0; e < E; ++e)
+        x.nf4.push_back(std::make_shared<const Nf4Weight>(
+            Nf4Weight::quantize(w->value().narrow(0, e, 1).reshape({x.out, x.in}).contiguous())));
+    } else {
+      x.weight = *std::move(w);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WeightLoader::norm(RmsNorm& n, const std::string& name, int64_t dim) {
   n.name = name;
   n.eps = static_cast<float>(config_.rms_norm_eps);

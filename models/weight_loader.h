@@ -40,6 +40,9 @@ class WeightLoader {
   // when the checkpoint has it. Without a checkpoint: N(0, 0.02).
   absl::StatusOr<ag::Variable> experts(const std::vector<std::string>& parts, const std::vector<int64_t>& part_rows,
                                        int64_t experts, int64_t cols, const std::string& fused);
+  // A mixture-of-experts layer's MLP under `prefix` ("model.layers.0."): the router and the experts
+  // through the family's MoeSpec, stacked (and quantised to NF4 per expert with quantize_4bit).
+  absl::Status moe(MoeMlp& m, const std::string& prefix);
   // Where a Hugging Face tensor of the language model sits in this checkpoint (the family's
   // checkpoint layout: "model.norm.weight" -> "language_model.model.norm.weight"); itself otherwise.
   std::string checkpoint_name(const std::string& hf_name) const;

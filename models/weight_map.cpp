@@ -74,12 +74,39 @@ absl::StatusOr<HfSource> hf_source(const FamilySpec& family, const ModelConfig& 
   return s;
 }
 
+std::optional<std::vector<std::pair<std::string, Tensor>>> hf_expert_tensors(const ModelConfig& c, const std::string& name,
+                                                                             const Tensor& t) {
+  constexpr std::string_view kExperts = ".mlp.experts.";
+  const size_t at = name.find(kExperts);
+  if (!c.family->moe || at == std::string::npos || !name.starts_with(kHfLayers)) return std::nullopt;
+  const FamilySpec::MoeSpec& spec = *c.family->moe;
+  const std::string layer = name.substr(0, at + 1);  // "model.layers.3."
+  const std::string proj = name.substr(at + kExperts.size());
+  const int64_t experts = t.size(0), rows = t.size(1), cols = t.size(2);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string p = absl::StrCat(layer, spec.experts, ".", e, ".");
+    const Tensor m = t.narrow(0, e, 1).reshape({rows, cols});
+    if (proj == "gate_up_proj") {  // gate rows, then up rows
+      out.emplace_back(p + spec.gate + ".weight", m.narrow(0, 0, rows / 2));
+      out.emplace_back(p + spec.up + ".weight", m.narrow(0, rows / 2, rows / 2));
+    } else {
+      out.emplace_back(p + spec.down + ".weight", m);
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const CausalLM& model) {
   const ModelConfig& c = model.config();
   std::vector<std::pair<std::string, Tensor>> out;
   std::map<std::string, size_t> fused;          // Hugging Face name -> its index in `out`
   std::map<std::string, int64_t> rows_missing;  // Hugging Face name -> rows no part has filled yet
   for (const auto& [name, v] : model.named_weights()) {
+    if (auto experts = hf_expert_tensors(c, name, v->value())) {  // stacked experts: one tensor per expert
+      for (auto& t : *experts) out.push_back(std::move(t));
+      continue;
+    }
     auto src = hf_source(*c.family, c, name);
     if (!src.ok()) return src.status();
     const Tensor& t = v->value();

@@ -29,6 +29,13 @@ absl::StatusOr<HfSource> hf_source(const FamilySpec& family, const ModelConfig& 
 // tied lm_head appears only as the embedding, and 4-bit (NF4) Linear weights not at all.
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const CausalLM& model);
 
+// Loom's stacked experts ("model.layers.3.mlp.experts.gate_up_proj" [E, 2 I, H], ".down_proj" [E, H, I])
+// as the per-expert Hugging Face tensors of the family's hub layout (views of t), which
+// transformers' save_pretrained writes too; nullopt for any other name.
+std::optional<std::vector<std::pair<std::string, Tensor>>> hf_expert_tensors(const ModelConfig& config,
+                                                                             const std::string& loom_name,
+                                                                             const Tensor& t);
+
 // One tensor's name on the other side and what convert_hf_to_gguf.py did to it.
 struct GgufMapping {
   std::string name;

@@ -33,6 +33,9 @@ const std::vector<FlagSpec> kFlags = {
     {"beta", false, "preference objectives: beta", "0.1"},
     {"simpo-gamma", false, "simpo: the target margin gamma", "0.5"},
     {"label-smoothing", false, "dpo and simpo: conservative label smoothing in [0, 0.5)", "0"},
+    {"router-aux-loss-coef", false,
+     "mixture-of-experts models: the loss (and its gradients) adds this times the load-balancing loss, which is "
+     "written as aux_loss (transformers with output_router_logits; 0: the cross-entropy alone)", "0"},
     {"save-adapter", false, "also re-save the loaded adapter into this folder in PEFT format", ""},
     {"overwrite", true, kOverwriteHelp, ""},
     {"allow-nonfinite", true, kAllowNonfiniteHelp, ""},
@@ -91,7 +94,7 @@ int run_preference(const Args& args, const SafetensorsFile& in, Device device, D
   }
   if (grads) {
     ag::backward(r->result.loss);
-    for (auto& [name, v] : lora_parameters(**model)) outputs.emplace_back("grad." + name, v->grad());
+    for (auto& [name, g] : peft_adapter_tensors(**model, true)) outputs.emplace_back("grad." + name, g);
   }
   if (absl::Status s = save_tensors(args.str("output"), outputs, DType::f32); !s.ok()) return fail(s);
   std::printf("loom forward: %s on %s in %s -> %s (%zu tensors)\n", (*model)->config().summary().c_str(),
@@ -185,10 +188,23 @@ int run_forward(const std::vector<std::string>& argv) {
   std::vector<std::pair<std::string, Tensor>> outputs = {{"logits", logits.value()}};
   if (labels->defined()) {
     ag::Variable loss = causal_lm_loss(logits, *labels);
+    if (c.moe.experts > 0) {  // the load-balancing loss of the same forward's routers (recomputed)
+      double coef = 0;
+      if (!absl::SimpleAtod(args->str("router-aux-loss-coef"), &coef) || !(coef >= 0) || !std::isfinite(coef))
+        return fail(absl::InvalidArgumentError(absl::StrCat("--router-aux-loss-coef must be a number >= 0, got '",
+                                                            args->str("router-aux-loss-coef"), "'")));
+      ag::Variable aux;
+      ForwardOptions opt;
+      opt.aux_loss = &aux;
+      opt.router_aux_loss_coef = coef;
+      ag::Variable with_aux = (*model)->loss(*ids, *labels, opt);
+      outputs.emplace_back("aux_loss", aux.value().to(DType::f32).reshape({1}));
+      if (coef > 0) loss = with_aux;
+    }
     outputs.emplace_back("loss", loss.value().to(DType::f32).reshape({1}));
     if (grads) {
       ag::backward(loss);
-      for (auto& [name, v] : lora_parameters(**model)) outputs.emplace_back("grad." + name, v->grad());
+      for (auto& [name, g] : peft_adapter_tensors(**model, true)) outputs.emplace_back("grad." + name, g);
     }
   }
   if (absl::Status s = save_tensors(args->str("output"), outputs, DType::f32); !s.ok()) return fail(s);

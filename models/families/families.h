@@ -18,6 +18,8 @@ const FamilySpec& gemma2();   // gemma2.cpp: Gemma with sandwich norms, soft-cap
 const FamilySpec& gemma3();   // gemma3.cpp: Gemma 2 with q/k norms and a local RoPE base
 const FamilySpec& gemma3_multimodal();  // gemma3.cpp: its language model in a multimodal checkpoint
 const FamilySpec& phi3();     // phi3.cpp: fused qkv_proj and gate_up_proj, LongRoPE, partial rotary
+const FamilySpec& mixtral();  // mixtral.cpp: Mistral's attention, mixture-of-experts MLPs
+const FamilySpec& qwen3_moe();  // qwen3_moe.cpp: Qwen3's attention, mixture-of-experts MLPs (some dense)
 
 // The model-level weights every family has: embeddings, the final norm (its GGUF fix given) and lm_head.
 std::vector<WeightRule> standard_top_weights(GgufFix norm_fix);

@@ -9,7 +9,7 @@ const std::vector<const FamilySpec*>& model_families() {
   static const std::vector<const FamilySpec*> kAll = {
       &families::llama(), &families::mistral(), &families::qwen2(),
       &families::qwen3(), &families::gemma(),   &families::gemma2(), &families::gemma3(),
-      &families::gemma3_multimodal(), &families::phi3(),
+      &families::gemma3_multimodal(), &families::phi3(),   &families::mixtral(), &families::qwen3_moe(),
   };
   return kAll;
 }

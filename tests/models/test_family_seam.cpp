@@ -45,8 +45,16 @@ TEST(FamilyRegistry, EverySpecIsComplete) {
     EXPECT_NE(f->parse, nullptr) << f->name;
     for (const char* m : {"model.embed_tokens", "model.norm", "lm_head"})
       EXPECT_NE(f->rule_for_loom(m, false), nullptr) << f->name << " " << m;
-    for (const char* m : {"input_layernorm", "post_attention_layernorm", "self_attn.o_proj", "mlp.down_proj"})
+    for (const char* m : {"input_layernorm", "post_attention_layernorm", "self_attn.o_proj"})
       EXPECT_TRUE(f->has_layer_module(m)) << f->name << " " << m;
+    // A dense MLP, or a mixture of experts whose router has a rule (its experts follow MoeSpec).
+    if (f->moe) {
+      EXPECT_TRUE(f->has_layer_module("mlp.gate")) << f->name;
+      EXPECT_FALSE(f->moe->experts.empty() || f->moe->gate.empty() || f->moe->up.empty() || f->moe->down.empty())
+          << f->name;
+      if (!f->moe->rules.sparse_layers) continue;  // every layer MoE: no dense MLP to check
+    }
+    EXPECT_TRUE(f->has_layer_module("mlp.down_proj")) << f->name;
     // q, k and v (gate and up) as Loom modules of their own, or fused as Phi-3 keeps them.
     const bool qkv = f->has_layer_module("self_attn.q_proj") && f->has_layer_module("self_attn.k_proj") &&
                      f->has_layer_module("self_attn.v_proj");

@@ -65,12 +65,16 @@ TEST(MoeMlp, IsTransformersSparseMoeBlock) {
   for (DType dt : {DType::f64, DType::f32})
     for (bool renorm : {true, false}) {
       MoeMlp m;
-      m.router = ag::Variable(router.to(dt), false), m.gate_up = ag::Variable(gu.to(dt), false);
-      m.down = ag::Variable(down.to(dt), false);
+      m.router = ag::Variable(router.to(dt), false);
+      m.gate_up.weight = ag::Variable(gu.to(dt), false);
+      m.gate_up.experts = kE, m.gate_up.out = 2 * kI, m.gate_up.in = kH;
+      m.down.weight = ag::Variable(down.to(dt), false);
+      m.down.experts = kE, m.down.out = kH, m.down.in = kI;
       m.top_k = 2, m.renormalize = renorm;
-      ag::Variable logits;
-      Tensor choices;
-      const std::vector<double> got = m.forward(ag::Variable(x.to(dt), false), &logits, &choices).value().to_doubles();
+      RouterOutput r;
+      const std::vector<double> got = m.forward(ag::Variable(x.to(dt), false), &r).value().to_doubles();
+      const ag::Variable& logits = r.logits;
+      const Tensor& choices = r.ids;
       const std::vector<double> want = reference(x, router, gu, down, 2, renorm);
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < want.size(); ++i)

@@ -1,0 +1,55 @@
+// Mixtral (MixtralForCausalLM): Mistral's attention (no biases; a sliding window only when
+// `sliding_window` is set, null by default) with a sparse mixture-of-experts MLP on every layer:
+// the router `block_sparse_moe.gate` [experts, hidden] and per expert `w1` (gate), `w3` (up), `w2`
+// (down) of width `intermediate_size`, the top `num_experts_per_tok` weights always renormalised
+// (transformers 5.17 modeling_mixtral.py; tools/moe_formats.md). transformers 5.x holds the block at
+// `mlp` with the experts stacked; its save_pretrained writes the hub's per-expert names (read here
+// either way). llama.cpp converts Mixtral as `llama` with stacked experts (GGUF: not mapped yet).
+#include "models/families/families.h"
+
+namespace loom::families {
+namespace {
+
+void parse(const ConfigFields& f, ModelConfig& c) {
+  c.attention_bias = c.o_proj_bias = c.mlp_bias = false;
+  read_hidden_act(f, c);
+  c.sliding_window = read_sliding_window(f, 0);
+  c.layer_is_sliding.assign(static_cast<size_t>(c.num_hidden_layers), c.sliding_window > 0);
+  c.moe = read_moe_config(f, c.family->moe->rules, c.num_hidden_layers, c.intermediate_size);
+}
+
+}  // namespace
+
+const FamilySpec& mixtral() {
+  static const FamilySpec spec = [] {
+    FamilySpec s = llama();
+    s.name = "mixtral";
+    s.model_types = {"mixtral"};
+    s.architectures = {"MixtralForCausalLM"};
+    s.default_max_position_embeddings = 4096 * 32;
+    s.default_rope_theta = 1e6;
+    s.parse = parse;
+    s.layer_weights = {
+        {"input_layernorm", "attn_norm"},
+        {"self_attn.q_proj", "attn_q", GgufFix::kRopePermuteQ},
+        {"self_attn.k_proj", "attn_k", GgufFix::kRopePermuteK},
+        {"self_attn.v_proj", "attn_v"},
+        {"self_attn.o_proj", "attn_output"},
+        {"post_attention_layernorm", "ffn_norm"},
+        {"block_sparse_moe.gate", "ffn_gate_inp", GgufFix::kNone, {"mlp.gate"}},
+    };
+    FamilySpec::MoeSpec moe;
+    moe.rules.default_experts = 8;
+    moe.rules.default_experts_per_token = 2;
+    moe.experts = "block_sparse_moe.experts";
+    moe.gate = "w1", moe.up = "w3", moe.down = "w2";
+    s.moe = moe;
+    s.gguf_read_arch = s.gguf_write_arch = "";
+    s.gguf_to_config = nullptr;
+    s.config_to_gguf = nullptr;
+    return s;
+  }();
+  return spec;
+}
+
+}  // namespace loom::families

@@ -1,0 +1,150 @@
+// Mixtral and Qwen3-MoE against transformers 5.17 + PEFT 0.21 (fixtures made by
+// tools/make_moe_reference.py: tests/fixtures/models/{mixtral,qwen3_moe,qwen3_moe_sparse}): logits,
+// the cross-entropy and the load-balancing loss (transformers' load_balancing_loss_func), every LoRA
+// gradient of an adapter on the attention and on the experts (PEFT's target_parameters), merging,
+// the adapter and the checkpoint written back in the formats they were read from, and the same
+// figures under recompute checkpointing. CPU, f32 and bf16.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+
+#include "models/causal_lm.h"
+#include "models/lora.h"
+#include "tests/models/fixtures.h"
+#include "tests/temp_dir.h"
+
+namespace loom {
+namespace {
+using test::fixture_dir;
+using test::read_all;
+using test::rel_err;
+
+class MoeFamily : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::string dir() const { return fixture_dir(GetParam()); }
+  std::unique_ptr<CausalLM> load(DType dtype = DType::f32) const {
+    auto m = CausalLM::load(dir(), {dtype, Device::cpu()});
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *std::move(m) : nullptr;
+  }
+  std::map<std::string, Tensor> inputs() const { return read_all(dir() + "/inputs.safetensors"); }
+  // transformers' router_aux_loss_coef of the fixtures
+  static constexpr double kCoef = 0.02;
+};
+
+TEST_P(MoeFamily, LogitsLossAndLoadBalancingLossMatchTransformers) {
+  auto model = load();
+  ASSERT_TRUE(model);
+  EXPECT_GT(model->config().moe.experts, 1);
+  auto in = inputs();
+  auto ref = read_all(dir() + "/reference.safetensors");
+  ag::NoGradGuard no_grad;
+  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
+  ag::Variable aux;
+  ForwardOptions opt;
+  opt.aux_loss = &aux;
+  const ag::Variable ce = model->loss(in["input_ids"], in["labels"], opt);
+  EXPECT_NEAR(ce.value().item(), ref["loss"].item(), 1e-5);
+  ASSERT_TRUE(aux.defined());
+  EXPECT_NEAR(aux.value().item(), ref["aux_loss"].item(), 1e-5);
+  opt.aux_loss = nullptr;
+  opt.router_aux_loss_coef = kCoef;
+  EXPECT_NEAR(model->loss(in["input_ids"], in["labels"], opt).value().item(), ref["loss_with_aux"].item(), 1e-5);
+}
+
+// Every adapter gradient, in PEFT's names and layouts, with and without the auxiliary loss; the
+// same under recompute checkpointing.
+TEST_P(MoeFamily, LoraOnAttentionAndExpertsMatchesPeft) {
+  auto in = inputs();
+  auto ref = read_all(dir() + "/reference_lora.safetensors");
+  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kRecompute})
+    for (bool with_aux : {false, true}) {
+      auto model = load();
+      ASSERT_TRUE(model);
+      auto lc = load_adapter(*model, dir() + "/adapter");
+      ASSERT_TRUE(lc.ok()) << lc.status();
+      EXPECT_FALSE(lc->target_parameters.empty());
+      model->set_checkpointing(mode);
+      ForwardOptions opt;
+      opt.router_aux_loss_coef = with_aux ? kCoef : 0;
+      const ag::Variable loss = model->loss(in["input_ids"], in["labels"], opt);
+      EXPECT_NEAR(loss.value().item(), ref[with_aux ? "loss_with_aux" : "loss"].item(), 1e-5);
+      ag::backward(loss);
+      const std::string prefix = with_aux ? "grad_with_aux." : "grad.";
+      int experts = 0, checked = 0;
+      for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
+        ASSERT_TRUE(ref.count(prefix + name)) << name;
+        ASSERT_TRUE(g.defined()) << name;
+        EXPECT_LT(rel_err(g, ref[prefix + name]), 1e-4) << name << " " << checkpointing_name(mode) << " aux " << with_aux;
+        experts += name.find(".mlp.experts.") != std::string::npos;
+        ++checked;
+      }
+      int want = 0;
+      for (const auto& [name, t] : ref) want += name.starts_with(prefix);
+      EXPECT_EQ(checked, want);
+      EXPECT_GT(experts, 0);
+    }
+  auto model = load();
+  ASSERT_TRUE(load_adapter(*model, dir() + "/adapter").ok());
+  ag::NoGradGuard no_grad;
+  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
+  merge_lora(*model);
+  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["merged_logits"]), 2e-5);
+}
+
+// The adapter saved back is PEFT's file: the same names, shapes and values, target_parameters kept.
+TEST_P(MoeFamily, AdapterAndCheckpointRoundTrip) {
+  auto model = load();
+  ASSERT_TRUE(model);
+  auto lc = load_adapter(*model, dir() + "/adapter");
+  ASSERT_TRUE(lc.ok()) << lc.status();
+  test::TempDir tmp;
+  ASSERT_TRUE(save_adapter(*model, *lc, tmp.path() + "/adapter").ok());
+  auto theirs = read_all(dir() + "/adapter/adapter_model.safetensors");
+  auto ours = read_all(tmp.path() + "/adapter/adapter_model.safetensors");
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (const auto& [name, t] : theirs) {
+    ASSERT_TRUE(ours.count(name)) << name;
+    EXPECT_EQ(ours[name].shape(), t.shape()) << name;
+    EXPECT_EQ(rel_err(ours[name], t), 0) << name;
+  }
+  auto again = load();
+  auto lc2 = load_adapter(*again, tmp.path() + "/adapter");
+  ASSERT_TRUE(lc2.ok()) << lc2.status();
+  EXPECT_EQ(std::set<std::string>(lc2->target_parameters.begin(), lc2->target_parameters.end()),
+            (std::set<std::string>{"mlp.experts.down_proj", "mlp.experts.gate_up_proj"}));
+
+  // The base model written back: the hub's per-expert names, as transformers' save_pretrained.
+  auto base = load();
+  ASSERT_TRUE(save_pretrained(*base, tmp.path() + "/model").ok());
+  auto written = read_all(tmp.path() + "/model/model.safetensors");
+  auto original = read_all(dir() + "/model.safetensors");
+  ASSERT_EQ(written.size(), original.size());
+  for (const auto& [name, t] : original) {
+    ASSERT_TRUE(written.count(name)) << name;
+    EXPECT_LT(rel_err(written[name], t), 1e-2) << name;  // written in bf16
+  }
+}
+
+// bf16 on the CPU against PEFT's bf16 model (made on the GPU machine's device or CPU, as its
+// metadata says): the logits and gradients within bf16 rounding.
+TEST_P(MoeFamily, Bf16IsCloseToPeft) {
+  auto model = load(DType::bf16);
+  ASSERT_TRUE(model);
+  ASSERT_TRUE(load_adapter(*model, dir() + "/adapter").ok());
+  auto in = inputs();
+  auto ref = read_all(dir() + "/reference_lora_bf16.safetensors");
+  const ag::Variable loss = model->loss(in["input_ids"], in["labels"]);
+  EXPECT_NEAR(loss.value().item(), ref["loss"].item(), 0.02);
+  ag::backward(loss);
+  for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
+    ASSERT_TRUE(ref.count("grad." + name)) << name;
+    EXPECT_LT(rel_err(g, ref["grad." + name]), 0.08) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MoeFamily, ::testing::Values("mixtral", "qwen3_moe", "qwen3_moe_sparse"));
+
+}  // namespace
+}  // namespace loom
