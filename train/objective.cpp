@@ -16,8 +16,21 @@ class Sft final : public Objective {
   int64_t units(const Batch& batch) const override { return batch.target_tokens; }
   ag::Variable loss(CausalLM& model, const DeviceBatch& b) override {
     // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels were shifted on the host).
-    return model.loss_from_targets(b.input_ids, b.targets, {b.positions, b.segment_ids, b.max_position});
+    ForwardOptions opt{b.positions, b.segment_ids, b.max_position};
+    if (measure_aux_) opt.router_aux_loss_coef = aux_coef_, opt.aux_loss = &aux_;
+    return model.loss_from_targets(b.input_ids, b.targets, opt);
   }
+  void set_router_aux_loss(double coef) override { measure_aux_ = true, aux_coef_ = coef; }
+  // Read after the micro-batch's backward has been queued (the trainer asks then).
+  std::vector<std::pair<std::string, double>> metrics() const override {
+    if (!measure_aux_) return {};
+    return {{"aux_loss", aux_.defined() ? static_cast<double>(aux_.value().item()) : 0.0}};
+  }
+
+ private:
+  bool measure_aux_ = false;
+  double aux_coef_ = 0;
+  ag::Variable aux_;
 };
 
 // A batch of pairs' forward: positions, and the segment ids when rows pack several sequences (right

@@ -44,6 +44,10 @@ class Objective {
   // (TRL's "rewards/chosen", ...), each a mean over that micro-batch's units; none for SFT.
   virtual std::vector<std::pair<std::string, double>> metrics() const { return {}; }
 
+  // Mixture-of-experts models (SFT): the load-balancing loss joins the loss times `coef` (0: it is
+  // only measured), and metrics() reports it as "aux_loss".
+  virtual void set_router_aux_loss(double /*coef*/) {}
+
   // Whether loss() scores its batch under a reference model too (dpo, ipo).
   virtual bool uses_reference() const { return false; }
   // Where the reference's scores come from, when loss() needs them. By default the model itself with

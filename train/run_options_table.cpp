@@ -127,6 +127,10 @@ std::vector<RunOption> make_table() {
                    [](C& c) -> std::string& { return c.eval_data_path; }));
   t.push_back(integer("eval-every", "0", "evaluate --eval-data every N steps (0 = only after the last step)", 0, kSteps,
                       kFree, [](C& c) -> int64_t& { return c.eval_every; }));
+  t.push_back(on_off("random-init",
+                     "draw the weights N(0, 0.02) from --seed on the device instead of reading them: --model needs only "
+                     "config.json (benchmarks of a model's shape)",
+                     kFixed, [](C& c) -> bool& { return c.random_init; }));
   t.push_back(on_off("full", "full fine-tuning (all weights, f32 master + AdamW state) instead of LoRA", kFixed,
                      [](C& c) -> bool& { return c.full; }));
   t.push_back(integer("lora-r", "16", "LoRA rank", 1, 65536, kFixed, [](C& c) -> int64_t& { return c.lora.r; }));
@@ -136,16 +140,32 @@ std::vector<RunOption> make_table() {
                      [](C& c) -> float& { return c.lora.dropout; }));
   {
     RunOption o{"lora-targets", false, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,qkv_proj,gate_up_proj",
-                "comma-separated module names, or all-linear (Phi-3 fuses q/k/v as qkv_proj, gate/up as gate_up_proj)",
+                "comma-separated module names, or all-linear (Phi-3 fuses q/k/v as qkv_proj, gate/up as gate_up_proj); "
+                "mixture-of-experts projections as PEFT's target_parameters: experts.gate_up_proj, experts.down_proj, "
+                "or experts for both (one adapter per expert)",
                 kFixed};
     o.set = [](const std::string& t, C& c) -> absl::Status {
       std::vector<std::string> names = absl::StrSplit(t, ',');
-      for (const std::string& n : names)
+      c.lora.target_modules.clear();
+      c.lora.target_parameters.clear();
+      for (const std::string& n : names) {
         if (n.empty()) return bad("lora-targets", "has an empty module name (a stray comma?)", t);
-      c.lora.target_modules = std::move(names);
+        if (n == "experts") {
+          c.lora.target_parameters.push_back("mlp.experts.gate_up_proj");
+          c.lora.target_parameters.push_back("mlp.experts.down_proj");
+        } else if (n.starts_with("experts.") || n.find(".experts.") != std::string::npos) {
+          c.lora.target_parameters.push_back(n.starts_with("experts.") ? "mlp." + n : n);
+        } else {
+          c.lora.target_modules.push_back(n);
+        }
+      }
       return absl::OkStatus();
     };
-    o.get = [](const C& c) { return absl::StrJoin(c.lora.target_modules, ","); };
+    o.get = [](const C& c) {
+      std::vector<std::string> all = c.lora.target_modules;
+      all.insert(all.end(), c.lora.target_parameters.begin(), c.lora.target_parameters.end());
+      return absl::StrJoin(all, ",");
+    };
     t.push_back(o);
   }
   t.push_back(on_off("rslora", "rank-stabilised LoRA: scale alpha/sqrt(r)", kFixed,
@@ -180,6 +200,27 @@ std::vector<RunOption> make_table() {
                      [](C& c) -> double& { return c.simpo_gamma; }));
   t.push_back(number("label-smoothing", "0", "dpo and simpo: conservative label smoothing, below 0.5", 0, false, 0.499,
                      kFixed, [](C& c) -> double& { return c.label_smoothing; }));
+  {
+    RunOption o{"router-aux-loss-coef", false, "config",
+                "mixture-of-experts models: the load-balancing loss (transformers' load_balancing_loss_func) joins the "
+                "loss times this (0: off; config: the model's router_aux_loss_coef); metrics.jsonl reports it as aux_loss",
+                kFixed};
+    o.set = [](const std::string& t, C& c) -> absl::Status {
+      if (t == "config") {
+        c.router_aux_loss_coef = -1;
+        return absl::OkStatus();
+      }
+      double v = 0;
+      if (!absl::SimpleAtod(t, &v) || !std::isfinite(v) || v < 0 || v > 1e3)
+        return bad("router-aux-loss-coef", "expects config or a number from 0 to 1000", t);
+      c.router_aux_loss_coef = v;
+      return absl::OkStatus();
+    };
+    o.get = [](const C& c) {
+      return c.router_aux_loss_coef < 0 ? std::string("config") : absl::StrFormat("%.17g", c.router_aux_loss_coef);
+    };
+    t.push_back(o);
+  }
   t.push_back(integer("max-prompt-len", "0", "preference data: keep the last N prompt tokens (0 = all)", 0, int64_t{1} << 24,
                       kFixed, [](C& c) -> int64_t& { return c.max_prompt_len; }));
   t.push_back(text("pair-layout",

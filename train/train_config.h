@@ -20,6 +20,9 @@ struct TrainConfig {
   std::string eval_data_path;
   int64_t eval_every = 0;
   bool full = false;  // full fine-tuning instead of LoRA
+  // The model's weights drawn N(0, 0.02) (unit norms) from --seed on the device instead of read:
+  // --model then needs only config.json (benchmarks of shapes whose checkpoint would not fit the disk).
+  bool random_init = false;
   bool qlora = false;  // LoRA on NF4 base weights quantised as they load (a 4-bit checkpoint is 4-bit anyway)
   LoraConfig lora;
   int64_t seq_len = 1024, batch_size = 1, grad_accum = 1;
@@ -29,6 +32,9 @@ struct TrainConfig {
   // orpo) with its settings; --seq-len is then the longest pair sequence (--max-len, TRL's max_length).
   std::string objective = "sft";
   double beta = 0.1, simpo_gamma = 0.5, label_smoothing = 0.0;
+  // Mixture-of-experts models: the load-balancing loss's coefficient; negative: the config's
+  // router_aux_loss_coef (--router-aux-loss-coef config).
+  double router_aux_loss_coef = -1;
   bool precompute_ref = false;
   std::string pair_layout = "pack";  // preference batches: "pack" or "pad" (train/pair_loader.h)  // dpo/ipo: the reference's scores computed once before training
   int64_t max_prompt_len = 0;  // preference data: prompts keep their last this many tokens (0 = all)

@@ -109,13 +109,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   load.device = s->device;
   load.quantize_4bit = cfg.qlora;
   load.allow_nonfinite = cfg.allow_nonfinite;
-  LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, load));
+  if (cfg.random_init) {
+    LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::init_random(cfg.model_dir, load, cfg.seed));
+  } else {
+    LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::load(cfg.model_dir, load));
+  }
   if (cfg.full)
     for (const Linear* l : s->model->linears())
       if (l->quantized())
         return absl::InvalidArgumentError(absl::StrCat(cfg.model_dir, " is a 4-bit checkpoint (", l->name,
                                                        "): full fine-tuning needs full-precision weights; use LoRA"));
   const ModelConfig& mc = s->model->config();
+  if (mc.moe.experts > 0)
+    s->objective->set_router_aux_loss(cfg.router_aux_loss_coef < 0 ? mc.moe.router_aux_loss_coef : cfg.router_aux_loss_coef);
   s->checkpointing = cfg.checkpointing.value_or(Checkpointing::kNone);
   // What every mode adds alike: the trainable parameters' gradients and optimizer state (full
   // fine-tuning: about 16 bytes each; LoRA's adapters are small) and the fused loss's workspace.
