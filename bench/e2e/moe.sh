@@ -16,8 +16,8 @@
 #   LOOM_MOE_LAYERS   decoder layers to build and run: "24" for every shape of the call, or per shape
 #                     ("qwen3moe30b=24 mixtral8x7b=12"); default the shape's own depth. The folder Loom reads
 #                     is bf16 on disk: 61 GB for the 48-layer Qwen3 shape, 93 GB for Mixtral's 32 layers,
-#                     against the GPU machine's 64 GiB disk; moe_model.py refuses what does not fit (and the
-#                     other MoE folders of the cache are removed first). Tokens/s and memory then stand for
+#                     against the GPU machine's 64 GiB disk; moe_model.py refuses what does not fit (after the
+#                     cache's other random-init folders, MoE and dense, are removed to make room). Tokens/s and memory then stand for
 #                     that many layers; the table says how many of the shape's ran.
 #   LOOM_MOE_MODES    Loom's bf16 LoRA --checkpointing modes (default "none recompute offload")
 #   LOOM_MOE_QLORA_MODES  the same with --qlora (default "none offload")
@@ -86,8 +86,8 @@ moe_dir() {  # shape layers -> a random-init bf16 Hugging Face folder (kept in $
   else
     python3 bench/e2e/moe_model.py "$shape" "$d" --layers "$layers" --device "$device" > /dev/null 2> "$work/init.log"
     rc=$?
-    if [ $rc = 3 ]; then  # no room: the other MoE folders of the cache go, then once more
-      find "$cache" -maxdepth 1 -name 'model-moe-*' ! -name "model-moe-$shape-L$layers" -exec rm -rf {} +
+    if [ $rc = 3 ]; then  # no room: the cache's other random-init folders go (remade when asked for), then once more
+      find "$cache" -maxdepth 1 -name 'model-*' ! -name "model-moe-$shape-L$layers" -exec rm -rf {} +
       python3 bench/e2e/moe_model.py "$shape" "$d" --layers "$layers" --device "$device" > /dev/null 2> "$work/init.log"
       rc=$?
     fi

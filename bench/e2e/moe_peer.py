@@ -177,7 +177,8 @@ def run_mode(a, mode):
         path = unsloth_family.with_tokenizer(a.model_dir, f"{a.shape}-L{info['layers']}")
         gcm = "unsloth" if gc else False
         model, _ = FastModel.from_pretrained(path, max_seq_length=a.seq, dtype=dtype, load_in_4bit=q,
-                                             full_finetuning=False, use_gradient_checkpointing=gcm)
+                                             load_in_16bit=not q, full_finetuning=False,
+                                             use_gradient_checkpointing=gcm)
         info["weights_GiB"] = gib(torch.cuda.memory_allocated()) if cuda else None
         if q:
             info["quantised"] = quantised_summary(model)
