@@ -28,7 +28,10 @@
 #   LOOM_MOE_BATCH    rows a step (default: 4 for the 30B/8x7B shapes), LOOM_MOE_SEQ (default 2048)
 #   LOOM_MOE_STEPS    Loom's steps (default 12, the first quarter warm-up); the peers run 3 warm-up steps and
 #                     LOOM_MOE_STEPS - 3 timed ones
-#   LOOM_MOE_FLAGS    more `loom train` flags (e.g. "--lora-targets q_proj,k_proj,v_proj,o_proj")
+#   LOOM_MOE_FLAGS    more `loom train` flags
+#   LOOM_MOE_TARGETS  Loom's --lora-targets (default q_proj,k_proj,v_proj,o_proj,experts: the peers' set)
+#   LOOM_MOE_LOOM_SOURCE  random (default: `loom train --random-init` on config.json alone, any depth fits the
+#                     disk) or folder (the bf16 folder the bnb and Unsloth peers read)
 #   LOOM_MOE_INIT     torch (default: moe_model.py draws the folder on the GPU) or loom (`loom init --from`
 #                     the config: needs the families registered, and host memory for the model in f32)
 #   LOOM_MOE_RUN_TIMEOUT (Loom, default 420 s), LOOM_MOE_PEER_TIMEOUT (a peer mode, default 420 s)
@@ -126,8 +129,12 @@ print(json.dumps(r))' "$1" "$2"
 }
 
 loom_run() {  # shape layers batch mode [extra flags, e.g. --qlora] -> one JSON line
-  local shape=$1 layers=$2 batch=$3 mode=$4 extra=${5:-} m d run rc mib line
-  if ! m=$(moe_dir "$shape" "$layers" 2> "$work/dir.err"); then
+  local shape=$1 layers=$2 batch=$3 mode=$4 extra=${5:-} m d run rc mib line init=""
+  if [ "${LOOM_MOE_LOOM_SOURCE:-random}" = random ]; then  # config.json alone, weights drawn on the GPU (--random-init)
+    m="$work/cfg-$shape-L$layers"
+    [ -f "$m/config.json" ] || python3 bench/e2e/moe_model.py "$shape" "$m" --config-only --layers "$layers" > /dev/null
+    init=--random-init
+  elif ! m=$(moe_dir "$shape" "$layers" 2> "$work/dir.err"); then
     fail_line "$shape" "$layers" "loom ${extra:+$extra }--checkpointing $mode" "model folder: $(tail -1 "$work/dir.err")"; return
   fi
   d=$(data_file) || return 1
@@ -135,7 +142,8 @@ loom_run() {  # shape layers batch mode [extra flags, e.g. --qlora] -> one JSON 
   smi_start
   timeout "${LOOM_MOE_RUN_TIMEOUT:-420}" "$loom" train --overwrite --model "$m" --data "$d" --out "$run" --device "$device" \
     --dtype "$dtype" --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --lora-r 16 --lora-alpha 32 --lr 2e-4 \
-    --checkpointing "$mode" $extra ${LOOM_MOE_FLAGS:-} --quiet > "$run.log" 2>&1
+    --checkpointing "$mode" --lora-targets "${LOOM_MOE_TARGETS:-q_proj,k_proj,v_proj,o_proj,experts}" $init $extra \
+    ${LOOM_MOE_FLAGS:-} --quiet > "$run.log" 2>&1
   rc=$?
   mib=$(smi_stop)
   line=$(python3 - "$run/metrics.jsonl" "$shape" "$layers" "$mode" "$batch" "$seq" "$rc" "$run.log" "$extra" "$steps" <<'PY'
