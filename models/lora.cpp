@@ -65,7 +65,7 @@ void attach(Linear& l, Tensor a, Tensor b, const LoraConfig& c) {
   auto lora = std::make_unique<LoraAdapter>();
   lora->A = ag::Variable(std::move(a), true);
   lora->B = ag::Variable(std::move(b), true);
-  lora->scale = c.scale();
+  lora->scale = c.scale_for(l.name);
   lora->dropout = c.dropout;
   l.lora = std::move(lora);
 }
@@ -84,6 +84,32 @@ absl::Status check_config(const LoraConfig& c) {
 
 float LoraConfig::scale() const {
   return use_rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r);
+}
+
+namespace {
+// PEFT's get_pattern_key: re.match(rf"(.*\.)?({key})$", name).
+template <class V>
+const V* pattern_value(const std::vector<std::pair<std::string, V>>& patterns, const std::string& name) {
+  for (const auto& [key, v] : patterns) {
+    try {
+      if (std::regex_match(name, std::regex("(.*\\.)?(" + key + ")"))) return &v;
+    } catch (const std::regex_error&) {
+      if (name == key || name.ends_with("." + key)) return &v;
+    }
+  }
+  return nullptr;
+}
+}  // namespace
+
+int64_t LoraConfig::rank_for(const std::string& name) const {
+  const int64_t* v = pattern_value(rank_pattern, name);
+  return v ? *v : r;
+}
+
+float LoraConfig::scale_for(const std::string& name) const {
+  const float* a = pattern_value(alpha_pattern, name);
+  const float rank = static_cast<float>(rank_for(name)), al = a ? *a : alpha;
+  return use_rslora ? al / std::sqrt(rank) : al / rank;
 }
 
 std::string peft_tensor_name(const std::string& module, bool lora_a) {
@@ -105,8 +131,9 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
   // A rank past a module's larger side adds nothing a rank of min(in, out) could not, and is
   // almost always a typo: refused before any adapter is allocated.
   for (Linear* l : model.linears())
-    if (matches(l->name, config, l->name == "lm_head") && config.r > std::max(l->in_features(), l->out_features()))
-      return absl::InvalidArgumentError(absl::StrCat("LoRA r ", config.r, " exceeds both sides of ", l->name, " (in ",
+    if (matches(l->name, config, l->name == "lm_head") &&
+        config.rank_for(l->name) > std::max(l->in_features(), l->out_features()))
+      return absl::InvalidArgumentError(absl::StrCat("LoRA r ", config.rank_for(l->name), " exceeds both sides of ", l->name, " (in ",
                                                      l->in_features(), ", out ", l->out_features(),
                                                      "): a rank past min(in, out) adds no capacity"));
   int matched = 0;
@@ -117,10 +144,11 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
     ++matched;
     const int64_t in = l->in_features(), out = l->out_features();
     const DType adapter = model.precision().adapter;  // f32 next to a bf16 model, as PEFT
-    Tensor a = Tensor::empty({config.r, in}, adapter, model.device());
+    const int64_t r = config.rank_for(l->name);
+    Tensor a = Tensor::empty({r, in}, adapter, model.device());
     const float bound = 1.f / std::sqrt(static_cast<float>(in));
     ops::uniform_(a, seed, index << 32, -bound, bound);
-    attach(*l, a, Tensor::zeros({out, config.r}, adapter, model.device()), config);
+    attach(*l, a, Tensor::zeros({out, r}, adapter, model.device()), config);
   }
   if (absl::Status s = detail::add_expert_lora(model, config, seed, &matched); !s.ok()) return s;
   if (matched == 0) {
@@ -238,6 +266,8 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       {"use_dora", false},
       {"revision", nullptr},
   };
+  for (const auto& [k, v] : config.rank_pattern) j["rank_pattern"][k] = v;
+  for (const auto& [k, v] : config.alpha_pattern) j["alpha_pattern"][k] = v;
   if (!short_params.empty()) j["target_parameters"] = std::vector<std::string>(short_params.begin(), short_params.end());
   if (absl::Status s = save_tensors(weights_path, tensors, DType::f32, {{"format", "pt"}});
       !s.ok())
@@ -298,8 +328,24 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty("use_dora") && j.value("use_dora", false)) return bad("DoRA adapters (use_dora) are not supported");
     if (nonempty("bias") && j.value("bias", "none") != "none") return bad("LoRA bias training (bias != \"none\") is not supported");
     if (nonempty("fan_in_fan_out") && j.value("fan_in_fan_out", false)) return bad("fan_in_fan_out adapters are not supported");
-    for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform"})
+    for (const char* key : {"modules_to_save", "layers_to_transform"})
       if (nonempty(key)) return bad(absl::StrCat(key, " is not supported"));
+    if (nonempty("rank_pattern")) {
+      if (!j["rank_pattern"].is_object()) return bad("rank_pattern must be an object of module pattern -> rank");
+      for (const auto& [k, v] : j["rank_pattern"].items()) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65536)
+          return bad(absl::StrCat("rank_pattern[\"", k, "\"] must be an integer from 1 to 65536, got ", v.dump()));
+        c.rank_pattern.emplace_back(k, v.get<int64_t>());
+      }
+    }
+    if (nonempty("alpha_pattern")) {
+      if (!j["alpha_pattern"].is_object()) return bad("alpha_pattern must be an object of module pattern -> alpha");
+      for (const auto& [k, v] : j["alpha_pattern"].items()) {
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0) || v.get<double>() > 1e30)
+          return bad(absl::StrCat("alpha_pattern[\"", k, "\"] must be a positive number, got ", v.dump()));
+        c.alpha_pattern.emplace_back(k, static_cast<float>(v.get<double>()));
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     return bad(absl::StrCat("malformed field: ", e.what()));
   }
@@ -337,9 +383,10 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
   };
   for (Linear* l : model.linears()) {
     if (!matches(l->name, c, l->name == "lm_head")) continue;
-    auto a = read(peft_tensor_name(l->name, true), {c.r, l->in_features()});
+    const int64_t r = c.rank_for(l->name);
+    auto a = read(peft_tensor_name(l->name, true), {r, l->in_features()});
     if (!a.ok()) return a.status();
-    auto b = read(peft_tensor_name(l->name, false), {l->out_features(), c.r});
+    auto b = read(peft_tensor_name(l->name, false), {l->out_features(), r});
     if (!b.ok()) return b.status();
     attach(*l, *std::move(a), *std::move(b), c);
   }

@@ -26,7 +26,15 @@ struct LoraConfig {
   // "mlp.experts.down_proj"), matched as target_modules are (models/lora_experts.h). Empty: none.
   std::vector<std::string> target_parameters;
 
+  // PEFT's rank_pattern / alpha_pattern: a module (or expert parameter) whose name matches a key
+  // (`(.*\.)?(key)$`, the first in key order) gets that rank / alpha instead of r / alpha. PEFT
+  // writes {".*\\.gate_up_proj": 2r} when it turns the v4 names gate_proj/up_proj into expert targets.
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, float>> alpha_pattern;
+
   float scale() const;
+  int64_t rank_for(const std::string& name) const;
+  float scale_for(const std::string& name) const;
 };
 
 // Adds fresh adapters: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform_ with a = sqrt(5))

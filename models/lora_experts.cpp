@@ -24,7 +24,7 @@ void attach(ExpertLinear& p, Tensor a, Tensor b, const LoraConfig& c) {
   auto lora = std::make_unique<LoraAdapter>();
   lora->A = ag::Variable(std::move(a), true);
   lora->B = ag::Variable(std::move(b), true);
-  lora->scale = c.scale();
+  lora->scale = c.scale_for(p.name);
   p.lora = std::move(lora);
 }
 
@@ -44,15 +44,16 @@ absl::Status add_expert_lora(CausalLM& model, const LoraConfig& c, uint64_t seed
     if (c.dropout > 0)
       return absl::InvalidArgumentError(absl::StrCat("LoRA dropout ", c.dropout, " on the experts (", p->name,
                                                      "): PEFT's LoRA on expert parameters has no dropout; use 0"));
-    if (c.r > std::max(p->in, p->out))
-      return absl::InvalidArgumentError(absl::StrCat("LoRA r ", c.r, " exceeds both sides of ", p->name, " (in ", p->in,
+    const int64_t r = c.rank_for(p->name);
+    if (r > std::max(p->in, p->out))
+      return absl::InvalidArgumentError(absl::StrCat("LoRA r ", r, " exceeds both sides of ", p->name, " (in ", p->in,
                                                      ", out ", p->out, ")"));
     const DType adapter = model.precision().adapter;
     // PEFT: lora_A = Linear(in, r E) with kaiming_uniform_(a = sqrt(5)): U(+-1/sqrt(in)) for every row.
-    Tensor a = Tensor::empty({p->experts, c.r, p->in}, adapter, model.device());
+    Tensor a = Tensor::empty({p->experts, r, p->in}, adapter, model.device());
     const float bound = 1.f / std::sqrt(static_cast<float>(p->in));
     ops::uniform_(a, seed, (index << 32) | (1ULL << 31), -bound, bound);
-    attach(*p, a, Tensor::zeros({p->experts, p->out, c.r}, adapter, model.device()), c);
+    attach(*p, a, Tensor::zeros({p->experts, p->out, r}, adapter, model.device()), c);
     ++*matched;
   }
   return absl::OkStatus();
@@ -89,11 +90,12 @@ absl::Status load_expert_lora(CausalLM& model, const LoraConfig& c, const ReadAd
     }
   for (ExpertLinear* p : targeted) {
     const std::string module = peft_expert_module(model, *p);
-    auto a = read(peft_tensor_name(module, true), {c.r * p->experts, p->in});
+    const int64_t r = c.rank_for(p->name);
+    auto a = read(peft_tensor_name(module, true), {r * p->experts, p->in});
     if (!a.ok()) return a.status();
-    auto b = read(peft_tensor_name(module, false), {p->out, c.r * p->experts});
+    auto b = read(peft_tensor_name(module, false), {p->out, r * p->experts});
     if (!b.ok()) return b.status();
-    attach(*p, a->reshape({p->experts, c.r, p->in}), b_from_peft(*b, p->experts), c);
+    attach(*p, a->reshape({p->experts, r, p->in}), b_from_peft(*b, p->experts), c);
   }
   return absl::OkStatus();
 }

@@ -127,6 +127,31 @@ TEST_P(MoeFamily, AdapterAndCheckpointRoundTrip) {
   }
 }
 
+// An adapter PEFT made from the v4 names (q/k/v/o, gate/up/down or w1/w2/w3): PEFT moved the MLP names to
+// target_parameters and gave gate_up rank and alpha 2r, 2 alpha through rank_pattern / alpha_pattern.
+TEST_P(MoeFamily, PeftAdapterFromV4NamesWithRankPattern) {
+  auto model = load();
+  ASSERT_TRUE(model);
+  auto lc = load_adapter(*model, dir() + "/adapter_v4_targets");
+  ASSERT_TRUE(lc.ok()) << lc.status();
+  ASSERT_EQ(lc->rank_pattern.size(), 1u);
+  EXPECT_EQ(lc->rank_for("model.layers.0.mlp.experts.gate_up_proj"), 2 * lc->r);
+  EXPECT_EQ(lc->rank_for("model.layers.0.mlp.experts.down_proj"), lc->r);
+  auto in = inputs();
+  auto ref = read_all(dir() + "/reference_lora_v4_targets.safetensors");
+  ag::NoGradGuard no_grad;
+  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
+  EXPECT_NEAR(model->loss(in["input_ids"], in["labels"]).value().item(), ref["loss"].item(), 1e-5);
+  // Saved back with its patterns, it loads to the same adapter.
+  test::TempDir tmp;
+  ASSERT_TRUE(save_adapter(*model, *lc, tmp.path()).ok());
+  auto again = load();
+  auto lc2 = load_adapter(*again, tmp.path());
+  ASSERT_TRUE(lc2.ok()) << lc2.status();
+  EXPECT_EQ(lc2->rank_pattern, lc->rank_pattern);
+  EXPECT_LT(rel_err(again->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
+}
+
 // bf16 on the CPU against PEFT's bf16 model (made on the GPU machine's device or CPU, as its
 // metadata says): the logits and gradients within bf16 rounding.
 TEST_P(MoeFamily, Bf16IsCloseToPeft) {
