@@ -11,7 +11,7 @@
 
 #include "models/causal_lm.h"
 #include "models/lora.h"
-#include "tests/models/fixtures.h"
+#include "tests/models/moe_checks.h"
 #include "tests/temp_dir.h"
 
 namespace loom {
@@ -29,69 +29,11 @@ class MoeFamily : public ::testing::TestWithParam<std::string> {
     return m.ok() ? *std::move(m) : nullptr;
   }
   std::map<std::string, Tensor> inputs() const { return read_all(dir() + "/inputs.safetensors"); }
-  // transformers' router_aux_loss_coef of the fixtures
-  static constexpr double kCoef = 0.02;
 };
 
-TEST_P(MoeFamily, LogitsLossAndLoadBalancingLossMatchTransformers) {
-  auto model = load();
-  ASSERT_TRUE(model);
-  EXPECT_GT(model->config().moe.experts, 1);
-  auto in = inputs();
-  auto ref = read_all(dir() + "/reference.safetensors");
-  ag::NoGradGuard no_grad;
-  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
-  ag::Variable aux;
-  ForwardOptions opt;
-  opt.aux_loss = &aux;
-  const ag::Variable ce = model->loss(in["input_ids"], in["labels"], opt);
-  EXPECT_NEAR(ce.value().item(), ref["loss"].item(), 1e-5);
-  ASSERT_TRUE(aux.defined());
-  EXPECT_NEAR(aux.value().item(), ref["aux_loss"].item(), 1e-5);
-  opt.aux_loss = nullptr;
-  opt.router_aux_loss_coef = kCoef;
-  EXPECT_NEAR(model->loss(in["input_ids"], in["labels"], opt).value().item(), ref["loss_with_aux"].item(), 1e-5);
-}
-
-// Every adapter gradient, in PEFT's names and layouts, with and without the auxiliary loss; the
-// same under recompute checkpointing.
-TEST_P(MoeFamily, LoraOnAttentionAndExpertsMatchesPeft) {
-  auto in = inputs();
-  auto ref = read_all(dir() + "/reference_lora.safetensors");
-  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kRecompute})
-    for (bool with_aux : {false, true}) {
-      auto model = load();
-      ASSERT_TRUE(model);
-      auto lc = load_adapter(*model, dir() + "/adapter");
-      ASSERT_TRUE(lc.ok()) << lc.status();
-      EXPECT_FALSE(lc->target_parameters.empty());
-      model->set_checkpointing(mode);
-      ForwardOptions opt;
-      opt.router_aux_loss_coef = with_aux ? kCoef : 0;
-      const ag::Variable loss = model->loss(in["input_ids"], in["labels"], opt);
-      EXPECT_NEAR(loss.value().item(), ref[with_aux ? "loss_with_aux" : "loss"].item(), 1e-5);
-      ag::backward(loss);
-      const std::string prefix = with_aux ? "grad_with_aux." : "grad.";
-      int experts = 0, checked = 0;
-      for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
-        ASSERT_TRUE(ref.count(prefix + name)) << name;
-        ASSERT_TRUE(g.defined()) << name;
-        EXPECT_LT(rel_err(g, ref[prefix + name]), 1e-4) << name << " " << checkpointing_name(mode) << " aux " << with_aux;
-        experts += name.find(".mlp.experts.") != std::string::npos;
-        ++checked;
-      }
-      int want = 0;
-      for (const auto& [name, t] : ref) want += name.starts_with(prefix);
-      EXPECT_EQ(checked, want);
-      EXPECT_GT(experts, 0);
-    }
-  auto model = load();
-  ASSERT_TRUE(load_adapter(*model, dir() + "/adapter").ok());
-  ag::NoGradGuard no_grad;
-  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
-  merge_lora(*model);
-  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["merged_logits"]), 2e-5);
-}
+TEST_P(MoeFamily, LogitsLossAndLoadBalancingLossMatchTransformers) { test::check_moe_forward(GetParam(), Device::cpu(), 2e-5); }
+TEST_P(MoeFamily, LoraOnAttentionAndExpertsMatchesPeft) { test::check_moe_lora(GetParam(), Device::cpu(), 2e-5); }
+TEST_P(MoeFamily, Bf16IsCloseToPeft) { test::check_moe_bf16(GetParam(), Device::cpu()); }
 
 // The adapter saved back is PEFT's file: the same names, shapes and values, target_parameters kept.
 TEST_P(MoeFamily, AdapterAndCheckpointRoundTrip) {
@@ -152,24 +94,7 @@ TEST_P(MoeFamily, PeftAdapterFromV4NamesWithRankPattern) {
   EXPECT_LT(rel_err(again->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
 }
 
-// bf16 on the CPU against PEFT's bf16 model (made on the GPU machine's device or CPU, as its
-// metadata says): the logits and gradients within bf16 rounding.
-TEST_P(MoeFamily, Bf16IsCloseToPeft) {
-  auto model = load(DType::bf16);
-  ASSERT_TRUE(model);
-  ASSERT_TRUE(load_adapter(*model, dir() + "/adapter").ok());
-  auto in = inputs();
-  auto ref = read_all(dir() + "/reference_lora_bf16.safetensors");
-  const ag::Variable loss = model->loss(in["input_ids"], in["labels"]);
-  EXPECT_NEAR(loss.value().item(), ref["loss"].item(), 0.02);
-  ag::backward(loss);
-  for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
-    ASSERT_TRUE(ref.count("grad." + name)) << name;
-    EXPECT_LT(rel_err(g, ref["grad." + name]), 0.08) << name;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, MoeFamily, ::testing::Values("mixtral", "qwen3_moe", "qwen3_moe_sparse"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, MoeFamily, ::testing::ValuesIn(test::moe_variants()));
 
 }  // namespace
 }  // namespace loom

@@ -1,0 +1,105 @@
+// The MoE family checks of test_moe_families.cpp (CPU) and test_moe_families_cuda.cpp, against the
+// transformers 5.17 + PEFT 0.21 fixtures of tools/make_moe_reference.py.
+#pragma once
+#include <gtest/gtest.h>
+
+#include "models/causal_lm.h"
+#include "models/lora.h"
+#include "tests/models/fixtures.h"
+
+namespace loom::test {
+
+constexpr double kMoeAuxCoef = 0.02;  // the fixtures' router_aux_loss_coef
+
+inline std::unique_ptr<CausalLM> load_moe(const std::string& variant, DType dtype, Device device) {
+  auto m = CausalLM::load(fixture_dir(variant), {dtype, device});
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? *std::move(m) : nullptr;
+}
+
+// Logits, the cross-entropy and the load-balancing loss (alone and with the coefficient), f32.
+inline void check_moe_forward(const std::string& variant, Device device, double tol) {
+  auto model = load_moe(variant, DType::f32, device);
+  ASSERT_TRUE(model);
+  EXPECT_GT(model->config().moe.experts, 1);
+  auto in = read_all(fixture_dir(variant) + "/inputs.safetensors");
+  auto ref = read_all(fixture_dir(variant) + "/reference.safetensors");
+  ag::NoGradGuard no_grad;
+  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["logits"]), tol);
+  ag::Variable aux;
+  ForwardOptions opt;
+  opt.aux_loss = &aux;
+  const ag::Variable ce = model->loss(in["input_ids"], in["labels"], opt);
+  EXPECT_NEAR(ce.value().item(), ref["loss"].item(), tol);
+  ASSERT_TRUE(aux.defined());
+  EXPECT_NEAR(aux.value().item(), ref["aux_loss"].item(), tol);
+  opt.aux_loss = nullptr;
+  opt.router_aux_loss_coef = kMoeAuxCoef;
+  EXPECT_NEAR(model->loss(in["input_ids"], in["labels"], opt).value().item(), ref["loss_with_aux"].item(), tol);
+}
+
+// Every adapter gradient in PEFT's names and layouts, with and without the auxiliary loss, with and
+// without recompute checkpointing; the adapter's logits and the merged model's. f32.
+inline void check_moe_lora(const std::string& variant, Device device, double tol) {
+  const std::string dir = fixture_dir(variant);
+  auto in = read_all(dir + "/inputs.safetensors");
+  auto ref = read_all(dir + "/reference_lora.safetensors");
+  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kRecompute})
+    for (bool with_aux : {false, true}) {
+      auto model = load_moe(variant, DType::f32, device);
+      ASSERT_TRUE(model);
+      auto lc = load_adapter(*model, dir + "/adapter");
+      ASSERT_TRUE(lc.ok()) << lc.status();
+      EXPECT_FALSE(lc->target_parameters.empty());
+      model->set_checkpointing(mode);
+      ForwardOptions opt;
+      opt.router_aux_loss_coef = with_aux ? kMoeAuxCoef : 0;
+      const ag::Variable loss = model->loss(in["input_ids"], in["labels"], opt);
+      EXPECT_NEAR(loss.value().item(), ref[with_aux ? "loss_with_aux" : "loss"].item(), tol);
+      ag::backward(loss);
+      const std::string prefix = with_aux ? "grad_with_aux." : "grad.";
+      int experts = 0, checked = 0;
+      for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
+        ASSERT_TRUE(ref.count(prefix + name)) << name;
+        ASSERT_TRUE(g.defined()) << name;
+        EXPECT_LT(rel_err(g, ref[prefix + name]), 5 * tol) << name << " " << checkpointing_name(mode) << " aux " << with_aux;
+        experts += name.find(".mlp.experts.") != std::string::npos;
+        ++checked;
+      }
+      int want = 0;
+      for (const auto& [name, t] : ref) want += name.starts_with(prefix);
+      EXPECT_EQ(checked, want);
+      EXPECT_GT(experts, 0);
+    }
+  auto model = load_moe(variant, DType::f32, device);
+  ASSERT_TRUE(load_adapter(*model, dir + "/adapter").ok());
+  ag::NoGradGuard no_grad;
+  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["logits"]), tol);
+  merge_lora(*model);
+  EXPECT_LT(rel_err(model->forward(in["input_ids"]).value(), ref["merged_logits"]), tol);
+}
+
+// bf16 against PEFT's bf16 model (made on the device its metadata names): the loss and every
+// gradient within bf16 rounding.
+inline void check_moe_bf16(const std::string& variant, Device device) {
+  const std::string dir = fixture_dir(variant);
+  auto model = load_moe(variant, DType::bf16, device);
+  ASSERT_TRUE(model);
+  ASSERT_TRUE(load_adapter(*model, dir + "/adapter").ok());
+  auto in = read_all(dir + "/inputs.safetensors");
+  auto ref = read_all(dir + "/reference_lora_bf16.safetensors");
+  const ag::Variable loss = model->loss(in["input_ids"], in["labels"]);
+  EXPECT_NEAR(loss.value().item(), ref["loss"].item(), 0.02);
+  ag::backward(loss);
+  for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
+    ASSERT_TRUE(ref.count("grad." + name)) << name;
+    EXPECT_LT(rel_err(g, ref["grad." + name]), 0.08) << name;
+  }
+}
+
+inline const std::vector<std::string>& moe_variants() {
+  static const std::vector<std::string> v = {"mixtral", "qwen3_moe", "qwen3_moe_sparse"};
+  return v;
+}
+
+}  // namespace loom::test
