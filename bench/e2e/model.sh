@@ -4,9 +4,17 @@
 # machine that stays warm: LOOM_E2E_CACHE (default /tmp/loom-e2e); written under a temporary name.
 cache=${LOOM_E2E_CACHE:-/tmp/loom-e2e}
 model_dir() {  # $1: 1b | 8b | phi35 | gemma3_4b -> a random-init bf16 Hugging Face folder that both Loom and the peers read
-  local shape=$1 d="$cache/model-$1"
+  local shape=$1 d="$cache/model-$1" cfg
   [ -d "$d" ] && { echo "$d"; return; }
   mkdir -p "$cache"
+  cfg=$(config_dir "$shape") || return 1
+  "$loom" init --from "$cfg" --out "$d.tmp$$" --seed 0 > /dev/null && mv "$d.tmp$$" "$d" || return 1
+  echo "$d"
+}
+
+config_dir() {  # $1: a shape -> $work/cfg-<shape>: its config.json and the demo tokenizer (for loom train --random-init)
+  local shape=$1
+  [ -f "$work/cfg-$shape/config.json" ] && { echo "$work/cfg-$shape"; return; }
   mkdir -p "$work/cfg-$shape"
   case $shape in
     phi35)  # Phi-3.5-mini-instruct's shape: fused projections, LongRoPE (2048 < 4096: the short factors)
@@ -44,7 +52,6 @@ JSON
       ;;
   esac
   cp examples/demo/model-config/tokenizer.json "$work/cfg-$shape/"
-  "$loom" init --from "$work/cfg-$shape" --out "$d.tmp$$" --seed 0 > /dev/null && mv "$d.tmp$$" "$d" || return 1
-  echo "$d"
+  echo "$work/cfg-$shape"
 }
 
