@@ -53,9 +53,9 @@ CudaContext::~CudaContext() {
   // Errors are ignored: this runs at exit, possibly after a sticky CUDA error ended the program.
   if (cudaSetDevice(device) != cudaSuccess) return;
   if (stream) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (cublas) cublasDestroy(cublas);  // before the workspace it was given
   if (gemm_workspace) cudaFree(gemm_workspace);
   if (reduce_workspace) cudaFree(reduce_workspace);
-  if (cublas) cublasDestroy(cublas);
   if (cublaslt) cublasLtDestroy(cublaslt);
   if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
