@@ -37,40 +37,4 @@ Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& 
   return record1(node_of("moe_combine", backward), {&ys, &weights}, ops::moe_combine(y, row_of, w));
 }
 
-Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets) {
-  const Tensor x = xs.value(), wv = w.value();
-  LOOM_CHECK(x.dim() == 2 && wv.dim() == 3 && x.size(1) == wv.size(2) &&
-                 static_cast<int64_t>(offsets.size()) == wv.size(0) + 1 && offsets.back() == x.size(0),
-             "grouped_linear: xs ", x.str(), ", w ", wv.str(), " and ", offsets.size(), " offsets do not fit");
-  const int64_t experts = wv.size(0), out = wv.size(1);
-  Tensor y = Tensor::zeros({x.size(0), out}, x.dtype(), x.device());
-  for (int64_t e = 0; e < experts; ++e) {
-    const int64_t n = offsets[e + 1] - offsets[e];
-    if (n == 0) continue;
-    Tensor ye = y.narrow(0, offsets[e], n);
-    ops::matmul_into(x.narrow(0, offsets[e], n), wv.narrow(0, e, 1).reshape({out, wv.size(2)}), ye, false, true);
-  }
-  auto backward = [x, wv, offsets](Node& node, const Grads& g) {
-    const int64_t E = wv.size(0), o = wv.size(1), in = wv.size(2);
-    Tensor dx, dw;
-    if (node.needs_grad(0)) dx = Tensor::zeros(x.shape(), x.dtype(), x.device());
-    if (node.needs_grad(1)) dw = Tensor::zeros(wv.shape(), wv.dtype(), wv.device());
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t n = offsets[e + 1] - offsets[e];
-      if (n == 0) continue;
-      const Tensor dy = g[0].narrow(0, offsets[e], n), we = wv.narrow(0, e, 1).reshape({o, in});
-      if (dx.defined()) {
-        Tensor dxe = dx.narrow(0, offsets[e], n);
-        ops::matmul_into(dy, we, dxe, false, false);
-      }
-      if (dw.defined()) {
-        Tensor dwe = dw.narrow(0, e, 1).reshape({o, in});
-        ops::matmul_into(dy, x.narrow(0, offsets[e], n), dwe, true, false);
-      }
-    }
-    return Grads{dx, dw};
-  };
-  return record1(node_of("grouped_linear", backward), {&xs, &w}, y);
-}
-
 }  // namespace loom::ag

@@ -1,7 +1,8 @@
-// loom_bench entry point: creates the stream, cuBLASLt handle and workspaces, measures the roofline
+// loom_bench entry point: creates the stream, cuBLAS(Lt) handles and workspaces, measures the roofline
 // once (device-to-device copy bandwidth, bf16 8192^3 GEMM rate), prints it in the benchmark
 // context, registers one benchmark per CUDA kernel launcher and runs them.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -29,6 +30,8 @@ void create_context(int device) {
   LOOM_CUDA_CHECK(cudaStreamCreate(&s));
   c.stream = s;
   LOOM_CHECK(cublasLtCreate(&c.cublaslt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed");
+  LOOM_CHECK(cublasCreate(&c.cublas) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed");
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&c.sm_count, cudaDevAttrMultiProcessorCount, device));
   LOOM_CUDA_CHECK(cudaMalloc(&c.gemm_ws.ptr, kGemmWorkspaceBytes));
   c.gemm_ws.bytes = kGemmWorkspaceBytes;
   void* r = nullptr;
@@ -133,6 +136,7 @@ int main(int argc, char** argv) {
   if (!list_only && !setup()) return 1;
   register_elementwise();
   register_gemm();
+  register_grouped_gemm();
   register_nn();
   register_attention();
   register_loss();

@@ -14,6 +14,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/error.h"
 #include "kernels/gemm.h"
+#include "kernels/grouped_gemm.h"
 
 
 namespace loom::bench {
@@ -27,7 +28,9 @@ struct Roofline {
 struct BenchContext {
   Stream stream = nullptr;
   cublasLtHandle_t cublaslt = nullptr;
+  cublasHandle_t cublas = nullptr;  // grouped GEMMs (bound to `stream` and gemm_ws on first use)
   GemmWorkspace gemm_ws;
+  int sm_count = 0;
   float* reduce_ws = nullptr;  // kReduceWorkspaceFloats floats for the reductions
   Roofline roof;
 };
@@ -96,6 +99,7 @@ std::string size_name(int64_t n);
 // Registration of each family (one file each).
 void register_elementwise();
 void register_gemm();
+void register_grouped_gemm();  // MoE expert GEMMs: cuBLAS's grouped call vs the per-expert loop
 void register_nn();         // rms_norm, rope, swiglu/geglu, embedding
 void register_attention();  // attention, cross_entropy
 void register_loss();       // fused linear + cross-entropy

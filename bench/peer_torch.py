@@ -12,6 +12,7 @@ torch.autograd.grad(..., retain_graph=True) on a graph built once, outside the t
 A case may have several variants (e.g. AdamW forloop / foreach / fused); each is one entry.
 """
 import argparse
+import heapq
 import json
 import math
 import re
@@ -441,8 +442,91 @@ def quant_cases():
     yield "nf4_quantize/bf16" + shape, "bnb", quant
 
 
+# ---- grouped expert GEMMs (bench/bench_grouped_gemm.cpp) -------------------------------------------
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _uniform(stream, i):
+    return ((_splitmix64(((stream << 32) + i) & _M64) >> 11) + 0.5) * 2.0 ** -53
+
+
+def routing_counts(experts, top_k, tokens):
+    """Rows per expert as bench_grouped_gemm.cpp's routing_offsets draws them (the same numbers): each
+    token's top_k experts sampled without replacement from softmax(logits) by Gumbel top-k."""
+    logit = [math.sqrt(3.0) * (2.0 * _uniform(1, e) - 1.0) for e in range(experts)]
+    counts = [0] * experts
+    for t in range(tokens):
+        score = [logit[e] - math.log(-math.log(_uniform(2, t * experts + e))) for e in range(experts)]
+        for e in heapq.nlargest(top_k, range(experts), key=score.__getitem__):
+            counts[e] += 1
+    return counts
+
+
+MOE_SHAPES = (  # name, hidden, expert width, experts, top k, tokens
+    ("qwen3_30b_a3b", 2048, 768, 128, 8, 4 * 2048),
+    ("mixtral_8x7b", 4096, 14336, 8, 2, 4 * 2048),
+)
+
+
+def moe_cases():
+    """Each expert projection (weights [E, out, in]) forward, dgrad and wgrad through torch._grouped_mm
+    (the 2d x 3d and 2d x 2d forms MoE training uses, offs = the experts' cumulative row ends), and a
+    per-expert torch.mm loop (transformers' eager experts)."""
+    for name, hidden, width, experts, top_k, tokens in MOE_SHAPES:
+        counts = routing_counts(experts, top_k, tokens)
+        ends = [0]
+        for c in counts:
+            ends.append(ends[-1] + c)
+        n = ends[-1]
+        for proj, fin, fout in (("gate_up", hidden, 2 * width), ("down", width, hidden)):
+            base = f"grouped_gemm/bf16/{name}/{proj}"
+
+            def grouped(kind, fin=fin, fout=fout, n=n, ends=ends, experts=experts):
+                def make():
+                    offs = torch.tensor(ends[1:], dtype=torch.int32, device=DEV)
+                    if kind == "fwd":  # y [N, out] = x [N, in] w_e^T
+                        x, w = rand((n, fin), BF16), rand((experts, fout, fin), BF16)
+                        wt = w.transpose(-2, -1)
+                        return lambda: torch._grouped_mm(x, wt, offs)
+                    if kind == "dgrad":  # dx [N, in] = dy [N, out] w_e
+                        dy, w = rand((n, fout), BF16), rand((experts, fout, fin), BF16)
+                        return lambda: torch._grouped_mm(dy, w, offs)
+                    dy, x = rand((n, fout), BF16), rand((n, fin), BF16)  # dw [E, out, in] = dy_e^T x_e
+                    dyt = dy.t()
+                    return lambda: torch._grouped_mm(dyt, x, offs)
+                return make
+
+            def loop(kind, fin=fin, fout=fout, n=n, ends=ends, experts=experts):
+                def make():
+                    spans = [(e, ends[e], ends[e + 1]) for e in range(experts) if ends[e + 1] > ends[e]]
+                    w = rand((experts, fout, fin), BF16)
+                    if kind == "fwd":
+                        x, y = rand((n, fin), BF16), torch.empty((n, fout), dtype=BF16, device=DEV)
+                        return lambda: [torch.mm(x[a:b], w[e].t(), out=y[a:b]) for e, a, b in spans]
+                    dy = rand((n, fout), BF16)
+                    if kind == "dgrad":
+                        dx = torch.empty((n, fin), dtype=BF16, device=DEV)
+                        return lambda: [torch.mm(dy[a:b], w[e], out=dx[a:b]) for e, a, b in spans]
+                    x, dw = rand((n, fin), BF16), torch.empty_like(w)
+                    return lambda: [torch.mm(dy[a:b].t(), x[a:b], out=dw[e]) for e, a, b in spans]
+                return make
+
+            for kind in ("fwd", "dgrad", "wgrad"):
+                yield f"{base}_{kind}", "_grouped_mm", grouped(kind)
+                yield f"{base}_{kind}", "mm_loop", loop(kind)
+
+
 def all_cases():
-    for gen in (elementwise_cases, gemm_cases, nn_cases, attention_cases, loss_cases, optim_cases, quant_cases):
+    for gen in (elementwise_cases, gemm_cases, nn_cases, attention_cases, loss_cases, optim_cases, quant_cases,
+                moe_cases):
         yield from gen()
 
 

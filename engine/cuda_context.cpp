@@ -9,6 +9,8 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #if LOOM_WITH_CUDA
+#include <cublas_v2.h>
+
 #include "kernels/cuda_check.h"
 #endif
 
@@ -35,6 +37,14 @@ std::unique_ptr<CudaContext> make_context(int index) {
   LOOM_CUDA_CHECK(cudaMalloc(&ctx->gemm_workspace, kGemmWorkspaceBytes));
   ctx->gemm_workspace_bytes = kGemmWorkspaceBytes;
   LOOM_CUDA_CHECK(cudaMalloc(&ctx->reduce_workspace, cuda::kReduceWorkspaceFloats * sizeof(float)));
+  // cuBLAS (grouped GEMMs) on the same stream, sharing cuBLASLt's workspace: the two never run at
+  // once. Its stream first: cublasSetStream resets the workspace to cuBLAS's own pool.
+  cublasHandle_t blas;
+  LOOM_CUBLAS_CHECK(cublasCreate(&blas));
+  ctx->cublas = blas;
+  LOOM_CUBLAS_CHECK(cublasSetStream(blas, stream));
+  LOOM_CUBLAS_CHECK(cublasSetWorkspace(blas, ctx->gemm_workspace, ctx->gemm_workspace_bytes));
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, index));
   return ctx;
 }
 }  // namespace
@@ -43,6 +53,7 @@ CudaContext::~CudaContext() {
   // Errors are ignored: this runs at exit, possibly after a sticky CUDA error ended the program.
   if (cudaSetDevice(device) != cudaSuccess) return;
   if (stream) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  if (cublas) cublasDestroy(cublas);  // before the workspace it was given
   if (gemm_workspace) cudaFree(gemm_workspace);
   if (reduce_workspace) cudaFree(reduce_workspace);
   if (cublaslt) cublasLtDestroy(cublaslt);

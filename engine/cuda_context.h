@@ -1,11 +1,12 @@
 // Per-device CUDA state: the main compute stream, the memory pool, one cuBLASLt handle with its
-// workspace, and a reduction scratch buffer. Created lazily on first use, one per device.
+// workspace (shared with a cuBLAS handle for grouped GEMMs), and a reduction scratch buffer. Created lazily on first use, one per device.
 #pragma once
 #include <cstddef>
 
 #include "kernels/common.h"
 
 struct cublasLtContext;
+struct cublasContext;
 
 namespace loom {
 
@@ -13,12 +14,14 @@ struct CudaContext {
   int device = 0;
   Stream stream = nullptr;               // all of Loom's compute on this device is ordered here
   cublasLtContext* cublaslt = nullptr;   // == cublasLtHandle_t
+  cublasContext* cublas = nullptr;       // == cublasHandle_t: on `stream`, with the GEMM workspace
   void* gemm_workspace = nullptr;
   size_t gemm_workspace_bytes = 0;
   float* reduce_workspace = nullptr;     // kReduceWorkspaceFloats floats
+  int sm_count = 0;                      // streaming multiprocessors
 
   CudaContext() = default;
-  // Waits for the stream, then frees the workspaces, the cuBLASLt handle and the stream (at exit:
+  // Waits for the stream, then frees the workspaces, the cuBLAS(Lt) handles and the stream (at exit:
   // the contexts live until static destruction, before the CUDA runtime's own teardown).
   ~CudaContext();
   CudaContext(const CudaContext&) = delete;

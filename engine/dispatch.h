@@ -5,6 +5,7 @@
 #include "engine/cuda_context.h"
 #include "engine/tensor.h"
 #include "kernels/error.h"
+#include "kernels/gemm.h"
 
 namespace loom::ops::detail {
 
@@ -35,6 +36,30 @@ inline void expect_dtype(const char* op, const Tensor& t, DType d, const char* w
 }
 inline void expect_contiguous(const char* op, const Tensor& t, const char* what) {
   LOOM_CHECK(t.is_contiguous(), op, ": ", what, " must be contiguous, got a strided ", t.str());
+}
+
+// The GEMM type of a float dtype (kernels/gemm.h).
+inline GemmType gemm_type(const char* op, DType d) {
+  switch (d) {
+    case DType::f32: return GemmType::kF32;
+    case DType::bf16: return GemmType::kBF16;
+    case DType::f64: return GemmType::kF64;
+    default: LOOM_CHECK(false, op, ": unsupported dtype ", name(d));
+  }
+  return GemmType::kF32;
+}
+
+// A GEMM operand and its leading dimension: a matrix whose rows are contiguous, with any row
+// stride (a column slice of a wider one), goes in as it is; anything else is made contiguous
+// (leading dimension: its last size).
+inline Tensor gemm_operand(const Tensor& t, int64_t& ld) {
+  if (t.dim() == 2 && t.strides()[1] == 1 && t.strides()[0] >= t.size(1) && t.size(0) > 1) {
+    ld = t.strides()[0];
+    return t;
+  }
+  Tensor c = t.contiguous();
+  ld = c.size(-1);
+  return c;
 }
 
 }  // namespace loom::ops::detail

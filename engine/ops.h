@@ -59,6 +59,18 @@ void matmul_into(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool
                  float beta = 0.f);
 // x [..., in] times w [out, in]^T -> [..., out]   (torch.nn.functional.linear without bias)
 Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype = std::nullopt);
+// Grouped products of mixture-of-experts layers (engine/ops_grouped.cpp): rows [offsets[e],
+// offsets[e + 1]) belong to expert e (E + 1 host offsets from 0 to N). a and b share a dtype (f32,
+// bf16, or f64 on the CPU); c has theirs, or f32 with bf16 inputs; f32 accumulation (as matmul_into).
+// On CUDA one cublasGemmGroupedBatchedEx call or one cuBLASLt call per expert (kernels/grouped_gemm.h).
+// Row-grouped: c[rows_e] = alpha * a[rows_e] op(b[e]) + beta * c[rows_e]; a [N, K], b [E, K, M]
+// ([E, M, K] with trans_b), c [N, M] preallocated. Experts without rows are skipped.
+void grouped_matmul_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
+                         bool trans_b, float alpha = 1.f, float beta = 0.f);
+// Reduction-grouped (weight gradients): c[e] = alpha * a[rows_e]^T b[rows_e] + beta * c[e]; a [N, M],
+// b [N, K], c [E, M, K] preallocated; an expert without rows gets beta * c[e] (0 when beta = 0).
+void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
+                            float alpha = 1.f, float beta = 0.f);
 // f32 x [rows, k] -> bf16 [rows, len(pattern) * k]: block p holds x's hi ('h': bf16(x)) or lo ('l':
 // bf16(x - hi)) part (kernels/bf16_split.h), for products at nearly f32 precision through bf16 GEMMs.
 Tensor bf16_split(const Tensor& x, const std::string& pattern);

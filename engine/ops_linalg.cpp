@@ -9,16 +9,6 @@ using namespace detail;
 
 namespace {
 
-GemmType gemm_type(const char* op, DType d) {
-  switch (d) {
-    case DType::f32: return GemmType::kF32;
-    case DType::bf16: return GemmType::kBF16;
-    case DType::f64: return GemmType::kF64;
-    default: LOOM_CHECK(false, op, ": unsupported dtype ", name(d));
-  }
-  return GemmType::kF32;
-}
-
 void run_gemm(const GemmArgs& g, Device device) {
   if (device.is_cpu()) {
     cpu::gemm(g);
@@ -33,18 +23,6 @@ void run_gemm(const GemmArgs& g, Device device) {
 #endif
 }
 
-// A GEMM operand and its leading dimension: a matrix whose rows are contiguous, with any row
-// stride (a column slice of a wider one), goes in as it is; anything else is made contiguous
-// (leading dimension: its last size).
-Tensor gemm_operand(const Tensor& t, int64_t& ld) {
-  if (t.dim() == 2 && t.strides()[1] == 1 && t.strides()[0] >= t.size(1) && t.size(0) > 1) {
-    ld = t.strides()[0];
-    return t;
-  }
-  Tensor c = t.contiguous();
-  ld = c.size(-1);
-  return c;
-}
 }  // namespace
 
 void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a, bool trans_b, float alpha,

@@ -1,0 +1,113 @@
+// Benchmarks of the grouped expert GEMMs (kernels/grouped_gemm.h) at Qwen3-30B-A3B's and
+// Mixtral-8x7B's MoE shapes: each expert projection's forward, input gradient (dgrad) and weight
+// gradient (wgrad), through the automatic choice (the name without a variant: what ops:: runs, and
+// what peer_torch.py's torch._grouped_mm is compared with) and through each variant by name (the
+// measurements behind choose_grouped_gemm). Expert row counts come from a softmax router's top-k
+// choices, drawn the same way in peer_torch.py so that both sides multiply the same groups.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/grouped_gemm.h"
+
+namespace loom::bench {
+namespace {
+
+struct MoeShape {
+  const char* name;
+  int64_t hidden, width, experts, top_k, tokens;  // width: one expert's intermediate size
+};
+// Qwen3-30B-A3B: 4 sequences of 2048 tokens; Mixtral-8x7B: 8192 tokens (4 x 2048 as well).
+constexpr MoeShape kShapes[] = {{"qwen3_30b_a3b", 2048, 768, 128, 8, 4 * 2048},
+                                {"mixtral_8x7b", 4096, 14336, 8, 2, 4 * 2048}};
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// Stream `stream`'s value i, uniform in (0, 1).
+double uniform(uint64_t stream, uint64_t i) {
+  return (double(splitmix64((stream << 32) + i) >> 11) + 0.5) * 0x1p-53;
+}
+
+// Each token's top_k experts drawn without replacement from softmax(router logits) (Gumbel top-k:
+// the k largest logit_e - log(-log(u))), the logits uniform with standard deviation 1 (expert
+// loads differ as a trained router's do); rows grouped by expert as offsets [E + 1].
+// bench/peer_torch.py's routing_counts draws the same numbers.
+std::vector<int64_t> routing_offsets(const MoeShape& s) {
+  const int64_t e_count = s.experts;
+  std::vector<double> logit(e_count);
+  for (int64_t e = 0; e < e_count; ++e) logit[e] = std::sqrt(3.0) * (2.0 * uniform(1, e) - 1.0);
+  std::vector<int64_t> count(e_count, 0);
+  std::vector<std::pair<double, int64_t>> score(e_count);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t e = 0; e < e_count; ++e)
+      score[e] = {logit[e] - std::log(-std::log(uniform(2, t * e_count + e))), e};
+    std::partial_sort(score.begin(), score.begin() + s.top_k, score.end(), std::greater<>());
+    for (int64_t j = 0; j < s.top_k; ++j) ++count[score[j].second];
+  }
+  std::vector<int64_t> offsets{0};
+  for (int64_t c : count) offsets.push_back(offsets.back() + c);
+  return offsets;
+}
+
+enum class Product { kFwd, kDgrad, kWgrad };
+const char* product_name(Product p) { return p == Product::kFwd ? "fwd" : p == Product::kDgrad ? "dgrad" : "wgrad"; }
+
+// One projection of every expert, in -> out, weights [E, out, in] as checkpoints store them:
+//   fwd:   y [N, out] = x [N, in] w_e^T;   dgrad: dx [N, in] = dy [N, out] w_e;
+//   wgrad: dw [E, out, in] = dy_e^T x_e.   Each 2 N in out FLOP.
+// The problem list is built inside the timed launch, as ops:: builds it on every call.
+void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p,
+                 GroupedGemmVariant v) {
+  std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p);
+  if (v != GroupedGemmVariant::kAuto) name += std::string("/") + grouped_gemm_variant_name(v);
+  add(name, [=](benchmark::State& st) {
+    const std::vector<int64_t> off = routing_offsets(s);
+    const int64_t n = off.back(), e_count = s.experts;
+    const BenchContext& c = ctx();
+    const cuda::GroupedGemmContext gc{c.cublas, c.cublaslt, c.gemm_ws, c.sm_count};
+    DeviceArray<void*> pointers(cuda::grouped_gemm_pointer_slots(size_t(e_count)));
+    const int64_t rows_in = p == Product::kFwd ? in : out;  // the row-major input's width
+    auto act = random_array<bf16>(size_t(n * rows_in));     // x (fwd), dy (dgrad, wgrad)
+    auto other = random_array<bf16>(size_t(p == Product::kWgrad ? n * in : e_count * out * in));  // x, or w
+    DeviceArray<bf16> result(size_t(p == Product::kWgrad ? e_count * out * in : n * (p == Product::kFwd ? out : in)));
+    auto problems = [&] {
+      if (p == Product::kWgrad) {
+        ReductionGroupedGemm g;
+        g.a = act.get(), g.lda = out, g.b = other.get(), g.ldb = in, g.c = result.get();
+        g.m = out, g.k = in, g.ab_type = g.c_type = GemmType::kBF16;
+        return reduction_grouped_problems(g, off);
+      }
+      RowGroupedGemm g;
+      g.a = act.get(), g.lda = rows_in, g.b = other.get(), g.c = result.get();
+      g.k = rows_in, g.m = p == Product::kFwd ? out : in, g.trans_b = p == Product::kFwd;
+      g.ab_type = g.c_type = GemmType::kBF16;
+      return row_grouped_problems(g, off);
+    };
+    run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute},
+              [&] { cuda::grouped_gemm(problems(), v, gc, pointers.get(), c.stream); });
+    if (v == GroupedGemmVariant::kAuto)  // which variant the rule picked: 1 cuBLAS's grouped call, 0 the loop
+      st.counters["picks_grouped"] =
+          choose_grouped_gemm(problems(), c.sm_count) == GroupedGemmVariant::kCublasGrouped ? 1 : 0;
+  });
+}
+
+}  // namespace
+
+void register_grouped_gemm() {
+  for (const MoeShape& s : kShapes)
+    for (auto [proj, in, out] : {std::tuple{"gate_up", s.hidden, 2 * s.width}, std::tuple{"down", s.width, s.hidden}})
+      for (Product p : {Product::kFwd, Product::kDgrad, Product::kWgrad})
+        for (GroupedGemmVariant v :
+             {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped})
+          add_grouped(s, proj, in, out, p, v);
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,121 @@
+// ops:: grouped products of mixture-of-experts layers (engine/ops.h): shape and dtype checks, the
+// per-expert problem list (kernels/grouped_gemm.h), and the backend that runs it.
+#include "engine/ops_grouped.h"
+
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+
+namespace loom::ops {
+namespace detail {
+namespace {
+
+void check_operands(const char* op, const Tensor& a, const Tensor& b, const Tensor& c) {
+  same_device(op, a, b);
+  same_device(op, a, c);
+  same_dtype(op, a, b);
+  LOOM_CHECK(c.dtype() == a.dtype() || (a.dtype() == DType::bf16 && c.dtype() == DType::f32), op, ": the output ",
+             c.str(), " must have the inputs' dtype (or f32 with bf16 inputs), inputs ", a.str(), " and ", b.str());
+  expect_contiguous(op, c, "output");
+  // Operands pass as they are (no copy), so one that overlaps the output would be read while written.
+  LOOM_CHECK(a.storage() != c.storage() && b.storage() != c.storage(), op, ": the output ", c.str(),
+             " shares memory with an operand (", a.str(), ", ", b.str(), ")");
+}
+
+// c = beta * c, as an empty product leaves it.
+void scale_output(Tensor c, float beta) {
+  if (beta == 0.f) fill_(c, 0.f);
+  else if (beta != 1.f) c.copy_(scale(c, beta));
+}
+
+void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device device, GroupedGemmVariant variant) {
+  if (problems.empty()) return;
+  if (device.is_cpu()) {
+    cpu::grouped_gemm(problems);
+    return;
+  }
+#if LOOM_WITH_CUDA
+  LOOM_CHECK(problems[0].ab_type != GemmType::kF64, op, ": f64 is CPU-only (used for gradient checks)");
+  CudaContext& ctx = CudaContext::get(device.index);
+  // The pointer arrays of cuBLAS's grouped call: a few KiB from the stream-ordered pool, released
+  // in stream order after the call that reads them.
+  Tensor pointers = Tensor::empty({static_cast<int64_t>(cuda::grouped_gemm_pointer_slots(problems.size()))},
+                                  DType::i64, device);
+  const cuda::GroupedGemmContext c{ctx.cublas, ctx.cublaslt, GemmWorkspace{ctx.gemm_workspace, ctx.gemm_workspace_bytes},
+                                   ctx.sm_count};
+  cuda::grouped_gemm(problems, variant, c, static_cast<void**>(pointers.data_ptr()), ctx.stream);
+#else
+  LOOM_CHECK(false, op, ": Loom was built without CUDA (LOOM_CUDA=OFF)");
+#endif
+}
+
+}  // namespace
+
+void grouped_matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, const std::vector<int64_t>& offsets,
+                         bool trans_b, float alpha, float beta, GroupedGemmVariant variant) {
+  const char* op = "grouped_matmul";
+  LOOM_CHECK(a_in.dim() == 2 && b_in.dim() == 3 && c.dim() == 2, op, ": needs a [N, K], b [E, ",
+             trans_b ? "M, K" : "K, M", "] and c [N, M], got ", a_in.str(), ", ", b_in.str(), " and ", c.str());
+  check_operands(op, a_in, b_in, c);
+  const int64_t n = a_in.size(0), k = a_in.size(1);
+  const int64_t m = trans_b ? b_in.size(1) : b_in.size(2), kb = trans_b ? b_in.size(2) : b_in.size(1);
+  LOOM_CHECK(b_in.size(0) + 1 == static_cast<int64_t>(offsets.size()), op, ": b ", b_in.str(), " has ", b_in.size(0),
+             " experts but there are ", offsets.size(), " offsets (E + 1 expected)");
+  check_group_offsets(op, offsets, n);
+  LOOM_CHECK(k == kb && c.size(0) == n && c.size(1) == m, op, ": a ", a_in.str(), " x b ", b_in.str(),
+             trans_b ? "^T" : "", " does not give c ", c.str());
+  if (n == 0 || m == 0) return;
+  if (k == 0) return scale_output(c, beta);
+  int64_t lda = 0;
+  const Tensor a = gemm_operand(a_in, lda), b = b_in.contiguous();
+  RowGroupedGemm g;
+  g.a = a.data_ptr(), g.lda = lda;
+  g.b = b.data_ptr();
+  g.c = c.data_ptr();
+  g.k = k, g.m = m;
+  g.trans_b = trans_b;
+  g.ab_type = gemm_type(op, a.dtype()), g.c_type = gemm_type(op, c.dtype());
+  g.alpha = alpha, g.beta = beta;
+  run_grouped(op, row_grouped_problems(g, offsets), a.device(), variant);
+}
+
+void grouped_matmul_tn_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, const std::vector<int64_t>& offsets,
+                            float alpha, float beta, GroupedGemmVariant variant) {
+  const char* op = "grouped_matmul_tn";
+  LOOM_CHECK(a_in.dim() == 2 && b_in.dim() == 2 && c.dim() == 3, op, ": needs a [N, M], b [N, K] and c [E, M, K], got ",
+             a_in.str(), ", ", b_in.str(), " and ", c.str());
+  check_operands(op, a_in, b_in, c);
+  const int64_t n = a_in.size(0), m = a_in.size(1), k = b_in.size(1);
+  LOOM_CHECK(c.size(0) + 1 == static_cast<int64_t>(offsets.size()), op, ": c ", c.str(), " has ", c.size(0),
+             " experts but there are ", offsets.size(), " offsets (E + 1 expected)");
+  check_group_offsets(op, offsets, n);
+  LOOM_CHECK(b_in.size(0) == n && c.size(1) == m && c.size(2) == k, op, ": a ", a_in.str(), "^T x b ", b_in.str(),
+             " per expert does not give c ", c.str());
+  if (m == 0 || k == 0) return;
+  for (size_t e = 0; e + 1 < offsets.size(); ++e)  // no rows: an empty sum
+    if (offsets[e] == offsets[e + 1]) scale_output(c.narrow(0, static_cast<int64_t>(e), 1), beta);
+  if (n == 0) return;
+  int64_t lda = 0, ldb = 0;
+  const Tensor a = gemm_operand(a_in, lda), b = gemm_operand(b_in, ldb);
+  ReductionGroupedGemm g;
+  g.a = a.data_ptr(), g.lda = lda;
+  g.b = b.data_ptr(), g.ldb = ldb;
+  g.c = c.data_ptr();
+  g.m = m, g.k = k;
+  g.ab_type = gemm_type(op, a.dtype()), g.c_type = gemm_type(op, c.dtype());
+  g.alpha = alpha, g.beta = beta;
+  run_grouped(op, reduction_grouped_problems(g, offsets), a.device(), variant);
+}
+
+}  // namespace detail
+
+void grouped_matmul_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
+                         bool trans_b, float alpha, float beta) {
+  detail::grouped_matmul_into(a, b, c, offsets, trans_b, alpha, beta, GroupedGemmVariant::kAuto);
+}
+
+void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
+                            float alpha, float beta) {
+  detail::grouped_matmul_tn_into(a, b, c, offsets, alpha, beta, GroupedGemmVariant::kAuto);
+}
+
+}  // namespace loom::ops

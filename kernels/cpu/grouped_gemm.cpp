@@ -1,0 +1,113 @@
+// Grouped GEMMs (kernels/grouped_gemm.h): the per-expert problem lists both backends run, the rule
+// that picks the CUDA variant, and the CPU reference (cpu::gemm per problem).
+#include "kernels/grouped_gemm.h"
+
+#include <cstdint>
+
+namespace loom {
+namespace {
+
+const char* at(const void* p, int64_t elems, GemmType t) {
+  return static_cast<const char*>(p) + elems * static_cast<int64_t>(gemm_type_size(t));
+}
+
+}  // namespace
+
+void check_group_offsets(const char* op, const std::vector<int64_t>& offsets, int64_t rows) {
+  LOOM_CHECK(offsets.size() >= 2, op, ": offsets need E + 1 >= 2 entries, got ", offsets.size());
+  LOOM_CHECK(offsets.front() == 0 && offsets.back() == rows, op, ": offsets must run from 0 to the ", rows,
+             " rows, got ", offsets.front(), " to ", offsets.back());
+  for (size_t e = 0; e + 1 < offsets.size(); ++e)
+    LOOM_CHECK(offsets[e] <= offsets[e + 1], op, ": offsets must not decrease: expert ", e, " has [", offsets[e],
+               ", ", offsets[e + 1], ")");
+}
+
+std::vector<GemmArgs> row_grouped_problems(const RowGroupedGemm& g, const std::vector<int64_t>& offsets) {
+  std::vector<GemmArgs> out;
+  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    GemmArgs p;
+    // C[rows_e] [n_e, m] = A[rows_e] [n_e, k] x op(B[e]), B[e] stored [k, m] or [m, k] (trans_b).
+    p.m = rows, p.n = g.m, p.k = g.k;
+    p.trans_b = g.trans_b;
+    p.a = at(g.a, offsets[e] * g.lda, g.ab_type), p.lda = g.lda;
+    p.b = at(g.b, e * g.k * g.m, g.ab_type), p.ldb = g.trans_b ? g.k : g.m;
+    p.c = const_cast<char*>(at(g.c, offsets[e] * g.m, g.c_type)), p.ldc = g.m;
+    p.ab_type = g.ab_type, p.c_type = g.c_type;
+    p.alpha = g.alpha, p.beta = g.beta;
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<GemmArgs> reduction_grouped_problems(const ReductionGroupedGemm& g, const std::vector<int64_t>& offsets) {
+  std::vector<GemmArgs> out;
+  const int64_t experts = static_cast<int64_t>(offsets.size()) - 1;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t rows = offsets[e + 1] - offsets[e];
+    if (rows == 0) continue;
+    GemmArgs p;
+    // C[e] [m, k] = A[rows_e]^T x B[rows_e], A[rows_e] stored [n_e, m], B[rows_e] stored [n_e, k].
+    p.m = g.m, p.n = g.k, p.k = rows;
+    p.trans_a = true;
+    p.a = at(g.a, offsets[e] * g.lda, g.ab_type), p.lda = g.lda;
+    p.b = at(g.b, offsets[e] * g.ldb, g.ab_type), p.ldb = g.ldb;
+    p.c = const_cast<char*>(at(g.c, e * g.m * g.k, g.c_type)), p.ldc = g.k;
+    p.ab_type = g.ab_type, p.c_type = g.c_type;
+    p.alpha = g.alpha, p.beta = g.beta;
+    out.push_back(p);
+  }
+  return out;
+}
+
+const char* grouped_gemm_variant_name(GroupedGemmVariant v) {
+  switch (v) {
+    case GroupedGemmVariant::kAuto: return "auto";
+    case GroupedGemmVariant::kCublasGrouped: return "cublas_grouped";
+    case GroupedGemmVariant::kLoop: return "loop";
+  }
+  return "?";
+}
+
+const char* cublas_grouped_unsupported(const std::vector<GemmArgs>& problems) {
+  for (const GemmArgs& p : problems) {
+    if (p.ab_type != problems[0].ab_type || p.c_type != problems[0].c_type) return "problems of different types";
+    if (p.batch != 1) return "a batched problem";
+    // The types cuBLAS lists for cublasGemmGroupedBatchedEx with CUBLAS_COMPUTE_32F and f32 scales.
+    const bool same = p.ab_type == p.c_type;
+    if (!same || p.ab_type == GemmType::kF64) return "its type pairs are f32->f32 and bf16->bf16 only";
+    // The documented alignment for 16-bit types: 16 bytes is always enough.
+    for (const void* q : {p.a, p.b, static_cast<const void*>(p.c)})
+      if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return "a pointer not 16-byte aligned";
+  }
+  return nullptr;
+}
+
+// Provisional, from the arithmetic of tiles; bench/bench_grouped_gemm.cpp times both variants on
+// the H200 to settle kGroupedBelowWaves. One cuBLASLt call fills the GPU only when its output has
+// enough tiles: Qwen3-30B-A3B's gate_up product averages 512 rows per expert, and 512 x 1536 is 48
+// tiles of 128 x 128, a third of an H200's 132 SMs, with its 128 experts running one after another;
+// one grouped launch shares all their tiles out at once. Mixtral's 2048 x 28672 per expert is 27
+// waves on its own: the loop keeps cuBLASLt's per-shape algorithms and loses little to waves.
+GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count) {
+  constexpr double kGroupedBelowWaves = 2.0;  // the average problem's tiles, in waves of sm_count
+  constexpr int64_t kTile = 128;
+  if (problems.size() < 2 || cublas_grouped_unsupported(problems) || sm_count <= 0) return GroupedGemmVariant::kLoop;
+  double tiles = 0;
+  for (const GemmArgs& p : problems)
+    tiles += double((p.m + kTile - 1) / kTile) * double((p.n + kTile - 1) / kTile);
+  const double waves = tiles / double(problems.size()) / double(sm_count);
+  return waves < kGroupedBelowWaves ? GroupedGemmVariant::kCublasGrouped : GroupedGemmVariant::kLoop;
+}
+
+}  // namespace loom
+
+namespace loom::cpu {
+
+void grouped_gemm(const std::vector<GemmArgs>& problems) {
+  for (const GemmArgs& p : problems) gemm(p);
+}
+
+}  // namespace loom::cpu

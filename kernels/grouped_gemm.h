@@ -1,0 +1,92 @@
+// Grouped GEMMs of mixture-of-experts layers: one row-major GEMM (kernels/gemm.h) per expert over
+// that expert's rows, described as a list of GemmArgs problems. The CPU runs them one by one; CUDA
+// runs them as one cublasGemmGroupedBatchedEx call or as one cuBLASLt call each (choose_grouped_gemm).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/gemm.h"
+
+// cublas_api.h declares `typedef struct cublasContext* cublasHandle_t;` at global scope; the same
+// declaration here lets callers hold a handle without including CUDA headers.
+struct cublasContext;
+typedef cublasContext* cublasHandle_t;
+
+namespace loom {
+
+// Rows [offsets[e], offsets[e + 1]) of an activation matrix belong to expert e: E + 1 offsets,
+// offsets[0] = 0, non-decreasing, offsets[E] = rows. Throws loom::Error naming `op` otherwise.
+void check_group_offsets(const char* op, const std::vector<int64_t>& offsets, int64_t rows);
+
+// Row-grouped (a layer's forward, and its input gradient): for each expert e with rows,
+//   C[rows_e] (n_e x m) = alpha * A[rows_e] (n_e x k) op(B[e]) + beta * C[rows_e]
+// A [N, k] with row stride lda; B [E, k, m] (or [E, m, k] when trans_b), contiguous; C [N, m]
+// contiguous. Experts without rows have no problem.
+struct RowGroupedGemm {
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int64_t k = 0, m = 0;
+  bool trans_b = false;
+  GemmType ab_type = GemmType::kF32, c_type = GemmType::kF32;
+  float alpha = 1.f, beta = 0.f;
+};
+std::vector<GemmArgs> row_grouped_problems(const RowGroupedGemm& g, const std::vector<int64_t>& offsets);
+
+// Reduction-grouped (weight gradients): for each expert e with rows,
+//   C[e] (m x k) = alpha * A[rows_e]^T (m x n_e) B[rows_e] (n_e x k) + beta * C[e]
+// A [N, m] with row stride lda; B [N, k] with ldb; C [E, m, k] contiguous. Experts without rows have
+// no problem: their C[e] is the caller's to scale by beta (0 when beta is 0).
+struct ReductionGroupedGemm {
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* c = nullptr;
+  int64_t m = 0, k = 0;
+  GemmType ab_type = GemmType::kF32, c_type = GemmType::kF32;
+  float alpha = 1.f, beta = 0.f;
+};
+std::vector<GemmArgs> reduction_grouped_problems(const ReductionGroupedGemm& g, const std::vector<int64_t>& offsets);
+
+// How CUDA runs a list of problems: kCublasGrouped, one cublasGemmGroupedBatchedEx call (all
+// problems in one launch, its SMs shared out between them); kLoop, one cuBLASLt call each
+// (cuda::gemm: per-shape heuristic algorithms, but a product of a few hundred rows fills a fraction
+// of the GPU and they run one after another); kAuto, what choose_grouped_gemm says.
+enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop };
+const char* grouped_gemm_variant_name(GroupedGemmVariant v);
+
+// Why cublasGemmGroupedBatchedEx cannot run these problems (a type pair it lacks: it has f32->f32
+// and bf16->bf16 but no bf16->f32; a pointer not 16-byte aligned; a batched problem), or nullptr.
+const char* cublas_grouped_unsupported(const std::vector<GemmArgs>& problems);
+
+// The one selection rule (kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
+// its definition for the measurements behind it.
+GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
+
+}  // namespace loom
+
+namespace loom::cpu {
+// cpu::gemm for each problem in turn.
+void grouped_gemm(const std::vector<GemmArgs>& problems);
+}  // namespace loom::cpu
+
+namespace loom::cuda {
+// What a grouped launch needs: the cuBLAS handle (its workspace is set to `ws` here when its stream
+// is not yet s), the cuBLASLt handle and workspace of cuda::gemm, and the GPU's SM count for kAuto.
+struct GroupedGemmContext {
+  cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublaslt = nullptr;
+  GemmWorkspace ws;
+  int sm_count = 0;
+};
+// Device entries the kCublasGrouped variant needs in `pointers` (its A, B and C pointer arrays).
+inline size_t grouped_gemm_pointer_slots(size_t problems) { return 3 * problems; }
+// Runs the problems (none may be batched; all share one type pair) on stream s. kCublasGrouped
+// writes its pointer arrays into `pointers` (device memory of grouped_gemm_pointer_slots entries,
+// 8-byte aligned, unused by kLoop) with a small kernel whose launch arguments carry them, so no host
+// buffer has to outlive the call; a forced kCublasGrouped on problems it cannot run throws.
+void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant variant, const GroupedGemmContext& c,
+                  void** pointers, Stream s);
+}  // namespace loom::cuda

@@ -1,0 +1,109 @@
+// The grouped-GEMM problem lists (kernels/grouped_gemm.h): each expert's pointers, sizes and leading
+// dimensions written out by hand for a small case; and the rule that picks the CUDA variant, on the
+// MoE shapes it was written for (plain host code: no GPU needed).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/grouped_gemm.h"
+
+namespace loom::test {
+namespace {
+
+const char* base(uintptr_t at) { return reinterpret_cast<const char*>(at); }
+
+TEST(GroupedGemmProblems, RowGroupedPerExpert) {
+  // 3 experts, rows {2, 0, 3}; A [5, k=4] with row stride 6, bf16 (2 bytes); B [3, m=8, k=4] (trans_b);
+  // C [5, 8] f32 (4 bytes).
+  RowGroupedGemm g;
+  g.a = base(0x1000), g.lda = 6, g.b = base(0x2000), g.c = const_cast<char*>(base(0x3000));
+  g.k = 4, g.m = 8, g.trans_b = true;
+  g.ab_type = GemmType::kBF16, g.c_type = GemmType::kF32;
+  g.alpha = 2.f, g.beta = 1.f;
+  const std::vector<GemmArgs> p = row_grouped_problems(g, {0, 2, 2, 5});
+  ASSERT_EQ(p.size(), 2u);  // the expert without rows has no problem
+  EXPECT_EQ(p[0].m, 2);
+  EXPECT_EQ(p[1].m, 3);
+  for (const GemmArgs& q : p) {
+    EXPECT_EQ(q.n, 8);
+    EXPECT_EQ(q.k, 4);
+    EXPECT_TRUE(q.trans_b);
+    EXPECT_FALSE(q.trans_a);
+    EXPECT_EQ(q.lda, 6);
+    EXPECT_EQ(q.ldb, 4);
+    EXPECT_EQ(q.ldc, 8);
+    EXPECT_EQ(q.alpha, 2.f);
+    EXPECT_EQ(q.beta, 1.f);
+  }
+  EXPECT_EQ(p[0].a, base(0x1000));
+  EXPECT_EQ(p[1].a, base(0x1000 + 2 * 6 * 2));  // row 2
+  EXPECT_EQ(p[0].b, base(0x2000));
+  EXPECT_EQ(p[1].b, base(0x2000 + 2 * 32 * 2));  // expert 2
+  EXPECT_EQ(p[0].c, base(0x3000));
+  EXPECT_EQ(p[1].c, base(0x3000 + 2 * 8 * 4));  // row 2
+  g.trans_b = false;
+  EXPECT_EQ(row_grouped_problems(g, {0, 2, 2, 5})[0].ldb, 8);  // B[e] stored [k, m]
+}
+
+TEST(GroupedGemmProblems, ReductionGroupedPerExpert) {
+  // 3 experts, rows {0, 4, 1}; A [5, m=3] ld 3, B [5, k=7] ld 9, f32; C [3, 3, 7].
+  ReductionGroupedGemm g;
+  g.a = base(0x1000), g.lda = 3, g.b = base(0x2000), g.ldb = 9, g.c = const_cast<char*>(base(0x3000));
+  g.m = 3, g.k = 7;
+  const std::vector<GemmArgs> p = reduction_grouped_problems(g, {0, 0, 4, 5});
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].k, 4);
+  EXPECT_EQ(p[1].k, 1);
+  for (const GemmArgs& q : p) {
+    EXPECT_EQ(q.m, 3);
+    EXPECT_EQ(q.n, 7);
+    EXPECT_TRUE(q.trans_a);
+    EXPECT_FALSE(q.trans_b);
+    EXPECT_EQ(q.lda, 3);
+    EXPECT_EQ(q.ldb, 9);
+    EXPECT_EQ(q.ldc, 7);
+  }
+  EXPECT_EQ(p[0].a, base(0x1000));
+  EXPECT_EQ(p[1].a, base(0x1000 + 4 * 3 * 4));
+  EXPECT_EQ(p[1].b, base(0x2000 + 4 * 9 * 4));
+  EXPECT_EQ(p[0].c, base(0x3000 + 1 * 21 * 4));  // expert 1
+  EXPECT_EQ(p[1].c, base(0x3000 + 2 * 21 * 4));
+}
+
+TEST(GroupedGemmProblems, OffsetsAreChecked) {
+  EXPECT_NO_THROW(check_group_offsets("t", {0, 0, 3}, 3));
+  EXPECT_THROW(check_group_offsets("t", {0}, 0), Error);
+  EXPECT_THROW(check_group_offsets("t", {1, 3}, 3), Error);
+  EXPECT_THROW(check_group_offsets("t", {0, 2}, 3), Error);
+  EXPECT_THROW(check_group_offsets("t", {0, 2, 1, 3}, 3), Error);
+}
+
+// `count` experts of `rows` rows each, of row-grouped products [rows, k] x [k, m], 256-byte aligned.
+std::vector<GemmArgs> experts(int count, int64_t rows, int64_t k, int64_t m, GemmType ab, GemmType c) {
+  std::vector<int64_t> offsets{0};
+  for (int e = 0; e < count; ++e) offsets.push_back(offsets.back() + rows);
+  RowGroupedGemm g;
+  g.a = base(0x100000), g.lda = k, g.b = base(0x200000), g.c = const_cast<char*>(base(0x300000));
+  g.k = k, g.m = m, g.trans_b = true, g.ab_type = ab, g.c_type = c;
+  return row_grouped_problems(g, offsets);
+}
+
+TEST(GroupedGemmRule, GroupedForManySmallExpertsLoopForFewLargeOnes) {
+  constexpr int kH200Sms = 132;
+  const GemmType bf = GemmType::kBF16;
+  // Qwen3-30B-A3B: 128 experts of ~512 rows, gate_up [2048 -> 1536] and down [768 -> 2048].
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1536, bf, bf), kH200Sms), GroupedGemmVariant::kCublasGrouped);
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 768, 2048, bf, bf), kH200Sms), GroupedGemmVariant::kCublasGrouped);
+  // Mixtral-8x7B: 8 experts of ~2048 rows, gate_up [4096 -> 28672].
+  EXPECT_EQ(choose_grouped_gemm(experts(8, 2048, 4096, 28672, bf, bf), kH200Sms), GroupedGemmVariant::kLoop);
+  // What cuBLAS's grouped call cannot run goes to the loop: bf16 -> f32, f64, unaligned rows (k = 5).
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1536, bf, GemmType::kF32), kH200Sms), GroupedGemmVariant::kLoop);
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1536, GemmType::kF64, GemmType::kF64), kH200Sms),
+            GroupedGemmVariant::kLoop);
+  EXPECT_NE(cublas_grouped_unsupported(experts(4, 3, 5, 8, bf, bf)), nullptr);
+  EXPECT_EQ(choose_grouped_gemm(experts(4, 3, 5, 8, bf, bf), kH200Sms), GroupedGemmVariant::kLoop);
+  EXPECT_EQ(cublas_grouped_unsupported(experts(4, 3, 8, 8, bf, bf)), nullptr);
+}
+
+}  // namespace
+}  // namespace loom::test
