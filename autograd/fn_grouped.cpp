@@ -27,22 +27,25 @@ void check_shapes(const char* op, const Tensor& x, const Tensor& w, const std::v
 
 }  // namespace
 
-Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets) {
+Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets,
+                        const WeightFn& rematerialize) {
   const char* op = "grouped_linear";
+  LOOM_CHECK(!rematerialize || !w.requires_grad(), op, ": a re-materialised weight must be frozen");
   const Tensor x = xs.value(), wv = w.value();
   check_shapes(op, x, wv, offsets);
   Tensor y = Tensor::empty({x.size(0), wv.size(1)}, x.dtype(), x.device());
   ops::grouped_matmul_into(x, in_compute_dtype(op, wv, x.dtype()), y, offsets, true);  // [n_e, in] x [out, in]^T
-  // dx needs w (cast again in backward rather than kept twice), dw needs x.
-  const Tensor keep_w = xs.requires_grad() ? wv : Tensor();
+  // dx needs w (cast again in backward rather than kept twice, or made again), dw needs x.
+  const Tensor keep_w = xs.requires_grad() && !rematerialize ? wv : Tensor();
   const Tensor keep_x = w.requires_grad() ? x : Tensor();
-  auto backward = [keep_x, keep_w, offsets, op, in = x.size(1), wshape = wv.shape(), wdtype = wv.dtype()](
-                      Node& n, const Grads& g) {
+  auto backward = [keep_x, keep_w, rematerialize, offsets, op, in = x.size(1), wshape = wv.shape(),
+                   wdtype = wv.dtype()](Node& n, const Grads& g) {
     const Tensor& dy = g[0];  // [N, out]
     Tensor dx, dw;
     if (n.needs_grad(0)) {  // [n_e, out] x [out, in]
       dx = Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
-      ops::grouped_matmul_into(dy, in_compute_dtype(op, keep_w, dy.dtype()), dx, offsets, false);
+      ops::grouped_matmul_into(dy, in_compute_dtype(op, rematerialize ? rematerialize() : keep_w, dy.dtype()), dx,
+                               offsets, false);
     }
     if (n.needs_grad(1)) {  // [out, n_e] x [n_e, in], in w's dtype (f32 for an f32 master)
       dw = Tensor::empty(wshape, wdtype, dy.device());
@@ -58,8 +61,9 @@ Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector
 // dt = dy b_e [N, r]:  db[e] = scale * dy^T t,  da[e] = scale * dt^T x,  dx = scale * dt a_e + dy w_e,
 // dw[e] = dy^T x.
 Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
-                             const std::vector<int64_t>& offsets) {
+                             const std::vector<int64_t>& offsets, const WeightFn& rematerialize) {
   const char* op = "grouped_linear_lora";
+  LOOM_CHECK(!rematerialize || !w.requires_grad(), op, ": a re-materialised weight must be frozen");
   const Tensor x = xs.value(), wv = w.value();
   check_shapes(op, x, wv, offsets);
   const int64_t experts = wv.size(0), out = wv.size(1), in = wv.size(2), r = a.value().dim() == 3 ? a.size(1) : 0;
@@ -80,8 +84,8 @@ Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variab
   const Tensor keep_t = b.requires_grad() ? t : Tensor();
   const Tensor keep_a = need_x ? ac : Tensor();
   const Tensor keep_b = need_x || need_a ? bc : Tensor();
-  const Tensor keep_w = need_x ? wv : Tensor();
-  auto backward = [keep_x, keep_t, keep_a, keep_b, keep_w, offsets, op, scale, in, r, w_shape = wv.shape(),
+  const Tensor keep_w = need_x && !rematerialize ? wv : Tensor();
+  auto backward = [keep_x, keep_t, keep_a, keep_b, keep_w, rematerialize, offsets, op, scale, in, r, w_shape = wv.shape(),
                    w_dtype = wv.dtype(), a_shape = a.shape(), a_dtype = a.dtype(), b_shape = b.shape(),
                    b_dtype = b.dtype()](
                       Node& n, const Grads& g) {
@@ -102,7 +106,8 @@ Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variab
       if (n.needs_grad(0)) {  // dx = scale * dt a_e + dy w_e: [n_e, r] x [r, in], then += [n_e, out] x [out, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
         ops::grouped_matmul_into(dt, keep_a, dx, offsets, false, scale, 0.f);
-        ops::grouped_matmul_into(dy, in_compute_dtype(op, keep_w, dy.dtype()), dx, offsets, false, 1.f, 1.f);
+        ops::grouped_matmul_into(dy, in_compute_dtype(op, rematerialize ? rematerialize() : keep_w, dy.dtype()), dx,
+                                 offsets, false, 1.f, 1.f);
       }
     }
     if (n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x

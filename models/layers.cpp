@@ -63,13 +63,15 @@ Tensor ExpertLinear::dense_weight(DType dtype) const {
 }
 
 ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const {
-  // A frozen NF4 weight is dequantised in the compute dtype for this product.
-  const ag::Variable w = quantized() ? ag::Variable(dense_weight(xs.dtype()), false) : weight;
-  ag::Variable y = ag::grouped_linear(xs, w, offsets);
-  if (!lora || !lora->enabled) return y;
-  // y += scale * (xs A_e^T) B_e^T, the adapter's products in the compute dtype (f32 masters cast).
-  const ag::Variable a = ag::cast(lora->A, xs.dtype()), b = ag::cast(lora->B, xs.dtype());
-  return ag::add(y, ag::scale(ag::grouped_linear(ag::grouped_linear(xs, a, offsets), b, offsets), lora->scale));
+  // NF4 experts are dequantised in the compute dtype for this product, and again in backward.
+  ag::WeightFn rematerialize;
+  ag::Variable w = weight;
+  if (quantized()) {
+    rematerialize = [this, dtype = xs.dtype()] { return dense_weight(dtype); };
+    w = ag::Variable(rematerialize(), false);
+  }
+  if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets, rematerialize);
+  return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets, rematerialize);
 }
 
 ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out) const {

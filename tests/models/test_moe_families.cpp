@@ -94,6 +94,38 @@ TEST_P(MoeFamily, PeftAdapterFromV4NamesWithRankPattern) {
   EXPECT_LT(rel_err(again->forward(in["input_ids"]).value(), ref["logits"]), 2e-5);
 }
 
+// QLoRA: each expert in NF4 on its own (as bitsandbytes quantises a Linear weight of its shape),
+// dequantised for each product and again in backward: the same loss and LoRA gradients as a dense
+// model holding the dequantised weights.
+TEST_P(MoeFamily, QloraExpertsAreNf4PerExpert) {
+  auto q = CausalLM::load(dir(), {DType::f32, Device::cpu(), /*quantize_4bit=*/true});
+  ASSERT_TRUE(q.ok()) << q.status();
+  auto d = load();
+  ASSERT_TRUE(d);
+  for (ExpertLinear* e : (*q)->expert_linears()) EXPECT_EQ(static_cast<int64_t>(e->nf4.size()), e->experts) << e->name;
+  const auto ql = (*q)->linears(), dl = d->linears();
+  for (size_t i = 0; i < ql.size(); ++i)
+    if (ql[i]->quantized()) dl[i]->weight = ag::Variable(ql[i]->dense_weight(DType::f32), false);
+  const auto qe = (*q)->expert_linears(), de = d->expert_linears();
+  ASSERT_EQ(qe.size(), de.size());
+  for (size_t i = 0; i < qe.size(); ++i) de[i]->weight = ag::Variable(qe[i]->dense_weight(DType::f32), false);
+  auto in = inputs();
+  std::vector<std::map<std::string, Tensor>> grads;
+  std::vector<double> losses;
+  for (CausalLM* m : {q->get(), d.get()}) {
+    ASSERT_TRUE(load_adapter(*m, dir() + "/adapter").ok());
+    const ag::Variable loss = m->loss(in["input_ids"], in["labels"]);
+    losses.push_back(loss.value().item());
+    ag::backward(loss);
+    grads.emplace_back();
+    for (const auto& [name, g] : peft_adapter_tensors(*m, true)) grads.back()[name] = g;
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-5);
+  // The dequantised experts differ from the originals: the loss moved, by little.
+  EXPECT_NE(losses[0], read_all(dir() + "/reference_lora.safetensors")["loss"].item());
+  for (const auto& [name, g] : grads[1]) EXPECT_LT(rel_err(grads[0][name], g), 1e-5) << name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeFamily, ::testing::ValuesIn(test::moe_variants()));
 
 }  // namespace
