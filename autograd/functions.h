@@ -88,7 +88,8 @@ struct MoeRouting {
 };
 MoeRouting moe_route(const Variable& logits, int64_t k, bool renorm);
 // transformers' load-balancing loss (engine/ops.h moe_aux_loss) of the router's logits of every
-// MoE layer, concatenated [N, E], with the experts they chose [N, K]: an f32 scalar.
+// MoE layer, concatenated [N, E], with the experts they chose [N, K]: a scalar of the logits' dtype
+// (f32; f64 in gradient checks) on their device, computed and differentiated without a read-back.
 Variable moe_aux_loss(const Variable& logits, const Tensor& ids);
 // y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]: gradients to ys and weights.
 Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of);

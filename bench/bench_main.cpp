@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
   register_loss();
   register_optim();
   register_quant();
+  register_moe();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

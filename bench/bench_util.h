@@ -105,5 +105,6 @@ void register_attention();  // attention, cross_entropy
 void register_loss();       // fused linear + cross-entropy
 void register_optim();      // adamw, uniform/normal fills
 void register_quant();      // nf4 dequantise / quantise
+void register_moe();        // MoE routing, aux loss, dispatch, combine
 
 }  // namespace loom::bench

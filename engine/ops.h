@@ -122,33 +122,40 @@ std::pair<Tensor, Tensor> geglu_backward(const Tensor& gate, const Tensor& up, c
 std::pair<Tensor, Tensor> swiglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout);
 std::pair<Tensor, Tensor> geglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout);
 
-// ids i32 [...], table [vocab, dim] -> [..., dim]. CPU checks ids against vocab.
-// Mixture of experts (kernels/moe.h; CPU so far). moe_route: the router's logits f32 (or f64)
-// [T, E] -> the top-k experts of each token, i32 [T, K], and their routing weights [T, K] (softmax
-// over the experts, renormalised over the k when `renorm`).
+// Mixture of experts (kernels/moe.h), on the CPU or CUDA. moe_route: the router's logits f32 (or
+// f64 on the CPU) [T, E] -> the top-k experts of each token, i32 [T, K] (largest probability
+// first, equal ones: the lower expert first), and their routing weights [T, K] (softmax over the
+// experts, renormalised over the k when `renorm`).
 struct MoeRoute {
   Tensor ids, weights;
 };
 MoeRoute moe_route(const Tensor& logits, int64_t k, bool renorm);
 Tensor moe_route_backward(const Tensor& logits, const MoeRoute& route, const Tensor& dweights, bool renorm);
-// The token-expert assignments grouped by expert, stably (expert e's rows in token order):
-// token_of_row i32 [T K] (row r holds token token_of_row[r]), row_of i32 [T K] (assignment t K + j
-// is row row_of[t K + j]), offsets (host) [E + 1]: expert e's rows are [offsets[e], offsets[e + 1]).
+// The token-expert assignments grouped by expert, stably (expert e's rows in token order), on the
+// ids' device: token_of_row i32 [T K] (row r holds token token_of_row[r]), row_of i32 [T K]
+// (assignment t K + j is row row_of[t K + j]), offsets (host) [E + 1]: expert e's rows are
+// [offsets[e], offsets[e + 1]); device_offsets, the same as i64 [E + 1] on the ids' device. CUDA
+// computes it all on the device and reads back only the offsets (one small copy, a sync); the
+// same bits as the CPU.
 struct MoeDispatch {
   Tensor token_of_row, row_of;
   std::vector<int64_t> offsets;
+  Tensor device_offsets;
 };
 MoeDispatch moe_dispatch(const Tensor& ids, int64_t experts);
-// transformers' load-balancing loss of the router's logits f32/f64 [N, E] and their choices ids
-// [N, K] (kernels/moe.h): a host scalar; moe_aux_loss_backward gives dlogits for dloss.
-double moe_aux_loss(const Tensor& logits, const Tensor& ids);
-Tensor moe_aux_loss_backward(const Tensor& logits, const Tensor& ids, double dloss);
+// transformers' load-balancing loss of the router's logits f32 (f64 on the CPU) [N, E] and their
+// choices ids [N, K] (kernels/moe.h): a scalar of the logits' dtype on their device (nothing is
+// read back). moe_aux_loss_backward gives dlogits for the upstream gradient dloss, a one-element
+// tensor on the same device.
+Tensor moe_aux_loss(const Tensor& logits, const Tensor& ids);
+Tensor moe_aux_loss_backward(const Tensor& logits, const Tensor& ids, const Tensor& dloss);
 // y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]; weights in ys's accumulation dtype.
 Tensor moe_combine(const Tensor& ys, const Tensor& row_of, const Tensor& weights);
 // -> dys [T K, H] and dweights [T, K].
 std::pair<Tensor, Tensor> moe_combine_backward(const Tensor& ys, const Tensor& row_of, const Tensor& weights,
                                                const Tensor& dy);
 
+// ids i32 [...], table [vocab, dim] -> [..., dim]. CPU checks ids against vocab.
 Tensor embedding(const Tensor& ids, const Tensor& table);
 // dtable (acc dtype, [vocab, dim]) += scatter of dout.
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);

@@ -116,9 +116,12 @@ TEST(MoeAuxLoss, IsTransformersLoadBalancingLossAndItsGradient) {
   const Tensor logits = random_f64({9, kE}, 7, -2, 2);
   const Tensor ids = ops::moe_route(logits, 2, true).ids;
   ag::NoGradGuard ng;
-  const double got = ag::moe_aux_loss(Variable(logits, false), ids).value().to_doubles()[0];
+  const Tensor loss = ag::moe_aux_loss(Variable(logits, false), ids).value();
+  EXPECT_EQ(loss.dtype(), DType::f64);
+  EXPECT_EQ(loss.numel(), 1);
+  const double got = loss.to_doubles()[0];
   EXPECT_NEAR(got, transformers_aux_loss(logits.to_doubles(), ids.to_ints(), 9, kE, 2), 1e-14);
-  EXPECT_NEAR(ops::moe_aux_loss(logits.to(DType::f32), ids), got, 1e-6);
+  EXPECT_NEAR(ops::moe_aux_loss(logits.to(DType::f32), ids).item(), got, 1e-6);
 }
 
 TEST(MoeAuxLoss, GradientMatchesFiniteDifferences) {
@@ -132,6 +135,9 @@ TEST(MoeDispatch, GroupsAssignmentsByExpertStably) {
   const Tensor ids = Tensor::from_ints({2, 0, 1, 2, 2, 3, 0, 1}, {4, 2});
   const ops::MoeDispatch d = ops::moe_dispatch(ids, 5);
   EXPECT_EQ(d.offsets, (std::vector<int64_t>{0, 2, 4, 7, 8, 8}));
+  ASSERT_EQ(d.device_offsets.dtype(), DType::i64);
+  const int64_t* dev = d.device_offsets.data<int64_t>();
+  EXPECT_EQ(std::vector<int64_t>(dev, dev + 6), d.offsets);
   EXPECT_EQ(d.token_of_row.to_ints(), (std::vector<int32_t>{0, 3, 1, 3, 0, 1, 2, 2}));
   const std::vector<int32_t> ids_v = ids.to_ints(), row_of = d.row_of.to_ints(), tok = d.token_of_row.to_ints();
   for (int64_t a = 0; a < 8; ++a) {
