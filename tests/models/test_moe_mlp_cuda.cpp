@@ -31,20 +31,23 @@ LayerRun run_layer(Device dev, int64_t tokens, int64_t hidden, int64_t inter, in
                    bool renorm) {
   MoeMlp m;
   m.router = ag::Variable(random({experts, hidden}, 2, 1.f).to(dev), true);
-  m.gate_up = ag::Variable(random({experts, 2 * inter, hidden}, 3, 0.3f).to(dev), true);
-  m.down = ag::Variable(random({experts, hidden, inter}, 4, 0.3f).to(dev), true);
+  m.gate_up.weight = ag::Variable(random({experts, 2 * inter, hidden}, 3, 0.3f).to(dev), true);
+  m.gate_up.experts = experts, m.gate_up.out = 2 * inter, m.gate_up.in = hidden;
+  m.down.weight = ag::Variable(random({experts, hidden, inter}, 4, 0.3f).to(dev), true);
+  m.down.experts = experts, m.down.out = hidden, m.down.in = inter;
   m.top_k = k, m.renormalize = renorm;
   const ag::Variable x(random({tokens, hidden}, 1, 1.f).to(dev), true);
   const ag::Variable r(random({tokens, hidden}, 5, 1.f).to(dev), false);
-  ag::Variable logits;
+  RouterOutput routed;
   LayerRun out;
-  const ag::Variable y = m.forward(x, &logits, &out.choices);
-  const ag::Variable aux = ag::moe_aux_loss(logits, out.choices);
+  const ag::Variable y = m.forward(x, &routed);
+  out.choices = routed.ids;
+  const ag::Variable aux = ag::moe_aux_loss(routed.logits, out.choices);
   EXPECT_EQ(aux.value().device(), dev);
   out.y = y.value().to(Device::cpu());
   out.aux = aux.value().to(Device::cpu());
   ag::backward(ag::add(ag::sum(ag::mul(y, r)), ag::scale(aux, 0.5f)));
-  for (const ag::Variable* v : std::initializer_list<const ag::Variable*>{&x, &m.router, &m.gate_up, &m.down})
+  for (const ag::Variable* v : std::initializer_list<const ag::Variable*>{&x, &m.router, &m.gate_up.weight, &m.down.weight})
     out.grads.push_back(v->grad().to(Device::cpu()));
   return out;
 }
