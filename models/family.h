@@ -123,7 +123,9 @@ struct FamilySpec {
   std::optional<MoeSpec> moe;
 
   // GGUF: llama.cpp's `general.architecture` this family reads ("" = none), and the one it is
-  // written as ("" = export not supported), with the family's metadata in both directions.
+  // written as ("" = export not supported), with the family's metadata in both directions. A family
+  // with experts reads the files of its architecture that have them (`<arch>.expert_count` > 0, the
+  // stacked blk.<i>.ffn_{gate,up,down}_exps), one without the others: Mixtral and Llama share `llama`.
   std::string gguf_read_arch;
   std::string gguf_write_arch;
   // Adds the family's keys to config.json rebuilt from GGUF metadata (`p` is "<arch>.").
@@ -150,7 +152,9 @@ const std::vector<const FamilySpec*>& model_families();
 // `model_type` -> its family; InvalidArgument listing the supported types otherwise.
 absl::StatusOr<const FamilySpec*> family_from_model_type(const std::string& model_type);
 const FamilySpec* family_from_architecture(const std::string& architecture);  // null when none
-const FamilySpec* family_from_gguf_architecture(const std::string& arch);     // null when none
+// The family that reads GGUF files of `arch` whose experts are stacked (`<arch>.expert_count` > 0:
+// llama.cpp's `llama` holds Mixtral too) or not; null when none.
+const FamilySpec* family_from_gguf_architecture(const std::string& arch, bool experts = false);
 // "llama, mistral, ..." of the families for which `pred` holds.
 std::string family_names(bool (*pred)(const FamilySpec&));
 

@@ -37,6 +37,14 @@ std::string describe(const RopeParams& r) {
   return s;
 }
 
+// convert_hf_to_gguf.py's choice: matrices (expert stacks too) of the file's type, except the MoE
+// router (ffn_gate_inp, always F32 there and in llama-quant.cpp); norms and vectors F32; Q8_0 rows that
+// are not whole blocks F16.
+GgmlType tensor_type(const std::string& gguf_name, int64_t dim, int64_t row, GgmlType matrix_type) {
+  if (dim < 2 || gguf_name.ends_with("_norm.weight") || gguf_name.ends_with(".ffn_gate_inp.weight")) return GgmlType::F32;
+  return matrix_type == GgmlType::Q8_0 && row % kQK != 0 ? GgmlType::F16 : matrix_type;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> gguf_architecture(const FamilySpec& family) {
@@ -77,6 +85,15 @@ absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const s
   if (matrix_type != GgmlType::F32 && matrix_type != GgmlType::F16 && matrix_type != GgmlType::BF16 &&
       matrix_type != GgmlType::Q8_0)
     return absl::InvalidArgumentError(absl::StrCat("GGUF export: cannot write ", ggml_type_name(matrix_type)));
+  // A 4-bit weight has no dense tensor to write (hf_state_dict leaves it out).
+  std::string nf4;
+  for (const Linear* l : model.linears())
+    if (l->quantized() && nf4.empty()) nf4 = l->name;
+  for (const ExpertLinear* e : model.expert_linears())
+    if (e->quantized() && nf4.empty()) nf4 = e->name;
+  if (!nf4.empty())
+    return absl::FailedPreconditionError(absl::StrCat("GGUF export: ", nf4, " is 4-bit (NF4); load the model in 16 or ",
+                                                      "32 bits, or merge_lora() it first (loom merge does)"));
 
   w.add("general.architecture", gguf_string(arch));
   w.add("general.type", gguf_string("model"));
@@ -108,25 +125,30 @@ absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const s
   w.add("general.file_type", gguf_u32(file_type(matrix_type)));
   w.add("general.quantization_version", gguf_u32(2));
 
-  auto tensors = hf_state_dict(model);  // fused Hugging Face tensors concatenated back from Loom's parts
+  // Fused Hugging Face tensors concatenated back from Loom's parts; experts stacked, as llama.cpp keeps them.
+  auto tensors = hf_state_dict(model, /*stacked_experts=*/true);
   if (!tensors.ok()) return tensors.status();
   for (auto& [hf, value] : *tensors) {
-    const auto g = hf_to_gguf(*c.family, hf);
-    if (!g) return absl::UnimplementedError(absl::StrCat("GGUF export: no llama.cpp name for tensor '", hf, "'"));
-    Tensor t = value.to(Device::cpu(), DType::f32).contiguous();
-    if (t.storage() == value.storage()) t = t.clone();  // never alias the live weight
-    // Nothing non-finite reaches disk (before the writer creates the file).
-    if (absl::Status s = check_finite(t, "refusing to write the GGUF file", hf,
-                                      ": training diverged or the weights were damaged; nothing was written");
-        !s.ok())
-      return absl::FailedPreconditionError(s.message());
-    t = do_gguf_fix(std::move(t), g->fix, c);
-    GgmlType type = GgmlType::F32;
-    if (t.dim() == 2 && !g->name.ends_with("_norm.weight")) {
-      type = matrix_type;
-      if (type == GgmlType::Q8_0 && t.size(1) % kQK != 0) type = GgmlType::F16;
+    std::vector<std::pair<GgufMapping, Tensor>> outs;  // one tensor, or a stack split into gate, up (down)
+    if (auto experts = gguf_expert_tensors(hf, value)) {
+      for (auto& [name, t] : *experts) outs.push_back({GgufMapping{name}, std::move(t)});
+    } else if (const auto g = hf_to_gguf(*c.family, hf)) {
+      outs.push_back({*g, value});
+    } else {
+      return absl::UnimplementedError(absl::StrCat("GGUF export: no llama.cpp name for tensor '", hf, "'"));
     }
-    w.add_tensor(g->name, std::move(t), type);
+    for (auto& [g, part] : outs) {
+      Tensor t = part.to(Device::cpu(), DType::f32).contiguous();
+      if (t.storage() == value.storage()) t = t.clone();  // never alias the live weight
+      // Nothing non-finite reaches disk (before the writer creates the file).
+      if (absl::Status s = check_finite(t, "refusing to write the GGUF file", hf,
+                                        ": training diverged or the weights were damaged; nothing was written");
+          !s.ok())
+        return absl::FailedPreconditionError(s.message());
+      t = do_gguf_fix(std::move(t), g.fix, c);
+      const GgmlType type = tensor_type(g.name, t.dim(), t.size(-1), matrix_type);
+      w.add_tensor(g.name, std::move(t), type);
+    }
   }
   return absl::OkStatus();
 }

@@ -28,7 +28,10 @@ std::string gguf_export_warning(const ModelConfig& config);
 // families without a GGUF architecture to write, for Llama 3.1 RoPE scaling (llama.cpp's rope_freqs
 // tensor, which Loom's reader does not map back), for sliding-window layers whose RoPE is not the one
 // the architecture gives them, and for what the family's gguf_export_check says its architecture
-// cannot hold (gemma3: a layer pattern other than every 6th layer full, ...).
+// cannot hold (gemma3: a layer pattern other than every 6th layer full, ...; qwen3_moe: norm_topk_prob
+// false or dense layers). Mixture-of-experts layers are written as llama.cpp's stacked experts
+// (ffn_gate_exps, ffn_up_exps, ffn_down_exps of the matrix type; the router ffn_gate_inp F32).
+// FailedPrecondition for a model with 4-bit (NF4) weights, which have no dense tensor to write.
 absl::Status add_gguf_model(const CausalLM& model, GgmlType matrix_type, const std::string& name, GgufWriter& w);
 
 }  // namespace loom

@@ -49,12 +49,21 @@ bool is_gguf_path(const std::string& path) {
 
 absl::StatusOr<json> gguf_hf_config(const GgufFile& f) {
   LOOM_ASSIGN_OR_RETURN(const std::string arch, f.get_string("general.architecture"));
-  const FamilySpec* family = family_from_gguf_architecture(arch);
-  if (!family)
+  const std::string p = arch + ".";
+  // Stacked experts (llama.cpp's `llama` is Mixtral too): the family with experts reads the file.
+  const int64_t experts = f.get_int(p + "expert_count").value_or(0);
+  const FamilySpec* family = family_from_gguf_architecture(arch, experts > 0);
+  if (!family) {
+    if (const FamilySpec* other = family_from_gguf_architecture(arch, experts <= 0))
+      return absl::UnimplementedError(
+          experts > 0 ? absl::StrCat(f.path(), ": ", p, "expert_count is ", experts, ", but Loom reads ", arch,
+                                     " files as ", other->name, ", which has no mixture of experts")
+                      : absl::StrCat(f.path(), ": no ", p, "expert_count above 0; Loom reads ", arch, " files as ",
+                                     other->name, ", a mixture of experts"));
     return absl::UnimplementedError(
         absl::StrCat(f.path(), ": general.architecture is '", arch, "'; Loom maps ",
                      family_names([](const FamilySpec& s) { return !s.gguf_read_arch.empty(); }), " GGUF models"));
-  const std::string p = arch + ".";
+  }
   json j;
   j["model_type"] = family->name;
   j["architectures"] = json::array({family->architectures.front()});
@@ -209,6 +218,17 @@ absl::StatusOr<std::map<std::string, Tensor>> gguf_hf_tensors(const GgufFile& f,
   std::map<std::string, Tensor> out;
   for (const GgufTensorInfo& info : f.tensors()) {
     if (info.name == kRopeFactorsLong || info.name == kRopeFactorsShort) continue;  // in config.json's rope_scaling
+    if (auto pattern = hf_expert_name_from_gguf(*c.family, info.name)) {  // stacked: the hub's tensor per expert
+      LOOM_ASSIGN_OR_RETURN(Tensor t, f.read_f32(info));
+      if (t.dim() != 3)
+        return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor '", info.name, "' is ", t.str(),
+                                                       "; llama.cpp's stacked experts are 3-D [experts, out, in]"));
+      const size_t at = pattern->find("{e}");
+      for (int64_t e = 0; e < t.size(0); ++e)
+        out.emplace(std::string(*pattern).replace(at, 3, std::to_string(e)),
+                    t.narrow(0, e, 1).reshape({t.size(1), t.size(2)}));
+      continue;
+    }
     const auto hf = gguf_to_hf(*c.family, info.name);
     if (!hf)
       return absl::UnimplementedError(absl::StrCat(f.path(), ": tensor '", info.name, "' has no Hugging Face ",

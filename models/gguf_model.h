@@ -28,8 +28,10 @@ bool is_gguf_path(const std::string& path);
 // architecture or RoPE scaling Loom does not implement, per-layer head counts.
 absl::StatusOr<nlohmann::json> gguf_hf_config(const GgufFile& file);
 
-// Every tensor under its Hugging Face name as an f32 CPU tensor in Hugging Face layout. A GGUF tensor
-// with no Hugging Face counterpart is an error naming it.
+// Every tensor under its Hugging Face name as an f32 CPU tensor in Hugging Face layout; llama.cpp's
+// stacked experts (blk.<i>.ffn_{gate,up,down}_exps) as the hub's per-expert tensors (views of the
+// stack), as transformers' save_pretrained writes them. A GGUF tensor with no Hugging Face
+// counterpart is an error naming it.
 absl::StatusOr<std::map<std::string, Tensor>> gguf_hf_tensors(const GgufFile& file, const ModelConfig& config);
 
 // generation_config.json from the tokenizer ids in the metadata.

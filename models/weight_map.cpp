@@ -97,13 +97,14 @@ std::optional<std::vector<std::pair<std::string, Tensor>>> hf_expert_tensors(con
   return out;
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const CausalLM& model) {
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> hf_state_dict(const CausalLM& model, bool stacked_experts) {
   const ModelConfig& c = model.config();
   std::vector<std::pair<std::string, Tensor>> out;
   std::map<std::string, size_t> fused;          // Hugging Face name -> its index in `out`
   std::map<std::string, int64_t> rows_missing;  // Hugging Face name -> rows no part has filled yet
   for (const auto& [name, v] : model.named_weights()) {
     if (auto experts = hf_expert_tensors(c, name, v->value())) {  // stacked experts: one tensor per expert
+      if (stacked_experts) experts = {{name, v->value()}};
       for (auto& t : *experts) out.push_back(std::move(t));
       continue;
     }
@@ -146,6 +147,39 @@ std::optional<GgufMapping> hf_to_gguf(const FamilySpec& family, const std::strin
   for (const WeightRule& r : p.layer < 0 ? family.top_weights : family.layer_weights)
     if (!r.gguf.empty() && r.hf == p.module) return GgufMapping{join(p, kGgufLayers, r.gguf), r.fix};
   return std::nullopt;
+}
+
+namespace {
+// llama.cpp's names of the stacked experts (gguf-py constants.py MODEL_TENSOR.FFN_{GATE,UP,DOWN}_EXP).
+constexpr const char* kGateExps = "ffn_gate_exps";
+constexpr const char* kUpExps = "ffn_up_exps";
+constexpr const char* kDownExps = "ffn_down_exps";
+}  // namespace
+
+std::optional<std::vector<std::pair<std::string, Tensor>>> gguf_expert_tensors(const std::string& name, const Tensor& t) {
+  constexpr std::string_view kExperts = ".mlp.experts.";
+  const size_t at = name.find(kExperts);
+  int layer = -1;
+  if (at == std::string::npos || !name.starts_with(kHfLayers) ||
+      !absl::SimpleAtoi(name.substr(kHfLayers.size(), at - kHfLayers.size()), &layer) || layer < 0)
+    return std::nullopt;
+  const std::string proj = name.substr(at + kExperts.size());
+  auto gguf = [&](const char* part) { return absl::StrCat(std::string(kGgufLayers), layer, ".", part, ".weight"); };
+  if (proj == "down_proj") return std::vector<std::pair<std::string, Tensor>>{{gguf(kDownExps), t}};
+  if (proj != "gate_up_proj") return std::nullopt;
+  const int64_t half = t.size(1) / 2;  // gate rows, then up rows
+  return std::vector<std::pair<std::string, Tensor>>{{gguf(kGateExps), t.narrow(1, 0, half)},
+                                                     {gguf(kUpExps), t.narrow(1, half, half)}};
+}
+
+std::optional<std::string> hf_expert_name_from_gguf(const FamilySpec& family, const std::string& gguf_name) {
+  Parsed p;
+  if (!family.moe || !parse_name(gguf_name, kGgufLayers, &p) || p.layer < 0 || p.suffix != ".weight") return std::nullopt;
+  const FamilySpec::MoeSpec& spec = *family.moe;
+  const std::string* part = p.module == kGateExps ? &spec.gate : p.module == kUpExps ? &spec.up
+                            : p.module == kDownExps ? &spec.down : nullptr;
+  if (!part) return std::nullopt;
+  return absl::StrCat(std::string(kHfLayers), p.layer, ".", spec.experts, ".{e}.", *part, ".weight");
 }
 
 }  // namespace loom

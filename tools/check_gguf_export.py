@@ -10,6 +10,9 @@ safetensors with the PEFT adapter merged here in float64 (W + scale * B @ A) and
 convert_hf_to_gguf.py's LlamaModel.permute does (gemma3: names from gguf-py's TensorNameMap, norms
 stored as 1 + w as its Gemma3Model does); the general.* / <arch>.* metadata against
 config.json; tokenizer.ggml.* against tokenizer.json / tokenizer_config.json; 32-byte alignment.
+Mixture of experts (mixtral as `llama`, qwen3_moe as `qwen3moe`; tools/moe_formats.md (e)): the
+per-expert tensors stacked over the expert index as convert_hf_to_gguf.py stacks them (a 5.x fused
+gate_up_proj split at row I), named by gguf-py's TensorNameMap, the router F32, the expert keys.
 Tolerances: without an adapter F16/BF16 must equal the round-to-nearest-even rounding of the f32
 source exactly and Q8_0 must equal gguf-py's own Q8_0 quantisation bit for bit; with an adapter the
 merge is f32 in Loom and f64 here, so each value must lie within half a unit in the last place of
@@ -20,6 +23,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import re
 import struct
 import sys
 
@@ -27,6 +31,7 @@ import numpy as np
 import gguf
 
 failures = []
+MOE = False  # the source is a mixture-of-experts family (EXPERTS)
 
 
 def fail(msg):
@@ -102,12 +107,46 @@ LAYER_NAMES = {
 }
 
 
+# The Hugging Face modules of a MoE family's experts: where they sit, and gate, up, down (hub names).
+EXPERTS = {"mixtral": ("block_sparse_moe.experts", "w1", "w3", "w2"),
+           "qwen3_moe": ("mlp.experts", "gate_proj", "up_proj", "down_proj")}
+
+
+def stack_experts(tensors, model_type):
+    """convert_hf_to_gguf.py's stacking: model.layers.L.<experts>.<e>.<part>.weight -> [E, ...] under
+    model.layers.L.<experts>.<part>.weight (torch.stack over e); a 5.x fused mlp.experts.gate_up_proj
+    [E, 2I, H] split at row I into gate and up, mlp.experts.down_proj as down."""
+    where, gate, up, down = EXPERTS[model_type]
+    per_expert = re.compile(r"(model\.layers\.\d+)\." + re.escape(where) + r"\.(\d+)\.(\w+)\.weight")
+    fused = re.compile(r"(model\.layers\.\d+)\.mlp\.experts\.(gate_up_proj|down_proj)")
+    out, groups = {}, {}
+    for name, t in tensors.items():
+        if m := per_expert.fullmatch(name):
+            groups.setdefault(f"{m[1]}.{where}.{m[3]}.weight", {})[int(m[2])] = t
+        elif m := fused.fullmatch(name):
+            if m[2] == "down_proj":
+                out[f"{m[1]}.{where}.{down}.weight"] = t
+            else:
+                i = t.shape[1] // 2
+                out[f"{m[1]}.{where}.{gate}.weight"] = np.ascontiguousarray(t[:, :i, :])
+                out[f"{m[1]}.{where}.{up}.weight"] = np.ascontiguousarray(t[:, i:, :])
+        else:
+            out[name] = t
+    for key, by_e in groups.items():
+        if sorted(by_e) != list(range(len(by_e))):
+            fail(f"{key}: experts {sorted(by_e)} are not 0..{len(by_e) - 1}")
+            continue
+        out[key] = np.stack([by_e[e] for e in range(len(by_e))])
+    return out
+
+
 def gguf_name(hf, arch, n_layers):
     stem, suffix = hf.rsplit(".", 1)
-    if arch == "gemma3":  # gguf-py's own map for the architecture
-        name = gguf.TensorNameMap(gguf.MODEL_ARCH.GEMMA3, n_layers).get_name(stem)
+    if arch == "gemma3" or MOE:  # gguf-py's own map for the architecture
+        model_arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
+        name = gguf.TensorNameMap(model_arch, n_layers).get_name(stem)
         if name is None:
-            fail(f"{hf}: gguf-py has no gemma3 name for it")
+            fail(f"{hf}: gguf-py has no {arch} name for it")
             return hf
         return f"{name}.{suffix}"
     top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
@@ -151,6 +190,10 @@ def check_metadata(reader, cfg, arch):
         f"{arch}.attention.head_count_kv": cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
         f"{arch}.context_length": cfg["max_position_embeddings"],
     }
+    if MOE:  # TextModel: expert counts; Qwen2MoeModel: the experts' width (Mixtral's is feed_forward_length)
+        want[f"{arch}.expert_count"] = cfg.get("num_local_experts") or cfg.get("num_experts")
+        want[f"{arch}.expert_used_count"] = cfg["num_experts_per_tok"]
+        want[f"{arch}.expert_feed_forward_length"] = cfg.get("moe_intermediate_size")
     for k, v in want.items():
         got = field(reader, k)
         if got != v:
@@ -231,8 +274,14 @@ def main():
 
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-            "gemma3_text": "gemma3"}[cfg["model_type"]]
+            "gemma3_text": "gemma3", "mixtral": "llama", "qwen3_moe": "qwen3moe"}[cfg["model_type"]]
+    global MOE
+    MOE = cfg["model_type"] in EXPERTS
     src = read_model(args.model)
+    if MOE:
+        if args.adapter and json.load(open(os.path.join(args.adapter, "adapter_config.json"))).get("target_parameters"):
+            raise SystemExit(f"{args.adapter}: LoRA on experts (target_parameters) is not merged by this script")
+        src = stack_experts(src, cfg["model_type"])
     if args.adapter:
         merged, bound = merge(src, args.adapter)
     else:
@@ -271,7 +320,11 @@ def main():
         if arch == "gemma3" and hf.endswith("norm.weight"):  # Gemma3Model stores 1 + w, added in f32
             w32 = w32.astype(np.float32) + np.float32(1)
             w64 = w32.astype(np.float64)
-        want_type = matrix_type if w64.ndim == 2 else gguf.GGMLQuantizationType.F32
+        # convert_hf_to_gguf.py: vectors, norms and the MoE router F32; Q8_0 rows not whole blocks F16.
+        want_type = matrix_type if w64.ndim >= 2 and not name.endswith(".ffn_gate_inp.weight") \
+            else gguf.GGMLQuantizationType.F32
+        if want_type == gguf.GGMLQuantizationType.Q8_0 and w64.shape[-1] % 32:
+            want_type = gguf.GGMLQuantizationType.F16
         if t.tensor_type != want_type:
             fail(f"{name}: type {t.tensor_type.name}, expected {want_type.name}")
             continue

@@ -24,4 +24,9 @@ const FamilySpec& qwen3_moe();  // qwen3_moe.cpp: Qwen3's attention, mixture-of-
 // The model-level weights every family has: embeddings, the final norm (its GGUF fix given) and lm_head.
 std::vector<WeightRule> standard_top_weights(GgufFix norm_fix);
 
+// GGUF <arch>.expert_count and expert_used_count (moe_gguf.cpp), written from and read into config.json
+// (the expert count under `count_key`: num_local_experts or num_experts).
+void moe_config_to_gguf(const ModelConfig& c, const std::string& p, GgufWriter& w);
+absl::Status moe_gguf_to_config(const GgufFile& f, const std::string& p, const char* count_key, nlohmann::json& j);
+
 }  // namespace loom::families

@@ -9,6 +9,13 @@ namespace loom::families {
 
 void llama_config_to_gguf(const ModelConfig& c, const std::string& p, GgufWriter& w);  // llama.cpp
 
+// Mistral and Mixtral: llama.cpp's llama has no window.
+std::string sliding_window_export_warning(const ModelConfig& c) {
+  if (c.sliding_window <= 0) return "";
+  return absl::StrFormat("written as llama (as llama.cpp converts %s), which attends to the whole context "
+                         "instead of the sliding window of %d", c.family->name, c.sliding_window);
+}
+
 namespace {
 
 void parse(const ConfigFields& f, ModelConfig& c) {
@@ -16,12 +23,6 @@ void parse(const ConfigFields& f, ModelConfig& c) {
   read_hidden_act(f, c);
   c.sliding_window = read_sliding_window(f, 4096);
   c.layer_is_sliding.assign(static_cast<size_t>(c.num_hidden_layers), c.sliding_window > 0);
-}
-
-std::string export_warning(const ModelConfig& c) {
-  if (c.sliding_window <= 0) return "";
-  return absl::StrFormat("written as llama (as llama.cpp converts mistral), which attends to the whole context "
-                         "instead of the sliding window of %d", c.sliding_window);
 }
 
 }  // namespace
@@ -38,7 +39,7 @@ const FamilySpec& mistral() {
     s.gguf_write_arch = "llama";
     s.gguf_to_config = nullptr;
     s.config_to_gguf = llama_config_to_gguf;
-    s.gguf_export_warning = export_warning;
+    s.gguf_export_warning = sliding_window_export_warning;
     return s;
   }();
   return spec;

@@ -4,11 +4,30 @@
 // (down) of width `intermediate_size`, the top `num_experts_per_tok` weights always renormalised
 // (transformers 5.17 modeling_mixtral.py; tools/moe_formats.md). transformers 5.x holds the block at
 // `mlp` with the experts stacked; its save_pretrained writes the hub's per-expert names (read here
-// either way). llama.cpp converts Mixtral as `llama` with stacked experts (GGUF: not mapped yet).
+// either way). llama.cpp converts Mixtral as `llama` with q/k permuted and the experts stacked
+// (blk.<i>.ffn_{gate,up,down}_exps, models/weight_map.h), `llama.expert_count` telling it apart from a
+// Llama file; its llama graph always renormalises, as Mixtral does, and has no sliding window.
+#include "engine/status_macros.h"
 #include "models/families/families.h"
 
 namespace loom::families {
+
+void llama_config_to_gguf(const ModelConfig& c, const std::string& p, GgufWriter& w);  // llama.cpp
+std::string sliding_window_export_warning(const ModelConfig& c);                      // mistral.cpp
+
 namespace {
+
+// llama.feed_forward_length (the shared intermediate_size) is the experts' width in llama.cpp's llama.
+absl::Status gguf_to_config(const GgufFile& f, const std::string& p, nlohmann::json& j) {
+  LOOM_RETURN_IF_ERROR(moe_gguf_to_config(f, p, "num_local_experts", j));
+  j["sliding_window"] = nullptr;
+  return absl::OkStatus();
+}
+
+void config_to_gguf(const ModelConfig& c, const std::string& p, GgufWriter& w) {
+  llama_config_to_gguf(c, p, w);
+  moe_config_to_gguf(c, p, w);
+}
 
 void parse(const ConfigFields& f, ModelConfig& c) {
   c.attention_bias = c.o_proj_bias = c.mlp_bias = false;
@@ -44,9 +63,10 @@ const FamilySpec& mixtral() {
     moe.experts = "block_sparse_moe.experts";
     moe.gate = "w1", moe.up = "w3", moe.down = "w2";
     s.moe = moe;
-    s.gguf_read_arch = s.gguf_write_arch = "";
-    s.gguf_to_config = nullptr;
-    s.config_to_gguf = nullptr;
+    s.gguf_read_arch = s.gguf_write_arch = "llama";  // with llama.expert_count; a Llama file is llama
+    s.gguf_to_config = gguf_to_config;
+    s.config_to_gguf = config_to_gguf;
+    s.gguf_export_warning = sliding_window_export_warning;
     return s;
   }();
   return spec;

@@ -36,9 +36,9 @@ const FamilySpec* family_from_architecture(const std::string& architecture) {
   return nullptr;
 }
 
-const FamilySpec* family_from_gguf_architecture(const std::string& arch) {
+const FamilySpec* family_from_gguf_architecture(const std::string& arch, bool experts) {
   for (const FamilySpec* f : model_families())
-    if (!f->gguf_read_arch.empty() && f->gguf_read_arch == arch) return f;
+    if (!f->gguf_read_arch.empty() && f->gguf_read_arch == arch && f->moe.has_value() == experts) return f;
   return nullptr;
 }
 

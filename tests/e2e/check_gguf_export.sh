@@ -4,7 +4,9 @@
 # llama GGUF fixture converted to a Hugging Face folder (no adapter: values must be exact), and the
 # mistral / qwen2 / qwen3 fixtures with their PEFT adapters merged, given that folder's tokenizer; the
 # gemma3 fixture changed as llama.cpp's gemma3 can hold it (both layers sliding, query_pre_attn_scalar
-# = head_dim; tests/models/fixtures.h gemma3_llama_cpp_patch), with and without its adapter.
+# = head_dim; tests/models/fixtures.h gemma3_llama_cpp_patch), with and without its adapter; the mixtral
+# and qwen3_moe fixtures (qwen3_moe with norm_topk_prob true, as llama.cpp's qwen3moe computes it),
+# without adapters (the script does not merge LoRA on experts).
 set -euo pipefail
 loom=$1
 src=$2
@@ -39,4 +41,11 @@ json.dump(c, open(sys.argv[2], "w"))
 EOF
   check "$tmp/gemma3" "" $type
   check "$tmp/gemma3" "$src/tests/fixtures/models/gemma3/adapter" $type
+  for family in mixtral qwen3_moe; do
+    mkdir -p "$tmp/$family"
+    cp "$src/tests/fixtures/models/$family/model.safetensors" "$tmp/tiny"/tokenizer*.json "$tmp/$family/"
+    python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update({"norm_topk_prob": True} if "norm_topk_prob" in c else {}); json.dump(c, open(sys.argv[2], "w"))' \
+      "$src/tests/fixtures/models/$family/config.json" "$tmp/$family/config.json"
+    check "$tmp/$family" "" $type
+  done
 done

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "models/causal_lm.h"
 #include "nlohmann/json.hpp"
@@ -146,6 +147,51 @@ TEST(Convert, Gemma3ExportAndBack) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("llama.cpp's gemma3 cannot hold this model: layer_types[1] is full_attention"),
             std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x.gguf")));
+}
+
+// Mixtral and Qwen3-MoE through llama.cpp's llama / qwen3moe and back with the CLI: the folder has the
+// source's config keys (qwen3_moe as llama.cpp computes it: norm_topk_prob true) and its hub
+// checkpoint, the per-expert tensors by name, and gives the .gguf's logits. The qwen3_moe fixture as
+// it is (norm_topk_prob false) is refused, naming the field.
+TEST(Convert, MoeExportAndBack) {
+  test::TempDir dir("loom_convert_moe");
+  ASSERT_EQ(test::run_loom("convert --gguf " + kDir + "tiny_llama.gguf --out " + dir.file("tiny") + " --dtype f32").exit_code, 0);
+  for (const std::string family : {"mixtral", "qwen3_moe"}) {
+    SCOPED_TRACE(family);
+    const std::string src = dir.file(family), gguf = dir.file(family + ".gguf"), back = dir.file(family + "_back");
+    std::filesystem::create_directory(src);
+    test::copy_fixture(family, src, family == "qwen3_moe" ? nlohmann::json{{"norm_topk_prob", true}} : nlohmann::json::object());
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      std::filesystem::copy_file(dir.file("tiny") + "/" + f, src + "/" + f);
+    auto r = test::run_loom("export --model " + src + " --out " + gguf + " --type f16");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+    r = test::run_loom("convert --gguf " + gguf + " --out " + back + " --dtype f32");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto c = read_json(back + "/config.json");
+    EXPECT_EQ(c["model_type"], family);
+    EXPECT_EQ(c["num_experts_per_tok"], 2);
+    if (family == "mixtral") {
+      EXPECT_EQ(c["architectures"], nlohmann::json({"MixtralForCausalLM"}));
+      EXPECT_EQ(c["num_local_experts"], 4);
+      EXPECT_EQ(c["intermediate_size"], 48);
+    } else {
+      EXPECT_EQ(c["architectures"], nlohmann::json({"Qwen3MoeForCausalLM"}));
+      EXPECT_EQ(c["num_experts"], 4);
+      EXPECT_EQ(c["moe_intermediate_size"], 48);
+      EXPECT_EQ(c["intermediate_size"], 96);
+      EXPECT_EQ(c["norm_topk_prob"], true);
+    }
+    std::set<std::string> want, got;
+    for (const auto& [name, t] : test::read_all(src + "/model.safetensors")) want.insert(name);
+    for (const auto& [name, t] : test::read_all(back + "/model.safetensors")) got.insert(name);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(logits(back, DType::f32), logits(gguf, DType::f32));
+  }
+  auto r = test::run_loom("export --model " + test::fixture_dir("qwen3_moe") + " --out " + dir.file("x.gguf"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("norm_topk_prob is false"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.gguf")));
 }
 

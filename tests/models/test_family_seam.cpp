@@ -26,10 +26,16 @@ TEST(FamilyRegistry, LooksUpByModelTypeArchitectureAndGgufArchitecture) {
     EXPECT_EQ(f->model_types.front(), f->name);
     for (const std::string& t : f->model_types) EXPECT_EQ(*family_from_model_type(t), f) << t;
     for (const std::string& a : f->architectures) EXPECT_EQ(family_from_architecture(a), f) << a;
-    if (!f->gguf_read_arch.empty()) EXPECT_EQ(family_from_gguf_architecture(f->gguf_read_arch), f) << f->name;
+    if (!f->gguf_read_arch.empty()) {
+      EXPECT_EQ(family_from_gguf_architecture(f->gguf_read_arch, f->moe.has_value()), f) << f->name;
+    }
   }
   EXPECT_EQ(family_from_architecture("Qwen2ForCausalLM"), &family("qwen2"));
   EXPECT_EQ(family_from_gguf_architecture("llama"), &family("llama"));  // a llama GGUF is llama, never mistral
+  EXPECT_EQ(family_from_gguf_architecture("llama", /*experts=*/true), &family("mixtral"));  // llama.expert_count > 0
+  EXPECT_EQ(family_from_gguf_architecture("qwen3moe", true), &family("qwen3_moe"));
+  EXPECT_EQ(family_from_gguf_architecture("qwen3moe", false), nullptr);
+  EXPECT_EQ(family_from_gguf_architecture("qwen3", true), nullptr);
   EXPECT_EQ(family_from_gguf_architecture("mistral"), nullptr);
   EXPECT_EQ(family_from_gguf_architecture("phi3"), &family("phi3"));
   EXPECT_EQ(family_from_architecture("Phi3ForCausalLM"), &family("phi3"));
