@@ -92,17 +92,19 @@ Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variab
     const Tensor& dy = g[0];  // [N, out]
     const int64_t rows = dy.size(0);
     Tensor dx, dw, da, db;
-    if (n.needs_grad(3)) {  // db[e] = scale * dy^T t: [out, n_e] x [n_e, r]
-      db = Tensor::empty(b_shape, b_dtype, dy.device());
-      ops::grouped_matmul_tn_into(dy, keep_t, db, offsets, scale);
-    }
+    // The adapters' gradients are products in the activations' dtype, cast to the masters' (cuBLAS's
+    // grouped call has no bf16 -> f32; PEFT's expert LoRA, a bf16 product of bf16-cast factors, rounds
+    // its factors' gradients to bf16 alike): one grouped GEMM instead of one GEMM per expert.
+    auto master_grad = [&](const Tensor& lhs, const Tensor& rhs, const Shape& shape, DType dtype) {
+      Tensor o = Tensor::empty(shape, lhs.dtype(), lhs.device());
+      ops::grouped_matmul_tn_into(lhs, rhs, o, offsets, scale);
+      return o.dtype() == dtype ? o : o.to(dtype);
+    };
+    if (n.needs_grad(3)) db = master_grad(dy, keep_t, b_shape, b_dtype);  // db[e] = scale * dy^T t
     if (n.needs_grad(0) || n.needs_grad(2)) {
       Tensor dt = Tensor::empty({rows, r}, dy.dtype(), dy.device());
       ops::grouped_matmul_into(dy, keep_b, dt, offsets, false);  // [n_e, out] x [out, r]
-      if (n.needs_grad(2)) {  // da[e] = scale * dt^T x: [r, n_e] x [n_e, in]
-        da = Tensor::empty(a_shape, a_dtype, dy.device());
-        ops::grouped_matmul_tn_into(dt, keep_x, da, offsets, scale);
-      }
+      if (n.needs_grad(2)) da = master_grad(dt, keep_x, a_shape, a_dtype);  // da[e] = scale * dt^T x
       if (n.needs_grad(0)) {  // dx = scale * dt a_e + dy w_e: [n_e, r] x [r, in], then += [n_e, out] x [out, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
         ops::grouped_matmul_into(dt, keep_a, dx, offsets, false, scale, 0.f);

@@ -1,5 +1,6 @@
-// Mixture-of-experts functions: routing, the per-expert products and the weighted combine,
-// forward and backward side by side.
+// Mixture-of-experts functions: routing, the gather of each token's rows by expert, the weighted
+// combine and the load-balancing loss, forward and backward side by side (the per-expert products
+// are fn_grouped.cpp's).
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 
@@ -23,6 +24,19 @@ Variable moe_aux_loss(const Variable& logits, const Tensor& ids) {
   Tensor l = logits.value();
   auto backward = [l, ids](Node&, const Grads& g) { return Grads{ops::moe_aux_loss_backward(l, ids, g[0])}; };
   return record1(node_of("moe_aux_loss", backward), {&logits}, ops::moe_aux_loss(l, ids));
+}
+
+Variable moe_gather(const Variable& x, const ops::MoeDispatch& d, int64_t k) {
+  const Tensor tokens = d.token_of_row.to(x.value().device()), rows = d.row_of.to(x.value().device());
+  const int64_t t = x.size(0);
+  const DType dtype = x.dtype();
+  auto backward = [rows, t, k, dtype](Node&, const Grads& g) {
+    // dx[t] = sum over j of dxs[row_of[t K + j]]: the combine with unit weights (no atomics).
+    Tensor ones = Tensor::empty({t, k}, ops::acc_dtype(dtype), g[0].device());
+    ops::fill_(ones, 1.f);
+    return Grads{ops::moe_combine(g[0], rows, ones)};
+  };
+  return record1(node_of("moe_gather", backward), {&x}, ops::embedding(tokens, x.value()));
 }
 
 Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of) {

@@ -91,6 +91,9 @@ MoeRouting moe_route(const Variable& logits, int64_t k, bool renorm);
 // MoE layer, concatenated [N, E], with the experts they chose [N, K]: a scalar of the logits' dtype
 // (f32; f64 in gradient checks) on their device, computed and differentiated without a read-back.
 Variable moe_aux_loss(const Variable& logits, const Tensor& ids);
+// x [T, H] -> xs [T K, H]: row r is token d.token_of_row[r]'s (its rows grouped by expert); backward
+// sums each token's K rows back (ops::moe_combine with unit weights: deterministic, no atomics).
+Variable moe_gather(const Variable& x, const ops::MoeDispatch& d, int64_t k);
 // y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]: gradients to ys and weights.
 Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of);
 

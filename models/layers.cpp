@@ -81,7 +81,7 @@ ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out) const {
   ag::MoeRouting r = ag::moe_route(logits, top_k, renormalize);
   if (out) *out = RouterOutput{logits, r.route.ids};
   const ops::MoeDispatch d = ops::moe_dispatch(r.route.ids, experts);
-  const ag::Variable xs = ag::embedding(d.token_of_row.to(x.device()), x);
+  const ag::Variable xs = ag::moe_gather(x, d, top_k);
   std::vector<ag::Variable> gu = ag::split(gate_up.forward(xs, d.offsets), {inter, inter});
   const ag::Variable ys = down.forward(ag::swiglu(gu[0], gu[1]), d.offsets);
   // The routing weights in the expert outputs' accumulation dtype (f32, or f64 in f64 runs);
