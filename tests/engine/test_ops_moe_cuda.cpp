@@ -209,9 +209,12 @@ TEST(OpsMoeCuda, AuxLossIsTheCpuLoss) {
     const std::vector<double> ref = ops::moe_aux_loss_backward(l64, ids, dloss.to(DType::f64)).to_doubles();
     double scale = 0;
     for (double x : ref) scale = std::max(scale, std::abs(x));
-    // Each entry is p (g - <g, p>) with g = dloss E c / N^2: a few roundings of the largest entry.
+    // Each entry is p (g - <g, p>) with g = dloss E c / N^2: a few roundings of the largest entry, and
+    // the f32 sums over N rows behind c / N and the probability means, whose error grows as sqrt(N)
+    // (measured on the H200: 2.0e-5 of the largest entry at N = 70001, where the bound is 4.1e-5).
+    const double tol = 1e-5 * scale * std::max(1.0, std::sqrt(static_cast<double>(s.tokens) / 4096.0));
     const std::vector<float> g = got.to_floats();
-    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(g[i], ref[i], 1e-5 * scale) << what << " dlogits " << i;
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(g[i], ref[i], tol) << what << " dlogits " << i;
   }
 }
 
