@@ -253,12 +253,15 @@ int memory_estimate(const Args& args) {
     o.checkpointing = mode;
     int64_t w = 0, st = 0, act = 0;
     for (const PlanUnit& u : plan_units(*config, o)) w += u.weight_bytes, st += u.state_bytes, act += u.activation_bytes;
-    // While a layer runs backward (or is recomputed) its whole activations live, twice over, beside the
-    // fused loss's chunk and workspaces (about 1 GiB): checkpointing_plan.h's working set.
+    // The rest of the mode's need (checkpointing_plan.h, the estimate loom train uses): the fused
+    // loss's chunk and workspace, or a layer's activations while it recomputes, whichever is larger.
     const CheckpointingNeeds needs = estimate_checkpointing_needs(*config, o.tokens, o.activation_dtype, 0);
-    const int64_t layer = needs.none / std::max<int64_t>(1, config->num_hidden_layers);
-    const int64_t working = (mode == Checkpointing::kNone ? 0 : 2 * layer) + (int64_t{1} << 30);
-    const int64_t total = w + st + act + working;
+    const int64_t need = mode == Checkpointing::kNone        ? needs.none
+                         : mode == Checkpointing::kRecompute ? needs.recompute
+                                                             : needs.offload;
+    // The embedding's output is kept apart from the layers' (plan_units counts it under its unit).
+    const int64_t working = std::max<int64_t>(0, need - act);
+    const int64_t total = w + st + std::max(act, need);
     const bool fits = total <= available;
     any = any || fits;
     std::printf("  %-10s %10s %16s %17s %12s %10s  %s\n", checkpointing_name(mode), gib(w).c_str(), gib(st).c_str(),

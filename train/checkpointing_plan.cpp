@@ -1,6 +1,8 @@
 // See checkpointing_plan.h.
 #include "train/checkpointing_plan.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
@@ -13,18 +15,30 @@ int64_t with_margin(int64_t bytes) { return bytes + bytes / 10 + (512LL << 20); 
 
 }  // namespace
 
+int64_t layer_activation_bytes(const ModelConfig& c, int64_t layer, int64_t tokens, DType act) {
+  // Quarter values a token: the attention's part (norms, q/k/v, attention output, residual) and the
+  // MLP's (gate and up; down_proj's input is computed again from them), or k expert rows' of each.
+  int64_t quarters = 29 * c.hidden_size;
+  if (c.is_moe_layer(layer))
+    quarters += c.moe.experts_per_token * (7 * c.moe.expert_intermediate + 9 * c.hidden_size);
+  else
+    quarters += 7 * c.intermediate_size;
+  return tokens * quarters / 4 * bytes_for(act, 1);
+}
+
 CheckpointingNeeds estimate_checkpointing_needs(const ModelConfig& c, int64_t tokens, DType act, int64_t fixed_bytes) {
-  const int64_t bytes = bytes_for(act, 1);
-  const int64_t layers = c.num_hidden_layers;
-  // What a decoder layer keeps for backward, per token: the gate and up projections (down_proj's
-  // input is computed again from them), the norms' outputs, q/k/v, the attention output, the
-  // residual stream and the adapters' small products: 2 I + 9 H values, rounded up.
-  const int64_t layer = tokens * (2 * c.intermediate_size + 9 * c.hidden_size) * bytes;
-  const int64_t input = tokens * c.hidden_size * bytes;
+  const int64_t input = tokens * c.hidden_size * bytes_for(act, 1);
+  int64_t all = 0, largest = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const int64_t layer = layer_activation_bytes(c, i, tokens, act);
+    all += layer;
+    largest = std::max(largest, layer);
+  }
+  constexpr int64_t kSlack = int64_t{256} << 20;  // a layer's transient gradients beside its activations
   CheckpointingNeeds n;
-  n.none = layers * layer + fixed_bytes;
-  n.recompute = layers * input + 2 * layer + fixed_bytes;
-  n.offload = 4 * input + 2 * layer + fixed_bytes;
+  n.none = all + kLossWorkspaceBytes + fixed_bytes;
+  n.recompute = c.num_hidden_layers * input + std::max(kLossWorkspaceBytes, largest + kSlack) + fixed_bytes;
+  n.offload = std::max(kLossWorkspaceBytes, largest + 4 * input + kSlack) + fixed_bytes;
   return n;
 }
 

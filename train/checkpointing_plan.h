@@ -12,9 +12,17 @@
 
 namespace loom {
 
-// Bytes the rest of a step will allocate on the device, per mode (an upper estimate: it counts
-// each decoder layer's kept activations as 2 x intermediate + 9 x hidden values per token, which
-// measured runs of the Llama 1B and 8B shapes stay under).
+// One decoder layer's activations kept for backward, for `tokens` tokens: 7/4 I + 29/4 H values a
+// token (a MoE layer: 29/4 H + k (7/4 I_expert + 9/4 H)), fitted to the peaks `loom train` measured on
+// an H200 for the Llama 1B and 8B shapes (bench/results/session30/memory_check.md).
+int64_t layer_activation_bytes(const ModelConfig& c, int64_t layer, int64_t tokens, DType act);
+// The fused loss's chunk and workspace, which the peak of a step without checkpointing includes.
+constexpr int64_t kLossWorkspaceBytes = int64_t{1} << 30;
+
+// Bytes the rest of a step will allocate on the device, per mode, beside the weights, the trainable
+// state and fixed_bytes: every layer's activations and the loss's workspace (none); every layer's
+// input, and one layer's activations while it recomputes, or the loss's workspace, whichever is
+// larger (recompute); the same without the inputs, with a few in flight (offload).
 struct CheckpointingNeeds {
   int64_t none = 0;       // every layer's activations until backward
   int64_t recompute = 0;  // every layer's input, and one layer's activations while it recomputes

@@ -94,17 +94,25 @@ std::vector<PlanUnit> plan_units(const ModelConfig& c, const PlanOptions& o) {
     if (c.o_proj_bias) biases += h;
     if (c.mlp_bias) biases += 2 * c.intermediate_size + h;
     u.weight_bytes = dense(norms + biases);
+    const bool moe = c.is_moe_layer(i);
     for (const auto& [name, in, out] : linears) {
+      if (moe && (name == "gate_proj" || name == "up_proj" || name == "down_proj")) continue;  // experts below
       u.weight_bytes += o.qlora ? nf4_bytes(in * out) : dense(in * out);
       if (o.full) u.state_bytes += 16 * in * out;
       else if (targeted(o, name)) u.state_bytes += 16 * o.lora_r * (in + out);  // f32 A and B, gradients, AdamW moments
     }
+    if (moe) {  // the router (dense) and E experts' gate, up and down (NF4 per expert with QLoRA)
+      const int64_t e = c.moe.experts, expert = 3 * h * c.moe.expert_intermediate;
+      u.weight_bytes += dense(e * h) + e * (o.qlora ? nf4_bytes(expert) : dense(expert));
+      if (o.full) u.state_bytes += 16 * e * (h + expert);
+      else if (targeted(o, "experts")) u.state_bytes += 16 * o.lora_r * e * (3 * h + 2 * c.moe.expert_intermediate + h);
+    }
     if (o.full) u.state_bytes += 16 * (norms + biases);
     // What backward needs of the layer (train/checkpointing_plan.h's estimate): everything (none), the
     // input (recompute), nothing on the GPU (offload).
-    u.activation_bytes = o.checkpointing == Checkpointing::kNone
-                             ? o.tokens * (2 * c.intermediate_size + 9 * h) * act
-                             : o.checkpointing == Checkpointing::kRecompute ? o.tokens * h * act : 0;
+    u.activation_bytes = o.checkpointing == Checkpointing::kNone ? layer_activation_bytes(c, i, o.tokens, o.activation_dtype)
+                         : o.checkpointing == Checkpointing::kRecompute ? o.tokens * h * act
+                                                                        : 0;
     units.push_back(u);
   }
   PlanUnit norm{"model.norm", dense(h)};

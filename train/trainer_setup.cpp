@@ -124,8 +124,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     s->objective->set_router_aux_loss(cfg.router_aux_loss_coef < 0 ? mc.moe.router_aux_loss_coef : cfg.router_aux_loss_coef);
   s->checkpointing = cfg.checkpointing.value_or(Checkpointing::kNone);
   // What every mode adds alike: the trainable parameters' gradients and optimizer state (full
-  // fine-tuning: about 16 bytes each; LoRA's adapters are small) and the fused loss's workspace.
-  int64_t fixed = 1LL << 30;
+  // fine-tuning: about 16 bytes each; LoRA's adapters are small; the loss's workspace is the estimate's).
+  int64_t fixed = 0;
   // Sizes are bounded one by one (run_options.cpp); their product may still be past any machine (and
   // past int64 in the estimate below): one layer's activations of a micro-batch, in double first.
   const double layer_bytes = static_cast<double>(cfg.batch_size) * static_cast<double>(cfg.seq_len) *
