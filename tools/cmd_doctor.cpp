@@ -46,6 +46,12 @@ const std::vector<FlagSpec> kFlags = {
     {"lora-r", false, "for --model: LoRA rank", "16"},
     {"qlora", true, "for --model: the decoder weights in NF4", ""},
     {"full", true, "for --model: full fine-tuning (16 bytes of state a weight)", ""},
+    {"checkpointing", false, "for --model: the one mode to estimate (none, recompute, offload)", "every mode"},
+    {"dist", false, "for --model: ddp or zero2 over --ranks processes (zero2 shards the optimizer's 12 bytes of a "
+     "trainable weight's 16)", ""},
+    {"ranks", false, "for --model with --dist: the processes (default: the launcher's world size, else 1)", ""},
+    {"offload-optimizer", true, "for --model: the optimizer's state (12 bytes of a trainable weight's 16) in host memory",
+     ""},
     {"json", true, "print the checks as one JSON object", ""},
     {"no-self-test", true, "skip the self-test of the devices", ""},
     {"help", true, "show this help", ""},
@@ -240,19 +246,48 @@ int memory_estimate(const Args& args) {
   int64_t available = device_available_bytes(device);
   for (const GpuInfo& g : gpus)
     if (device.is_cuda() && g.index == device.index) available = g.free_bytes;
+  std::vector<Checkpointing> modes = {Checkpointing::kNone, Checkpointing::kRecompute, Checkpointing::kOffload};
+  if (args.has("checkpointing")) {
+    auto m = parse_checkpointing(args.str("checkpointing"));
+    if (!m.ok()) return fail(std::string(m.status().message()));
+    modes = {*m};
+  }
+  // The trainable state's 16 bytes a weight: 4 of gradient stay on the device; the optimizer's 12
+  // (f32 master or LoRA factor, two moments) are split over the ranks by zero2, or go to the host.
+  int64_t ranks = 1;
+  const std::string dist = args.str("dist");
+  if (!dist.empty() && dist != "ddp" && dist != "zero2") return fail("--dist must be ddp or zero2, got '" + dist + "'");
+  if (args.has("ranks")) {
+    auto n = args.integer("ranks");
+    if (!n.ok() || *n < 1) return fail("--ranks must be a positive integer");
+    ranks = *n;
+  } else if (const char* w = std::getenv("OMPI_COMM_WORLD_SIZE"); w && !dist.empty()) {
+    ranks = std::max(1, std::atoi(w));
+  }
+  const bool offload_optimizer = args.has("offload-optimizer");
+  auto state_on_device = [&](int64_t st) {
+    const int64_t optimizer = st / 16 * 12;
+    return st - optimizer + (offload_optimizer ? 0 : dist == "zero2" ? optimizer / ranks : optimizer);
+  };
   PlanOptions o;
   o.qlora = args.has("qlora"), o.full = args.has("full"), o.lora_r = *r, o.tokens = *seq * *batch;
   o.weight_dtype = o.activation_dtype = device.is_cuda() ? DType::bf16 : DType::f32;
   std::printf("memory estimate: %s, %s, %lld x %lld tokens a micro-batch, on %s (%s available)\n",
               config->model_type.c_str(), o.full ? "full fine-tuning" : o.qlora ? "QLoRA" : "LoRA",
               static_cast<long long>(*batch), static_cast<long long>(*seq), device.str().c_str(), gib(available).c_str());
+  if (!dist.empty() || offload_optimizer)
+    std::printf("  trainable state on the device: gradients%s%s\n",
+                offload_optimizer ? "; optimizer state in host memory" : "",
+                dist == "zero2" && !offload_optimizer ? absl::StrFormat(" and 1/%d of the optimizer state (zero2)", ranks).c_str()
+                                                      : "");
   std::printf("  %-10s %10s %16s %17s %12s %10s\n", "mode", "weights", "trainable state", "kept activations",
               "working", "total");
   bool any = false;
-  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kRecompute, Checkpointing::kOffload}) {
+  for (Checkpointing mode : modes) {
     o.checkpointing = mode;
     int64_t w = 0, st = 0, act = 0;
     for (const PlanUnit& u : plan_units(*config, o)) w += u.weight_bytes, st += u.state_bytes, act += u.activation_bytes;
+    st = state_on_device(st);
     // The rest of the mode's need (checkpointing_plan.h, the estimate loom train uses): the fused
     // loss's chunk and workspace, or a layer's activations while it recomputes, whichever is larger.
     const CheckpointingNeeds needs = estimate_checkpointing_needs(*config, o.tokens, o.activation_dtype, 0);
@@ -267,9 +302,16 @@ int memory_estimate(const Args& args) {
     std::printf("  %-10s %10s %16s %17s %12s %10s  %s\n", checkpointing_name(mode), gib(w).c_str(), gib(st).c_str(),
                 gib(act).c_str(), gib(working).c_str(), gib(total).c_str(), fits ? "fits" : "does not fit");
   }
-  if (!any)
-    std::printf("  none of the modes fits: %s\n",
-                o.qlora || o.full ? "a smaller --batch-size or --seq-len" : "--qlora (weights in 4 bits), a smaller --batch-size or --seq-len");
+  if (!any) {
+    std::vector<std::string> tries;
+    if (!o.qlora && !o.full) tries.push_back("--qlora (weights in 4 bits)");
+    if (modes.size() == 1 && modes[0] != Checkpointing::kOffload) tries.push_back("--checkpointing offload");
+    if (o.full && !offload_optimizer) tries.push_back("--offload-optimizer (the optimizer's state in host memory)");
+    if (o.full && dist != "zero2") tries.push_back("--dist zero2 over several GPUs (the optimizer's state split)");
+    tries.push_back("a smaller --batch-size or --seq-len");
+    std::printf("  %s fits: %s\n", modes.size() == 1 ? "this mode never" : "none of the modes",
+                absl::StrJoin(tries, ", ").c_str());
+  }
   return 0;
 }
 

@@ -68,6 +68,20 @@ TEST(Doctor, MemoryEstimateOfAPlannedRun) {
   RunResult q = run_loom("doctor --model " + model + " --device cpu --seq-len 2048 --batch-size 4 --qlora");
   ASSERT_EQ(q.exit_code, 0) << q.output;
   EXPECT_LT(total(q.output, "none")[0], none[0]);
+  // Full fine-tuning: zero2 over 4 ranks keeps the gradients (4 of 16 bytes a weight) and a quarter
+  // of the optimizer's 12; --offload-optimizer keeps the gradients alone; --checkpointing one mode.
+  const std::string full = "doctor --model " + model + " --device cpu --seq-len 2048 --batch-size 4 --full";
+  RunResult all = run_loom(full);
+  RunResult zero = run_loom(full + " --dist zero2 --ranks 4 --checkpointing offload");
+  RunResult host = run_loom(full + " --offload-optimizer --checkpointing offload");
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  ASSERT_EQ(zero.exit_code, 0) << zero.output;
+  ASSERT_EQ(host.exit_code, 0) << host.output;
+  EXPECT_EQ(zero.output.find("\n  none "), std::string::npos) << zero.output;
+  const double state = total(all.output, "offload")[1];
+  EXPECT_NEAR(total(zero.output, "offload")[1], state * (4 + 12.0 / 4) / 16, 0.11) << zero.output;
+  EXPECT_NEAR(total(host.output, "offload")[1], state * 4 / 16, 0.11) << host.output;
+  EXPECT_NE(run_loom(full + " --dist zero3").exit_code, 0);
   RunResult bad = run_loom("doctor --model /no/such/model");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("/no/such/model"), std::string::npos) << bad.output;
