@@ -333,6 +333,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty("rank_pattern")) {
       if (!j["rank_pattern"].is_object()) return bad("rank_pattern must be an object of module pattern -> rank");
       for (const auto& [k, v] : j["rank_pattern"].items()) {
+        if (k.empty() || k.size() > 256) return bad("rank_pattern keys must be module patterns of 1 to 256 characters");
         if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65536)
           return bad(absl::StrCat("rank_pattern[\"", k, "\"] must be an integer from 1 to 65536, got ", v.dump()));
         c.rank_pattern.emplace_back(k, v.get<int64_t>());
@@ -341,6 +342,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty("alpha_pattern")) {
       if (!j["alpha_pattern"].is_object()) return bad("alpha_pattern must be an object of module pattern -> alpha");
       for (const auto& [k, v] : j["alpha_pattern"].items()) {
+        if (k.empty() || k.size() > 256) return bad("alpha_pattern keys must be module patterns of 1 to 256 characters");
         if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0) || v.get<double>() > 1e30)
           return bad(absl::StrCat("alpha_pattern[\"", k, "\"] must be a positive number, got ", v.dump()));
         c.alpha_pattern.emplace_back(k, static_cast<float>(v.get<double>()));
