@@ -6,7 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <optional>
+#include <string_view>
 #include <set>
 #include <unistd.h>
 
@@ -87,14 +88,66 @@ float LoraConfig::scale() const {
 }
 
 namespace {
-// PEFT's get_pattern_key: re.match(rf"(.*\.)?({key})$", name).
+// A pattern key of rank_pattern / alpha_pattern as PEFT writes them: module names with "\." for a dot,
+// "." for any character and ".*" for any run of them. Other regular-expression syntax is refused when
+// the config is read (a backtracking regex engine on a downloaded file's pattern can take forever:
+// fuzz_adapter_config found one), so these are matched by a linear wildcard walk instead.
+struct PatternToken {
+  enum Kind { kChar, kAny, kStar } kind;
+  char c = 0;
+};
+
+std::optional<std::vector<PatternToken>> tokenize_pattern(const std::string& key) {
+  std::vector<PatternToken> out;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const char ch = key[i];
+    if (ch == '\\') {
+      if (i + 1 >= key.size() || key[i + 1] != '.') return std::nullopt;
+      out.push_back({PatternToken::kChar, '.'});
+      ++i;
+    } else if (ch == '.') {
+      if (i + 1 < key.size() && key[i + 1] == '*') {
+        out.push_back({PatternToken::kStar});
+        ++i;
+      } else {
+        out.push_back({PatternToken::kAny});
+      }
+    } else if (std::string_view("[](){}|+?^$*").find(ch) != std::string_view::npos) {
+      return std::nullopt;
+    } else {
+      out.push_back({PatternToken::kChar, ch});
+    }
+  }
+  return out;
+}
+
+// Whole-string match of s against the tokens (the classic wildcard walk: linear with one backtrack point).
+bool wildcard_match(std::string_view s, const std::vector<PatternToken>& p) {
+  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
+  while (i < s.size()) {
+    if (j < p.size() && p[j].kind != PatternToken::kStar && (p[j].kind == PatternToken::kAny || p[j].c == s[i])) {
+      ++i, ++j;
+    } else if (j < p.size() && p[j].kind == PatternToken::kStar) {
+      star = j++, mark = i;
+    } else if (star != std::string::npos) {
+      j = star + 1, i = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (j < p.size() && p[j].kind == PatternToken::kStar) ++j;
+  return j == p.size();
+}
+
+// PEFT's get_pattern_key: re.match(rf"(.*\.)?({key})$", name), the first key in order that matches.
 template <class V>
 const V* pattern_value(const std::vector<std::pair<std::string, V>>& patterns, const std::string& name) {
   for (const auto& [key, v] : patterns) {
-    try {
-      if (std::regex_match(name, std::regex("(.*\\.)?(" + key + ")"))) return &v;
-    } catch (const std::regex_error&) {
-      if (name == key || name.ends_with("." + key)) return &v;
+    const auto tokens = tokenize_pattern(key);
+    if (!tokens) continue;  // refused when read; not reached
+    for (size_t start = 0; start <= name.size(); start = name.find('.', start) + 1) {
+      if (wildcard_match(std::string_view(name).substr(start), *tokens)) return &v;
+      if (name.find('.', start) == std::string::npos) break;
     }
   }
   return nullptr;
@@ -333,7 +386,9 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty("rank_pattern")) {
       if (!j["rank_pattern"].is_object()) return bad("rank_pattern must be an object of module pattern -> rank");
       for (const auto& [k, v] : j["rank_pattern"].items()) {
-        if (k.empty() || k.size() > 256) return bad("rank_pattern keys must be module patterns of 1 to 256 characters");
+        if (k.empty() || k.size() > 256 || !tokenize_pattern(k))
+          return bad(absl::StrCat("rank_pattern key \"", k.substr(0, 80), "\" is not supported: module names with \\. ",
+                                  "for a dot and .* for any run of characters, 1 to 256 characters"));
         if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65536)
           return bad(absl::StrCat("rank_pattern[\"", k, "\"] must be an integer from 1 to 65536, got ", v.dump()));
         c.rank_pattern.emplace_back(k, v.get<int64_t>());
@@ -342,7 +397,9 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty("alpha_pattern")) {
       if (!j["alpha_pattern"].is_object()) return bad("alpha_pattern must be an object of module pattern -> alpha");
       for (const auto& [k, v] : j["alpha_pattern"].items()) {
-        if (k.empty() || k.size() > 256) return bad("alpha_pattern keys must be module patterns of 1 to 256 characters");
+        if (k.empty() || k.size() > 256 || !tokenize_pattern(k))
+          return bad(absl::StrCat("alpha_pattern key \"", k.substr(0, 80), "\" is not supported: module names with \\. ",
+                                  "for a dot and .* for any run of characters, 1 to 256 characters"));
         if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0) || v.get<double>() > 1e30)
           return bad(absl::StrCat("alpha_pattern[\"", k, "\"] must be a positive number, got ", v.dump()));
         c.alpha_pattern.emplace_back(k, static_cast<float>(v.get<double>()));

@@ -45,5 +45,43 @@ TEST(AdapterConfig, NumbersAreCheckedBeforeConversion) {
   }
 }
 
+// rank_pattern keys as PEFT matches them, re.match(rf"(.*\.)?({key})$", name): the expectations are
+// what Python's re gives for these pairs. Keys with other regular-expression syntax are refused (a
+// backtracking engine on such a key hung fuzz_adapter_config: corpus finding_regex_backtracking).
+TEST(AdapterConfig, PatternKeysMatchAsPeftDoes) {
+  const std::vector<std::string> names = {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.self_attn.q_proj",
+                                          "model.layers.11.self_attn.q_proj", "lm_head", "model.layers.0.mlp.up_proj"};
+  const std::vector<std::pair<std::string, std::vector<bool>>> cases = {
+      {".*\\.gate_up_proj", {true, false, false, false, false}},
+      {"gate_up_proj", {true, false, false, false, false}},
+      {"up_proj", {false, false, false, false, true}},
+      {"layers.1.self_attn.q_proj", {false, true, false, false, false}},
+      {"layers\\.1\\.self_attn\\.q_proj", {false, true, false, false, false}},
+      {"model\\.layers\\..*\\.q_proj", {false, true, true, false, false}},
+      {"lm_head", {false, false, false, true, false}},
+      {".*head", {false, false, false, true, false}},
+      {"layers\\.1.\\.self_attn\\.q_proj", {false, false, true, false, false}},
+  };
+  for (const auto& [key, want] : cases) {
+    LoraConfig c;
+    c.r = 8;
+    c.rank_pattern = {{key, 4}};
+    for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(c.rank_for(names[i]) == 4, want[i]) << key << " " << names[i];
+  }
+  TempDir d;
+  const std::string src = fixture_dir("llama") + "/adapter";
+  std::filesystem::copy_file(src + "/adapter_model.safetensors", d.file("adapter_model.safetensors"));
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src + "/adapter_config.json"));
+  for (const char* key : {"(a*)*b", "q_proj|v_proj", "[qv]_proj", "q_proj$"}) {
+    cfg["rank_pattern"] = {{key, 4}};
+    std::ofstream(d.file("adapter_config.json")) << cfg.dump();
+    auto model = CausalLM::load(fixture_dir("llama"), {DType::f32, Device::cpu()});
+    ASSERT_TRUE(model.ok());
+    const absl::Status s = load_adapter(**model, d.path()).status();
+    EXPECT_FALSE(s.ok()) << key;
+    EXPECT_NE(std::string(s.message()).find("rank_pattern key"), std::string::npos) << s;
+  }
+}
+
 }  // namespace
 }  // namespace loom::test
