@@ -268,8 +268,8 @@ ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers) {
   }
   const int64_t tokens = routers[0].logits.size(0), experts = routers[0].logits.size(1);
   const int64_t n = tokens * static_cast<int64_t>(routers.size());
-  const ag::Variable all = routers.size() == 1 ? logits[0] : ag::reshape(ag::cat_last(logits), {n, experts});
-  const Tensor chosen = routers.size() == 1 ? ids[0] : ops::cat_last(ids, widths).reshape({n, widths[0]});
+  const ag::Variable all = ag::reshape(ag::cat_last(logits), {n, experts});
+  const Tensor chosen = ops::cat_last(ids, widths).reshape({n, widths[0]});
   return ag::moe_aux_loss(all, chosen);
 }
 

@@ -284,16 +284,18 @@ absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const
       short_targets = full_targets;
       break;
     }
-  // Expert projections: PEFT's "mlp.experts.gate_up_proj" form when every MoE layer's is adapted.
+  // Expert projections likewise: PEFT's "mlp.experts.gate_up_proj" form when it selects exactly the
+  // adapted ones, else their full names.
   std::set<std::string> short_params, full_params;
-  bool all_layers = true;
-  for (const ExpertLinear* p : model.expert_linears()) {
-    const std::string tail = p->name.substr(p->name.rfind(".mlp.experts.") + 1);
-    if (p->lora) short_params.insert(tail), full_params.insert(p->name);
-  }
   for (const ExpertLinear* p : model.expert_linears())
-    if (!p->lora && short_params.count(p->name.substr(p->name.rfind(".mlp.experts.") + 1))) all_layers = false;
-  if (!all_layers) short_params = full_params;
+    if (p->lora) short_params.insert(p->name.substr(p->name.rfind(".mlp.experts.") + 1)), full_params.insert(p->name);
+  LoraConfig short_experts;
+  short_experts.target_parameters.assign(short_params.begin(), short_params.end());
+  for (const ExpertLinear* p : model.expert_linears())
+    if (detail::expert_targeted(p->name, short_experts) != (p->lora != nullptr)) {
+      short_params = full_params;
+      break;
+    }
   if (tensors.empty()) return absl::FailedPreconditionError("save_adapter: the model has no LoRA adapters");
   const std::string weights_path = (fs::path(dir) / "adapter_model.safetensors").string();
   if (absl::Status s = check_finite_to_save(tensors, weights_path); !s.ok()) return s;

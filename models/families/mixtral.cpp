@@ -48,15 +48,9 @@ const FamilySpec& mixtral() {
     s.default_max_position_embeddings = 4096 * 32;
     s.default_rope_theta = 1e6;
     s.parse = parse;
-    s.layer_weights = {
-        {"input_layernorm", "attn_norm"},
-        {"self_attn.q_proj", "attn_q", GgufFix::kRopePermuteQ},
-        {"self_attn.k_proj", "attn_k", GgufFix::kRopePermuteK},
-        {"self_attn.v_proj", "attn_v"},
-        {"self_attn.o_proj", "attn_output"},
-        {"post_attention_layernorm", "ffn_norm"},
-        {"block_sparse_moe.gate", "ffn_gate_inp", GgufFix::kNone, {"mlp.gate"}},
-    };
+    // Llama's attention and norms; the router where the dense MLP was (the experts follow MoeSpec).
+    std::erase_if(s.layer_weights, [](const WeightRule& r) { return r.hf.starts_with("mlp."); });
+    s.layer_weights.push_back({"block_sparse_moe.gate", "ffn_gate_inp", GgufFix::kNone, {"mlp.gate"}});
     FamilySpec::MoeSpec moe;
     moe.rules.default_experts = 8;
     moe.rules.default_experts_per_token = 2;

@@ -14,15 +14,10 @@
 
 namespace loom::families {
 
-void reject_qwen_windows(const ConfigFields& f, ModelConfig& c);  // qwen2.cpp
-
 namespace {
 
 void parse(const ConfigFields& f, ModelConfig& c) {
-  c.attention_bias = c.o_proj_bias = f.get_bool("attention_bias", false);
-  c.mlp_bias = false;
-  read_hidden_act(f, c);
-  reject_qwen_windows(f, c);
+  qwen3().parse(f, c);  // Qwen3's attention biases, activation and refused windows
   c.moe = read_moe_config(f, c.family->moe->rules, c.num_hidden_layers, c.intermediate_size);
 }
 
