@@ -217,7 +217,11 @@ ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& op
   LOOM_CHECK(input_ids.dim() == 2 && input_ids.dtype() == DType::i32, "CausalLM::forward: input_ids must be i32 ",
              "[batch, seq], got ", input_ids.str());
   detail::LayerContext ctx = context_for(input_ids, options);
-  return run(input_ids, ctx, nullptr);
+  std::vector<RouterOutput> routers;
+  if (options.aux_loss && config_.moe.experts > 0) ctx.routers = &routers;
+  ag::Variable logits = run(input_ids, ctx, nullptr);
+  if (!routers.empty()) *options.aux_loss = load_balancing_loss(routers);
+  return logits;
 }
 
 ag::Variable CausalLM::loss(const Tensor& input_ids, const Tensor& labels, const ForwardOptions& options) const {

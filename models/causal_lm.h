@@ -43,9 +43,9 @@ struct ForwardOptions {
   // The largest of `positions` when the caller knows it (-1: read from them when needed). LongRoPE
   // picks its short or long factors by it, as transformers does by max(position_ids) + 1.
   int64_t max_position = -1;
-  // Mixture-of-experts models (loss only): the load-balancing loss (transformers'
-  // load_balancing_loss_func over every MoE layer's router) joins the loss times this coefficient
-  // when it is above 0; `aux_loss`, when not null, receives it (unscaled, f32 scalar on the tape).
+  // Mixture-of-experts models: the load-balancing loss (transformers' load_balancing_loss_func over
+  // every MoE layer's router) joins loss()'s result times this coefficient when it is above 0;
+  // `aux_loss`, when not null, receives it from loss() or forward() (unscaled, f32 scalar on the tape).
   double router_aux_loss_coef = 0;
   ag::Variable* aux_loss = nullptr;
 };

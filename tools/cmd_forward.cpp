@@ -184,22 +184,20 @@ int run_forward(const std::vector<std::string>& argv) {
 
   std::optional<ag::NoGradGuard> no_grad;
   if (!grads) no_grad.emplace();
-  ag::Variable logits = (*model)->forward(*ids);
+  double coef = 0;  // mixture-of-experts models: the load-balancing loss of the same forward's routers
+  if (!absl::SimpleAtod(args->str("router-aux-loss-coef"), &coef) || !(coef >= 0) || !std::isfinite(coef))
+    return fail(absl::InvalidArgumentError(absl::StrCat("--router-aux-loss-coef must be a number >= 0, got '",
+                                                        args->str("router-aux-loss-coef"), "'")));
+  ag::Variable aux;
+  ForwardOptions opt;
+  if (c.moe.experts > 0 && labels->defined()) opt.aux_loss = &aux;
+  ag::Variable logits = (*model)->forward(*ids, opt);
   std::vector<std::pair<std::string, Tensor>> outputs = {{"logits", logits.value()}};
   if (labels->defined()) {
     ag::Variable loss = causal_lm_loss(logits, *labels);
-    if (c.moe.experts > 0) {  // the load-balancing loss of the same forward's routers (recomputed)
-      double coef = 0;
-      if (!absl::SimpleAtod(args->str("router-aux-loss-coef"), &coef) || !(coef >= 0) || !std::isfinite(coef))
-        return fail(absl::InvalidArgumentError(absl::StrCat("--router-aux-loss-coef must be a number >= 0, got '",
-                                                            args->str("router-aux-loss-coef"), "'")));
-      ag::Variable aux;
-      ForwardOptions opt;
-      opt.aux_loss = &aux;
-      opt.router_aux_loss_coef = coef;
-      ag::Variable with_aux = (*model)->loss(*ids, *labels, opt);
+    if (aux.defined()) {
       outputs.emplace_back("aux_loss", aux.value().to(DType::f32).reshape({1}));
-      if (coef > 0) loss = with_aux;
+      if (coef > 0) loss = ag::add(loss, ag::cast(ag::scale(aux, static_cast<float>(coef)), loss.dtype()));
     }
     outputs.emplace_back("loss", loss.value().to(DType::f32).reshape({1}));
     if (grads) {
