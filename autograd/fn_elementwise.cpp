@@ -50,6 +50,14 @@ Variable cast(const Variable& a, DType dtype) {
                  {&a}, a.value().to(dtype));
 }
 
+Variable to_device(const Variable& a, Device device) {
+  if (a.device() == device) return a;
+  const Device from = a.device();
+  return record1(node_of("to_device",
+                         [from](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].to(from)}; }),
+                 {&a}, a.value().contiguous().to(device));
+}
+
 Variable reshape(const Variable& a, const Shape& shape) {
   const Shape from = a.shape();
   return record1(node_of("reshape", [from](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0].reshape(from)}; }),

@@ -17,6 +17,7 @@ Variable mul(const Variable& a, const Variable& b);
 Variable scale(const Variable& a, float s);
 Variable add_bias(const Variable& a, const Variable& bias);  // a [..., C] + bias [C]
 Variable cast(const Variable& a, DType dtype);               // gradient cast back
+Variable to_device(const Variable& a, Device device);        // gradient copied back (a --device-map hop)
 Variable reshape(const Variable& a, const Shape& shape);
 Variable transpose(const Variable& a, int64_t d0, int64_t d1);
 Variable narrow(const Variable& a, int64_t dim, int64_t start, int64_t length);

@@ -67,6 +67,13 @@ CudaContext& CudaContext::get(int index) {
              " does not exist (", contexts.size(), " visible)");
   std::lock_guard<std::mutex> lock(mu);
   if (!contexts[index]) contexts[index] = make_context(index);
+  // With several GPUs (a --device-map run) the caller is about to launch on this device's stream:
+  // make it current, as kernel launches and cuBLAS need. One GPU: it always is.
+  if (contexts.size() > 1) {
+    int current = -1;
+    LOOM_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != index) LOOM_CUDA_CHECK(cudaSetDevice(index));
+  }
   return *contexts[index];
 }
 

@@ -27,7 +27,9 @@ struct CudaContext {
   CudaContext(const CudaContext&) = delete;
   CudaContext& operator=(const CudaContext&) = delete;
 
-  // The context of device `index` (throws loom::Error in a CPU-only build or for a bad index).
+  // The context of device `index` (throws loom::Error in a CPU-only build or for a bad index). With
+  // more than one GPU visible it also makes `index` the current device (every launch looks its
+  // stream up here first), so ops on tensors of several GPUs each run on their own device.
   static CudaContext& get(int index);
 };
 

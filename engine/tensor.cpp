@@ -154,10 +154,27 @@ void transfer(const Tensor& src, Tensor& dst) {
   }
 #if LOOM_WITH_CUDA
   if (src.is_cuda() && dst.is_cuda()) {
-    // The source was produced on its own device's stream: finish that work before the copy reads it.
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_of(src.device())));
+    // Between two GPUs (a --device-map run's activations): the copy runs on the destination's stream
+    // after the work queued on the source's (an event, not a host wait), and the source's stream
+    // waits for the copy in turn, so that its pool does not hand src's bytes out before they are read.
+    const cudaStream_t from = static_cast<cudaStream_t>(stream_of(src.device()));
+    const cudaStream_t to = static_cast<cudaStream_t>(stream_of(dst.device()));
+    cudaEvent_t produced, copied;
+    {
+      CudaDeviceGuard g(src.device().index);
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
+      LOOM_CUDA_CHECK(cudaEventRecord(produced, from));
+    }
+    CudaDeviceGuard g(dst.device().index);
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(to, produced, 0));
     LOOM_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data_ptr(), dst.device().index, src.data_ptr(), src.device().index,
-                                        src.nbytes(), stream_of(dst.device())));
+                                        src.nbytes(), to));
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    LOOM_CUDA_CHECK(cudaEventRecord(copied, to));
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(from, copied, 0));
+    // Destroying a recorded event is allowed: its resources go once it completes.
+    LOOM_CUDA_CHECK(cudaEventDestroy(produced));
+    LOOM_CUDA_CHECK(cudaEventDestroy(copied));
     return;
   }
   if (dst.is_cuda()) {  // host to device: ordered on the destination's stream

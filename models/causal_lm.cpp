@@ -16,6 +16,7 @@
 #include "models/block.h"
 #include "models/family.h"
 #include "models/gguf_model.h"
+#include "models/layer_streamer.h"
 #include "models/weight_loader.h"
 
 namespace loom {
@@ -35,6 +36,9 @@ const char* checkpointing_name(Checkpointing c) {
   }
   return "?";
 }
+
+CausalLM::CausalLM() = default;
+CausalLM::~CausalLM() = default;
 
 absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::load(const std::string& model_dir, const LoadOptions& options) {
   if (options.dtype != DType::f32 && options.dtype != DType::bf16)
@@ -85,7 +89,6 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   std::unique_ptr<CausalLM> m(new CausalLM());
   m->config_ = config;
   m->dtype_ = options.dtype;
-  m->device_ = options.device;
   m->source_dir_ = source_dir;
   const ModelConfig& c = m->config_;
   if (!c.family) return absl::InternalError("CausalLM: the config has no family (it was not parsed)");
@@ -95,15 +98,26 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     if (!q.ok() && !absl::IsNotFound(q.status())) return q.status();
     if (q.ok()) bnb = *q;
   }
-  detail::WeightLoader w(c, ck, options.dtype, options.device, seed, options.quantize_4bit, bnb);
+  m->placement_ = options.placement.value_or(Placement::uniform(options.device, c.num_hidden_layers));
+  const Placement& place = m->placement_;
+  if (static_cast<int64_t>(place.layers.size()) != c.num_hidden_layers || place.streamed.size() != place.layers.size())
+    return absl::InvalidArgumentError(absl::StrCat("the device map places ", place.layers.size(), " decoder layers; the model has ",
+                                                   c.num_hidden_layers));
+  if (c.tie_word_embeddings && !(place.head == place.embed))
+    return absl::InvalidArgumentError(absl::StrCat("lm_head is tied to the embedding: both must be on one device (the map ",
+                                                   "puts them on ", place.embed.str(), " and ", place.head.str(), ")"));
+  m->device_ = place.embed;
+  detail::WeightLoader w(c, ck, options.dtype, place.embed, seed, options.quantize_4bit, bnb);
   const FamilySpec& fam = *c.family;
   LOOM_CHECK(fam.block != nullptr, "family ", fam.name, " has no block forward");
 
   auto embed = w.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (!embed.ok()) return embed.status();
   m->embed_tokens_ = *std::move(embed);
+  m->layers_.reserve(static_cast<size_t>(c.num_hidden_layers));  // the streamer keeps pointers to them
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
+    w.set_device(place.layers[i]);  // a streamed layer loads there too, then moves to host memory
     DecoderLayer L;
     Attention& a = L.self_attn;
     // The optional norms exist where the family's weight map lists them.
@@ -142,7 +156,16 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     L.mlp.gelu = c.hidden_act == "gelu_pytorch_tanh";
     L.window = c.is_sliding(i) ? c.sliding_window : 0;
     m->layers_.push_back(std::move(L));
+    if (place.streamed[i]) {
+      if (!m->streamer_) m->streamer_ = std::make_unique<LayerStreamer>(place.layers[i]);
+      if (!(m->streamer_->compute_device() == place.layers[i]))
+        return absl::InvalidArgumentError(absl::StrCat("the streamed layers run on one device: layer ", i, " is mapped to ",
+                                                       place.layers[i].str(), ", an earlier one to ",
+                                                       m->streamer_->compute_device().str()));
+      m->streamer_->adopt(i, m->layers_.back());
+    }
   }
+  w.set_device(place.norm);
   LOOM_RETURN_IF_ERROR(w.norm(m->norm_, "model.norm", c.hidden_size));
   m->lm_head_.name = "lm_head";
   if (c.tie_word_embeddings) {
@@ -150,21 +173,27 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     const std::string copy = w.checkpoint_name("lm_head.weight");  // a redundant copy some exports keep
     if (ck && ck->find(copy)) w.mark_consumed(copy);
   } else {
+    w.set_device(place.head);
     LOOM_RETURN_IF_ERROR(w.linear(m->lm_head_, "lm_head", c.vocab_size, c.hidden_size, false));
   }
   LOOM_RETURN_IF_ERROR(w.check_unexpected(&m->load_notes_));
   // One RoPE table per layer type (shared when both types rotate alike), two with LongRoPE.
-  auto tables = [&](const RopeParams& r) {
+  auto tables = [&](const RopeParams& r, Device d) {
     RopeTables t;
     t.params = &r;
-    t.inv_freq = rope_inv_freq_tensor(c.head_dim, r, options.device);
-    if (r.scaling.kind == RopeScaling::Kind::kLongRope)
-      t.inv_freq_long = rope_inv_freq_tensor(c.head_dim, r, options.device, true);
+    t.inv_freq = rope_inv_freq_tensor(c.head_dim, r, d);
+    if (r.scaling.kind == RopeScaling::Kind::kLongRope) t.inv_freq_long = rope_inv_freq_tensor(c.head_dim, r, d, true);
     return t;
   };
-  m->rope_full_ = tables(c.rope);
-  m->rope_sliding_ = c.rope_sliding == c.rope ? m->rope_full_ : tables(c.rope_sliding);
-  m->rope_sliding_.params = &c.rope_sliding;
+  auto both = [&](Device d) {
+    std::pair<RopeTables, RopeTables> t{tables(c.rope, d), {}};
+    t.second = c.rope_sliding == c.rope ? t.first : tables(c.rope_sliding, d);
+    t.second.params = &c.rope_sliding;
+    return t;
+  };
+  std::tie(m->rope_full_, m->rope_sliding_) = both(place.embed);
+  for (const Device& d : place.layers)
+    if (!(d == place.embed) && !m->rope_elsewhere_.count(d.str())) m->rope_elsewhere_.emplace(d.str(), both(d));
   return m;
 }
 
@@ -208,6 +237,11 @@ detail::LayerContext CausalLM::context_for(const Tensor& input_ids, const Forwar
   return ctx;
 }
 
+void CausalLM::move_context(detail::LayerContext& ctx, Device d) const {
+  if (ctx.positions.defined()) ctx.positions = ctx.positions.to(d);
+  if (ctx.segment_ids.defined()) ctx.segment_ids = ctx.segment_ids.to(d);
+}
+
 void CausalLM::RopeTables::pick(int64_t max_position, detail::LayerContext& ctx) const {
   ctx.inv_freq = inv_freq_long.defined() && params->uses_long_factors(max_position) ? inv_freq_long : inv_freq;
   ctx.rope_mscale = params->mscale();
@@ -244,8 +278,8 @@ ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& 
   const bool aux = config_.moe.experts > 0 && (options.router_aux_loss_coef > 0 || options.aux_loss);
   if (aux) ctx.routers = &routers;
   ag::Variable h = hidden_states(input_ids, ctx, nullptr);
-  const Tensor t = targets.to(device_);
-  h = ag::reshape(h, {input_ids.numel(), h.size(2)});
+  const Tensor t = targets.to(placement_.head);
+  h = ag::reshape(ag::to_device(h, placement_.head), {input_ids.numel(), h.size(2)});
   // A LoRA adapter or a bias on lm_head is not part of the fused product, and a weight stored in
   // another dtype than the activations (a quantized head) is not a plain GEMM: take the plain path.
   ag::Variable loss = lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype()
@@ -255,7 +289,8 @@ ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& 
   const ag::Variable balance = load_balancing_loss(routers);
   if (options.aux_loss) *options.aux_loss = balance;
   if (options.router_aux_loss_coef <= 0) return loss;
-  return ag::add(loss, ag::cast(ag::scale(balance, static_cast<float>(options.router_aux_loss_coef)), loss.dtype()));
+  const ag::Variable scaled = ag::scale(ag::to_device(balance, loss.device()), static_cast<float>(options.router_aux_loss_coef));
+  return ag::add(loss, ag::cast(scaled, loss.dtype()));
 }
 
 ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers) {
@@ -265,9 +300,10 @@ ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers) {
   std::vector<ag::Variable> logits;
   std::vector<Tensor> ids;
   std::vector<int64_t> widths;
+  const Device d = routers[0].logits.device();  // layers placed on several devices meet on the first's
   for (const RouterOutput& r : routers) {
-    logits.push_back(r.logits);
-    ids.push_back(r.ids);
+    logits.push_back(ag::to_device(r.logits, d));
+    ids.push_back(r.ids.to(d));
     widths.push_back(r.ids.size(1));
   }
   const int64_t tokens = routers[0].logits.size(0), experts = routers[0].logits.size(1);
@@ -291,7 +327,8 @@ std::vector<ag::Variable> CausalLM::sequence_logps(const Tensor& input_ids, cons
     LOOM_CHECK(sp.start >= 0 && sp.length >= 0 && sp.start + sp.length <= batch * seq, "CausalLM::sequence_logps: span {",
                sp.start, ", ", sp.length, "} is outside ", batch, " x ", seq, " positions");
   detail::LayerContext ctx = context_for(input_ids, options);
-  ag::Variable h = ag::reshape(hidden_states(input_ids, ctx, nullptr), {batch * seq, config_.hidden_size});
+  ag::Variable h =
+      ag::reshape(ag::to_device(hidden_states(input_ids, ctx, nullptr), placement_.head), {batch * seq, config_.hidden_size});
   const std::vector<int32_t> t = targets.to_ints();
   const bool fused = !(lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype());
   std::vector<ag::Variable> out;
@@ -299,11 +336,11 @@ std::vector<ag::Variable> CausalLM::sequence_logps(const Tensor& input_ids, cons
     int64_t n = 0;
     for (int64_t i = sp.start; i < sp.start + sp.length; ++i) n += t[i] != ops::kIgnoreIndex;
     if (n == 0) {
-      out.emplace_back(Tensor::zeros({}, DType::f32, device_));
+      out.emplace_back(Tensor::zeros({}, DType::f32, placement_.head));
       continue;
     }
     ag::Variable hb = ag::narrow(h, 0, sp.start, sp.length);
-    const Tensor tb = targets.narrow(0, sp.start, sp.length).contiguous().to(device_);
+    const Tensor tb = targets.narrow(0, sp.start, sp.length).contiguous().to(placement_.head);
     // The mean cross-entropy over the span's n targets, times -n: their summed log-probability.
     ag::Variable ce = fused ? ag::linear_cross_entropy(hb, lm_head_.weight, tb, config_.final_logit_softcapping)
                             : ag::cross_entropy(head(hb), tb);
@@ -315,29 +352,48 @@ std::vector<ag::Variable> CausalLM::sequence_logps(const Tensor& input_ids, cons
 ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerContext& ctx, KvCache* cache,
                                      bool last_only) const {
   const ModelConfig& c = config_;
-  ag::Variable x = ag::embedding(input_ids.to(device_), embed_tokens_);
+  ag::Variable x = ag::embedding(input_ids.to(device_), embed_tokens_);  // device_: the embedding's
   if (c.family->embed_scale) {
     // transformers multiplies by sqrt(hidden_size) rounded to the model dtype.
     const float normalizer = std::sqrt(static_cast<float>(c.hidden_size));
     x = ag::scale(x, dtype_ == DType::bf16 ? bf16_to_float(float_to_bf16(normalizer)) : normalizer);
   }
   const BlockForward block = c.family->block;
-  const bool checkpointed = checkpointing_ != Checkpointing::kNone && !cache && ag::grad_enabled();
+  const bool training = !cache && ag::grad_enabled();
   ag::CheckpointOptions checkpoint_options;
   checkpoint_options.offload = checkpointing_ == Checkpointing::kOffload;
   checkpoint_options.captures_trainable = true;  // the layer's LoRA (or full) weights
+  Device at = device_;  // where x and ctx's tensors are
   for (size_t i = 0; i < layers_.size(); ++i) {
+    const Device d = placement_.layers[i];
+    if (!(d == at)) {  // a hop to the next device of the map: the activations and the context follow
+      x = ag::to_device(x, d);
+      move_context(ctx, d);
+      at = d;
+    }
     if (cache) {
       ctx.k_cache = &cache->k[i];
       ctx.v_cache = &cache->v[i];
     }
-    (c.is_sliding(static_cast<int64_t>(i)) ? rope_sliding_ : rope_full_).pick(ctx.max_position, ctx);
-    if (checkpointed) {  // the layer runs again in backward: it captures its context by value
+    const RopeTables *full = &rope_full_, *sliding = &rope_sliding_;
+    if (!(d == device_)) {
+      const auto& there = rope_elsewhere_.at(d.str());
+      full = &there.first, sliding = &there.second;
+    }
+    (c.is_sliding(static_cast<int64_t>(i)) ? sliding : full)->pick(ctx.max_position, ctx);
+    // A streamed layer's weights are on the device only while it runs: backward cannot keep
+    // activations that point at them, so it always recomputes.
+    LayerStreamer* streamer = streamer_ && streamer_->streamed(static_cast<int64_t>(i)) ? streamer_.get() : nullptr;
+    if (training && (checkpointing_ != Checkpointing::kNone || streamer)) {
+      // The layer runs again in backward: it captures its context by value. Its first run (forward,
+      // grad off) walks the layers up, its rerun (backward, grad on) down: the streamer prefetches so.
       // A MoE layer's router logits leave as a second output (on the tape for the load-balancing
       // loss); the experts chosen, constants, from the first run.
       const bool report = ctx.routers && layers_[i].moe;
       auto ids = std::make_shared<Tensor>();
-      auto layer = [L = &layers_[i], block, lctx = ctx, report, ids](const std::vector<ag::Variable>& in) {
+      const auto index = static_cast<int64_t>(i);
+      auto layer = [L = &layers_[i], block, lctx = ctx, report, ids, streamer, index](const std::vector<ag::Variable>& in) {
+        if (streamer) streamer->acquire(index, ag::grad_enabled() ? -1 : +1);
         std::vector<RouterOutput> routers;
         detail::LayerContext c = lctx;
         c.routers = report ? &routers : nullptr;
@@ -352,16 +408,17 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
       x = out[0];
       if (report) ctx.routers->push_back(RouterOutput{out.at(1), *ids});
     } else {
+      if (streamer) streamer->acquire(static_cast<int64_t>(i), +1);
       x = block(layers_[i], x, ctx);
     }
   }
   // A prompt's prefill needs only the last position's logits: [1, n, vocab] in f32 can be gigabytes.
   if (last_only && x.size(1) > 1) x = ag::narrow(x, 1, x.size(1) - 1, 1);
-  return norm_.forward(x);
+  return norm_.forward(ag::to_device(x, placement_.norm));
 }
 
 ag::Variable CausalLM::head(const ag::Variable& h) const {
-  ag::Variable logits = lm_head_.forward(h);
+  ag::Variable logits = lm_head_.forward(ag::to_device(h, placement_.head));
   if (config_.final_logit_softcapping > 0.f) logits = ag::softcap(logits, config_.final_logit_softcapping);
   return ag::cast(logits, precision().logits);
 }
@@ -373,8 +430,9 @@ ag::Variable CausalLM::run(const Tensor& input_ids, detail::LayerContext& ctx, K
 CausalLM::KvCache CausalLM::make_cache(int64_t capacity) const {
   KvCache cache;
   for (size_t i = 0; i < layers_.size(); ++i) {
-    cache.k.push_back(Tensor::zeros({1, capacity, config_.num_key_value_heads, config_.head_dim}, dtype_, device_));
-    cache.v.push_back(Tensor::zeros({1, capacity, config_.num_key_value_heads, config_.head_dim}, dtype_, device_));
+    const Device d = placement_.layers[i];
+    cache.k.push_back(Tensor::zeros({1, capacity, config_.num_key_value_heads, config_.head_dim}, dtype_, d));
+    cache.v.push_back(Tensor::zeros({1, capacity, config_.num_key_value_heads, config_.head_dim}, dtype_, d));
   }
   return cache;
 }

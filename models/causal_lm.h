@@ -1,7 +1,9 @@
 // CausalLM: a decoder-only language model of any supported family (models/families/), loaded from a
 // Hugging Face folder by tensor name, with the same forward pass and loss as transformers.
 #pragma once
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,9 +12,11 @@
 #include "engine/precision.h"
 #include "models/config.h"
 #include "models/layers.h"
+#include "models/placement.h"
 
 namespace loom {
 class Checkpoint;
+class LayerStreamer;
 namespace detail {
 struct LayerContext;
 }
@@ -35,6 +39,9 @@ struct LoadOptions {
   // Weights holding NaN or infinity are refused (an error naming the tensor and the first bad
   // element) unless this is set: for inspecting a damaged model on purpose (--allow-nonfinite).
   bool allow_nonfinite = false;
+  // Where each part lives and runs (--device-map); unset: everything on `device`. Layers it streams
+  // load on their device and then move to host memory, one at a time.
+  std::optional<Placement> placement;
 };
 
 struct ForwardOptions {
@@ -52,6 +59,7 @@ struct ForwardOptions {
 
 class CausalLM {
  public:
+  ~CausalLM();
   // Reads config.json and the (single or sharded) safetensors, or a llama.cpp .gguf file (mapped by
   // models/gguf_model.h). A missing tensor, a shape that
   // disagrees with the config, or a tensor the model does not use is an error naming it.
@@ -70,7 +78,15 @@ class CausalLM {
   DType dtype() const { return dtype_; }
   // Which dtype each kind of tensor uses (from the load dtype): LoRA, the trainer and the logits read it.
   Precision precision() const { return Precision::for_dtype(dtype_); }
+  // Where the embedding runs: input ids go there. A model placed over devices (LoadOptions::placement)
+  // runs each part where placement() says; the logits and the loss come from the head's device.
   Device device() const { return device_; }
+  const Placement& placement() const { return placement_; }
+  Device output_device() const { return placement_.head; }
+  // The device a module runs on, by its Hugging Face name (LoRA adapters are created there).
+  Device device_of(const std::string& module) const { return placement_.device_of(module); }
+  // The layers streamed from host memory (null when none is).
+  const LayerStreamer* streamer() const { return streamer_.get(); }
   const std::string& source_dir() const { return source_dir_; }
   // What loading left out on purpose, one line each (a multimodal checkpoint's vision tower), for
   // the caller to show; empty for most models.
@@ -127,7 +143,7 @@ class CausalLM {
   Checkpointing checkpointing() const { return checkpointing_; }
 
  private:
-  CausalLM() = default;
+  CausalLM();
   static absl::StatusOr<std::unique_ptr<CausalLM>> build(const ModelConfig& config, const std::string& source_dir,
                                                          const LoadOptions& options, const Checkpoint* ck,
                                                          uint64_t seed);
@@ -157,6 +173,12 @@ class CausalLM {
   };
   RopeTables rope_full_;     // full-attention layers
   RopeTables rope_sliding_;  // sliding-window layers (the same tables unless the family gives them their own)
+  // The same tables on the other devices the layers run on (device name -> {full, sliding}).
+  std::map<std::string, std::pair<RopeTables, RopeTables>> rope_elsewhere_;
+  Placement placement_;
+  std::unique_ptr<LayerStreamer> streamer_;
+  // Moves ctx's per-forward tensors (positions, segment ids) to `d` and picks that device's RoPE tables.
+  void move_context(detail::LayerContext& ctx, Device d) const;
   Checkpointing checkpointing_ = Checkpointing::kNone;
 };
 

@@ -198,10 +198,10 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
     const int64_t in = l->in_features(), out = l->out_features();
     const DType adapter = model.precision().adapter;  // f32 next to a bf16 model, as PEFT
     const int64_t r = config.rank_for(l->name);
-    Tensor a = Tensor::empty({r, in}, adapter, model.device());
+    Tensor a = Tensor::empty({r, in}, adapter, model.device_of(l->name));
     const float bound = 1.f / std::sqrt(static_cast<float>(in));
     ops::uniform_(a, seed, index << 32, -bound, bound);
-    attach(*l, a, Tensor::zeros({out, r}, adapter, model.device()), config);
+    attach(*l, a, Tensor::zeros({out, r}, adapter, model.device_of(l->name)), config);
   }
   if (absl::Status s = detail::add_expert_lora(model, config, seed, &matched); !s.ok()) return s;
   if (matched == 0) {
@@ -440,7 +440,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     Tensor t = read_tensor(*st, *info);
     if (absl::Status s = check_finite(t, st_path, name, " (a damaged adapter, or one saved from a diverged run)"); !s.ok())
       return s;
-    return t.to(model.device(), model.precision().adapter);
+    return t.to(model.device_of(name), model.precision().adapter);
   };
   for (Linear* l : model.linears()) {
     if (!matches(l->name, c, l->name == "lm_head")) continue;

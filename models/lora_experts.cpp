@@ -50,10 +50,10 @@ absl::Status add_expert_lora(CausalLM& model, const LoraConfig& c, uint64_t seed
                                                      ", out ", p->out, ")"));
     const DType adapter = model.precision().adapter;
     // PEFT: lora_A = Linear(in, r E) with kaiming_uniform_(a = sqrt(5)): U(+-1/sqrt(in)) for every row.
-    Tensor a = Tensor::empty({p->experts, r, p->in}, adapter, model.device());
+    Tensor a = Tensor::empty({p->experts, r, p->in}, adapter, model.device_of(p->name));
     const float bound = 1.f / std::sqrt(static_cast<float>(p->in));
     ops::uniform_(a, seed, (index << 32) | (1ULL << 31), -bound, bound);
-    attach(*p, a, Tensor::zeros({p->experts, p->out, r}, adapter, model.device()), c);
+    attach(*p, a, Tensor::zeros({p->experts, p->out, r}, adapter, model.device_of(p->name)), c);
     ++*matched;
   }
   return absl::OkStatus();

@@ -25,6 +25,8 @@ class WeightLoader {
     choose_layout();
   }
 
+  // Where the tensors loaded from now on go (a --device-map run places each layer on its own).
+  void set_device(Device device) { device_ = device; }
   // Loom's tensor `name` ("model.embed_tokens.weight") of `shape`; init_fill: the value without a
   // checkpoint (NaN: random normal).
   absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape, float init_fill = NAN);

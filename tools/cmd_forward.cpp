@@ -12,6 +12,7 @@
 #include "models/lora.h"
 #include "train/preference_forward.h"
 #include "tools/cli_args.h"
+#include "tools/device_map_flags.h"
 #include "tools/commands.h"
 #include "tools/outputs.h"
 
@@ -39,6 +40,8 @@ const std::vector<FlagSpec> kFlags = {
     {"save-adapter", false, "also re-save the loaded adapter into this folder in PEFT format", ""},
     {"overwrite", true, kOverwriteHelp, ""},
     {"allow-nonfinite", true, kAllowNonfiniteHelp, ""},
+    {"device-map", false, "place the model over devices: auto, balanced, sequential or a JSON file (see loom train)", ""},
+    {"max-memory", false, "caps for --device-map: cuda:0=20GiB,cpu=100GiB", ""},
     {"help", true, "show this help", ""},
 };
 
@@ -68,7 +71,11 @@ int run_preference(const Args& args, const SafetensorsFile& in, Device device, D
                             std::pair{"label-smoothing", &params.label_smoothing}})
     if (!absl::SimpleAtod(args.str(flag), into) || !std::isfinite(*into))
       return fail(absl::InvalidArgumentError(absl::StrCat("--", flag, " must be a number, got '", args.str(flag), "'")));
-  auto model = CausalLM::load(args.str("model"), {dtype, device, false, args.flag("allow-nonfinite")});
+  LoadOptions lo{dtype, device, false, args.flag("allow-nonfinite")};
+  auto placement = placement_from_flags(args, args.str("model"), dtype, false);
+  if (!placement.ok()) return fail(placement.status());
+  lo.placement = *placement;
+  auto model = CausalLM::load(args.str("model"), lo);
   if (!model.ok()) return fail(model.status());
   for (const std::string& note : (*model)->load_notes()) std::cerr << "note: " << note << "\n";
   if (args.has("adapter"))

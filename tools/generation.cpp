@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "models/lora.h"
+#include "tools/device_map_flags.h"
 #include "tools/outputs.h"
 
 namespace loom::cli {
@@ -42,6 +43,8 @@ std::vector<FlagSpec> generation_flags() {
       {"device", false, "cpu, cuda or cuda:N", "cpu"},
       {"dtype", false, kDtypeHelp, ""},
       {"allow-nonfinite", true, kAllowNonfiniteHelp, ""},
+      device_map_flags()[0],
+      device_map_flags()[1],
   };
 }
 
@@ -73,7 +76,11 @@ absl::StatusOr<GenerationModel> load_generation_model(const Args& args) {
   auto tokenizer = Tokenizer::load(m.path);
   if (!tokenizer.ok()) return tokenizer.status();
   m.tokenizer = std::make_unique<Tokenizer>(*std::move(tokenizer));
-  auto model = CausalLM::load(m.path, {m.dtype, m.device, false, args.flag("allow-nonfinite")});
+  LoadOptions lo{m.dtype, m.device, false, args.flag("allow-nonfinite")};
+  auto placement = placement_from_flags(args, m.path, m.dtype, false);
+  if (!placement.ok()) return placement.status();
+  lo.placement = *placement;
+  auto model = CausalLM::load(m.path, lo);
   if (!model.ok()) return model.status();
   m.model = *std::move(model);
   for (const std::string& note : m.model->load_notes()) std::cerr << "note: " << note << "\n";  // e.g. a skipped vision tower

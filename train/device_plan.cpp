@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "engine/json_file.h"
+#include "kernels/error.h"
 #include "models/family.h"
 
 namespace loom {
@@ -172,13 +173,55 @@ absl::StatusOr<std::vector<Device>> read_map_file(const std::string& path, const
 
 }  // namespace
 
+namespace {
+
+// Layers [0, n) on the GPUs in order (each GPU up to its budget), layers [n, L) streamed from the
+// host: they run on the GPU that holds the final norm, which also keeps their trainable state and
+// activations and two staging slots of the largest. The embedding goes on the first GPU; the final
+// norm and lm_head on the last GPU that holds a layer (or the next, if they do not fit beside it).
+// False when this n does not fit.
+bool fill(const std::vector<PlanUnit>& units, int64_t n, const std::vector<int64_t>& budget, int64_t host_budget,
+          std::vector<Device>& chosen, std::vector<int64_t>& used, int64_t& slots) {
+  const int gpus = static_cast<int>(budget.size());
+  const size_t layers = units.size() - 3;
+  chosen.assign(units.size(), Device::cpu());
+  used.assign(budget.size(), 0);
+  int g = 0;
+  used[0] = units[0].bytes();
+  chosen[0] = Device::cuda(0);
+  if (used[0] > budget[0]) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t b = units[1 + i].bytes();
+    while (g < gpus && used[g] + b > budget[g]) ++g;
+    if (g == gpus) return false;
+    used[g] += b;
+    chosen[1 + i] = Device::cuda(g);
+  }
+  int64_t streamed_weights = 0, streamed_rest = 0, largest = 0;
+  for (size_t i = static_cast<size_t>(n); i < layers; ++i) {
+    const PlanUnit& u = units[1 + i];
+    streamed_weights += u.weight_bytes;
+    streamed_rest += u.state_bytes + u.activation_bytes;
+    largest = std::max(largest, u.weight_bytes);
+  }
+  if (streamed_weights > host_budget) return false;
+  slots = n < static_cast<int64_t>(layers) ? 2 * largest : 0;
+  const int64_t tail = units[units.size() - 2].bytes() + units.back().bytes() + streamed_rest + slots;
+  while (g < gpus && used[g] + tail > budget[g]) ++g;
+  if (g == gpus) return false;
+  used[g] += tail;
+  for (size_t i = static_cast<size_t>(n); i < layers; ++i) chosen[1 + i] = Device::cpu();
+  chosen[units.size() - 2] = chosen[units.size() - 1] = Device::cuda(g);
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, const std::string& map, const MemoryCaps& caps,
                                         int gpus, const std::map<std::string, int64_t>& available, int64_t working_bytes) {
+  LOOM_CHECK(units.size() >= 3, "plan_devices: a model is at least an embedding, a norm and a head");
   DevicePlan plan;
   plan.working_bytes = working_bytes;
-  std::vector<Device> devices;  // in filling order
-  for (int g = 0; g < gpus; ++g) devices.push_back(Device::cuda(g));
-  devices.push_back(Device::cpu());
   for (const auto& [g, b] : caps.gpu)
     if (g >= gpus) return absl::InvalidArgumentError(absl::StrCat("--max-memory cuda:", g, ": ", gpus, " GPU(s) are visible"));
   auto cap_of = [&](const Device& d) -> int64_t {
@@ -187,6 +230,7 @@ absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, cons
     auto it = available.find(d.str());
     return it == available.end() ? 0 : it->second;
   };
+  const size_t layers = units.size() - 3;
   int64_t total = 0, largest = 0;
   for (const PlanUnit& u : units) total += u.bytes(), largest = std::max(largest, u.bytes());
   std::vector<Device> chosen;
@@ -195,42 +239,83 @@ absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, cons
     if (!from_file.ok()) return from_file.status();
     chosen = *from_file;
     plan.strategy = map;
+    if (gpus > 0) {  // Loom streams decoder layers; the embedding, final norm and lm_head stay on a GPU
+      for (size_t i : {size_t{0}, units.size() - 2, units.size() - 1})
+        if (chosen[i].is_cpu())
+          return absl::InvalidArgumentError(absl::StrCat(map, ": ", units[i].name, " is mapped to \"cpu\": Loom streams ",
+                                                         "decoder layers from host memory, the embedding, the final norm ",
+                                                         "and lm_head stay on a GPU"));
+      for (size_t i = 0; i < layers; ++i)
+        if (chosen[1 + i].is_cpu()) {
+          int64_t w = 0;
+          for (size_t j = 0; j < layers; ++j)
+            if (chosen[1 + j].is_cpu()) w = std::max(w, units[1 + j].weight_bytes);
+          plan.stream_slot_bytes = 2 * w;
+          break;
+        }
+    }
+  } else if (gpus == 0) {  // the CPU alone: everything there, nothing to stream
+    plan.strategy = "sequential";
+    chosen.assign(units.size(), Device::cpu());
   } else {
     plan.strategy = map == "auto" ? (gpus > 1 ? "balanced" : "sequential") : map;
-    // Each device's budget: its cap less the working memory a GPU needs; balanced cuts a GPU's to an
-    // even share of the model plus its largest unit.
+    // Each GPU's budget: its cap less the working memory a GPU needs; balanced cuts it to an even
+    // share of the model plus its largest unit.
     std::vector<int64_t> budget;
-    for (const Device& d : devices) {
-      int64_t b = cap_of(d) - (d.is_cuda() ? working_bytes : 0);
-      if (plan.strategy == "balanced" && d.is_cuda() && gpus > 0) b = std::min(b, (total + gpus - 1) / gpus + largest);
+    for (int g = 0; g < gpus; ++g) {
+      int64_t b = cap_of(Device::cuda(g)) - working_bytes;
+      if (plan.strategy == "balanced") b = std::min(b, (total + gpus - 1) / gpus + largest);
       budget.push_back(b);
     }
-    size_t at = 0;
-    std::vector<int64_t> used(devices.size(), 0);
-    for (const PlanUnit& u : units) {
-      while (at < devices.size() && used[at] + u.bytes() > budget[at]) ++at;
-      if (at == devices.size()) {
-        int64_t weights = 0, state = 0, acts = 0, all_caps = 0;
-        for (const PlanUnit& v : units) weights += v.weight_bytes, state += v.state_bytes, acts += v.activation_bytes;
-        for (const Device& d : devices) all_caps += cap_of(d);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "the model does not fit the devices' memory: it needs ", gib(total), " (weights ", gib(weights),
-            ", trainable state ", gib(state), ", kept activations ", gib(acts), ") plus ", gib(working_bytes),
-            " of working memory a GPU, and the caps give ", gib(all_caps), " in all (", u.name,
-            " found no room). Raise --max-memory (cpu=... holds the layers streamed from host memory), or shrink the "
-            "run: --qlora stores the weights in 4 bits, --checkpointing offload keeps no activation on the GPU"));
-      }
-      used[at] += u.bytes();
-      chosen.push_back(devices[at]);
+    std::vector<int64_t> used;
+    int64_t slots = 0;
+    bool fits = false;
+    for (int64_t n = static_cast<int64_t>(layers); n >= 0 && !fits; --n)
+      fits = fill(units, n, budget, cap_of(Device::cpu()), chosen, used, slots);
+    if (!fits) {
+      int64_t weights = 0, state = 0, acts = 0, all_caps = 0;
+      for (const PlanUnit& v : units) weights += v.weight_bytes, state += v.state_bytes, acts += v.activation_bytes;
+      for (int g = 0; g < gpus; ++g) all_caps += cap_of(Device::cuda(g));
+      all_caps += cap_of(Device::cpu());
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the model does not fit the devices' memory: it needs ", gib(total), " (weights ", gib(weights),
+          ", trainable state ", gib(state), ", kept activations ", gib(acts), ") plus ", gib(working_bytes),
+          " of working memory a GPU, and the caps give ", gib(all_caps),
+          " in all (the embedding, the final norm, lm_head and the streamed layers' trainable state stay on a GPU). "
+          "Raise --max-memory (cpu=... holds the layers streamed from host memory), or shrink the run: --qlora stores "
+          "the weights in 4 bits, --checkpointing offload keeps no activation on the GPU"));
     }
+    plan.stream_slot_bytes = slots;
   }
+  // Bytes where they sit: a streamed layer's weights on the host, the rest of it on the GPU that runs it.
+  const Device stream_gpu = chosen[units.size() - 2];
   for (size_t i = 0; i < units.size(); ++i) {
     plan.placement.emplace_back(units[i].name, chosen[i]);
-    plan.bytes[chosen[i].str()] += units[i].bytes();
+    const bool streamed = gpus > 0 && chosen[i].is_cpu();
+    plan.bytes[chosen[i].str()] += streamed ? units[i].weight_bytes : units[i].bytes();
+    if (streamed) plan.bytes[stream_gpu.str()] += units[i].state_bytes + units[i].activation_bytes;
   }
+  if (plan.stream_slot_bytes > 0) plan.bytes[stream_gpu.str()] += plan.stream_slot_bytes;
   for (auto& [name, b] : plan.bytes)
     if (name != "cpu") b += working_bytes;
   return plan;
+}
+
+Placement DevicePlan::to_placement() const {
+  const size_t n = placement.size();
+  LOOM_CHECK(n >= 3, "DevicePlan::to_placement: an empty plan");
+  Placement p;
+  p.embed = placement[0].second;
+  p.norm = placement[n - 2].second;
+  p.head = placement[n - 1].second;
+  for (size_t i = 1; i + 2 < n; ++i) {
+    const Device d = placement[i].second;
+    // On a GPU run a layer mapped to the CPU runs where the final norm does, streamed there.
+    const bool streamed = d.is_cpu() && p.norm.is_cuda();
+    p.layers.push_back(streamed ? p.norm : d);
+    p.streamed.push_back(streamed);
+  }
+  return p;
 }
 
 std::string DevicePlan::describe(const MemoryCaps& caps) const {
@@ -268,8 +353,11 @@ std::string DevicePlan::describe(const MemoryCaps& caps) const {
     if (absl::StartsWith(dev, "cuda:") && absl::SimpleAtoi(dev.substr(5), &index) && caps.gpu.count(index))
       cap = absl::StrCat(" of ", gib(caps.gpu.at(index)));
     absl::StrAppend(&out, "  ", dev, ": ", absl::StrJoin(list, ", "), " (", gib(bytes.at(dev)), cap,
-                    dev == "cpu" ? ", streamed to the GPU a layer ahead" : "", ")\n");
+                    dev == "cpu" && bytes.size() > 1 ? ", streamed to the GPU a layer ahead" : "", ")\n");
   }
+  if (stream_slot_bytes > 0)
+    absl::StrAppend(&out, "  the streamed layers run on ", placement[placement.size() - 2].second.str(),
+                    ", copied into two staging buffers of ", gib(stream_slot_bytes / 2), "\n");
   return out;
 }
 

@@ -9,6 +9,8 @@
 //   auto        balanced over several GPUs, sequential over one;
 //   FILE.json   accelerate's device_map: {"model.embed_tokens": 0, "model.layers.0": "cpu", ...},
 //               a key standing for every unit it is a dotted prefix of ("model.layers": 1).
+// In a GPU run the embedding, the final norm and lm_head stay on GPUs; the layers on "cpu" run on the
+// GPU of the final norm, which keeps their trainable state, activations and two staging slots.
 // A plan that cannot fit is refused with what would make it fit.
 #pragma once
 #include <cstdint>
@@ -21,6 +23,7 @@
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "models/config.h"
+#include "models/placement.h"
 #include "nlohmann/json.hpp"
 #include "train/checkpointing_plan.h"
 
@@ -64,9 +67,13 @@ struct DevicePlan {
   // Working memory each GPU needs besides its units (a layer's activations while it runs or is
   // recomputed, the fused loss's chunk): counted in `bytes`.
   int64_t working_bytes = 0;
+  // Two staging buffers of the largest streamed layer on the GPU that runs them (0: none streamed).
+  int64_t stream_slot_bytes = 0;
   // One line per device: its units (layer ranges) and bytes against its cap.
   std::string describe(const MemoryCaps& caps) const;
   nlohmann::json to_json() const;  // accelerate's device_map format
+  // What the model loads with: a GPU run's layers on "cpu" are streamed to the GPU of the final norm.
+  Placement to_placement() const;
 };
 
 // `map` is "auto", "balanced", "sequential" or a JSON file; `gpus` the visible GPU count (0: the

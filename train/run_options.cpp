@@ -197,6 +197,14 @@ absl::Status check_train_config(const TrainConfig& c) {
       return absl::InvalidArgumentError(absl::StrCat("--", required, " is required (or --resume RUN_FOLDER to continue a run)"));
   if (c.qlora && c.full)
     return absl::InvalidArgumentError("--qlora trains LoRA adapters on a frozen 4-bit model; it cannot be combined with --full");
+  if (!c.max_memory.empty() && c.device_map.empty())
+    return absl::InvalidArgumentError("--max-memory caps the devices of a --device-map: add --device-map auto");
+  if (!c.device_map.empty() && !c.dist.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--device-map splits one model over the GPUs of one process; --dist ",
+                                                   c.dist, " gives each rank a whole copy: use one or the other"));
+  if (!c.device_map.empty() && c.full)
+    return absl::InvalidArgumentError("--device-map trains LoRA or QLoRA adapters (streamed layers are frozen); --full "
+                                      "fine-tuning of a model larger than one GPU: --dist zero2 over several");
   if (c.eval_every > 0 && c.eval_data_path.empty())
     return absl::InvalidArgumentError("--eval-every needs --eval-data (the held-out JSONL to evaluate)");
   if (c.precompute_ref && c.objective != "dpo" && c.objective != "ipo")

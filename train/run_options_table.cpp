@@ -12,6 +12,7 @@
 #include "engine/precision.h"
 #include "engine/status_macros.h"
 #include "train/run_options.h"
+#include "train/device_plan.h"
 
 namespace loom {
 namespace {
@@ -342,6 +343,26 @@ std::vector<RunOption> make_table() {
                      "in pinned host memory, the update on the CPU; saves their GPU memory, costs a gradient copy down and "
                      "a weight copy up per step and the CPU update's time",
                      kFree, [](C& c) -> bool& { return c.offload_optimizer; }));
+  {
+    RunOption o = text("device-map",
+                       "place the model over devices (accelerate's device_map): auto, balanced (even over the GPUs), "
+                       "sequential (fill cuda:0, then cuda:1, ...) or a JSON file {\"model.layers.0\": 0, ...}; layers "
+                       "past the GPUs' caps stay in host memory and are streamed to the GPU a layer ahead. The plan is "
+                       "printed at start; checkpoints do not depend on it",
+                       kFree, [](C& c) -> std::string& { return c.device_map; });
+    o.ranks_agree = false;
+    t.push_back(o);
+  }
+  t.push_back(text("max-memory",
+                   "caps for --device-map: cuda:0=20GiB,cuda:1=20GiB,cpu=100GiB (units B, KB, MB, GB, KiB, MiB, GiB; "
+                   "default: each device's free memory)",
+                   kFree, [](C& c) -> std::string& { return c.max_memory; },
+                   [](const std::string& v) -> absl::Status {
+                     if (v.empty()) return absl::OkStatus();
+                     auto caps = parse_max_memory(v);
+                     return caps.ok() ? absl::OkStatus() : caps.status();
+                   }));
+  t.back().ranks_agree = false;
   return t;
 }
 

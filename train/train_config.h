@@ -64,6 +64,10 @@ struct TrainConfig {
   std::string dist;                // "" (one process), "ddp" or "zero2": data parallel over the MPI ranks
   double dist_timeout = 300;       // seconds a collective may take before the job is aborted
   bool offload_optimizer = false;  // f32 masters and optimizer state in pinned host memory, updated on the CPU
+  // "" (the whole model on --device), or auto | balanced | sequential | an accelerate device_map JSON
+  // file: parts of the model on several GPUs, layers past the caps streamed from host memory.
+  std::string device_map;
+  std::string max_memory;  // --max-memory cuda:0=20GiB,cpu=100GiB ("" = each device's free memory)
 
   DType resolved_dtype() const { return dtype.value_or(default_model_dtype(device)); }
 };

@@ -23,6 +23,8 @@
 #include "train/run_options.h"
 #include "train/pair_loader.h"
 #include "train/trainer_internal.h"
+#include "train/run_placement.h"
+#include "models/gguf_model.h"
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -109,6 +111,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   load.device = s->device;
   load.quantize_4bit = cfg.qlora;
   load.allow_nonfinite = cfg.allow_nonfinite;
+  std::optional<Checkpointing> planned_mode;  // --device-map chooses the mode with the plan
+  if (!cfg.device_map.empty()) {
+    if (is_gguf_path(cfg.model_dir))
+      return absl::UnimplementedError(absl::StrCat("--device-map with a .gguf model (", cfg.model_dir,
+                                                   "): convert it to a Hugging Face folder first (loom convert)"));
+    ModelConfig mc;
+    LOOM_ASSIGN_OR_RETURN(mc, ModelConfig::load(cfg.model_dir));
+    PlanOptions po;
+    po.weight_dtype = po.activation_dtype = s->dtype;
+    po.qlora = cfg.qlora;
+    po.lora_r = cfg.lora.r;
+    po.lora_targets = cfg.lora.target_modules;
+    if (!cfg.lora.target_parameters.empty()) po.lora_targets.push_back("experts");
+    po.tokens = cfg.batch_size * cfg.seq_len;
+    Checkpointing mode = Checkpointing::kNone;
+    RunPlacement rp;
+    LOOM_ASSIGN_OR_RETURN(rp, plan_run_placement(mc, cfg.device_map, cfg.max_memory, po, cfg.checkpointing, &mode));
+    planned_mode = mode;
+    load.placement = rp.placement;
+    if (!cfg.quiet) std::printf("%s", rp.description.c_str());
+  }
   if (cfg.random_init) {
     LOOM_ASSIGN_OR_RETURN(s->model, CausalLM::init_random(cfg.model_dir, load, cfg.seed));
   } else {
@@ -122,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   const ModelConfig& mc = s->model->config();
   if (mc.moe.experts > 0)
     s->objective->set_router_aux_loss(cfg.router_aux_loss_coef < 0 ? mc.moe.router_aux_loss_coef : cfg.router_aux_loss_coef);
-  s->checkpointing = cfg.checkpointing.value_or(Checkpointing::kNone);
+  s->checkpointing = planned_mode.value_or(cfg.checkpointing.value_or(Checkpointing::kNone));
   // What every mode adds alike: the trainable parameters' gradients and optimizer state (full
   // fine-tuning: about 16 bytes each; LoRA's adapters are small; the loss's workspace is the estimate's).
   int64_t fixed = 0;
@@ -141,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   const CheckpointingNeeds needs =
       estimate_checkpointing_needs(mc, cfg.batch_size * cfg.seq_len, s->model->precision().compute, fixed);
   const int64_t available = device_available_bytes(s->device);
-  if (!cfg.checkpointing) {  // auto; on the CPU offload is recompute (the inputs are in host memory anyway)
+  if (!cfg.checkpointing && !planned_mode) {  // auto; on the CPU offload is recompute (the inputs are in host memory anyway)
     CheckpointingChoice choice = choose_checkpointing(needs, available, s->device.str());
     if (s->device.is_cpu() && choice.mode == Checkpointing::kOffload) choice.mode = Checkpointing::kRecompute;
     s->checkpointing = choice.mode;
@@ -153,7 +176,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   const int64_t need = s->checkpointing == Checkpointing::kNone        ? needs.none
                        : s->checkpointing == Checkpointing::kRecompute ? needs.recompute
                                                                        : needs.offload;
-  if (need > 2 * available)
+  if (need > 2 * available && !planned_mode)  // a --device-map plan has fitted the run to every device
     return absl::ResourceExhaustedError(absl::StrFormat(
         "this run needs about %.1f GiB on %s (--checkpointing %s, %d x %d tokens a micro-batch) and %.1f GiB are "
         "available. %s",

@@ -3,7 +3,7 @@
 # The random-init models (`loom init --seed 0`, the same bytes every time) are kept across calls on a
 # machine that stays warm: LOOM_E2E_CACHE (default /tmp/loom-e2e); written under a temporary name.
 cache=${LOOM_E2E_CACHE:-/tmp/loom-e2e}
-model_dir() {  # $1: 1b | 8b | phi35 | gemma3_4b -> a random-init bf16 Hugging Face folder that both Loom and the peers read
+model_dir() {  # $1: 1b | 8b | 70b | phi35 | gemma3_4b -> a random-init bf16 Hugging Face folder that both Loom and the peers read
   local shape=$1 d="$cache/model-$1" cfg
   [ -d "$d" ] && { echo "$d"; return; }
   mkdir -p "$cache"
@@ -42,10 +42,13 @@ PY
 JSON
       ;;
     *)
-  if [ "$shape" = 8b ]; then h=4096 i=14336 l=32 tied=false; else h=2048 i=8192 l=16 tied=true; fi
+  heads=32
+  if [ "$shape" = 8b ]; then h=4096 i=14336 l=32 tied=false
+  elif [ "$shape" = 70b ]; then h=8192 i=28672 l=80 tied=false heads=64  # Llama-3-70B
+  else h=2048 i=8192 l=16 tied=true; fi
   cat > "$work/cfg-$shape/config.json" <<JSON
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": $h,
- "intermediate_size": $i, "num_hidden_layers": $l, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "intermediate_size": $i, "num_hidden_layers": $l, "num_attention_heads": $heads, "num_key_value_heads": 8,
  "max_position_embeddings": 1048576, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": $tied,
  "bos_token_id": 1202, "eos_token_id": 1203, "torch_dtype": "bfloat16"}
 JSON

@@ -89,19 +89,54 @@ TEST(DevicePlan, SequentialFillsEachDeviceInTurnAndBalancedSplitsEvenly) {
 TEST(DevicePlan, LayersPastTheGpuCapAreStreamedFromHostMemory) {
   const std::vector<PlanUnit> units = plan_units(eight_layers(), {});
   const int64_t layer = units[1].bytes(), working = layer / 2;
+  const int64_t tail = units[9].bytes() + units[10].bytes();
+  // Room for the embedding, the final norm and lm_head, two layers, and what six streamed layers
+  // keep on the GPU: their LoRA state and activations, and two staging slots of one layer's weights.
+  const int64_t streamed_rest = 6 * (units[1].state_bytes + units[1].activation_bytes);
   MemoryCaps caps;
-  caps.gpu = {{0, working + units[0].bytes() + 2 * layer}};
+  caps.gpu = {{0, working + units[0].bytes() + 2 * layer + tail + streamed_rest + 2 * units[1].weight_bytes}};
   auto plan = plan_devices(units, "sequential", caps, 1, {{"cpu", 64 * kGiB}}, working);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->placement[2].second, Device::cuda(0));
   EXPECT_EQ(plan->placement[3].second, Device::cpu());
-  EXPECT_EQ(plan->placement.back().second, Device::cpu());
+  EXPECT_EQ(plan->placement[8].second, Device::cpu());
+  EXPECT_EQ(plan->placement[9].second, Device::cuda(0)) << "the final norm stays on the GPU";
+  EXPECT_EQ(plan->placement.back().second, Device::cuda(0)) << "lm_head stays on the GPU";
+  EXPECT_EQ(plan->stream_slot_bytes, 2 * units[1].weight_bytes);
+  EXPECT_EQ(plan->bytes.at("cuda:0"), caps.gpu.at(0));
+  EXPECT_EQ(plan->bytes.at("cpu"), 6 * units[1].weight_bytes);
   const std::string text = plan->describe(caps);
-  EXPECT_NE(text.find("cuda:0: embedding, layers 0-1"), std::string::npos) << text;
-  EXPECT_NE(text.find("cpu: layers 2-7, final norm, lm_head"), std::string::npos) << text;
+  EXPECT_NE(text.find("cuda:0: embedding, layers 0-1, final norm, lm_head"), std::string::npos) << text;
+  EXPECT_NE(text.find("cpu: layers 2-7"), std::string::npos) << text;
   EXPECT_NE(text.find("streamed to the GPU a layer ahead"), std::string::npos) << text;
+  EXPECT_NE(text.find("two staging buffers"), std::string::npos) << text;
   EXPECT_EQ(plan->to_json()["model.layers.1"], 0);
   EXPECT_EQ(plan->to_json()["model.layers.2"], "cpu");
+  // What the model loads with: the layers on "cpu" run on cuda:0, streamed.
+  const Placement p = plan->to_placement();
+  EXPECT_EQ(p.layers[2], Device::cuda(0));
+  EXPECT_TRUE(p.streamed[2]);
+  EXPECT_FALSE(p.streamed[1]);
+  // One byte less on the GPU: one more layer streams.
+  caps.gpu[0] -= 1;
+  plan = plan_devices(units, "sequential", caps, 1, {{"cpu", 64 * kGiB}}, working);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->placement[2].second, Device::cpu());
+  // A CPU run: everything on the CPU, nothing streamed.
+  plan = plan_devices(units, "auto", {}, 0, {{"cpu", 64 * kGiB}}, working);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->to_placement().any_streamed());
+  EXPECT_EQ(plan->describe({}).find("streamed"), std::string::npos);
+}
+
+TEST(DevicePlan, TheEmbeddingNormAndHeadStayOnAGpu) {
+  const std::vector<PlanUnit> units = plan_units(eight_layers(), {});
+  const std::string dir = ::testing::TempDir() + "loom_device_map_gpu_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/map.json") << R"({"": 0, "lm_head": "cpu"})";
+  auto plan = plan_devices(units, dir + "/map.json", {}, 1, {}, 0);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(std::string(plan.status().message()).find("lm_head is mapped to \"cpu\""), std::string::npos) << plan.status();
 }
 
 TEST(DevicePlan, ARunThatCannotFitSaysWhatWould) {
