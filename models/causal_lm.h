@@ -41,7 +41,7 @@ struct LoadOptions {
   bool allow_nonfinite = false;
   // Where each part lives and runs (--device-map); unset: everything on `device`. Layers it streams
   // load on their device and then move to host memory, one at a time.
-  std::optional<Placement> placement;
+  std::optional<Placement> placement = std::nullopt;
 };
 
 struct ForwardOptions {

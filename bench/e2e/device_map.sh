@@ -82,6 +82,9 @@ if a.get("tok_s") and b.get("tok_s"):
           f"peak {b['peak_GiB']} GiB against {a['peak_GiB']}; losses {'bit for bit equal' if same else f'differ by up to {diff:.3g}'}")
 PY
       ;;
+    8b-resident-only)  # the resident run alone (a repeat: how far two identical runs differ)
+      run 8b-resident 8b 4 --checkpointing recompute
+      ;;
     70b)
       run 70b-qlora-22g 70b "${LOOM_DM_BATCH_70B:-1}" --qlora --device-map auto --max-memory cuda:0=22GiB
       ;;

@@ -27,7 +27,7 @@ TEST_P(LayerStreamerCuda, StreamedLayersGiveTheLossGradientsAndTokensOfResidentO
       ASSERT_EQ(base.losses.size(), 2u);
       for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kOffload}) {
         const StreamRun r = train_streamed(dir, qlora, streaming(1, gpu), mode, gpu, dtype);
-        const std::string what = absl::StrCat(GetParam(), " ", name(dtype), qlora ? " qlora " : " ", checkpointing_name(mode));
+        const std::string what = absl::StrCat(GetParam(), " ", std::string(name(dtype)), qlora ? " qlora " : " ", checkpointing_name(mode));
         ASSERT_EQ(r.losses.size(), 2u) << what;
         // The first micro-batch's forward is deterministic in every dtype.
         EXPECT_EQ(r.losses[0], base.losses[0]) << what;
