@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 #include "absl/cleanup/cleanup.h"
+#include "kernels/grad_norm.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/memory.h"
@@ -181,10 +183,21 @@ absl::Status Trainer::run() {
     if (s.dist) {  // reduce over the ranks, clip by the global norm, update (ZeRO-2: the shard)
       gn = s.dist->step(*s.optimizer, lr, s.cfg.max_grad_norm);
     } else {
-      std::vector<Tensor> grads;
+      std::map<std::string, std::vector<Tensor>> grads;  // by device: a --device-map model spans several
       for (const auto& p : s.optimizer->params())
-        if (p.var.grad().defined()) grads.push_back(p.var.grad());
-      norm_coef = ops::grad_norm_coef(grads, s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY);
+        if (p.var.grad().defined()) grads[p.var.grad().device().str()].push_back(p.var.grad());
+      const float max_norm = s.cfg.max_grad_norm > 0 ? s.cfg.max_grad_norm : INFINITY;
+      if (grads.size() <= 1) {
+        norm_coef = ops::grad_norm_coef(grads.empty() ? std::vector<Tensor>{} : grads.begin()->second, max_norm);
+      } else {  // each device's norm, read back and combined as one global norm (as torch's clip_grad_norm_)
+        double sq = 0;
+        for (const auto& [device, g] : grads) {
+          const double n = ops::grad_norm_coef(g, INFINITY).to_doubles()[0];
+          sq += n * n;
+        }
+        const float norm = static_cast<float>(std::sqrt(sq));
+        norm_coef = Tensor::from_floats({norm, clip_coefficient(norm, max_norm)}, {2});
+      }
       // The clipping factor scales the gradients inside the update, read where the update runs.
       s.optimizer->step(lr, norm_coef.narrow(0, 1, 1));
     }
