@@ -6,8 +6,7 @@
 # PEFT; sanitize = every cuda-labelled test program under compute-sanitizer memcheck, and the
 # attention, reduction and optimizer kernel tests under racecheck and synccheck, logs in
 # $OUT/sanitize/; attn = tools/gpu_attn_check.sh for FWD_VARIANTS / BWD_VARIANTS, logs in $OUT/attn;
-# nf4 = the NF4 test and dequantise benchmark for each LOOM_NF4_GRID x LOOM_NF4_STAGES setting
-# (LOOM_NF4_SETTINGS="default" for the built-in choice only), then bitsandbytes' (when .peers carries its wheel).
+# nf4 = the NF4 test and dequantise benchmark, then bitsandbytes' (when .peers carries its wheel).
 # LOOM_BENCH_ARGS / LOOM_PEER_ARGS pass through to bench/run_all.sh (e.g. a --benchmark_filter).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,24 +112,15 @@ if [[ $stages == *attn* ]]; then
     grep -E "^(test|== |peer|build)|/bf16/.*enable_gqa|Failure|rel_error|which is|b[0-9]+ s[0-9]+"
 fi
 if [[ $stages == *nf4* ]]; then
-  # The knobs are read once per process: one loom_bench run per setting, then bitsandbytes once.
   if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
            -DLOOM_BUILD_BENCH=ON && ninja -C build-gpu loom_bench kernels_test_nf4_cuda; } >> "$out/build.log" 2>&1; then
     echo "nf4: build FAILED (see $out/build.log)"
     grep -E "error|FAILED" "$out/build.log" | tail -10
   fi
-  # LOOM_NF4_SETTINGS: "grid stages" pairs split by commas; "default" runs with neither knob set.
-  IFS=, read -ra settings <<< "${LOOM_NF4_SETTINGS:-even 2,full 2,even 3,full 3}"
-  for setting in "${settings[@]}"; do
-    read -r grid stages_n <<< "$setting"
-    knobs=(LOOM_NF4_GRID="$grid" LOOM_NF4_STAGES="$stages_n")
-    [ "$grid" = default ] && knobs=() stages_n=default
-    log="$out/nf4_test_${grid}_${stages_n}.log"
-    env "${knobs[@]}" timeout 120 build-gpu/tests/kernels/kernels_test_nf4_cuda > "$log" 2>&1 ||
-      { echo "nf4 test FAILED with grid $grid, $stages_n stages (see $log)"; continue; }
-    env "${knobs[@]}" timeout 60 build-gpu/bench/loom_bench --benchmark_filter=nf4_deq \
-      --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | grep median | sed "s/^/grid $grid, $stages_n stages: /"
-  done
+  timeout 120 build-gpu/tests/kernels/kernels_test_nf4_cuda > "$out/nf4_test.log" 2>&1 ||
+    echo "nf4 test FAILED (see $out/nf4_test.log)"
+  timeout 60 build-gpu/bench/loom_bench --benchmark_filter=nf4_deq \
+    --benchmark_repetitions=3 --benchmark_report_aggregates_only=true 2>&1 | grep median
   ls .peers/bitsandbytes-*.whl > /dev/null 2>&1 &&
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .peers/bitsandbytes-*.whl > /dev/null 2>&1
   PYTHONPATH=/tmp/site python3 bench/peer_torch.py --out "$out/nf4_torch.json" --filter nf4_deq 2>&1 | grep -i "nf4\|error" | head -4
