@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns tools/gpu_dist_bench.sh's JSON lines into the data-parallel scoreboard: per system and world
+"""Turns tools/gpu/gpu_dist_bench.sh's JSON lines into the data-parallel scoreboard: per system and world
 size, global tokens/s, scaling efficiency (N-GPU tokens/s over N x the same system's one-GPU tokens/s),
 peak memory per GPU, Loom's optimizer state + f32 masters per rank, then the comparisons the
 multi-GPU issue asks for: ZeRO-2 against FSDP2 (tokens/s at per-GPU memory) and every Loom run's

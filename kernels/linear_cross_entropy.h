@@ -18,17 +18,14 @@ inline int64_t linear_cross_entropy_default_chunk_rows(int64_t vocab, int64_t lo
   if (rows >= 256) rows -= rows % 128;
   return rows < 1 ? 1 : rows;
 }
-// Whether bf16 inputs give bf16 logits (rounded once from the f32 accumulation, then read in f32),
-// as transformers computes them (its lm_head is a bf16 Linear; the loss upcasts its output) and
-// Unsloth's fused loss does; on CUDA the logits pass then moves half the bytes. True unless the
-// environment says LOOM_LCE_LOGITS=f32 (keep the f32 accumulation unrounded; read once per process).
-// f32 and f64 inputs always keep their logits in their own type.
-bool linear_cross_entropy_bf16_logits();
-// Bytes of one logit in a chunk's buffer for inputs in bf16 (bf16_input) or f32: 2 when the logits
-// are bf16 (above), else 4.
-inline int64_t linear_cross_entropy_logit_bytes(bool bf16_input) {
-  return bf16_input && linear_cross_entropy_bf16_logits() ? 2 : 4;
-}
+// Logits come in the inputs' type: bf16 inputs give bf16 logits (rounded once from the f32
+// accumulation, then read in f32), as transformers computes them (its lm_head is a bf16 Linear; the
+// loss upcasts its output) and Unsloth's fused loss does; f32 and f64 inputs keep theirs in their
+// own type. f32 logits for bf16 inputs (once an environment option) doubled the bytes of the CUDA
+// row pass: 7.0 ms a step against 4.2 with bf16 logits, H200, `bench/e2e/run.sh 1b`
+// (bench/results/2026-12-02-h200-session19.md).
+// Bytes of one logit in a chunk's buffer for inputs in bf16 (bf16_input) or f32.
+inline int64_t linear_cross_entropy_logit_bytes(bool bf16_input) { return bf16_input ? 2 : 4; }
 // The rows of one chunk: chunk_rows when > 0, else the default for the logit size; at most n.
 inline int64_t linear_cross_entropy_chunk_rows(int64_t n, int64_t vocab, int64_t chunk_rows, bool bf16_input) {
   const int64_t rows = chunk_rows > 0 ? chunk_rows
@@ -39,8 +36,8 @@ inline int64_t linear_cross_entropy_chunk_rows(int64_t n, int64_t vocab, int64_t
 
 namespace loom::cpu {
 // h [n, hidden], w [vocab, hidden], targets [n]; z = softcap > 0 ? softcap * tanh(l / softcap) : l
-// with l = h w^T (rounded to bf16 for bf16 inputs: linear_cross_entropy_bf16_logits()). *loss = mean over rows with t_i != ignore_index of lse_i - z[i, t_i] (0 when
-// every row is ignored). dh [n, hidden] (nullable) gets d loss / d h; dw [vocab, hidden] (nullable)
+// with l = h w^T (rounded to bf16 for bf16 inputs, as above). *loss = mean over rows with
+// t_i != ignore_index of lse_i - z[i, t_i] (0 when every row is ignored). dh [n, hidden] (nullable) gets d loss / d h; dw [vocab, hidden] (nullable)
 // gets d loss / d w (overwritten: the first chunk's GEMM has beta 0, later ones accumulate in
 // Acc<T>, so no zero-fill pass is needed). chunk_rows <= 0 picks the default.
 // A target outside [0, vocab) that is not ignore_index throws loom::Error naming the row.

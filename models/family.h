@@ -9,7 +9,7 @@
 //     field), its weight map (Hugging Face <-> llama.cpp <-> Loom, with split/fuse rules), its
 //     optional parts, and its block forward (a shared builder of models/block.h or its own).
 //  2. Declare it in models/families/families.h and add it to the list in models/families/registry.cpp.
-//  3. Tests: a tiny fixture made by tools/make_reference.py (a new VARIANTS entry; run it on the GPU
+//  3. Tests: a tiny fixture made by tools/reference/make_reference.py (a new VARIANTS entry; run it on the GPU
 //     machine), its name in tests/models/fixtures.h fixture_variants() (the Family suites of
 //     tests/models/test_families.cpp then check logits, loss, LoRA gradients, merge and adapters
 //     against transformers + PEFT), config.json cases in tests/models/test_config.cpp and, when it

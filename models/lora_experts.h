@@ -1,6 +1,6 @@
 // Internal to models/: LoRA on mixture-of-experts projections (models/lora.h's entry points call
 // these), as PEFT 0.21 puts it on transformers 5.x's stacked experts through `target_parameters`
-// (tools/moe_formats.md (c)): one A [r, in] and B [out, r] per expert, W'[e] = W[e] + scale B_e A_e.
+// (tools/reference/moe_formats.md (c)): one A [r, in] and B [out, r] per expert, W'[e] = W[e] + scale B_e A_e.
 // Loom keeps A [E, r, in] and B [E, out, r] for the grouped products; PEFT's ParamWrapper stores
 // lora_A [r E, in] (expert e's rows e r .. e r + r - 1: the same bytes) and lora_B [out, r E] (expert
 // e's columns e, e + E, e + 2E, ...: rank-major), converted on save and load.

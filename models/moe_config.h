@@ -1,5 +1,5 @@
 // A mixture-of-experts model's config keys, as transformers 5.17's MixtralConfig and
-// Qwen3MoeConfig read them (tools/moe_formats.md): the expert count (`num_local_experts`, which
+// Qwen3MoeConfig read them (tools/reference/moe_formats.md): the expert count (`num_local_experts`, which
 // config.json files of both write, or `num_experts`, which hub Qwen3-MoE files write), the experts a
 // token uses, the expert width, whether the chosen weights are renormalised, the load-balancing
 // loss's coefficient, and which layers are MoE (Qwen3: every `decoder_sparse_step`-th layer not in

@@ -49,7 +49,7 @@ struct GgufMapping {
 std::optional<GgufMapping> gguf_to_hf(const FamilySpec& family, const std::string& gguf_name);
 std::optional<GgufMapping> hf_to_gguf(const FamilySpec& family, const std::string& hf_name);
 
-// llama.cpp's stacked experts (tools/moe_formats.md (e)). Loom's "model.layers.3.mlp.experts.gate_up_proj"
+// llama.cpp's stacked experts (tools/reference/moe_formats.md (e)). Loom's "model.layers.3.mlp.experts.gate_up_proj"
 // [E, 2 I, H] as "blk.3.ffn_gate_exps.weight" (each expert's rows [0, I)) and "blk.3.ffn_up_exps.weight"
 // (rows [I, 2 I)), both [E, I, H]; ".down_proj" [E, H, I] as "blk.3.ffn_down_exps.weight". Views of t,
 // in torch order (ggml's ne is the shape reversed: {H, I, E}, {I, H, E}); nullopt for other names.

@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev libabsl-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin python3-pip
-          clang libclang-rt-dev libomp-dev)  # clang, libFuzzer, OpenMP: the sanitizer build (tools/fuzz.sh)
+          clang libclang-rt-dev libomp-dev)  # clang, libFuzzer, OpenMP: the sanitizer build (tools/fuzz/fuzz.sh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,4 @@
-# Sourced by bench/e2e/run.sh and tools/gpu_qlora_check.sh, from the project root, with $loom (the
+# Sourced by bench/e2e/run.sh and tools/gpu/gpu_qlora_check.sh, from the project root, with $loom (the
 # loom binary) and $work (a scratch folder) set.
 # The random-init models (`loom init --seed 0`, the same bytes every time) are kept across calls on a
 # machine that stays warm: LOOM_E2E_CACHE (default /tmp/loom-e2e); written under a temporary name.

@@ -8,7 +8,7 @@ random-init Hugging Face folder of one of them (what Loom, PEFT + bitsandbytes a
 
 The folder is what transformers 5.x's save_pretrained writes for these families (per-expert hub names:
 Qwen3-MoE `mlp.experts.E.{gate,up,down}_proj`, Mixtral `block_sparse_moe.experts.E.w1/w3/w2`, see
-tools/moe_formats.md), bf16, sharded with model.safetensors.index.json, every matrix N(0, 0.02) (the
+tools/reference/moe_formats.md), bf16, sharded with model.safetensors.index.json, every matrix N(0, 0.02) (the
 router too), norms 1, drawn on DEVICE (the GPU on the GPU machine: seconds, not minutes) from one seeded
 generator in a fixed order: the same bytes every time. It is built here rather than by `loom init`
 because init_random builds the whole model in f32 on the host before writing (the 30B shape would need

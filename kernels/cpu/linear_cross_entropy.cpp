@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -21,20 +19,6 @@ constexpr GemmType gemm_type() {
 }
 
 }  // namespace
-
-}  // namespace loom::cpu
-
-namespace loom {
-bool linear_cross_entropy_bf16_logits() {
-  static const bool on = [] {
-    const char* e = std::getenv("LOOM_LCE_LOGITS");
-    return !(e && std::string_view(e) == "f32");
-  }();
-  return on;
-}
-}  // namespace loom
-
-namespace loom::cpu {
 
 template <class T>
 void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>* loss, T* dh, Acc<T>* dw,
@@ -72,10 +56,8 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
     g.ab_type = gemm_type<T>();
     g.c_type = std::is_same_v<T, double> ? GemmType::kF64 : GemmType::kF32;
     gemm(g);
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (linear_cross_entropy_bf16_logits())  // bf16 logits, as the bf16 lm_head gives them
-        for (A& x : logits) x = bf16_to_float(float_to_bf16(x));
-    }
+    if constexpr (std::is_same_v<T, bf16>)  // bf16 logits, as the bf16 lm_head gives them
+      for (A& x : logits) x = bf16_to_float(float_to_bf16(x));
 #pragma omp parallel for schedule(static) if (rows * vocab > 65536)
     for (int64_t r = 0; r < rows; ++r) {
       A* row = logits.data() + r * vocab;

@@ -1,6 +1,7 @@
 // CUDA path of kernels/linear_cross_entropy.h: per chunk of rows, cuBLASLt logits (T in, f32
-// accumulation, written in bf16 for bf16 inputs unless LOOM_LCE_LOGITS=f32, else in f32), one block
-// per row for log-sum-exp, loss and dlogits (written in T over the logits), then the dh and dW GEMMs. The row scale 1/count is counted on the device; the loss sum is deterministic.
+// accumulation, written in T: bf16 logits for bf16 inputs), one block per row for log-sum-exp, loss
+// and dlogits (written in place over the logits), then the dh and dW GEMMs. The row scale 1/count is
+// counted on the device; the loss sum is deterministic.
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/softmax_common.cuh"
 #include "kernels/linear_cross_entropy.h"
@@ -37,22 +38,17 @@ __global__ void __launch_bounds__(kReduceThreads)
   if (threadIdx.x == 0) *loss = s * *row_scale;
 }
 
-// Grid rows blocks of kThreads; each thread takes V consecutive elements at a time (V = 4: 16-byte
-// loads of f32, needs vocab % 4 == 0). logits [rows, vocab] in L (row stride vocab); dlogits
-// aliases it: row r of dlogits starts at the same byte as row r of logits, element stride
-// sizeof(T), so for bf16 gradients over f32 logits a row's gradients fill the first half of its own
-// row (with bf16 logits each element is overwritten in place by its own thread). Pass 2 walks tiles of
-// kThreads * V elements with a barrier between reading a tile and writing it: tile [b, b + K)
-// writes bf16 over f32 elements [b / 2, b / 2 + K / 2), all below b + K, so it only overwrites
-// elements of its own tile (already read, behind the barrier) or of earlier tiles.
-template <class T, class L, int V>
+// Grid rows blocks of kThreads; each thread takes V consecutive elements at a time (vocab % V == 0;
+// V = 4 for f32 and 8 for bf16 are 16-byte loads). logits [rows, vocab] in T (row stride vocab);
+// dlogits overwrite them in place, each element by the thread that read it.
+template <class T, int V>
 __global__ void __launch_bounds__(kThreads)
-    row_kernel(L* logits, const int32_t* targets, float* row_loss, const float* row_scale, int64_t vocab,
+    row_kernel(T* logits, const int32_t* targets, float* row_loss, const float* row_scale, int64_t vocab,
                float softcap, int32_t ignore_index) {
   constexpr int64_t kTile = int64_t(kThreads) * V;
   const int64_t r = blockIdx.x;
-  const L* row = logits + r * vocab;
-  T* grad = reinterpret_cast<T*>(logits + r * vocab);
+  const T* row = logits + r * vocab;
+  T* grad = logits + r * vocab;
   const int32_t t = targets[r];
   if (!counts(t, vocab, ignore_index)) {  // nothing read: zero the gradient row freely
     for (int64_t v = threadIdx.x; v < vocab; v += kThreads) store(grad + v, 0.f);
@@ -89,9 +85,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t v0 = base + int64_t(threadIdx.x) * V;
     const bool active = v0 < vocab;  // vocab % V == 0: a thread's V elements are all in or all out
     float x[V];
-    if (active) load_vec<V>(row + v0, x);
-    if constexpr (sizeof(T) < sizeof(L)) __syncthreads();  // the tile is read before it is overwritten
     if (!active) continue;
+    load_vec<V>(row + v0, x);
     float g[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -109,22 +104,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One row_kernel launch over `rows` rows of logits in L: the widest vector the row length allows
+// One row_kernel launch over `rows` rows of logits: the widest vector the row length allows
 // (16-byte loads; rows start 256-byte aligned plus a multiple of vocab elements).
-template <class T, class L>
-void launch_rows(L* logits, int64_t rows, const int32_t* targets, float* row_loss, const float* row_scale,
+template <class T>
+void launch_rows(T* logits, int64_t rows, const int32_t* targets, float* row_loss, const float* row_scale,
                  int64_t vocab, float softcap, int32_t ignore_index, Stream s) {
   const unsigned grid = static_cast<unsigned>(rows);
-  if constexpr (sizeof(L) == 2) {
+  if constexpr (sizeof(T) == 2) {
     if (vocab % 8 == 0) {
-      row_kernel<T, L, 8><<<grid, kThreads, 0, s>>>(logits, targets, row_loss, row_scale, vocab, softcap, ignore_index);
+      row_kernel<T, 8><<<grid, kThreads, 0, s>>>(logits, targets, row_loss, row_scale, vocab, softcap, ignore_index);
       return;
     }
   }
   if (vocab % 4 == 0)
-    row_kernel<T, L, 4><<<grid, kThreads, 0, s>>>(logits, targets, row_loss, row_scale, vocab, softcap, ignore_index);
+    row_kernel<T, 4><<<grid, kThreads, 0, s>>>(logits, targets, row_loss, row_scale, vocab, softcap, ignore_index);
   else
-    row_kernel<T, L, 1><<<grid, kThreads, 0, s>>>(logits, targets, row_loss, row_scale, vocab, softcap, ignore_index);
+    row_kernel<T, 1><<<grid, kThreads, 0, s>>>(logits, targets, row_loss, row_scale, vocab, softcap, ignore_index);
 }
 
 template <class T>
@@ -165,42 +160,30 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float*
   char* base = static_cast<char*>(scratch);
   float* row_scale = reinterpret_cast<float*>(base);
   float* row_loss = reinterpret_cast<float*>(base + 256);
-  void* logits = base + 256 + align256(size_t(std::max<int64_t>(n, 1)) * 4);
-  T* dlogits = reinterpret_cast<T*>(logits);
-  const int64_t logit_bytes = linear_cross_entropy_logit_bytes(is_bf16);
-  const bool bf16_logits = logit_bytes == 2;
-  const int64_t ld_d = vocab * logit_bytes / int64_t(sizeof(T));  // dlogits row stride, in T elements
+  T* logits = reinterpret_cast<T*>(base + 256 + align256(size_t(std::max<int64_t>(n, 1)) * 4));
+  T* dlogits = logits;  // overwritten in place by the row pass
+  static_assert(sizeof(T) == (is_bf16 ? 2 : 4));  // the scratch's logits: linear_cross_entropy_logit_bytes
 
   if (n == 0 && dw) LOOM_CUDA_CHECK(cudaMemsetAsync(dw, 0, size_t(vocab) * size_t(hidden) * sizeof(float), s));
   count_kernel<<<1, kReduceThreads, 0, s>>>(targets, n, vocab, ignore_index, row_scale);
   LOOM_CUDA_LAUNCH_CHECK();
   for (int64_t r0 = 0; r0 < n; r0 += rows_max) {
     const int64_t rows = std::min(rows_max, n - r0);
-    // logits [rows, vocab] (bf16 or f32) = h[r0:r0+rows] [rows, hidden] * w^T [hidden, vocab]
+    // logits [rows, vocab] (T) = h[r0:r0+rows] [rows, hidden] * w^T [hidden, vocab]
     GemmArgs g;
     g.m = rows, g.n = vocab, g.k = hidden, g.trans_b = true;
     g.a = h + r0 * hidden, g.lda = hidden;
     g.b = w, g.ldb = hidden;
     g.c = logits, g.ldc = vocab;
-    g.ab_type = gemm_type<T>(), g.c_type = bf16_logits ? GemmType::kBF16 : GemmType::kF32;
+    g.ab_type = g.c_type = gemm_type<T>();
     gemm(g, handle, ws, s);
-    if constexpr (std::is_same_v<T, bf16>) {  // gradients in place over logits of their own size
-      if (bf16_logits)
-        launch_rows<T>(static_cast<bf16*>(logits), rows, targets + r0, row_loss + r0, row_scale, vocab, softcap,
-                       ignore_index, s);
-      else
-        launch_rows<T>(static_cast<float*>(logits), rows, targets + r0, row_loss + r0, row_scale, vocab, softcap,
-                       ignore_index, s);
-    } else {
-      launch_rows<T>(static_cast<float*>(logits), rows, targets + r0, row_loss + r0, row_scale, vocab, softcap,
-                     ignore_index, s);
-    }
+    launch_rows<T>(logits, rows, targets + r0, row_loss + r0, row_scale, vocab, softcap, ignore_index, s);
     LOOM_CUDA_LAUNCH_CHECK();
     if (dh) {
-      // dh[r0:r0+rows] [rows, hidden] (T) = dlogits [rows, vocab] (ld ld_d) * w [vocab, hidden]
+      // dh[r0:r0+rows] [rows, hidden] (T) = dlogits [rows, vocab] * w [vocab, hidden]
       GemmArgs d;
       d.m = rows, d.n = hidden, d.k = vocab;
-      d.a = dlogits, d.lda = ld_d;
+      d.a = dlogits, d.lda = vocab;
       d.b = w, d.ldb = hidden;
       d.c = dh + r0 * hidden, d.ldc = hidden;
       d.ab_type = d.c_type = gemm_type<T>();
@@ -211,7 +194,7 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, float*
       // first chunk overwrites (beta 0), so dw needs no zero-fill
       GemmArgs d;
       d.m = vocab, d.n = hidden, d.k = rows, d.trans_a = true;
-      d.a = dlogits, d.lda = ld_d;
+      d.a = dlogits, d.lda = vocab;
       d.b = h + r0 * hidden, d.ldb = hidden;
       d.c = dw, d.ldc = hidden;
       d.ab_type = gemm_type<T>(), d.c_type = GemmType::kF32;

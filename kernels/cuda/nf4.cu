@@ -5,8 +5,6 @@
 // product and sum is an _rn intrinsic so nothing is fused and the CPU reference agrees bit for bit.
 #include <cfloat>
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -208,22 +206,13 @@ __global__ __launch_bounds__(kThreads, (sizeof(T) == 2 ? 5 : 4) + kNested - (kSt
   }
 }
 
-// Grid of the vector kernel, one resident wave (the occupancy the compiled kernel allows) either way
-// (LOOM_NF4_GRID, a tuning knob for bench/):
-//   full (default): every resident slot of every SM, so each SM holds the same number of warps and
-//     their tiles (a grid stride apart) differ by at most one per warp;
-//   even: cut down so that every warp takes the same number of tiles — but the SMs then hold 5 or
-//     6 blocks (bf16: 717 blocks on 132 SMs), and those with 6 carry a fifth more of the work.
-// H200, [14336, 4096] double-quantised, 2 stages, same run (2026-12-02): bf16 full 43.3 us (80.4 % of
-// the copy roofline), even 44.7 us (77.9 %); f32 full 76.2 us (82.0 %), even 78.0 us (80.1 %).
-bool dequant_full_grid() {
-  static const bool full = [] {
-    const char* e = std::getenv("LOOM_NF4_GRID");
-    return !(e && std::string_view(e) == "even");
-  }();
-  return full;
-}
-
+// Grid of the vector kernel: one resident wave (the occupancy the compiled kernel allows), every
+// resident slot of every SM, so each SM holds the same number of warps and their tiles (a grid
+// stride apart) differ by at most one per warp. Cutting the grid so that every warp takes the same
+// number of tiles instead leaves the SMs with 5 or 6 blocks (bf16: 717 blocks on 132 SMs), those
+// with 6 carrying a fifth more of the work. H200, [14336, 4096] double-quantised, 2 stages, same run
+// (bench/results/2026-12-02-h200-session19.md): bf16 43.3 us (80.4 % of the copy roofline) against
+// 44.7 us (77.9 %) with equal tiles per warp; f32 76.2 us (82.0 %) against 78.0 us (80.1 %).
 template <class T, bool kNested, int kStages>
 void launch_dequantize_vec(const uint8_t* packed, const Nf4State& state, int64_t tiles, T* out, Stream s) {
   auto* kernel = nf4_dequantize_vec_kernel<T, kNested, kStages>;
@@ -233,27 +222,20 @@ void launch_dequantize_vec(const uint8_t* packed, const Nf4State& state, int64_t
     return b < 1 ? 1 : b;
   }();
   const int64_t slots = int64_t(sm_count()) * per_sm * kWarps;  // resident warps
-  const int64_t iters = (tiles + slots - 1) / slots;
-  const int64_t warps = dequant_full_grid() ? std::min(slots, tiles) : (tiles + iters - 1) / iters;
+  const int64_t warps = std::min(slots, tiles);
   kernel<<<unsigned((warps + kWarps - 1) / kWarps), kThreads, 0, s>>>(packed, state, tiles, out);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-// Pipeline depth: LOOM_NF4_STAGES=2|3 (a tuning knob for bench/); by default 2 for bf16, 3 for f32.
-// H200, [14336, 4096] double-quantised, against the 4.27 TB/s copy roofline (2026-12-02): bf16
-// 43.9 us (78.9 %) with 2 stages, 47.1 us with 3 (they spill); f32 76.2 us (81.5 %), 75.3 (82.5 %).
-int dequant_stages(int elem_bytes) {
-  static const int v = [] {
-    const char* e = std::getenv("LOOM_NF4_STAGES");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v == 2 || v == 3 ? v : (elem_bytes == 4 ? 3 : 2);
-}
-
+// Pipeline depth by element size: 2 stages for bf16 output, 3 for f32. H200, [14336, 4096]
+// double-quantised, full grid, against the copy roofline (bench/results/2026-12-02-h200-session19.md
+// and -session22.md): bf16 43.1-43.3 us (80.4-80.7 %) with 2 stages, 47.8 us (72.7-72.9 %) with 3
+// (the third stage costs a block per SM and spills); f32 82.0-82.2 % with either, 3 ahead in two of
+// the three runs (session 18, equal tiles per warp: 76.2 us with 2, 75.3 with 3).
 template <class T, bool kNested>
 void launch_dequantize_vec(const uint8_t* packed, const Nf4State& state, int64_t tiles, T* out, Stream s) {
-  if (dequant_stages(sizeof(T)) == 3) launch_dequantize_vec<T, kNested, 3>(packed, state, tiles, out, s);
-  else launch_dequantize_vec<T, kNested, 2>(packed, state, tiles, out, s);
+  constexpr int kStages = sizeof(T) == 4 ? 3 : 2;
+  launch_dequantize_vec<T, kNested, kStages>(packed, state, tiles, out, s);
 }
 
 // Elements [start, n), one per thread: the tail of the vector kernel or an unaligned tensor.

@@ -2,7 +2,7 @@
 // `sliding_window` is set, null by default) with a sparse mixture-of-experts MLP on every layer:
 // the router `block_sparse_moe.gate` [experts, hidden] and per expert `w1` (gate), `w3` (up), `w2`
 // (down) of width `intermediate_size`, the top `num_experts_per_tok` weights always renormalised
-// (transformers 5.17 modeling_mixtral.py; tools/moe_formats.md). transformers 5.x holds the block at
+// (transformers 5.17 modeling_mixtral.py; tools/reference/moe_formats.md). transformers 5.x holds the block at
 // `mlp` with the experts stacked; its save_pretrained writes the hub's per-expert names (read here
 // either way). llama.cpp converts Mixtral as `llama` with q/k permuted and the experts stacked
 // (blk.<i>.ffn_{gate,up,down}_exps, models/weight_map.h), `llama.expert_count` telling it apart from a

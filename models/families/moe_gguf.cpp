@@ -1,7 +1,7 @@
 // The mixture-of-experts metadata of llama.cpp's GGUF files that Mixtral (as `llama`) and Qwen3-MoE
 // (as `qwen3moe`) share: convert_hf_to_gguf.py's TextModel writes <arch>.expert_count from
 // num_local_experts / num_experts and <arch>.expert_used_count from num_experts_per_tok
-// (tools/moe_formats.md (e); gguf-py constants.py Keys.LLM.EXPERT_COUNT, EXPERT_USED_COUNT).
+// (tools/reference/moe_formats.md (e); gguf-py constants.py Keys.LLM.EXPERT_COUNT, EXPERT_USED_COUNT).
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
 #include "models/families/families.h"

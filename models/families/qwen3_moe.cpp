@@ -3,10 +3,10 @@
 // `gate_proj`, `up_proj`, `down_proj` of width `moe_intermediate_size`, the top
 // `num_experts_per_tok` weights renormalised only with `norm_topk_prob` (default false), on every
 // `decoder_sparse_step`-th layer not in `mlp_only_layers`; the other layers have Qwen3's dense MLP
-// of width `intermediate_size` (transformers 5.17 modeling_qwen3_moe.py; tools/moe_formats.md).
+// of width `intermediate_size` (transformers 5.17 modeling_qwen3_moe.py; tools/reference/moe_formats.md).
 // head_dim: hidden_size / num_attention_heads when absent (Qwen3MoeConfig has no default of its own).
 // llama.cpp's `qwen3moe` stacks the experts (blk.<i>.ffn_{gate,up,down}_exps, models/weight_map.h) and
-// always renormalises, on every layer (tools/moe_formats.md (e)): export refuses models it would
+// always renormalises, on every layer (tools/reference/moe_formats.md (e)): export refuses models it would
 // compute otherwise, and a qwen3moe file reads back with norm_topk_prob true and no dense layer.
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"

@@ -1,7 +1,6 @@
 // lora_linear in bf16 (the hi + lo split adapter path, kernels/bf16_split.h) on the CPU against
-// the same function in f64 on the same bf16-rounded values: output, dx, dA and dB. The order of the
-// base and adapter products is the process's (default: the adapter's product written first, then
-// the base GEMM added onto it; LOOM_LORA_ORDER=base runs PEFT's order, the same checks hold).
+// the same function in f64 on the same bf16-rounded values: output, dx, dA and dB, with the adapter's
+// product written first and the base GEMM added onto it (bf16 without bias: autograd/fn_lora.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>

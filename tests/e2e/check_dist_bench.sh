@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CTest e2e_dist_bench_cpu (label mpi): tools/gpu_dist_bench.sh, the multi-GPU scoreboard, run on CPU
+# CTest e2e_dist_bench_cpu (label mpi): tools/gpu/gpu_dist_bench.sh, the multi-GPU scoreboard, run on CPU
 # processes (LOOM_DIST_DEVICE=cpu, a small random model, no PyTorch peers) for worlds of 1 and 2, so
 # that the script and bench/dist_table.py cannot rot while no multi-GPU machine runs them. Checks
 # what the table reports: both modes' losses on 2 ranks against one process with the global batch
@@ -13,7 +13,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$loom" init --from "$src/examples/demo/model-config" --out "$tmp/model" --seed 0 > /dev/null
 cd "$src"
 LOOM_DIST_DEVICE=cpu LOOM_DIST_MODEL="$tmp/model" LOOM_DIST_PEERS=" " LOOM_DIST_SEQ=64 LOOM_DIST_BATCH=2 \
-  LOOM_DIST_DTYPE=f32 LOOM_DIST_STEPS=6 LOOM_BIN="$loom" OUT="$tmp/out" tools/gpu_dist_bench.sh 2 > "$tmp/log" 2>&1 ||
+  LOOM_DIST_DTYPE=f32 LOOM_DIST_STEPS=6 LOOM_BIN="$loom" OUT="$tmp/out" tools/gpu/gpu_dist_bench.sh 2 > "$tmp/log" 2>&1 ||
   { cat "$tmp/log"; exit 1; }
 cat "$tmp/out/dist_table.md"
 python3 - "$tmp/out/dist_bench.txt" "$tmp/out/dist_table.md" <<'PY'

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CTest e2e_gguf_export_gguf_py: `loom export` files checked by tools/check_gguf_export.py with the
+# CTest e2e_gguf_export_gguf_py: `loom export` files checked by tools/check/check_gguf_export.py with the
 # independent `gguf` Python package (exit 77 = skipped when it is not importable). Sources: the tiny
 # llama GGUF fixture converted to a Hugging Face folder (no adapter: values must be exact), and the
 # mistral / qwen2 / qwen3 fixtures with their PEFT adapters merged, given that folder's tokenizer; the
@@ -21,7 +21,7 @@ check() {  # model adapter-or-empty type
   local out="$tmp/out-$(basename "$1")${2:+-lora}-$3.gguf" adapter=()
   [ -n "$2" ] && adapter=(--adapter "$2")
   "$loom" export --model "$1" "${adapter[@]}" --out "$out" --type "$3"
-  python3 "$src/tools/check_gguf_export.py" --gguf "$out" --model "$1" "${adapter[@]}" --type "$3"
+  python3 "$src/tools/check/check_gguf_export.py" --gguf "$out" --model "$1" "${adapter[@]}" --type "$3"
 }
 for type in f16 bf16 q8_0; do
   check "$tmp/tiny" "" $type

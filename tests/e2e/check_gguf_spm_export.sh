@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CTest e2e_gguf_spm_export: `loom export` of models whose tokenizer.json is SentencePiece-style (the
 # llama2, gemma and spm_model tokenizer fixtures, without tokenizer.model) checked by
-# tools/check_gguf_spm_export.py against gguf-py's LlamaHfVocab and transformers' generate_merges
+# tools/check/check_gguf_spm_export.py against gguf-py's LlamaHfVocab and transformers' generate_merges
 # (exit 77 = skipped when gguf, transformers, tokenizers or safetensors is not importable). The
 # models are the mistral and gemma3 (made llama.cpp-compatible) fixtures with their embedding padded
 # to the tokenizer's size.
@@ -42,7 +42,7 @@ PY
 }
 check() {  # folder texts...
   "$loom" export --model "$1" --out "$1.gguf" --type f16
-  python3 "$src/tools/check_gguf_spm_export.py" --gguf "$1.gguf" --model "$1" --texts "$tok/corpus.txt" "${@:2}"
+  python3 "$src/tools/check/check_gguf_spm_export.py" --gguf "$1.gguf" --model "$1" --texts "$tok/corpus.txt" "${@:2}"
 }
 model_folder mistral llama2 1571 '{"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}' "$tmp/llama2"
 check "$tmp/llama2" "$tok/llama2/cases.json"

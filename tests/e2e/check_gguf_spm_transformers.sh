@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CTest e2e_gguf_spm_transformers: `loom convert` of the SentencePiece GGUF fixtures (llama, gemma2), each folder loaded
-# by transformers (tools/check_hf_tokenizer.py) must encode, decode and render the chat template as
+# by transformers (tools/check/check_hf_tokenizer.py) must encode, decode and render the chat template as
 # transformers does from the GGUF itself (exit 77 = skipped when transformers is not importable).
 set -euo pipefail
 loom=$1
@@ -22,5 +22,5 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for name in spm_llama spm_gemma; do
   "$loom" convert --gguf "$src/tests/fixtures/gguf/$name.gguf" --out "$tmp/$name" --dtype f32
-  python3 "$src/tools/check_hf_tokenizer.py" --model "$tmp/$name" --reference "$src/tests/fixtures/gguf/$name.reference.json"
+  python3 "$src/tools/check/check_hf_tokenizer.py" --model "$tmp/$name" --reference "$src/tests/fixtures/gguf/$name.reference.json"
 done

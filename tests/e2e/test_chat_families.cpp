@@ -1,7 +1,7 @@
 // `loom generate --chat --system` on a folder of each newer family with its models' published chat
 // template (tests/fixtures/chat/templates): the prompt the model is given (--show-prompt, its tokens
 // decoded, and counted) is the text transformers renders for the same two messages (cases.json "prompt_system",
-// tools/make_chat_template_fixtures.py): Gemma 3 folds the system message into the first user turn
+// tools/reference/make_chat_template_fixtures.py): Gemma 3 folds the system message into the first user turn
 // after <bos>, Phi-3.5 writes <|system|>/<|user|> turns closed by <|end|> and opens <|assistant|>,
 // Phi-4 uses <|im_start|>role<|im_sep|>...<|im_end|>. The folders are the tiny fixtures with a
 // character-level byte-level BPE tokenizer (printable ASCII and newline, the template's special

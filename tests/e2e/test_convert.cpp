@@ -67,7 +67,7 @@ nlohmann::json read_json(const std::string& path) {
 
 // SentencePiece ("llama") GGUFs: the folder's tokenizer files are the GGUF's converted tokenizer,
 // and they encode and render the chat template as transformers does from the GGUF
-// (tests/fixtures/gguf/spm_*.reference.json, tools/make_gguf_spm_reference.py).
+// (tests/fixtures/gguf/spm_*.reference.json, tools/reference/make_gguf_spm_reference.py).
 TEST(Convert, SentencePieceTokenizerFiles) {
   for (const auto& [name, tokenizer_class] : {std::pair{"spm_llama", "LlamaTokenizer"}, std::pair{"spm_gemma", "GemmaTokenizer"}}) {
     SCOPED_TRACE(name);

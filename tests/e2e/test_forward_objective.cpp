@@ -1,6 +1,6 @@
 // The contract of `loom forward --objective dpo|ipo|simpo|orpo` (issue 31): pairs in a safetensors
 // file, loss / chosen_logps / rejected_logps (/ ref_*) / grad.<PEFT name> out, compared with what TRL's
-// loss code gave for the same pairs (tests/fixtures/preference, tools/make_preference_reference.py),
+// loss code gave for the same pairs (tests/fixtures/preference, tools/reference/make_preference_reference.py),
 // and bad input named with a non-zero exit.
 #include <gtest/gtest.h>
 

@@ -127,7 +127,7 @@ TEST(Quantize, ShardedBf16FixtureKeepsBf16) {
 }
 
 // Against what transformers + bitsandbytes saved for the same f32 fixture on an H200
-// (tests/fixtures/bnb/models/<family>/, tools/make_bnb_model_reference.py; skipped while absent).
+// (tests/fixtures/bnb/models/<family>/, tools/reference/make_bnb_model_reference.py; skipped while absent).
 // Dense tensors and the absmax are bit-equal. Codes may differ only where bitsandbytes' fast-math
 // reciprocal (within 1 ulp) moves x / absmax across a decision threshold (the kernel test checks
 // that argument element by element); the offset is a mean summed in another order: within 4 ulps.
@@ -193,7 +193,8 @@ TEST(Quantize, MatchesTransformersBitsandbytes) {
       }
     }
   }
-  if (checked == 0) GTEST_SKIP() << bnb_dir << " is absent: run tools/make_bnb_model_reference.py on the GPU machine";
+  if (checked == 0)
+    GTEST_SKIP() << bnb_dir << " is absent: run tools/reference/make_bnb_model_reference.py on the GPU machine";
 }
 
 TEST(Quantize, Errors) {

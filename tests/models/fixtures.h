@@ -1,4 +1,4 @@
-// Reading the reference fixtures made by tools/make_reference.py (tests/fixtures/models/<variant>).
+// Reading the reference fixtures made by tools/reference/make_reference.py (tests/fixtures/models/<variant>).
 #pragma once
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The MoE family checks of test_moe_families.cpp (CPU) and test_moe_families_cuda.cpp, against the
-// transformers 5.17 + PEFT 0.21 fixtures of tools/make_moe_reference.py.
+// transformers 5.17 + PEFT 0.21 fixtures of tools/reference/make_moe_reference.py.
 #pragma once
 #include <gtest/gtest.h>
 

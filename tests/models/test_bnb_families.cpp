@@ -1,5 +1,5 @@
 // The tiny families saved in 4 bits by transformers + bitsandbytes (tests/fixtures/bnb/models,
-// made by tools/make_bnb_model_reference.py on an H200) load in Loom as they are stored and give
+// made by tools/reference/make_bnb_model_reference.py on an H200) load in Loom as they are stored and give
 // bitsandbytes' dequantised weights exactly, transformers' 4-bit logits and PEFT's LoRA loss and
 // gradients on the 4-bit model (f32 compute on the CPU, as the references were made); QLoRA
 // loading of the dense fixture is the same model. (`loom quantize` against bitsandbytes' bytes:

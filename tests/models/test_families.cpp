@@ -1,6 +1,6 @@
 // Every family against transformers and PEFT on the CPU in f32: logits and loss of the base
 // model, logits/loss/LoRA gradients with a PEFT adapter, the weights after one AdamW step, and
-// the merged model. References: tests/fixtures/models (tools/make_reference.py).
+// the merged model. References: tests/fixtures/models (tools/reference/make_reference.py).
 #include <filesystem>
 
 #include "tests/models/family_checks.h"

@@ -2,7 +2,7 @@
 // publishes and in the 5.x per-layer-type rope_parameters form, checked against transformers'
 // rules (Gemma3TextConfig defaults; layer i slides unless (i + 1) % sliding_window_pattern == 0; the
 // local RoPE base unscaled), and the model against transformers + PEFT on the tiny fixture that
-// tools/make_reference.py makes (skipped until that fixture is committed).
+// tools/reference/make_reference.py makes (skipped until that fixture is committed).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -204,7 +204,7 @@ constexpr const char* kVariant = "gemma3";
 bool have_fixture() { return std::filesystem::exists(fixture_dir(kVariant) + "/reference_lora.safetensors"); }
 #define REQUIRE_GEMMA3_FIXTURE()                                                                            \
   if (!have_fixture())                                                                                      \
-  GTEST_SKIP() << "no " << fixture_dir(kVariant) << ": run `python3 tools/make_reference.py --only gemma3` " \
+  GTEST_SKIP() << "no " << fixture_dir(kVariant) << ": run `python3 tools/reference/make_reference.py --only gemma3` " \
                << "on the GPU machine (torch, transformers, peft) and commit its output"
 
 TEST(Gemma3Model, BaseLogitsAndLossMatchTransformers) {

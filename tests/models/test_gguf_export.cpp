@@ -4,7 +4,7 @@
 // f32_to_fp16), so only the file's layout, names, permutation and metadata are under test; q8_0:
 // equal to the source with its matrices put through ggml's Q8_0 rule (written out here from
 // ggml-quants.c's quantize_row_q8_0_ref). The values themselves are checked independently by
-// tools/check_gguf_export.py (bit for bit against gguf-py's own Q8_0 quantiser and dequantiser).
+// tools/check/check_gguf_export.py (bit for bit against gguf-py's own Q8_0 quantiser and dequantiser).
 #include "models/gguf_export.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // GGUF -> Hugging Face mapping: config.json fields from the metadata, tensor names, and weights equal
-// to the Hugging Face tensors tools/make_gguf_fixtures.py started from (the q/k permutation undone,
+// to the Hugging Face tensors tools/reference/make_gguf_fixtures.py started from (the q/k permutation undone,
 // checked against gguf-py's dequantisation and convert_hf_to_gguf.py's permute); CausalLM loads a
 // .gguf directly and gives the same logits as the same weights loaded from a safetensors folder.
 #include "models/family.h"

@@ -1,4 +1,4 @@
-// GGUF export and import of the mixture-of-experts families (tools/moe_formats.md (e), from
+// GGUF export and import of the mixture-of-experts families (tools/reference/moe_formats.md (e), from
 // llama.cpp's convert_hf_to_gguf.py, gguf-py and src/models/{llama,qwen3moe}.cpp): Mixtral as `llama`
 // with llama.expert_count, Qwen3-MoE as `qwen3moe`; the router as ffn_gate_inp (F32), the experts
 // stacked as ffn_gate_exps / ffn_up_exps / ffn_down_exps with ggml's reversed dims. The file's names,

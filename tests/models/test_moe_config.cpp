@@ -1,6 +1,6 @@
 // The MoE config reader (models/moe_config.h) against what transformers 5.17's MixtralConfig and
 // Qwen3MoeConfig make of the same config.json (tests/fixtures/models/moe_config_cases.json, written by
-// tools/make_moe_config_cases.py), and its refusals naming the field.
+// tools/reference/make_moe_config_cases.py), and its refusals naming the field.
 #include "models/moe_config.h"
 
 #include <gtest/gtest.h>

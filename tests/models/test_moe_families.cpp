@@ -1,5 +1,5 @@
 // Mixtral and Qwen3-MoE against transformers 5.17 + PEFT 0.21 (fixtures made by
-// tools/make_moe_reference.py: tests/fixtures/models/{mixtral,qwen3_moe,qwen3_moe_sparse}): logits,
+// tools/reference/make_moe_reference.py: tests/fixtures/models/{mixtral,qwen3_moe,qwen3_moe_sparse}): logits,
 // the cross-entropy and the load-balancing loss (transformers' load_balancing_loss_func), every LoRA
 // gradient of an adapter on the attention and on the experts (PEFT's target_parameters), merging,
 // the adapter and the checkpoint written back in the formats they were read from, and the same

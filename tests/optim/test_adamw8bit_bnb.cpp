@@ -1,5 +1,5 @@
 // Loom's 8-bit AdamW against bitsandbytes' own AdamW8bit on CUDA, from the dumps of
-// tools/make_bnb_reference.py (tests/fixtures/bnb/adamw8bit.safetensors; skipped when absent).
+// tools/reference/make_bnb_reference.py (tests/fixtures/bnb/adamw8bit.safetensors; skipped when absent).
 // bitsandbytes computes beta^t with __powf, divides with __fdividef and lets nvcc fuse
 // multiply-adds, where Loom rounds each operation once; hence the tolerances below.
 #include <gtest/gtest.h>
@@ -51,7 +51,7 @@ const Fixture* fixture() {
 
 #define LOOM_REQUIRE_BNB_FIXTURE()                                                                     \
   const Fixture* fx = fixture();                                                                       \
-  if (!fx) GTEST_SKIP() << kFixture << " is absent: run tools/make_bnb_reference.py on the GPU machine " \
+  if (!fx) GTEST_SKIP() << kFixture << " is absent: run tools/reference/make_bnb_reference.py on the GPU machine " \
                                        "(see its docstring) and bring tests/fixtures/bnb/ back"
 
 template <class T>

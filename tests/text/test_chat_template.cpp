@@ -1,6 +1,6 @@
 // Chat templates against transformers: tests/fixtures/chat/cases.json holds what
 // apply_chat_template(tokenize=False) renders with real published templates (Qwen2.5, Qwen3,
-// Llama 3.1, Llama 2, Mistral v0.3, Gemma 2 and 3, SmolLM2; tools/make_chat_template_fixtures.py)
+// Llama 3.1, Llama 2, Mistral v0.3, Gemma 2 and 3, SmolLM2; tools/reference/make_chat_template_fixtures.py)
 // and the assistant spans derived there by sentinel substitution; Loom's rendering must match byte
 // for byte, spans included, and fail where the template raises. Then how a model's template is found.
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@ const std::string kChatDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/cha
 
 std::string read(const std::string& path) {
   std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << "missing " << path << " (run tools/make_chat_template_fixtures.py)";
+  EXPECT_TRUE(f.good()) << "missing " << path << " (run tools/reference/make_chat_template_fixtures.py)";
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();

@@ -1,9 +1,9 @@
 // GGUF tokenizer metadata -> tokenizer.json / tokenizer_config.json: ids equal the GGUF token list,
 // control tokens become special added tokens, the chat template and special tokens carry over, and
 // Loom's own Tokenizer encodes with the result as BPE over the file's merges does (ids worked out by
-// hand from tools/make_gguf_fixtures.py's tiny vocabulary, and from the tokenizers library).
+// hand from tools/reference/make_gguf_fixtures.py's tiny vocabulary, and from the tokenizers library).
 // SentencePiece ("llama") vocabularies: the tokenizer.json, ids, decodes and chat templates equal
-// what transformers builds from the same GGUF (tools/make_gguf_spm_reference.py); bad metadata is
+// what transformers builds from the same GGUF (tools/reference/make_gguf_spm_reference.py); bad metadata is
 // an error naming the key.
 #include "text/gguf_tokenizer.h"
 

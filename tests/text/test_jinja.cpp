@@ -1,6 +1,6 @@
 // Loom's Jinja interpreter against Jinja itself: tests/fixtures/chat/jinja_cases.json holds small
 // templates, one language feature each, rendered by transformers' chat-template environment
-// (tools/make_chat_template_fixtures.py); the interpreter must print the same text, and fail where
+// (tools/reference/make_chat_template_fixtures.py); the interpreter must print the same text, and fail where
 // Jinja fails. Then the interpreter's own contracts: error lines, marks through string operations.
 #include <gtest/gtest.h>
 
@@ -15,7 +15,8 @@ namespace {
 
 nlohmann::json load(const std::string& name) {
   std::ifstream f(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/chat/" + name);
-  EXPECT_TRUE(f.good()) << "missing tests/fixtures/chat/" << name << " (run tools/make_chat_template_fixtures.py)";
+  EXPECT_TRUE(f.good()) << "missing tests/fixtures/chat/" << name
+                        << " (run tools/reference/make_chat_template_fixtures.py)";
   std::stringstream ss;
   ss << f.rdbuf();
   return nlohmann::json::parse(ss.str());

@@ -1,6 +1,6 @@
 // tokenizer.model read by hand: the pieces of a model the sentencepiece library trained equal what
 // its own protobuf code reads (tests/fixtures/tokenizers/spm_model/reference.json, made by
-// tools/make_spm_model_fixture.py), and bytes that are not a ModelProto are errors naming the place.
+// tools/reference/make_spm_model_fixture.py), and bytes that are not a ModelProto are errors naming the place.
 #include "text/sentencepiece_model.h"
 
 #include <gtest/gtest.h>
@@ -35,7 +35,7 @@ TEST(SentencePieceModel, PiecesAsTheSentencePieceLibraryReadsThem) {
   }
   EXPECT_EQ(m->model_type, ref["model_type"].get<int>());
   EXPECT_EQ(m->model_type, SentencePieceModel::kBpe);
-  // The trainer's settings (tools/make_spm_model_fixture.py): byte fallback, identity normalization,
+  // The trainer's settings (tools/reference/make_spm_model_fixture.py): byte fallback, identity normalization,
   // a dummy prefix, whitespace kept.
   EXPECT_TRUE(m->byte_fallback);
   EXPECT_EQ(m->normalizer_name, "identity");

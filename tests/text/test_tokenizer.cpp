@@ -1,5 +1,5 @@
 // Tokenizer tests: every case in tests/fixtures/tokenizers/<name>/cases.json (made by the Hugging Face
-// `tokenizers` library, tools/make_tokenizer_fixtures.py) must give the same ids, offsets and decodes;
+// `tokenizers` library, tools/reference/make_tokenizer_fixtures.py) must give the same ids, offsets and decodes;
 // load errors name the file. A disabled test measures encode throughput.
 #include <chrono>
 #include <cstdio>
@@ -64,7 +64,7 @@ INSTANTIATE_TEST_SUITE_P(Tokenizers, FixtureTest, ::testing::Values("llama3", "q
 
 // The Metaspace pre-tokenizer (transformers' LlamaTokenizer writes it) in each prepend_scheme, split
 // or not, over the llama2 vocabulary: ids, offsets and decodes from the tokenizers library
-// (tools/make_metaspace_cases.py).
+// (tools/reference/make_metaspace_cases.py).
 TEST(Tokenizer, MetaspaceMatchesTokenizers) {
   json base = read_json(fixture("llama2") + "/tokenizer.json");
   base["normalizer"] = nullptr;

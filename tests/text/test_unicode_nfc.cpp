@@ -1,5 +1,5 @@
 // NFC tests: loom::unicode::nfc against Python's unicodedata.normalize('NFC', s) (fixture made by
-// tools/make_nfc_tables.py), the quick check, the tokenizers-style alignment, and the qwen2 tokenizer
+// tools/codegen/make_nfc_tables.py), the quick check, the tokenizers-style alignment, and the qwen2 tokenizer
 // (normalizer NFC) against the Hugging Face `tokenizers` library on text that is not NFC.
 #include <cstdio>
 #include <fstream>

@@ -1,5 +1,5 @@
 // Shared by test_preference.cpp and test_preference_cuda.cpp: Loom's preference forward against the
-// TRL references of tests/fixtures/preference (tools/make_preference_reference.py), every case on
+// TRL references of tests/fixtures/preference (tools/reference/make_preference_reference.py), every case on
 // `device` in `dtype`: loss and log-probs within `tol`, LoRA gradients within `grad_tol` (relative L2).
 #pragma once
 #include <gtest/gtest.h>

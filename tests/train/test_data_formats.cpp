@@ -1,5 +1,5 @@
 // Training-data shapes against transformers (tests/fixtures/chat/data_cases.json, made by
-// tools/make_chat_template_fixtures.py): Alpaca, ShareGPT and tool-call lines become the documented
+// tools/reference/make_chat_template_fixtures.py): Alpaca, ShareGPT and tool-call lines become the documented
 // conversation, render byte for byte as apply_chat_template does and train on the same spans; the
 // classic Alpaca prompt without a template; errors naming file, line and key; lazy templates.
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@ const std::string kTokDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/toke
 
 std::string read(const std::string& path) {
   std::ifstream f(path);
-  EXPECT_TRUE(f.good()) << "missing " << path << " (run tools/make_chat_template_fixtures.py)";
+  EXPECT_TRUE(f.good()) << "missing " << path << " (run tools/reference/make_chat_template_fixtures.py)";
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();

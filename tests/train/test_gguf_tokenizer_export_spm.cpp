@@ -3,7 +3,7 @@
 //   transformers) they encode corpus.txt, the fixtures' cases and the spm_*.reference.json texts to
 //   the ids of the source tokenizer.json, and decode them back alike (Gemma, Llama 2 / Phi-3 layout,
 //   Mistral layout);
-// - a real SentencePiece model (tests/fixtures/tokenizers/spm_model, tools/make_spm_model_fixture.py)
+// - a real SentencePiece model (tests/fixtures/tokenizers/spm_model, tools/reference/make_spm_model_fixture.py)
 //   gives, value for value, the tokens, scores and types convert_hf_to_gguf.py computes from its
 //   tokenizer.model, both from tokenizer.model and from tokenizer.json alone;
 // - what llama.cpp's tokenizer cannot reproduce is refused, naming the file and the cause.

@@ -1,4 +1,4 @@
-// Preference objectives against TRL: `tools/make_preference_reference.py` ran TRL 1.15's own loss
+// Preference objectives against TRL: `tools/reference/make_preference_reference.py` ran TRL 1.15's own loss
 // code (CPOTrainer.cpo_loss, ORPOTrainer.odds_ratio_loss) on transformers + PEFT log-probabilities of
 // the llama and phi3 fixtures (phi3: LoRA on the fused qkv_proj / gate_up_proj) and dumped the loss,
 // both sides' summed log-probabilities, the reference's (adapters disabled) and every LoRA gradient.

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Where a GPU run's time goes, kernel by kernel: reads the CSV that
+`ncu --csv --metrics gpu__time_duration.sum` printed (tools/gpu/kernel_profile.sh writes it) and prints
+each kernel's total time, launch count and share, largest first, then the total.
+
+    tools/gpu/kernel_profile.py ncu.csv [--steps N] [--top 40]
+
+--steps divides the totals by the number of training steps the run took (per-step figures).
+Kernel names are shortened to the function name with its template arguments cut at 60 characters:
+cuBLASLt's nvjet kernels keep their tile-shape names, which tell the GEMMs apart."""
+import argparse
+import csv
+import re
+import sys
+from collections import defaultdict
+
+UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}  # -> microseconds
+
+
+def short(name):
+    name = re.sub(r"\(anonymous namespace\)::|\bloom::cuda::|\bloom::", "", name.strip())
+    if name.endswith(")"):  # drop the parameter list: the parenthesis that closes at the end
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    name = re.sub(r"^(void|static)\s+", "", name)
+    return name if len(name) <= 60 else name[:57] + "..."
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--top", type=int, default=40)
+    a = ap.parse_args()
+    total = defaultdict(float)
+    count = defaultdict(int)
+    with open(a.csv, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]  # ncu's own messages (==PROF== ...) are not CSV
+    for row in csv.DictReader(lines):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        value = float(row["Metric Value"].replace(",", ""))
+        us = value * UNITS.get(row.get("Metric Unit", "nsecond"), 1e-3)
+        k = short(row["Kernel Name"])
+        total[k] += us
+        count[k] += 1
+    if not total:
+        sys.exit(f"{a.csv}: no gpu__time_duration.sum rows (did ncu profile any kernel?)")
+    grand = sum(total.values())
+    s = a.steps
+    print(f"{'kernel':62} {'ms/step':>9} {'launches/step':>14} {'us/launch':>10} {'share':>6}")
+    for k, us in sorted(total.items(), key=lambda kv: -kv[1])[: a.top]:
+        print(f"{k:62} {us / s / 1e3:9.2f} {count[k] / s:14.1f} {us / count[k]:10.1f} {100 * us / grand:5.1f}%")
+    print(f"{'total (' + str(sum(count.values()) // s) + ' launches per step)':62} {grand / s / 1e3:9.2f}")
+
+
+if __name__ == "__main__":
+    main()
