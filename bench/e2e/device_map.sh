@@ -8,7 +8,9 @@
 #     batch $LOOM_DM_BATCH_70B (default 1) x 2048: the plan, tokens/s, peak GPU (Loom's count and
 #     nvidia-smi's) and peak host memory (the process's maximum resident set, pinned buffers included).
 # Writes each run's metrics.jsonl and log (its plan) under $OUT, and one table.
-#   bench/e2e/device_map.sh [8b] [70b]   (default: both)
+#   bench/e2e/device_map.sh [8b] [70b] [70b-<cap GiB>] [generate] [2gpu]   (default: 8b 70b)
+# 2gpu (two GPUs, issue 35): the 8B shape on one GPU and --device-map balanced over two, and the 70B
+# shape QLoRA balanced; the transformers + PEFT device_map="auto" peer is not written yet.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -87,6 +89,23 @@ PY
       ;;
     70b)
       run 70b-qlora-22g 70b "${LOOM_DM_BATCH_70B:-1}" --qlora --device-map auto --max-memory cuda:0=22GiB
+      ;;
+    70b-*)  # another cap: 70b-19 runs --max-memory cuda:0=19GiB
+      run "70b-qlora-${s#70b-}g" 70b "${LOOM_DM_BATCH_70B:-1}" --qlora --device-map auto --max-memory "cuda:0=${s#70b-}GiB"
+      ;;
+    generate)  # loom generate on the 8B shape (a `loom init` folder), whole and streamed past a 10 GiB cap
+      m=$(model_dir 8b) || exit 1
+      for cap in "" "--device-map auto --max-memory cuda:0=10GiB"; do
+        "$loom" generate --model "$m" --device cuda --prompt "The weaver said" --max-new-tokens 64 --temperature 0 \
+          $cap > "$work/gen.txt" 2> "$work/gen.err"
+        echo "{\"run\": \"generate ${cap:-resident}\", \"text_md5\": \"$(md5sum < "$work/gen.txt" | cut -c1-12)\", \"stderr\": \"$(tail -1 "$work/gen.err")\"}" \
+          | tee -a "$out/device_map.jsonl"
+      done
+      ;;
+    2gpu)  # issue 35 (nvidia-h200-x2): the 8B shape split over both GPUs against one, and the 70B shape balanced
+      run 8b-one-gpu 8b 4 --checkpointing recompute
+      run 8b-balanced 8b 4 --checkpointing recompute --device-map balanced
+      run 70b-qlora-balanced 70b "${LOOM_DM_BATCH_70B:-1}" --qlora --device-map balanced
       ;;
   esac
 done
