@@ -3,7 +3,7 @@
 // five layers streamed must give the loss, every LoRA gradient and the greedy tokens of the same
 // model resident on the GPU. f32 runs the same deterministic kernels: 1e-6. bf16 goes through flash
 // attention, whose backward adds dQ in a varying order: within 1e-2 as the checkpointing modes are
-// (test_checkpointing_cuda.cpp), tokens equal.
+// (test_checkpointing_cuda.cpp), tokens equal. And a model placed over two devices.
 #include "engine/offload.h"
 #include "tests/models/layer_stream_checks.h"
 
@@ -38,6 +38,28 @@ TEST_P(LayerStreamerCuda, StreamedLayersGiveTheLossGradientsAndTokensOfResidentO
       }
     }
   EXPECT_EQ(offload_stats().host_bytes, 0) << "every offloaded layer input came back";
+}
+
+// A model over two devices (what a --device-map over two GPUs does, with the CPU standing in for the
+// second GPU on a one-GPU machine): layers 0-1 on cuda:0, layers 2-4, the final norm and lm_head on
+// the CPU, activations hopping by ag::to_device both ways, each layer's LoRA where it runs. f32: the
+// CPU's and CUDA's kernels differ in their summation order only, 1e-5.
+TEST_P(LayerStreamerCuda, LayersOverTwoDevicesGiveTheLossAndGradientsOfOne) {
+  const std::string dir = five_layer_copy(GetParam(), "split_");
+  const Device gpu = Device::cuda(0);
+  Placement split = Placement::uniform(gpu, kStreamLayers);
+  for (int64_t i = 2; i < kStreamLayers; ++i) split.layers[i] = Device::cpu();
+  split.norm = split.head = Device::cpu();
+  if (GetParam() == "llama_tied_bf16") split.head = gpu;
+  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kRecompute}) {
+    const StreamRun base = train_streamed(dir, false, std::nullopt, mode, gpu, DType::f32);
+    const StreamRun r = train_streamed(dir, false, split, mode, gpu, DType::f32);
+    const std::string what = absl::StrCat(GetParam(), " ", checkpointing_name(mode));
+    ASSERT_EQ(r.losses.size(), 2u) << what;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(r.losses[i], base.losses[i], 1e-5 * std::abs(base.losses[i])) << what;
+    for (auto& [param, g] : base.grads) EXPECT_LT(rel_err(r.grads.at(param), g), 1e-5) << what << " " << param;
+    EXPECT_EQ(r.generated, base.generated) << what;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, LayerStreamerCuda, ::testing::Values("llama", "gemma2", "qwen3", "qwen3_moe"),
