@@ -21,10 +21,10 @@ class Sft final : public Objective {
     return model.loss_from_targets(b.input_ids, b.targets, opt);
   }
   void set_router_aux_loss(double coef) override { measure_aux_ = true, aux_coef_ = coef; }
-  // Read after the micro-batch's backward has been queued (the trainer asks then).
-  std::vector<std::pair<std::string, double>> metrics() const override {
+  // On the device (read with the step's loss); 0 when the model routed nothing (no MoE layer ran).
+  std::vector<std::pair<std::string, Tensor>> device_metrics() const override {
     if (!measure_aux_) return {};
-    return {{"aux_loss", aux_.defined() ? static_cast<double>(aux_.value().item()) : 0.0}};
+    return {{"aux_loss", aux_.defined() ? aux_.value().to(DType::f32) : Tensor::zeros({}, DType::f32)}};
   }
 
  private:

@@ -43,9 +43,13 @@ class Objective {
   // What the last loss() measured besides the loss, under the names metrics.jsonl gives them
   // (TRL's "rewards/chosen", ...), each a mean over that micro-batch's units; none for SFT.
   virtual std::vector<std::pair<std::string, double>> metrics() const { return {}; }
+  // The same for measures still on the device (f32 scalars, each a mean over the micro-batch's
+  // units): the trainer sums them there, weighted, and reads them back with the step's loss, so
+  // measuring adds no wait for the GPU per micro-batch (SFT's aux_loss).
+  virtual std::vector<std::pair<std::string, Tensor>> device_metrics() const { return {}; }
 
   // Mixture-of-experts models (SFT): the load-balancing loss joins the loss times `coef` (0: it is
-  // only measured), and metrics() reports it as "aux_loss".
+  // only measured), and device_metrics() reports it as "aux_loss".
   virtual void set_router_aux_loss(double /*coef*/) {}
 
   // Whether loss() scores its batch under a reference model too (dpo, ipo).

@@ -57,6 +57,7 @@ absl::StatusOr<double> Trainer::State::evaluate(std::vector<std::pair<std::strin
   objective->begin_step(eval_batches);  // the pass is one mean over all its units
   std::vector<std::string> names;
   for (const auto& [k, v] : objective->metrics()) names.push_back(k);
+  for (const auto& [k, v] : objective->device_metrics()) names.push_back(k);
   std::vector<double> sums(names.size() + 1, 0.0);
   int64_t units = 0;
   for (const Batch& global : eval_batches) {
@@ -67,7 +68,8 @@ absl::StatusOr<double> Trainer::State::evaluate(std::vector<std::pair<std::strin
     std::vector<DeviceBatch> d;
     LOOM_ASSIGN_OR_RETURN(d, upload({b}, device, model->config().vocab_size));
     sums[0] += objective->loss(*model, d[0]).value().to_doubles()[0] * static_cast<double>(mine);
-    const std::vector<std::pair<std::string, double>> m = objective->metrics();
+    std::vector<std::pair<std::string, double>> m = objective->metrics();
+    for (const auto& [k, t] : objective->device_metrics()) m.emplace_back(k, t.to_doubles()[0]);
     for (size_t i = 0; i < m.size() && i < names.size(); ++i) sums[i + 1] += m[i].second * static_cast<double>(mine);
   }
   if (dist) dist->sum(sums);
@@ -150,7 +152,9 @@ absl::Status Trainer::run() {
     // The objective's measures, unit-weighted; every rank lists them all (a rank whose rows had no
     // units adds zeros), so that their sums over the ranks line up.
     std::vector<std::pair<std::string, double>> extra = s.objective->metrics();
+    for (const auto& [name, t] : s.objective->device_metrics()) extra.emplace_back(name, 0.0);
     for (auto& e : extra) e.second = 0.0;
+    std::map<std::string, Tensor> device_extra;  // the device measures' weighted sums
     for (size_t i = 0; i < batches.size(); ++i) {
       const Batch& b = batches[i];
       // The global row's dropout stream (Philox blocks of 4 elements), so any world size draws the same masks.
@@ -171,6 +175,12 @@ absl::Status Trainer::run() {
         auto it = std::find_if(extra.begin(), extra.end(), [&mv](const auto& e) { return e.first == mv.first; });
         if (it == extra.end()) it = extra.insert(extra.end(), {mv.first, 0.0});
         it->second += mv.second * weight;
+      }
+      for (const auto& [name, t] : s.objective->device_metrics()) {  // summed where they are, read at the step's end
+        Tensor w = ops::scale(t.to(loss_total.device()), weight);
+        auto it = device_extra.find(name);
+        if (it == device_extra.end()) device_extra.emplace(name, w);
+        else it->second = ops::add(it->second, w);
       }
     }
     if (timing.on) {
@@ -209,6 +219,8 @@ absl::Status Trainer::run() {
     ++s.step;
     // The step's one read-back (with the grad norm's); a rank whose rows had no targets adds 0.
     double loss_sum = loss_total.defined() ? loss_total.to_doubles()[0] : 0.0;
+    for (auto& e : extra)
+      if (auto it = device_extra.find(e.first); it != device_extra.end()) e.second = it->second.to_doubles()[0];
     if (norm_coef.defined()) {
       const std::vector<double> nc = norm_coef.to_doubles();
       gn.norm = static_cast<float>(nc[0]);
