@@ -12,7 +12,8 @@
 # 1b-f32: the Llama-3.2-1B shape in f32 (whose kernels are deterministic) with and without streaming,
 # at batch 2 x 2048: the losses compared bit for bit.
 # 2gpu (two GPUs, issue 35): the 8B shape on one GPU and --device-map balanced over two, and the 70B
-# shape QLoRA balanced; the transformers + PEFT device_map="auto" peer is not written yet.
+# shape QLoRA balanced, beside transformers + PEFT with device_map="auto" over the same GPUs
+# (bench/e2e/device_map_peer.py, the 8B shape).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
@@ -120,6 +121,13 @@ PY
       run 8b-one-gpu 8b 4 --checkpointing recompute
       run 8b-balanced 8b 4 --checkpointing recompute --device-map balanced
       run 70b-qlora-balanced 70b "${LOOM_DM_BATCH_70B:-1}" --qlora --device-map balanced
+      # The tutorial's setup: transformers + PEFT with device_map="auto" over the same two GPUs, same shape
+      # and batch (a `loom init` folder of the 8B shape; with and without gradient checkpointing).
+      m=$(model_dir 8b) || exit 1
+      for gc in "--gc" ""; do
+        timeout 600 python3 bench/e2e/device_map_peer.py "$m" --batch-size 4 --seq-len 2048 --steps "$steps" $gc \
+          --json-shape 8b 2> "$out/peer.err" | tee -a "$out/device_map.jsonl"
+      done
       ;;
   esac
 done
