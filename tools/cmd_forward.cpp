@@ -160,7 +160,11 @@ int run_forward(const std::vector<std::string>& argv) {
                                                         " and input_ids ", shape_str(ids->shape()), " differ in shape")));
   if (grads && !labels->defined()) return fail(absl::InvalidArgumentError("--grads needs labels in the input file"));
 
-  auto model = CausalLM::load(args->str("model"), {*dtype, *device, false, args->flag("allow-nonfinite")});
+  LoadOptions lo{*dtype, *device, false, args->flag("allow-nonfinite")};
+  auto placement = placement_from_flags(*args, args->str("model"), *dtype, false);
+  if (!placement.ok()) return fail(placement.status());
+  lo.placement = *placement;
+  auto model = CausalLM::load(args->str("model"), lo);
   if (!model.ok()) return fail(model.status());
   for (const std::string& note : (*model)->load_notes()) std::cerr << "note: " << note << "\n";
   const ModelConfig& c = (*model)->config();
