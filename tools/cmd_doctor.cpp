@@ -30,6 +30,7 @@
 #include "models/toy_llama.h"
 #include "train/checkpointing_plan.h"
 #include "train/device_plan.h"
+#include "train/run_placement.h"
 #include "nlohmann/json.hpp"
 #include "tools/cli_args.h"
 #include "tools/commands.h"
@@ -52,6 +53,9 @@ const std::vector<FlagSpec> kFlags = {
     {"ranks", false, "for --model with --dist: the processes (default: the launcher's world size, else 1)", ""},
     {"offload-optimizer", true, "for --model: the optimizer's state (12 bytes of a trainable weight's 16) in host memory",
      ""},
+    {"device-map", false, "for --model: the plan loom train --device-map would make (auto, balanced, sequential, FILE)",
+     ""},
+    {"max-memory", false, "for --model with --device-map: caps as cuda:0=20GiB,cpu=100GiB", ""},
     {"json", true, "print the checks as one JSON object", ""},
     {"no-self-test", true, "skip the self-test of the devices", ""},
     {"help", true, "show this help", ""},
@@ -301,6 +305,17 @@ int memory_estimate(const Args& args) {
     any = any || fits;
     std::printf("  %-10s %10s %16s %17s %12s %10s  %s\n", checkpointing_name(mode), gib(w).c_str(), gib(st).c_str(),
                 gib(act).c_str(), gib(working).c_str(), gib(total).c_str(), fits ? "fits" : "does not fit");
+  }
+  if (args.has("device-map")) {  // the plan loom train would print, for this run's sizes
+    if (o.full) return fail("--device-map trains LoRA or QLoRA adapters, not --full");
+    Checkpointing mode;
+    std::optional<Checkpointing> requested;
+    if (modes.size() == 1) requested = modes[0];
+    auto rp = plan_run_placement(*config, args.str("device-map"), args.str("max-memory"), o, requested, &mode);
+    if (!rp.ok()) return fail(std::string(rp.status().message()));
+    std::printf("with --device-map %s (--checkpointing %s):\n%s", args.str("device-map").c_str(), checkpointing_name(mode),
+                rp->description.c_str());
+    return 0;
   }
   if (!any) {
     std::vector<std::string> tries;

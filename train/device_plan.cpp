@@ -233,6 +233,19 @@ absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, cons
   const size_t layers = units.size() - 3;
   int64_t total = 0, largest = 0;
   for (const PlanUnit& u : units) total += u.bytes(), largest = std::max(largest, u.bytes());
+  auto refuse = [&] {
+    int64_t weights = 0, state = 0, acts = 0, all_caps = 0;
+    for (const PlanUnit& v : units) weights += v.weight_bytes, state += v.state_bytes, acts += v.activation_bytes;
+    for (int g = 0; g < gpus; ++g) all_caps += cap_of(Device::cuda(g));
+    all_caps += cap_of(Device::cpu());
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model does not fit the devices' memory: it needs ", gib(total), " (weights ", gib(weights),
+        ", trainable state ", gib(state), ", kept activations ", gib(acts), ") plus ", gib(working_bytes),
+        " of working memory", gpus > 0 ? " a GPU" : "", ", and the caps give ", gib(all_caps), " in all",
+        gpus > 0 ? " (the embedding, the final norm, lm_head and the streamed layers' trainable state stay on a GPU)" : "",
+        ". Raise --max-memory (cpu=... holds the layers streamed from host memory), or shrink the run: --qlora stores "
+        "the weights in 4 bits, --checkpointing offload keeps no activation on the GPU"));
+  };
   std::vector<Device> chosen;
   if (map != "auto" && map != "balanced" && map != "sequential") {
     auto from_file = read_map_file(map, units, gpus);
@@ -254,9 +267,10 @@ absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, cons
           break;
         }
     }
-  } else if (gpus == 0) {  // the CPU alone: everything there, nothing to stream
+  } else if (gpus == 0) {  // the CPU alone: everything there (it computes: nothing to stream), within its cap
     plan.strategy = "sequential";
     chosen.assign(units.size(), Device::cpu());
+    if (total + working_bytes > cap_of(Device::cpu())) return refuse();
   } else {
     plan.strategy = map == "auto" ? (gpus > 1 ? "balanced" : "sequential") : map;
     // Each GPU's budget: its cap less the working memory a GPU needs; balanced cuts it to an even
@@ -272,19 +286,7 @@ absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, cons
     bool fits = false;
     for (int64_t n = static_cast<int64_t>(layers); n >= 0 && !fits; --n)
       fits = fill(units, n, budget, cap_of(Device::cpu()), chosen, used, slots);
-    if (!fits) {
-      int64_t weights = 0, state = 0, acts = 0, all_caps = 0;
-      for (const PlanUnit& v : units) weights += v.weight_bytes, state += v.state_bytes, acts += v.activation_bytes;
-      for (int g = 0; g < gpus; ++g) all_caps += cap_of(Device::cuda(g));
-      all_caps += cap_of(Device::cpu());
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the model does not fit the devices' memory: it needs ", gib(total), " (weights ", gib(weights),
-          ", trainable state ", gib(state), ", kept activations ", gib(acts), ") plus ", gib(working_bytes),
-          " of working memory a GPU, and the caps give ", gib(all_caps),
-          " in all (the embedding, the final norm, lm_head and the streamed layers' trainable state stay on a GPU). "
-          "Raise --max-memory (cpu=... holds the layers streamed from host memory), or shrink the run: --qlora stores "
-          "the weights in 4 bits, --checkpointing offload keeps no activation on the GPU"));
-    }
+    if (!fits) return refuse();
     plan.stream_slot_bytes = slots;
   }
   // Bytes where they sit: a streamed layer's weights on the host, the rest of it on the GPU that runs it.

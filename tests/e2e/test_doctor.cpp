@@ -82,6 +82,13 @@ TEST(Doctor, MemoryEstimateOfAPlannedRun) {
   EXPECT_NEAR(total(zero.output, "offload")[1], state * (4 + 12.0 / 4) / 16, 0.11) << zero.output;
   EXPECT_NEAR(total(host.output, "offload")[1], state * 4 / 16, 0.11) << host.output;
   EXPECT_NE(run_loom(full + " --dist zero3").exit_code, 0);
+  // --device-map: the plan loom train would print (on this machine's devices), or its refusal.
+  RunResult plan = run_loom("doctor --model " + model + " --seq-len 2048 --batch-size 4 --device-map sequential");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("device map (sequential):"), std::string::npos) << plan.output;
+  RunResult tight = run_loom("doctor --model " + model + " --device cpu --device-map auto --max-memory cpu=1GiB");
+  EXPECT_NE(tight.exit_code, 0) << tight.output;
+  EXPECT_NE(tight.output.find("does not fit"), std::string::npos) << tight.output;
   RunResult bad = run_loom("doctor --model /no/such/model");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("/no/such/model"), std::string::npos) << bad.output;
