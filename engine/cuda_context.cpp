@@ -90,6 +90,23 @@ void synchronize(int device) {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(CudaContext::get(device).stream));
 }
 
+void enable_peer_access(const std::vector<int>& devices) {
+  for (int a : devices)
+    for (int b : devices) {
+      if (a == b) continue;
+      int can = 0;
+      LOOM_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+      if (!can) continue;
+      CudaDeviceGuard guard(a);
+      const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // clears it: enabling twice is fine
+      } else {
+        LOOM_CUDA_CHECK(e);
+      }
+    }
+}
+
 #else  // CPU-only build
 
 CudaContext::~CudaContext() = default;
@@ -100,6 +117,7 @@ CudaContext& CudaContext::get(int index) {
 CudaDeviceGuard::CudaDeviceGuard(int) {}
 CudaDeviceGuard::~CudaDeviceGuard() {}
 void synchronize(int) {}
+void enable_peer_access(const std::vector<int>&) {}
 
 #endif
 

@@ -2,6 +2,7 @@
 // workspace (shared with a cuBLAS handle for grouped GEMMs), and a reduction scratch buffer. Created lazily on first use, one per device.
 #pragma once
 #include <cstddef>
+#include <vector>
 
 #include "kernels/common.h"
 
@@ -47,5 +48,10 @@ class CudaDeviceGuard {
 
 // Waits for all work queued on the device's compute stream.
 void synchronize(int device);
+
+// Lets each of `devices` read and write the others' memory directly (NVLink or PCIe peer to peer),
+// so that copies between them (a --device-map's activations) need not go through the host; pairs
+// without peer access are left to the runtime's staged copies. No-op for fewer than two devices.
+void enable_peer_access(const std::vector<int>& devices);
 
 }  // namespace loom

@@ -3,12 +3,14 @@
 // causal-LM loss. No family is named here.
 #include "models/causal_lm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda_context.h"
 #include "engine/model_path.h"
 #include "engine/status_macros.h"
 #include "models/bnb_checkpoint.h"
@@ -107,6 +109,14 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     return absl::InvalidArgumentError(absl::StrCat("lm_head is tied to the embedding: both must be on one device (the map ",
                                                    "puts them on ", place.embed.str(), " and ", place.head.str(), ")"));
   m->device_ = place.embed;
+  {  // the GPUs of the map copy activations to each other directly
+    std::vector<int> gpus;
+    for (const Device& d : place.layers)
+      if (d.is_cuda() && std::find(gpus.begin(), gpus.end(), d.index) == gpus.end()) gpus.push_back(d.index);
+    for (const Device& d : {place.embed, place.norm, place.head})
+      if (d.is_cuda() && std::find(gpus.begin(), gpus.end(), d.index) == gpus.end()) gpus.push_back(d.index);
+    enable_peer_access(gpus);
+  }
   detail::WeightLoader w(c, ck, options.dtype, place.embed, seed, options.quantize_4bit, bnb);
   const FamilySpec& fam = *c.family;
   LOOM_CHECK(fam.block != nullptr, "family ", fam.name, " has no block forward");
