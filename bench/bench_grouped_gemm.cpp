@@ -2,7 +2,7 @@
 // Mixtral-8x7B's MoE shapes: each expert projection's forward, input gradient (dgrad) and weight
 // gradient (wgrad), through the automatic choice (the name without a variant: what ops:: runs, and
 // what peer_torch.py's torch._grouped_mm is compared with) and through each variant by name (the
-// measurements behind choose_grouped_gemm). Expert row counts come from a softmax router's top-k
+// measurements behind choose_grouped_gemm; sm90 is Loom's own Hopper kernel, by name only for now). Expert row counts come from a softmax router's top-k
 // choices, drawn the same way in peer_torch.py so that both sides multiply the same groups.
 #include <algorithm>
 #include <cmath>
@@ -69,6 +69,10 @@ void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t
   std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p);
   if (v != GroupedGemmVariant::kAuto) name += std::string("/") + grouped_gemm_variant_name(v);
   add(name, [=](benchmark::State& st) {
+    if (v == GroupedGemmVariant::kSm90 && !cuda::sm90_grouped_gemm_ready()) {
+      st.SkipWithError("the sm90 kernel needs an sm_90 GPU and an sm_90a build");
+      return;
+    }
     const std::vector<int64_t> off = routing_offsets(s);
     const int64_t n = off.back(), e_count = s.experts;
     const BenchContext& c = ctx();
@@ -106,7 +110,8 @@ void register_grouped_gemm() {
     for (auto [proj, in, out] : {std::tuple{"gate_up", s.hidden, 2 * s.width}, std::tuple{"down", s.width, s.hidden}})
       for (Product p : {Product::kFwd, Product::kDgrad, Product::kWgrad})
         for (GroupedGemmVariant v :
-             {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped})
+             {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
+              GroupedGemmVariant::kSm90})
           add_grouped(s, proj, in, out, p, v);
 }
 

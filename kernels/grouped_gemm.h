@@ -1,6 +1,7 @@
 // Grouped GEMMs of mixture-of-experts layers: one row-major GEMM (kernels/gemm.h) per expert over
 // that expert's rows, described as a list of GemmArgs problems. The CPU runs them one by one; CUDA
-// runs them as one cublasGemmGroupedBatchedEx call or as one cuBLASLt call each (choose_grouped_gemm).
+// runs them as one cublasGemmGroupedBatchedEx call, as one cuBLASLt call each (choose_grouped_gemm),
+// or, asked for by name on Hopper, as one launch of Loom's own wgmma kernel (kSm90).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -53,13 +54,24 @@ std::vector<GemmArgs> reduction_grouped_problems(const ReductionGroupedGemm& g, 
 // How CUDA runs a list of problems: kCublasGrouped, one cublasGemmGroupedBatchedEx call (all
 // problems in one launch, its SMs shared out between them); kLoop, one cuBLASLt call each
 // (cuda::gemm: per-shape heuristic algorithms, but a product of a few hundred rows fills a fraction
-// of the GPU and they run one after another); kAuto, what choose_grouped_gemm says.
-enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop };
+// of the GPU and they run one after another); kSm90, Loom's persistent Hopper kernel
+// (kernels/cuda/grouped_gemm_sm90.cu: every problem's 128 x 128 tiles in one launch of wgmma, bf16
+// operands only, see sm90_grouped_unsupported); kAuto, what choose_grouped_gemm says (never kSm90
+// yet).
+enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop, kSm90 };
 const char* grouped_gemm_variant_name(GroupedGemmVariant v);
 
 // Why cublasGemmGroupedBatchedEx cannot run these problems (a type pair it lacks: it has f32->f32
 // and bf16->bf16 but no bf16->f32; a pointer not 16-byte aligned; a batched problem), or nullptr.
 const char* cublas_grouped_unsupported(const std::vector<GemmArgs>& problems);
+
+// Why the kSm90 kernel cannot run these problems, or nullptr. It needs: one type pair, bf16 -> bf16
+// or bf16 -> f32; single (not batched) products sharing trans_a, trans_b, alpha and beta; A and B
+// 16-byte aligned with lda, ldb multiples of 8, and their contiguous dimension (K of a K-major
+// operand, M of a transposed A, N of an untransposed B) a multiple of 8 elements; C aligned to two
+// elements, ldc and n even; sizes and leading dimensions under 2^30. Whether the GPU is a Hopper is
+// cuda::sm90_grouped_gemm_ready's question.
+const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems);
 
 // The one selection rule (kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
 // its definition for the measurements behind it.
@@ -81,12 +93,22 @@ struct GroupedGemmContext {
   GemmWorkspace ws;
   int sm_count = 0;
 };
-// Device entries the kCublasGrouped variant needs in `pointers` (its A, B and C pointer arrays).
-inline size_t grouped_gemm_pointer_slots(size_t problems) { return 3 * problems; }
+// Device entries a grouped launch needs in `pointers`: kCublasGrouped's A, B and C pointer arrays
+// (3 per problem), or kSm90's problem descriptors (48 bytes, 6 slots per problem).
+inline constexpr size_t kSm90SlotsPerProblem = 6;
+inline size_t grouped_gemm_pointer_slots(size_t problems) { return kSm90SlotsPerProblem * problems; }
 // Runs the problems (none may be batched; all share one type pair) on stream s. kCublasGrouped
 // writes its pointer arrays into `pointers` (device memory of grouped_gemm_pointer_slots entries,
 // 8-byte aligned, unused by kLoop) with a small kernel whose launch arguments carry them, so no host
 // buffer has to outlive the call; a forced kCublasGrouped on problems it cannot run throws.
 void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant variant, const GroupedGemmContext& c,
                   void** pointers, Stream s);
+
+// The kSm90 kernel: whether this build has it (sm_90a) and the current GPU runs it (compute 9.0).
+bool sm90_grouped_gemm_ready();
+// Runs the problems through it (what grouped_gemm does for kSm90): their descriptors go to
+// `pointers` (grouped_gemm_pointer_slots entries, 8-byte aligned) through small kernels whose
+// launch arguments carry them, then one persistent launch of min(tiles, sm_count) blocks
+// (sm_count <= 0: the device's). Throws when sm90_grouped_unsupported or the GPU says no.
+void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s);
 }  // namespace loom::cuda

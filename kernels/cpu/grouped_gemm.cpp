@@ -67,6 +67,7 @@ const char* grouped_gemm_variant_name(GroupedGemmVariant v) {
     case GroupedGemmVariant::kAuto: return "auto";
     case GroupedGemmVariant::kCublasGrouped: return "cublas_grouped";
     case GroupedGemmVariant::kLoop: return "loop";
+    case GroupedGemmVariant::kSm90: return "sm90";
   }
   return "?";
 }
@@ -81,6 +82,31 @@ const char* cublas_grouped_unsupported(const std::vector<GemmArgs>& problems) {
     // The documented alignment for 16-bit types: 16 bytes is always enough.
     for (const void* q : {p.a, p.b, static_cast<const void*>(p.c)})
       if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return "a pointer not 16-byte aligned";
+  }
+  return nullptr;
+}
+
+const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems) {
+  constexpr int64_t kMax = int64_t(1) << 30;  // the kernel's 32-bit sizes and tile indices
+  auto misaligned = [](const void* q, size_t bytes) { return reinterpret_cast<uintptr_t>(q) % bytes != 0; };
+  for (const GemmArgs& p : problems) {
+    const GemmArgs& p0 = problems[0];
+    if (p.ab_type != p0.ab_type || p.c_type != p0.c_type) return "problems of different types";
+    if (p.ab_type != GemmType::kBF16 || p.c_type == GemmType::kF64) return "its type pairs are bf16->bf16 and bf16->f32 only";
+    if (p.batch != 1) return "a batched problem";
+    if (p.trans_a != p0.trans_a || p.trans_b != p0.trans_b) return "problems with different transposes";
+    if (p.alpha != p0.alpha || p.beta != p0.beta) return "problems with different alpha or beta";
+    for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc})
+      if (v >= kMax) return "a size or leading dimension of 2^30 or more";
+    if (((p.m + 127) / 128) * ((p.n + 127) / 128) >= kMax) return "a problem of 2^30 tiles or more";
+    // 16-byte cp.async chunks of A and B rows: aligned starts, and rows that end on a whole chunk.
+    if (misaligned(p.a, 16) || misaligned(p.b, 16)) return "an A or B pointer not 16-byte aligned";
+    if (p.lda % 8 != 0 || p.ldb % 8 != 0) return "an lda or ldb not a multiple of 8";
+    if ((p.trans_a ? p.m : p.k) % 8 != 0) return "A's contiguous dimension not a multiple of 8";
+    if ((p.trans_b ? p.k : p.n) % 8 != 0) return "B's contiguous dimension not a multiple of 8";
+    // Pairs of columns stored at once.
+    if (misaligned(p.c, 2 * gemm_type_size(p.c_type)) || p.ldc % 2 != 0 || p.n % 2 != 0)
+      return "C not aligned to two elements, or an odd ldc or n";
   }
   return nullptr;
 }

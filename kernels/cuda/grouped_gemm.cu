@@ -1,5 +1,6 @@
 // Grouped GEMMs on CUDA (kernels/grouped_gemm.h): one cublasGemmGroupedBatchedEx call for all the
-// experts' products, or one cuBLASLt call each (cuda::gemm); choose_grouped_gemm picks.
+// experts' products, or one cuBLASLt call each (cuda::gemm); choose_grouped_gemm picks. kSm90, by
+// name only, is grouped_gemm_sm90.cu's kernel.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -99,6 +100,10 @@ void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant vari
   }
   if (problems.empty()) return;
   if (variant == GroupedGemmVariant::kAuto) variant = choose_grouped_gemm(problems, c.sm_count);
+  if (variant == GroupedGemmVariant::kSm90) {
+    sm90_grouped_gemm(problems, c.sm_count, pointers, s);
+    return;
+  }
   if (variant == GroupedGemmVariant::kCublasGrouped) {
     const char* why = cublas_grouped_unsupported(problems);
     LOOM_CHECK(why == nullptr, "cuda grouped_gemm: cublasGemmGroupedBatchedEx cannot run these problems: ", why);

@@ -1,5 +1,6 @@
-// The grouped products of MoE layers on CUDA, both variants (one cublasGemmGroupedBatchedEx call,
-// one cuBLASLt call per expert; named through engine/ops_grouped.h) and the automatic choice, against
+// The grouped products of MoE layers on CUDA, every variant (one cublasGemmGroupedBatchedEx call,
+// one cuBLASLt call per expert, Loom's sm90 kernel for bf16 inputs; named through
+// engine/ops_grouped.h) and the automatic choice, against
 // the CPU reference on the same values, expert by expert: f32, bf16 and bf16 -> f32, at a small shape
 // with experts without rows and at Qwen3-30B-A3B's (128 experts, uneven routing counts, some zero,
 // 65536 rows, 2048 -> 1536): forward, input gradient (alpha, beta = 1) and weight gradient.
@@ -75,7 +76,7 @@ struct Types {
 };
 const Types kTypes[] = {{DType::f32, DType::f32, 2e-5}, {DType::bf16, DType::bf16, 4e-3}, {DType::bf16, DType::f32, 2e-5}};
 const GroupedGemmVariant kVariants[] = {GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
-                                        GroupedGemmVariant::kAuto};
+                                        GroupedGemmVariant::kSm90, GroupedGemmVariant::kAuto};
 
 // x [N, K], w [E, M, K], dy [N, M]: y = x w_e^T, dx = 0.5 dy w_e + dx0, dw[e] = dy^T x (into NaNs,
 // beta 0: experts without rows must come back zero).
@@ -97,6 +98,11 @@ void check(int64_t n, int64_t k, int64_t m, const std::vector<int64_t>& off) {
       Tensor dw = Tensor::empty({experts, m, k}, t.out, gpu);
       ops::fill_(dw, NAN);
       if (v == GroupedGemmVariant::kCublasGrouped && t.in != t.out) {  // cuBLAS has no bf16 -> f32
+        EXPECT_THROW(ops::detail::grouped_matmul_into(xg, wg, y, off, true, 1.f, 0.f, v), Error) << what;
+        continue;
+      }
+      if (v == GroupedGemmVariant::kSm90 && (t.in != DType::bf16 || !cuda::sm90_grouped_gemm_ready())) {
+        // bf16 operands only, on a Hopper (elsewhere it refuses whatever it is given)
         EXPECT_THROW(ops::detail::grouped_matmul_into(xg, wg, y, off, true, 1.f, 0.f, v), Error) << what;
         continue;
       }
@@ -123,7 +129,7 @@ TEST(GroupedMatmulCuda, Qwen3MoeShapes) {
 }
 
 // Rows of 5 bf16 values put experts' pointers off 16 bytes: the automatic choice runs the loop, and
-// cuBLAS's grouped call, asked for by name, is refused.
+// cuBLAS's grouped call and the sm90 kernel, asked for by name, are refused.
 TEST(GroupedMatmulCuda, UnalignedRowsTakeTheLoop) {
   LOOM_REQUIRE_CUDA();
   const std::vector<int64_t> off = {0, 3, 3, 10};
@@ -136,6 +142,9 @@ TEST(GroupedMatmulCuda, UnalignedRowsTakeTheLoop) {
   expect_experts_near(y, ref, off, true, 4e-3, "auto");
   EXPECT_THROW(ops::detail::grouped_matmul_into(x.to(gpu, DType::bf16), w.to(gpu, DType::bf16), y, off, true, 1.f,
                                                 0.f, GroupedGemmVariant::kCublasGrouped),
+               Error);
+  EXPECT_THROW(ops::detail::grouped_matmul_into(x.to(gpu, DType::bf16), w.to(gpu, DType::bf16), y, off, true, 1.f,
+                                                0.f, GroupedGemmVariant::kSm90),
                Error);
 }
 

@@ -105,5 +105,36 @@ TEST(GroupedGemmRule, GroupedForManySmallExpertsLoopForFewLargeOnes) {
   EXPECT_EQ(cublas_grouped_unsupported(experts(4, 3, 8, 8, bf, bf)), nullptr);
 }
 
+// What the kSm90 kernel takes: bf16 operands (to bf16 or f32) whose rows are whole 16-byte chunks,
+// with one transpose pair, alpha and beta for all problems.
+TEST(GroupedGemmRule, Sm90KernelSupport) {
+  const GemmType bf = GemmType::kBF16, f32 = GemmType::kF32;
+  EXPECT_EQ(sm90_grouped_unsupported(experts(128, 500, 2048, 1536, bf, bf)), nullptr);
+  EXPECT_EQ(sm90_grouped_unsupported(experts(128, 500, 2048, 1536, bf, f32)), nullptr);
+  EXPECT_EQ(sm90_grouped_unsupported(experts(3, 1, 8, 2, bf, bf)), nullptr);  // any row count; n even
+  EXPECT_NE(sm90_grouped_unsupported(experts(4, 64, 64, 64, f32, f32)), nullptr);
+  EXPECT_NE(sm90_grouped_unsupported(experts(4, 64, 64, 64, GemmType::kF64, GemmType::kF64)), nullptr);
+  EXPECT_NE(sm90_grouped_unsupported(experts(4, 3, 5, 8, bf, bf)), nullptr);   // k = 5: rows off 16 bytes
+  EXPECT_NE(sm90_grouped_unsupported(experts(4, 3, 8, 7, bf, bf)), nullptr);   // odd n
+  std::vector<GemmArgs> p = experts(4, 64, 64, 64, bf, bf);
+  p[1].beta = 1.f;
+  EXPECT_NE(sm90_grouped_unsupported(p), nullptr);
+  p = experts(4, 64, 64, 64, bf, bf);
+  p[2].b = base(0x200008);
+  EXPECT_NE(sm90_grouped_unsupported(p), nullptr);
+  p = experts(4, 64, 64, 64, bf, bf);
+  p[0].batch = 2;
+  EXPECT_NE(sm90_grouped_unsupported(p), nullptr);
+  // A transposed A's contiguous dimension is M, an untransposed B's is N.
+  p = experts(2, 64, 64, 64, bf, bf);
+  for (GemmArgs& q : p) q.trans_a = true, q.trans_b = false, q.m = 12;
+  EXPECT_NE(sm90_grouped_unsupported(p), nullptr);
+  for (GemmArgs& q : p) q.m = 16, q.n = 20;
+  EXPECT_NE(sm90_grouped_unsupported(p), nullptr);
+  for (GemmArgs& q : p) q.n = 24, q.k = 3;  // K (an expert's rows) is free
+  EXPECT_EQ(sm90_grouped_unsupported(p), nullptr);
+  EXPECT_STREQ(grouped_gemm_variant_name(GroupedGemmVariant::kSm90), "sm90");
+}
+
 }  // namespace
 }  // namespace loom::test

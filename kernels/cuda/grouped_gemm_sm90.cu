@@ -1,0 +1,314 @@
+// The kSm90 grouped GEMM (kernels/grouped_gemm.h): every expert's bf16 product in one persistent
+// launch of Hopper wgmma, 128 x 128 output tiles of all the problems shared out over the SMs, their
+// operands streamed through a 5-stage cp.async pipeline into 128-byte-swizzled shared memory.
+//
+// Design (one block per SM, 256 threads = 2 warpgroups that both load and multiply):
+// - Tiles: a problem (C [M, N] = op(A) op(B), K deep) has ceil(M/128) x ceil(N/128) output tiles,
+//   M-tiles fastest; problem p's tiles follow problem p-1's in one linear index, and block b takes
+//   tiles b, b + grid, b + 2 grid, ... A Cursor walks that index over the problem list, which it
+//   reads from device memory (a later version can derive the per-expert row counts from device
+//   offsets the same way). Warpgroup w owns rows 64 w .. 64 w + 63 of a tile: m64n128k16 wgmmas,
+//   64 f32 accumulators per thread.
+// - Pipeline: the block's k-steps (64 deep) of all its tiles form one stream; a load cursor runs
+//   kStages - 2 k-steps ahead of the multiply cursor, across tile boundaries, so the next tile's
+//   first operands arrive while this tile's last wgmmas and epilogue run. Step j reads stage
+//   j % kStages and loads step j + kStages - 2 into stage (j - 2) % kStages, which wgmma step j - 2
+//   of both warpgroups has released (each waits for all but its newest group before the barrier
+//   of step j). One commit group per step, empty or not, keeps the cp.async accounting uniform.
+// - Operands: A is K-major ([M, K] rows, trans_a false) or MN-major ([K, M] rows, trans_a), B is
+//   K-major ([N, K], trans_b) or MN-major ([K, N], trans_b false); wgmma reads either from the
+//   swizzled tiles of kernels/cuda/wgmma.cuh through its transpose bits. Loads zero-fill rows and
+//   16-byte column chunks outside the problem, so a reduction depth (K) that ends mid-step sums
+//   zeros, and nothing outside A, B or C is read. K = 0 is one step of zeros: C = beta C.
+// - Epilogue: straight from the accumulators to global memory, pairs of columns, rows and columns
+//   outside the problem skipped; C = alpha acc + beta C (C not read when beta is 0).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
+#include "kernels/grouped_gemm.h"
+
+namespace loom::cuda {
+namespace {
+
+using wgmma::Wgmma;
+
+constexpr int kBM = 128, kBN = 128, kBK = 64;  // output tile, k-step
+constexpr int kStages = 5;                     // 3 k-steps in flight while one is multiplied
+constexpr int kThreads = 256;                  // 2 warpgroups of 64 tile rows
+constexpr int kStageElems = kBM * kBK;         // one operand's tile: 8192 bf16 = 16 KiB
+static_assert(kBN * kBK == kStageElems, "A and B tiles are the same size");
+static_assert(kBM == 64 * (kThreads / 128), "one warpgroup per 64 rows");
+static_assert(kBK == 64, "a k-step is one 128-byte swizzle row of a K-major tile");
+static_assert(kStages >= 3, "the stage being loaded is two steps behind the one multiplied");
+constexpr size_t kSmemBytes = size_t(kStages) * 2 * kStageElems * sizeof(bf16) + 1024;  // + alignment slack
+static_assert(kSmemBytes <= 227 * 1024, "Hopper gives a block at most 227 KiB of shared memory");
+
+// One problem as the kernel reads it (device memory, written by write_problems).
+struct Problem {
+  const bf16* a;
+  const bf16* b;
+  void* c;
+  int32_t m, n, k, lda, ldb, ldc;
+};
+static_assert(sizeof(Problem) == 48 && alignof(Problem) == 8, "6 pointer slots per problem");
+static_assert(sizeof(Problem) <= kSm90SlotsPerProblem * sizeof(void*), "grouped_gemm_pointer_slots covers it");
+
+__device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// Walks the block's tiles (tile, tile + stride, ...) over the problems and the k-steps of each.
+struct Cursor {
+  Problem prob;
+  int64_t tile, start;  // the linear tile index; the first tile of problem p
+  int p, tiles, tm_count;
+  int m0, n0, kt, kt_count;
+
+  __device__ __forceinline__ bool valid(int count) const { return p < count; }
+  __device__ __forceinline__ void enter(const Problem* problems) {
+    prob = problems[p];
+    tm_count = cdiv(prob.m, kBM);
+    tiles = tm_count * cdiv(prob.n, kBN);
+  }
+  // Finds the problem that owns `tile` (problems without tiles own none) and starts its first k-step.
+  __device__ __forceinline__ void seek(const Problem* problems, int count) {
+    while (p < count && tile >= start + tiles) {
+      start += tiles;
+      if (++p < count) enter(problems);
+    }
+    if (p < count) {
+      const int local = int(tile - start);
+      m0 = (local % tm_count) * kBM;
+      n0 = (local / tm_count) * kBN;
+      kt = 0;
+      kt_count = max(1, cdiv(prob.k, kBK));
+    }
+  }
+  __device__ __forceinline__ void init(const Problem* problems, int count, int64_t first) {
+    p = 0, start = 0, tile = first;
+    enter(problems);
+    seek(problems, count);
+  }
+  __device__ __forceinline__ void next_tile(const Problem* problems, int count, int64_t stride) {
+    tile += stride;
+    seek(problems, count);
+  }
+  __device__ __forceinline__ void advance(const Problem* problems, int count, int64_t stride) {
+    if (++kt == kt_count) next_tile(problems, count, stride);
+  }
+};
+
+// k-step `c.kt` of the cursor's tile into the stage's A and B tiles (rows/columns past the problem
+// are zeros). K-major tiles are 128 rows (M or N) x 64 columns (K), MN-major ones 64 rows (K) x
+// 128 columns (two 64-column blocks), as wgmma::sw128 lays them out.
+template <bool kTransA, bool kTransB>
+__device__ __forceinline__ void load_step(const Cursor& c, bf16* sA, bf16* sB,
+                                          const wgmma::TileLoader<kBM, kBK, kThreads>& k_major,
+                                          const wgmma::TileLoader<kBK, kBM, kThreads>& mn_major) {
+  const Problem& p = c.prob;
+  const int k0 = c.kt * kBK;
+  if constexpr (!kTransA) k_major.load(sA, p.a + k0, p.lda, c.m0, p.m, p.k - k0);  // A [M, K]
+  else mn_major.load(sA, p.a + c.m0, p.lda, k0, p.k, p.m - c.m0);                  // A [K, M]
+  if constexpr (kTransB) k_major.load(sB, p.b + k0, p.ldb, c.n0, p.n, p.k - k0);   // B [N, K]
+  else mn_major.load(sB, p.b + c.n0, p.ldb, k0, p.k, p.n - c.n0);                  // B [K, N]
+}
+
+__device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = {x, y}; }
+__device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ float2 load_pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 load_pair(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+
+// C [m0 + 64 wg .., n0 ..] = alpha acc + beta C from one warpgroup's m64n128 accumulators: lane l of
+// warp w holds acc[4 j + e] = (row 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2).
+template <class TC>
+__device__ __forceinline__ void store_tile(const Cursor& c, const float (&acc)[kBN / 2], int wg, int warp, int lane,
+                                           float alpha, float beta) {
+  const Problem& p = c.prob;
+  TC* out = static_cast<TC*>(p.c);
+  const int row0 = c.m0 + 64 * wg + 16 * (warp & 3) + (lane >> 2);
+  const int col0 = c.n0 + 2 * (lane & 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= p.m) continue;
+    TC* dst = out + int64_t(row) * p.ldc;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j) {
+      const int col = col0 + 8 * j;
+      if (col >= p.n) continue;  // n is even: a pair is wholly in or out
+      float x = alpha * acc[4 * j + 2 * h], y = alpha * acc[4 * j + 2 * h + 1];
+      if (beta != 0.f) {
+        const float2 old = load_pair(dst + col);
+        x = fmaf(beta, old.x, x), y = fmaf(beta, old.y, y);
+      }
+      store_pair(dst + col, x, y);
+    }
+  }
+}
+
+template <bool kTransA, bool kTransB, class TC>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, int count, float alpha, float beta) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  bf16* smem = reinterpret_cast<bf16*>(smem_raw + ((1024 - (flash::smem_u32(smem_raw) & 1023)) & 1023));
+  // Stage s: A tile at smem + 2 s kStageElems, B tile after it (both 1024-byte aligned).
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int64_t stride = gridDim.x;
+  const wgmma::TileLoader<kBM, kBK, kThreads> k_major(tid);
+  const wgmma::TileLoader<kBK, kBM, kThreads> mn_major(tid);
+
+  Cursor mma;
+  mma.init(problems, count, blockIdx.x);
+  if (!mma.valid(count)) return;  // the same for every thread of the block
+  Cursor load = mma;
+
+  // Prologue: k-steps 0 .. kStages - 3 into stages 0 .. kStages - 3.
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s) {
+    if (load.valid(count)) {
+      load_step<kTransA, kTransB>(load, smem + 2 * s * kStageElems, smem + (2 * s + 1) * kStageElems, k_major,
+                                  mn_major);
+      load.advance(problems, count, stride);
+    }
+    flash::cp_async_commit();
+  }
+
+  float acc[kBN / 2];
+#pragma unroll
+  for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.f;
+  int stage = 0, load_stage = kStages - 2;
+  // Tiles, then their k-steps in a loop of its own: a wgmma group left running across the back edge
+  // of the outer loop (with its branches and the cursor's walk) makes ptxas wait for it there.
+  while (mma.valid(count)) {
+    for (int kt = 0; kt < mma.kt_count; ++kt) {
+      // (a) Step j's operands have landed (this thread's groups, then everyone's), and wgmma step
+      // j - 2 of both warpgroups is done: its stage, load_stage, may be overwritten.
+      flash::cp_async_wait<kStages - 3>();
+      wgmma::fence_proxy_async();
+      __syncthreads();
+
+      // (b) acc (+)= A B over this k-step: 4 wgmmas of k16; the tile's first step starts from zero.
+      {
+        const bf16* sA = smem + 2 * stage * kStageElems;
+        const bf16* sB = sA + kStageElems;
+        const uint64_t da = kTransA ? wgmma::tile_desc(sA, kBK * 128) + uint64_t((wg * kBK * 128) >> 4)
+                                    : wgmma::tile_desc(sA, 16);
+        const uint64_t db = kTransB ? wgmma::tile_desc(sB, 16) : wgmma::tile_desc(sB, kBK * 128);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint64_t a = kTransA ? wgmma::desc_mn_major<kBK>(da, kk) : wgmma::desc_k_major<kBM>(da, 64 * wg, kk);
+          const uint64_t b = kTransB ? wgmma::desc_k_major<kBN>(db, 0, kk) : wgmma::desc_mn_major<kBK>(db, kk);
+          Wgmma<kBN>::template ss<kTransA ? 1 : 0, kTransB ? 0 : 1>(acc, a, b, (kt == 0 && kk == 0) ? 0 : 1);
+        }
+        wgmma::commit();
+      }
+
+      // (c) Prefetch step j + kStages - 2 (of this tile or a later one) into the stage step j - 2 used.
+      if (load.valid(count)) {
+        load_step<kTransA, kTransB>(load, smem + 2 * load_stage * kStageElems,
+                                    smem + (2 * load_stage + 1) * kStageElems, k_major, mn_major);
+        load.advance(problems, count, stride);
+      }
+      flash::cp_async_commit();
+      load_stage = load_stage + 1 == kStages ? 0 : load_stage + 1;
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+
+      // (d) Step j - 1's wgmmas are done; step j's may still run.
+      wgmma::wait<1>();
+    }
+    // (e) The tile's wgmmas are all done: the epilogue, then the block's next tile.
+    wgmma::wait<0>();
+    wgmma::fence_regs(acc);
+    store_tile<TC>(mma, acc, wg, warp, lane, alpha, beta);
+    mma.next_tile(problems, count, stride);
+  }
+  flash::cp_async_wait<0>();  // only empty groups remain
+#else
+  __trap();  // built without sm_90a: sm90_grouped_gemm never launches it then (flash::sm90_ready())
+#endif
+}
+
+// Problem descriptors for up to kChunk problems, passed by value as a kernel argument (3 KiB).
+constexpr int kChunk = 64;
+struct ProblemChunk {
+  Problem p[kChunk];
+  int count;
+};
+static_assert(sizeof(ProblemChunk) < 4000, "kernel arguments are limited to 4 KiB");
+
+__global__ void write_problems(ProblemChunk chunk, Problem* dst) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < chunk.count) dst[i] = chunk.p[i];
+}
+
+template <bool kTransA, bool kTransB, class TC>
+void launch(const Problem* problems, int count, int64_t tiles, int sm_count, float alpha, float beta, Stream s) {
+  auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC>;
+  static bool attr_set = [&] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+    return true;
+  }();
+  (void)attr_set;
+  const unsigned grid = unsigned(std::min<int64_t>(tiles, sm_count));
+  kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, count, alpha, beta);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool sm90_grouped_gemm_ready() { return flash::sm90_ready(); }
+
+void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s) {
+  if (problems.empty()) return;
+  const char* why = sm90_grouped_unsupported(problems);
+  LOOM_CHECK(why == nullptr, "cuda grouped_gemm: the sm90 kernel cannot run these problems: ", why);
+  LOOM_CHECK(sm90_grouped_gemm_ready(), "cuda grouped_gemm: the sm90 kernel needs an sm_90 GPU and a build for sm_90a");
+  LOOM_CHECK(pointers != nullptr && reinterpret_cast<uintptr_t>(pointers) % alignof(Problem) == 0,
+             "cuda grouped_gemm: the problem list needs ", grouped_gemm_pointer_slots(problems.size()),
+             " aligned device slots");
+  if (sm_count <= 0) sm_count = cuda::sm_count();
+  const int n = static_cast<int>(problems.size());
+  Problem* dev = reinterpret_cast<Problem*>(pointers);
+  int64_t tiles = 0;
+  for (int first = 0; first < n; first += kChunk) {
+    ProblemChunk chunk{};
+    chunk.count = std::min(kChunk, n - first);
+    for (int i = 0; i < chunk.count; ++i) {
+      const GemmArgs& g = problems[first + i];
+      chunk.p[i] = Problem{static_cast<const bf16*>(g.a), static_cast<const bf16*>(g.b), g.c, int32_t(g.m),
+                           int32_t(g.n), int32_t(g.k), int32_t(g.lda), int32_t(g.ldb), int32_t(g.ldc)};
+      tiles += ((g.m + kBM - 1) / kBM) * ((g.n + kBN - 1) / kBN);
+    }
+    write_problems<<<1, kChunk, 0, s>>>(chunk, dev + first);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+  if (tiles == 0) return;
+  const GemmArgs& g = problems[0];
+  const bool f32 = g.c_type == GemmType::kF32;
+  // trans_a / trans_b / C type: forward (false, true), input gradient (false, false), weight
+  // gradient (true, false); (true, true) for completeness.
+  if (!g.trans_a && g.trans_b) {
+    f32 ? launch<false, true, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, true, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  } else if (!g.trans_a && !g.trans_b) {
+    f32 ? launch<false, false, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, false, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  } else if (g.trans_a && !g.trans_b) {
+    f32 ? launch<true, false, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, false, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  } else {
+    f32 ? launch<true, true, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, true, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  }
+}
+
+}  // namespace loom::cuda
