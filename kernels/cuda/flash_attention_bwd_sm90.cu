@@ -5,9 +5,11 @@
 //   P^T and dS^T = P^T (dP^T - D) in registers, dS^T also to shared memory;
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO or Q read N-major): f32 in registers;
 //   dQ += dS K (A = dS^T read M-major, B = K read N-major), added to the f32 accumulator with
-//   16-byte atomics or (bulk_dq) the copy engine's bulk reductions from shared memory: at head_dim
-//   128 each warpgroup takes 64 of the columns over all 128 keys; at 64 each takes all columns over
-//   its own 64 keys.
+//   16-byte atomics: at head_dim 128 each warpgroup takes 64 of the columns over all 128 keys; at 64
+//   each takes all columns over its own 64 keys.
+// (dQ through shared memory and bulk reductions, and the exponentials overlapping dP^T's product,
+// the former variants 4 and 5, were slower or no faster: 1667 and 1551 us against 1448 at head_dim
+// 128, b4 s2048 h32/8, H200, 2026-12-02, though not all in one run.)
 // dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention_bwd.cu.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
@@ -17,31 +19,18 @@
 namespace loom::cuda::flash {
 namespace {
 
-using tma::bulk_commit;
-using tma::bulk_reduce_add_f32;
-using tma::bulk_wait_all;
 using wgmma::Wgmma;
 
 constexpr int kBr = 64, kBc = 128, kThreads = 256;
 
-constexpr int kDqStride = 72;  // floats per row of a dQ staging tile: 16-byte rows, 2-way banks at most
-
-template <int kD, bool kBulk>
+template <int kD>
 constexpr size_t sm90_bwd_smem() {
-  // K, V; Q and dO in two stages; dS^T; lse and D for two stages; with kBulk a 64 x 64 f32 dQ
-  // tile per warpgroup; slack for 1024-byte alignment.
+  // K, V; Q and dO in two stages; dS^T; lse and D for two stages; slack for 1024-byte alignment.
   return size_t(2 * kBc + 4 * kBr) * kD * sizeof(bf16) + size_t(kBc) * kBr * sizeof(bf16) + 2 * 2 * kBr * sizeof(float) +
-         (kBulk ? 2 * kBr * kDqStride * sizeof(float) : 0) + 1024;
+         1024;
 }
 
-// Barrier `id` (1 + warpgroup) over the 128 threads of one warpgroup.
-__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-
-// kBulk: dQ goes through a shared-memory tile and the copy engine's bulk reductions; otherwise
-// 16-byte atomics from registers.
-// kOverlap (no soft-cap): the exponentials run while dP^T is still being computed, and dQ is
-// issued before dV and dK so that its reduction runs while they are computed.
-template <int kD, bool kBulk, bool kOverlap>
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                           const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
@@ -58,7 +47,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* sdO0 = sQ0 + 2 * kBr * kD;  // likewise
   bf16* sdS = sdO0 + 2 * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled
   float* sStat0 = reinterpret_cast<float*>(sdS + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
-  float* sdQ = sStat0 + 2 * 2 * kBr;  // kBulk: warpgroup w's [kBr][kDqStride] tile at w * kBr * kDqStride
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
@@ -114,11 +102,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   while (item < n_items) {
     TileKind next_kind = TileKind::kSkip;
     const int next = next_item<kBr, kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
-    if constexpr (kOverlap) {  // the previous item's dV, dK (reading its Q, dO stage) are done
-      wgmma::wait<0>();
-      wgmma::fence_regs(dva);
-      wgmma::fence_regs(dka);
-    }
     // This item's tiles have landed; every warp is done with the other stage and with sdS.
     flash::cp_async_wait<0>();
     wgmma::fence_proxy_async();
@@ -139,20 +122,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kD / 16; ++kk)
         Wgmma<kBr>::template ss<0, 0>(st, wgmma::desc_k_major<kBc>(dK, 64 * wg, kk), wgmma::desc_k_major<kBr>(dQ, 0, kk),
                                       kk > 0);
-      if constexpr (kOverlap) wgmma::commit();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk)
         Wgmma<kBr>::template ss<0, 0>(dpt, wgmma::desc_k_major<kBc>(dV, 64 * wg, kk),
                                       wgmma::desc_k_major<kBr>(ddO, 0, kk), kk > 0);
       wgmma::commit();
-      if constexpr (kOverlap) {
-        wgmma::wait<1>();  // S^T; dP^T may still run
-        wgmma::fence_regs(st);
-      } else {
-        wgmma::wait<0>();
-        wgmma::fence_regs(st);
-        wgmma::fence_regs(dpt);
-      }
+      wgmma::wait<0>();
+      wgmma::fence_regs(st);
+      wgmma::fence_regs(dpt);
     }
 
     // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, per element.
@@ -166,21 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         bits[1] |= uint32_t(vis(i, k0 + jl + 8)) << c;
       }
     }
-    if constexpr (kOverlap) {  // no soft-cap: P^T first, then dS^T once dP^T has landed
-#pragma unroll
-      for (int n = 0; n < kBr / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lse2 = cStat[n * 8 + col0 + (e & 1)] * kLog2e;
-          st[4 * n + e] = (bits[e >> 1] >> (2 * n + (e & 1))) & 1u ? fast_exp2(fmaf(st[4 * n + e], scale_log2, -lse2)) : 0.f;
-        }
-      wgmma::wait<0>();
-      wgmma::fence_regs(dpt);
-#pragma unroll
-      for (int n = 0; n < kBr / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[4 * n + e] = st[4 * n + e] * (dpt[4 * n + e] - cStat[kBr + n * 8 + col0 + (e & 1)]);
-    } else {
+    {
 #pragma unroll
       for (int n = 0; n < kBr / 8; ++n) {
 #pragma unroll
@@ -214,8 +177,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::fence_proxy_async();
 
-    // dV += P^T dO, dK += dS^T Q: issued before the dS^T exchange, or (kOverlap) after dQ.
-    auto issue_dkv = [&] {
+    // dV += P^T dO, dK += dS^T Q: issued before the dS^T exchange.
+    {
       const uint64_t ddO = wgmma::tile_desc(cdO, kBr * 128), dQ = wgmma::tile_desc(cQ, kBr * 128);
       wgmma::fence();
 #pragma unroll
@@ -223,8 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dka, dst[kk], wgmma::desc_mn_major<kBr>(dQ, kk), 1);
       wgmma::commit();
-    };
-    if constexpr (!kOverlap) issue_dkv();
+    }
     __syncthreads();  // every warpgroup's dS^T is in shared memory
 
     // dQ (64 queries x kNq columns from n0) = dS K over keys [kk0 * 16, ...).
@@ -239,41 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk),
                                       wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
       wgmma::commit();
-      if constexpr (kOverlap) {
-        issue_dkv();
-        wgmma::wait<1>();  // dQ; dV and dK may still run
-        wgmma::fence_regs(dqa);
-      } else {
-        wgmma::wait<0>();  // dV, dK and dQ
-        wgmma::fence_regs(dqa);
-        wgmma::fence_regs(dva);
-        wgmma::fence_regs(dka);
-      }
-      if constexpr (kBulk) {
-        // Rows of 64 columns into this warpgroup's tile (once the previous item's reductions have
-        // read it), then one bulk reduction per query row, issued by threads 0-63 of the warpgroup.
-        const int wtid = tid & 127;
-        float* tile = sdQ + wg * kBr * kDqStride;
-        if (wtid < kBr) bulk_wait_all<true>();
-        warpgroup_sync(1 + wg);
-        const int r0 = 16 * (warp & 3) + (lane >> 2);
-#pragma unroll
-        for (int n = 0; n < kNq / 8; ++n)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(tile + (r0 + 8 * r) * kDqStride + n * 8 + col0) =
-                make_float2(dqa[4 * n + 2 * r], dqa[4 * n + 2 * r + 1]);
-        wgmma::fence_proxy_async();
-        warpgroup_sync(1 + wg);
-        if (wtid < kBr) {
-          const int64_t i = q0 + wtid;
-          const int cols = hd - n0 < kNq ? hd - n0 : kNq;  // > 0, a multiple of 8
-          if (i < p.seq)
-            bulk_reduce_add_f32(dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim + n0, tile + wtid * kDqStride,
-                                uint32_t(cols) * 4u);
-          bulk_commit();
-        }
-      } else {
+      wgmma::wait<0>();  // dV, dK and dQ
+      wgmma::fence_regs(dqa);
+      wgmma::fence_regs(dva);
+      wgmma::fence_regs(dka);
       // Lane pairs swap halves so that each adds 4 consecutive columns of one row: the even lane row
       // i0 at columns col0 .. col0 + 3, the odd lane row i0 + 8 at col0 - 2 .. col0 + 1 (16-byte
       // aligned: head_dim % 8 == 0 and the accumulator is 256-byte aligned).
@@ -289,7 +220,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (i < p.seq && col < hd)
           atomicAdd(reinterpret_cast<float4*>(row + col), odd ? make_float4(x, y, a[2], a[3]) : make_float4(a[0], a[1], x, y));
       }
-      }
     }
     stage ^= 1;
     item = next;
@@ -299,9 +229,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma::wait<0>();
   wgmma::fence_regs(dva);
   wgmma::fence_regs(dka);
-  if constexpr (kBulk) {
-    if ((tid & 127) < kBr) bulk_wait_all<false>();
-  }
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -322,11 +249,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kD, bool kBulk, bool kOverlap = false>
+template <int kD>
 void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
             const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
-  auto* kernel = flash_bwd_sm90_kernel<kD, kBulk, kOverlap>;
-  constexpr size_t kSmem = sm90_bwd_smem<kD, kBulk>();
+  auto* kernel = flash_bwd_sm90_kernel<kD>;
+  constexpr size_t kSmem = sm90_bwd_smem<kD>();
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
@@ -340,20 +267,10 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
 }  // namespace
 
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
-                   Stream s) {
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
   LOOM_CHECK(p.head_dim <= 128, "flash backward_sm90: head_dim ", p.head_dim, " > 128");
-  // With atomics, ptxas serializes the overlapped kernel's wgmma (C7515): overlap implies bulk_dq.
-  const bool ov = overlap && p.softcap <= 0.f, bulk = bulk_dq || overlap;
-  if (p.head_dim <= 64) {
-    if (ov) launch<64, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else if (bulk) launch<64, true, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch<64, false, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  } else {
-    if (ov) launch<128, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else if (bulk) launch<128, true, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch<128, false, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  }
+  if (p.head_dim <= 64) launch<64>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else launch<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
 }
 
 }  // namespace loom::cuda::flash

@@ -1,9 +1,9 @@
-// Flash attention backward on Hopper, warp-specialised (LOOM_FLASH_BWD=6): the FlashAttention-3
+// Flash attention backward on Hopper, warp-specialised (Kernel::kSm90Ws): the FlashAttention-3
 // scheme for Loom's layouts; plain causal attention only (no window, soft-cap or segments: backward()
-// sends those to variant 3), head_dim <= 128 (a multiple of 8).
+// sends those to the sm90 kernel), head_dim <= 128 (a multiple of 8).
 //
 // Block = 3 warpgroups (384 threads) per (128 keys, kv head, batch row); grid and key order as
-// variant 3 (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
+// the sm90 kernel (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
 // the keys (from tile k0 / 64 on), for every query head of the group in turn.
 //   warpgroup 0: setmaxnreg down to 24 registers.
 //     warp 0, producer: K and V of the block once (TMA), then per item Q and dO (TMA, 128-byte
@@ -392,7 +392,7 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
 
 }  // namespace
 
-// As the forward's: rows at least one 64-column box wide (narrower ones run variant 3).
+// As the forward's: rows at least one 64-column box wide (narrower ones run the sm90 kernel).
 bool sm90_ws_bwd_supported(const AttentionParams& p) {
   return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 &&
          p.head_dim % 8 == 0 && p.seq < (int64_t(1) << 30);
