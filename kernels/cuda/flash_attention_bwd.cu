@@ -6,6 +6,7 @@
 // (dK, dV); for dQ, query rows 16 (w % 4) and a slice of head_dim.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_mask.cuh"
 
 namespace loom::cuda::flash {
 namespace {
@@ -43,7 +44,6 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   const int wr = warp % kKeyGroups, wc = warp / kKeyGroups;  // key group, query or head_dim slice
   const int wq = warp % 4, wd = warp / 4;                     // phase 3: query group, head_dim slice
   const int64_t k0 = int64_t(blockIdx.x) * kBc, g = blockIdx.y, b = blockIdx.z;
-  const int64_t group = p.heads / p.kv_heads;
   const int hd = int(p.head_dim);
   const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
   const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
@@ -51,16 +51,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   const float scale_log2 = p.scale * kLog2e;
   const FragLane f16 = frag_rows16(lane), f8x2 = frag_rows8x2(lane);
 
-  // Queries that may see these keys: [k0, q_end).
-  const int64_t q_end = p.window > 0 && k0 + kBc - 1 + p.window < p.seq ? k0 + kBc - 1 + p.window : p.seq;
-  const int qt0 = int(k0 / kBr), nqt = int((q_end + kBr - 1) / kBr) - qt0;
-  const int n_items = int(group) * nqt;
-  int32_t ks_lo = 0, ks_hi = 0;
-  if (seg) warp_seg_range(seg, k0, kBc, p.seq, lane, &ks_lo, &ks_hi);
-
-  auto q_head = [&](int item) { return g * group + item / nqt; };
+  const KeyTileItems<kBr, kBc> items(p, seg, k0, lane);
+  const int n_items = items.n_items;
   auto load_q_tiles = [&](int item, int buf) {
-    const int64_t h = q_head(item), q0 = int64_t(qt0 + item % nqt) * kBr;
+    const int64_t h = items.head(g, item), q0 = items.q_start(item);
     const int64_t off = (b * p.seq * p.heads + h) * p.head_dim;
     load_tile<kBr, kD, kThreads>(sQ + buf * kBr * kD, q + off, q_stride, q0, p.seq, hd);
     load_tile<kBr, kD, kThreads>(sdO + buf * kBr * kD, dout + off, q_stride, q0, p.seq, hd);
@@ -70,7 +64,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   load_tile<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd);
   load_tile<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd);
   TileKind kind = TileKind::kSkip;
-  int item = nqt > 0 ? next_item<kBr, kBc>(p, seg, 0, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &kind) : n_items;
+  int item = items.first(p, seg, k0, lane, &kind);
   if (item < n_items) load_q_tiles(item, 0);
   cp_async_commit();
 
@@ -86,14 +80,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int buf = 0;
   while (item < n_items) {
     TileKind next_kind = TileKind::kSkip;
-    const int next = next_item<kBr, kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
+    const int next = items.next(p, seg, item + 1, k0, lane, &next_kind);
     if (next < n_items) load_q_tiles(next, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();  // this item's Q and dO (and K, V) have landed
     __syncthreads();
     const bf16* cQ = sQ + buf * kBr * kD;
     const bf16* cdO = sdO + buf * kBr * kD;
-    const int64_t h = q_head(item), q0 = int64_t(qt0 + item % nqt) * kBr;
+    const int64_t h = items.head(g, item), q0 = items.q_start(item);
     const float* lse_h = lse + (b * p.heads + h) * p.seq;
     const float* dsum_h = dsum + (b * p.heads + h) * p.seq;
 

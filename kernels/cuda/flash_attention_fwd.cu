@@ -5,6 +5,7 @@
 // softmax in f32 and in log2 units; out and lse (natural log) written once.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_mask.cuh"
 
 namespace loom::cuda::flash {
 namespace {

@@ -31,7 +31,9 @@
 
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/flash_sm90_steps.cuh"
+#include "kernels/cuda/flash_mask.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int st = t % kStages, tn = t + 1;
     // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
     if (is_masked) {  // rows past seq are never written, and a valid row's key j <= i < seq
-      sm90::mask_causal<kNs>(sacc, int(row0 - k0) - col0);
+      mask_causal<kNs>(sacc, int(row0 - k0) - col0);
     }
     float corr[2];
     sm90::online_softmax<kNs>(sacc, m, l, corr, scale_log2);
