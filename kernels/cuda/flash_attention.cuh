@@ -61,6 +61,10 @@ void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, con
 // The wgmma backward for head_dim <= 128 (flash_attention_bwd_sm90.cu): dQ added with atomics.
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                    const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+// The wgmma backward for head_dim 129..256 (flash_attention_bwd_sm90_d256.cu): the two warpgroups
+// split head_dim for dK, dV and dQ; dQ added with atomics.
+void backward_sm90_d256(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                        const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
 // Warp-specialised backward (flash_attention_bwd_sm90_ws.cu): a TMA producer warp, a dQ-writer warp
 // (tensor reductions) and two wgmma consumer warpgroups. sm90_ws_bwd_supported: plain causal
 // attention at head_dim 64 to 128.
