@@ -74,7 +74,7 @@ bool runs(Kernel kernel, const AttentionParams& p, bool backward) {
   switch (kernel) {
     case Kernel::kAuto:
     case Kernel::kMma: return true;
-    case Kernel::kSm90: return sm90_ready() && (!backward || p.head_dim <= 128);
+    case Kernel::kSm90: return sm90_ready();  // head_dim <= 256 (supported()); the backward in two kernels
     case Kernel::kSm90Ws: return sm90_ready() && (backward ? sm90_ws_bwd_supported(p) : sm90_ws_supported(p));
   }
   return false;
@@ -91,12 +91,13 @@ Kernel forward_kernel(const AttentionParams& p) {
 
 // Backward. H200, b4 s2048 h32/8 causal (2026-12-02, SDPA in the same run): head_dim 128 sm90_ws
 // 990 us, sm90 1448 (SDPA 998), mma 2567 (an earlier run); head_dim 64 sm90_ws 654, sm90 1193 (SDPA
-// 656). sm90_ws covers plain causal at head_dim 64..128, sm90 every feature at head_dim <= 128;
-// head_dim 256 (16/8 heads) runs mma: 2.77 ms against SDPA's 1.24; mma off sm_90a.
+// 656). sm90_ws covers plain causal at head_dim 64..128, sm90 every feature (its head_dim 129..256
+// kernel, flash_attention_bwd_sm90_d256.cu, replaces mma there: mma took 2.77 ms at b4 s2048 h16/8
+// head_dim 256 against SDPA's 1.24; bench flash_bwd/(mma|sm90)/bf16/b4_s2048_h16_kv8_d256 compares
+// them); mma off sm_90a.
 Kernel backward_kernel(const AttentionParams& p) {
   if (!sm90_ready()) return Kernel::kMma;
-  if (sm90_ws_bwd_supported(p)) return Kernel::kSm90Ws;
-  return p.head_dim <= 128 ? Kernel::kSm90 : Kernel::kMma;
+  return sm90_ws_bwd_supported(p) ? Kernel::kSm90Ws : Kernel::kSm90;
 }
 
 void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s,
@@ -134,7 +135,10 @@ void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16
   LOOM_CUDA_LAUNCH_CHECK();
   switch (kernel) {
     case Kernel::kSm90Ws: backward_sm90_ws(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s); break;
-    case Kernel::kSm90: backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s); break;
+    case Kernel::kSm90:
+      if (p.head_dim <= 128) backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+      else backward_sm90_d256(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+      break;
     default: backward_mma(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s); break;
   }
   dq_finish_kernel<<<unsigned((n_q / 8 + 255) / 256), 256, 0, s>>>(dq_acc, dq, n_q, p.scale);

@@ -208,6 +208,31 @@ TEST(FlashKernels, EachMatchesCpu) {
   }
 }
 
+// What the dispatcher picks: on sm_90a the warp-specialised kernels for plain causal attention at
+// head_dim 64..128, the sm90 kernels for the rest (the backward's head_dim 129..256 kernel
+// included); mma.sync elsewhere.
+TEST(FlashKernels, DispatchByArchitectureAndShape) {
+  LOOM_REQUIRE_GPU();
+  using cuda::flash::Kernel;
+  auto params = [](int64_t d, float softcap, int64_t window) {
+    AttentionParams p;
+    p.batch = 1; p.seq = 100; p.heads = 4; p.kv_heads = 2; p.head_dim = d;
+    p.scale = 0.1f; p.softcap = softcap; p.window = window;
+    return p;
+  };
+  const bool hopper = cuda::flash::sm90_ready();
+  const Kernel ws = hopper ? Kernel::kSm90Ws : Kernel::kMma, sm90 = hopper ? Kernel::kSm90 : Kernel::kMma;
+  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(64, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 30)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(96, 20.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(32, 0.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(256, 0.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(256, 0.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(192, 30.f, 40)), sm90);
+}
+
 TEST(AttentionCudaChecks, RejectsHeadDimOver256) {
   AttentionParams p;
   p.batch = 1; p.seq = 1; p.heads = 1; p.kv_heads = 1; p.head_dim = 320;
