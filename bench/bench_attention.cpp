@@ -1,6 +1,8 @@
 // Benchmarks of causal GQA attention (forward, backward, both; against the GEMM rate; head dims,
-// long sequences, sliding window, packed documents; device memory at 128k tokens) and of the
-// softmax cross-entropy over Llama 2 and Llama 3 vocabularies (forward, backward; memory-bound).
+// long sequences, sliding window, packed documents; device memory at 128k tokens), of each flash
+// kernel by name on the shapes (flash_fwd/<kernel>/..., flash_bwd/<kernel>/...: how the
+// dispatcher's choices in kernels/cuda/flash_attention.cu are checked), and of the softmax
+// cross-entropy over Llama 2 and Llama 3 vocabularies (forward, backward; memory-bound).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -9,6 +11,7 @@
 #include "bench/bench_util.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/cuda/flash_attention.cuh"
 
 namespace loom::bench {
 namespace {
@@ -66,6 +69,14 @@ struct AttnBuffers {
     cuda::attention_backward<bf16>(p, q.get(), k.get(), v.get(), out.get(), dout.get(), lse.get(), dq.get(), dk.get(),
                                    dv.get(), ws.get(), ctx().stream);
   }
+  // One flash kernel by name (throws, and so skips the benchmark, where it does not apply).
+  void forward(cuda::flash::Kernel kernel) {
+    cuda::flash::forward(p, q.get(), k.get(), v.get(), out.get(), lse.get(), ctx().stream, kernel);
+  }
+  void backward(cuda::flash::Kernel kernel) {
+    cuda::flash::backward(p, q.get(), k.get(), v.get(), out.get(), dout.get(), lse.get(), dq.get(), dk.get(), dv.get(),
+                          ws.get(), ctx().stream, kernel);
+  }
   double device_bytes() const {
     return double(q.bytes() + k.bytes() + v.bytes() + dout.bytes() + out.bytes() + dq.bytes() + dk.bytes() +
                   dv.bytes() + lse.bytes() + seg.bytes() + ws.bytes());
@@ -101,6 +112,26 @@ void register_attention_case(const AttnShape& a, bool with_backward) {
   });
 }
 
+// flash_fwd/<kernel>/bf16/<shape> and flash_bwd/<kernel>/... (the backward after the dispatcher's
+// forward), for the kernels that can run the shape on this GPU.
+void register_flash_kernel_cases(const AttnShape& a) {
+  using cuda::flash::Kernel;
+  for (Kernel kernel : {Kernel::kMma, Kernel::kSm90, Kernel::kSm90Ws}) {
+    const std::string tag = std::string("/") + cuda::flash::kernel_name(kernel);
+    add("flash_fwd" + tag + a.name(), [=](benchmark::State& st) {
+      AttnBuffers b(a);
+      const double bytes = 2.0 * double(2 * b.nq + 2 * b.nkv) + 4.0 * double(b.nlse);
+      run_timed(st, {bytes, a.flops(2), Bound::kCompute}, [&] { b.forward(kernel); });
+    });
+    add("flash_bwd" + tag + a.name(), [=](benchmark::State& st) {
+      AttnBuffers b(a);
+      b.forward();
+      const double bytes = 2.0 * double(3 * b.nq + 2 * b.nkv) + 4.0 * double(b.nlse) + 2.0 * double(b.nq + 2 * b.nkv);
+      run_timed(st, {bytes, a.flops(5), Bound::kCompute}, [&] { b.backward(kernel); });
+    });
+  }
+}
+
 void register_attention_cases() {
   const int64_t B = 4, S = 2048, H = 32, KV = 8;
   register_attention_case({B, S, H, KV, 128}, true);  // the target shape
@@ -110,6 +141,10 @@ void register_attention_cases() {
   register_attention_case({1, 32768, H, KV, 128}, true);
   register_attention_case({1, 8192, H, KV, 128, 4096}, true);  // Mistral's sliding window
   register_attention_case({B, S, H, KV, 128, 0, 512}, true);   // packed documents of 512 tokens
+  register_flash_kernel_cases({B, S, H, KV, 128});
+  register_flash_kernel_cases({B, S, H, KV, 64});
+  register_flash_kernel_cases({B, S, 16, 8, 256});
+  register_flash_kernel_cases({B, S, H, KV, 128, 0, 512});
   // Memory grows linearly with the sequence: one forward + backward at 128k tokens, timed once
   // (a run takes seconds; run_timed's warm-up and batching would triple that).
   add("attention_fwdbwd" + AttnShape{1, 131072, H, KV, 128}.name(), [](benchmark::State& st) {

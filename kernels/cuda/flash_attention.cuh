@@ -1,6 +1,8 @@
-// Flash attention for bf16 on sm_80+ tensor cores (mma.sync), behind kernels/attention.h: the
-// S x S matrix is never stored; the forward saves out and the log-sum-exp, the backward recomputes
-// the probabilities tile by tile. attention.cu routes bf16 calls here when flash_supported().
+// Flash attention for bf16 on sm_80+ tensor cores, behind kernels/attention.h: the S x S matrix is
+// never stored; the forward saves out and the log-sum-exp, the backward recomputes the
+// probabilities tile by tile. attention.cu routes bf16 calls here when supported(); forward() and
+// backward() (flash_attention.cu) pick a kernel by architecture and shape. Host C++ only, so that
+// bench/ and tests can name a kernel.
 #pragma once
 #include <cstddef>
 
@@ -11,42 +13,63 @@ namespace loom::cuda::flash {
 // scale > 0, head_dim a multiple of 8 up to 256, and every pointer 16-byte aligned (rows are then too).
 bool supported(const AttentionParams& p, const void* q, const void* k, const void* v, const void* out);
 
-void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s);
+// The kernels. kAuto is what forward() and backward() choose (flash_attention.cu says why, with
+// the measurements); bench/ and tests name the others to compare them with one another.
+enum class Kernel {
+  kAuto,
+  kMma,     // mma.sync m16n8k16 (flash_attention_{fwd,bwd}.cu): sm_80 and up, every supported shape
+  kSm90,    // wgmma, every thread loads (flash_attention_{fwd,bwd}_sm90*.cu): sm_90a, every feature;
+            // the backward at head_dim <= 128 (and 129..256 in flash_attention_bwd_sm90_d256.cu)
+  kSm90Ws,  // warp-specialised TMA + wgmma (*_sm90_ws.cu): sm_90a, plain causal, head_dim 64..128
+};
+const char* kernel_name(Kernel kernel);
+// Whether `kernel` runs p's forward (backward = false) or backward on the current device.
+bool runs(Kernel kernel, const AttentionParams& p, bool backward);
+// The kernel kAuto stands for.
+Kernel forward_kernel(const AttentionParams& p);
+Kernel backward_kernel(const AttentionParams& p);
 
-// Hopper kernels (wgmma, flash_attention_*_sm90.cu): sm90_ready() says whether the current device is
-// compute capability 9.0 and the binary holds sm_90a machine code for them (asked once, with a
-// synchronous probe launch). forward_sm90: warpgroups (of 64 query rows) per block, 2 (128 keys per
-// step, 32 at head_dim 256; one block per SM) or 1 (64 keys at head_dim 128; two blocks per SM).
-bool sm90_ready();
-void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                  int warpgroups, Stream s);
-// Warp-specialised Hopper forward (flash_attention_fwd_sm90_ws.cu, LOOM_FLASH_FWD=6): a TMA
-// producer warpgroup and two ping-ponging consumer warpgroups. sm90_ws_supported: plain causal
-// attention (no soft-cap, window or segments) at head_dim 64 to 128; forward() sends the rest to
-// forward_sm90.
-bool sm90_ws_supported(const AttentionParams& p);
-void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                     Stream s);
-// The backward's main kernel for head_dim <= 128 (flash_attention_bwd_sm90.cu); dsum and dq_acc as
-// backward() prepares them (dq_acc zeroed; the caller scales and rounds it into dq afterwards).
-// bulk_dq: dQ is added through shared memory with bulk reductions instead of atomics; overlap
-// (implies bulk_dq; ignored under soft-capping): the exponentials overlap dP^T's product and dQ's
-// addition dV, dK.
-void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
-                   Stream s);
-
-// Warp-specialised Hopper backward (flash_attention_bwd_sm90_ws.cu, LOOM_FLASH_BWD=6): a TMA
-// producer warp, a dQ-writer warp (bulk reductions) and two wgmma consumer warpgroups; dsum and
-// dq_acc as for backward_sm90. sm90_ws_bwd_supported: plain causal attention (no soft-cap, window
-// or segments) at head_dim 64 to 128; backward() sends the rest to variant 3.
-bool sm90_ws_bwd_supported(const AttentionParams& p);
-void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                      const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
-
+// A named kernel that cannot run p throws loom::Error.
+void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s,
+             Kernel kernel = Kernel::kAuto);
 // Workspace: D_i = dout_i . out_i per (batch, head, query) and an f32 dq accumulator.
 size_t backward_workspace_bytes(const AttentionParams& p);
 void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-              const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* workspace, Stream s);
+              const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* workspace, Stream s,
+              Kernel kernel = Kernel::kAuto);
+
+// ---- the kernels' launchers (forward() and backward() check what they need) ----
+// mma.sync (flash_attention_fwd.cu, flash_attention_bwd.cu).
+void forward_mma(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                 Stream s);
+// The backward kernels take dsum (D_i) and dq_acc as backward() prepares them (dq_acc zeroed; the
+// caller scales and rounds it into dq afterwards).
+void backward_mma(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                  const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+
+// Hopper kernels: sm90_ready() says whether the current device is compute capability 9.0 and the
+// binary holds sm_90a machine code for them (asked once, with a synchronous probe launch).
+bool sm90_ready();
+// Two warpgroups of 64 query rows per block; 128 keys per step (32 at head_dim 256).
+void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                  Stream s);
+// Warp-specialised forward: a TMA producer warpgroup and two ping-ponging consumer warpgroups.
+// sm90_ws_supported: plain causal attention (no soft-cap, window or segments) at head_dim 64 to 128.
+bool sm90_ws_supported(const AttentionParams& p);
+void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                     Stream s);
+// The wgmma backward for head_dim <= 128 (flash_attention_bwd_sm90.cu): dQ added with atomics.
+void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+// The wgmma backward for head_dim 129..256 (flash_attention_bwd_sm90_d256.cu): the two warpgroups
+// split head_dim for dK, dV and dQ; dQ added with atomics.
+void backward_sm90_d256(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                        const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+// Warp-specialised backward (flash_attention_bwd_sm90_ws.cu): a TMA producer warp, a dQ-writer warp
+// (tensor reductions) and two wgmma consumer warpgroups. sm90_ws_bwd_supported: plain causal
+// attention at head_dim 64 to 128.
+bool sm90_ws_bwd_supported(const AttentionParams& p);
+void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                      const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
 
 }  // namespace loom::cuda::flash

@@ -1,13 +1,12 @@
 // Flash attention backward (bf16, mma.sync m16n8k16), FlashAttention-2 style: one block per (key
 // tile of kBc keys, kv head, batch row) accumulates dK and dV in registers over every query
 // tile of every head in its group (Q and dO double-buffered through cp.async); P^T and dS^T go
-// through shared memory; dQ is accumulated in f32 with atomics and scaled/rounded by a last pass.
+// through shared memory; dQ is added in f32 with atomics into backward()'s accumulator.
 // Warp w owns key rows 16 (w % (kBc / 16)) and a slice of the queries (scores) or of head_dim
 // (dK, dV); for dQ, query rows 16 (w % 4) and a slice of head_dim.
-#include <cstdlib>
-
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_mask.cuh"
 
 namespace loom::cuda::flash {
 namespace {
@@ -19,50 +18,6 @@ struct BwdConfig {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr size_t kSmem = (size_t(2 * kBc + 4 * kBr) * kD + 2 * size_t(kBc) * kBr) * sizeof(bf16);
 };
-
-// D_i = dout_i . out_i (f32) for every (batch, head, query): `group` lanes per row (a power of two
-// <= 32 with group * 8 >= head_dim, or 32 looping over longer rows), 8 elements per lane; the row's
-// dq_acc (same [batch, seq, heads, head_dim] layout) is zeroed on the way (instead of a memset).
-// Groups of a few lanes keep every lane busy at head_dim 64 (8 lanes a row, 4 rows a warp), where
-// a warp per row left three quarters of it idle.
-__global__ void dsum_kernel(AttentionParams p, const bf16* __restrict__ out, const bf16* __restrict__ dout,
-                            float* __restrict__ dsum, float* __restrict__ dq_acc, int group) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t row = t / group;  // (b, i, h) as in q
-  const int sub = int(t % group);
-  const bool valid = row < p.batch * p.seq * p.heads;
-  float acc = 0.f;
-  if (valid) {
-    const bf16* o = out + row * p.head_dim;
-    const bf16* d = dout + row * p.head_dim;
-    float* z = dq_acc + row * p.head_dim;
-    for (int64_t c = int64_t(sub) * 8; c < p.head_dim; c += int64_t(group) * 8) {
-      reinterpret_cast<float4*>(z + c)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-      reinterpret_cast<float4*>(z + c)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-      float a[8], bb[8];
-      load_vec<8>(o + c, a);
-      load_vec<8>(d + c, bb);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc += a[e] * bb[e];
-    }
-  }
-  for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);  // whole warp
-  if (valid && sub == 0) {
-    const int64_t h = row % p.heads, i = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
-    dsum[(b * p.heads + h) * p.seq + i] = acc;
-  }
-}
-
-// dq = scale * dq_acc, rounded to bf16; n a multiple of 8.
-__global__ void dq_finish_kernel(const float* __restrict__ acc, bf16* __restrict__ dq, int64_t n, float scale) {
-  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-  if (i >= n) return;
-  float v[8];
-  load_vec<8>(acc + i, v);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] *= scale;
-  store_vec<8>(dq + i, v);
-}
 
 template <int kD, int kBc, int kWarps, int kMT>
 __global__ void __launch_bounds__(32 * kWarps, 1)
@@ -89,7 +44,6 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   const int wr = warp % kKeyGroups, wc = warp / kKeyGroups;  // key group, query or head_dim slice
   const int wq = warp % 4, wd = warp / 4;                     // phase 3: query group, head_dim slice
   const int64_t k0 = int64_t(blockIdx.x) * kBc, g = blockIdx.y, b = blockIdx.z;
-  const int64_t group = p.heads / p.kv_heads;
   const int hd = int(p.head_dim);
   const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
   const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
@@ -97,16 +51,10 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   const float scale_log2 = p.scale * kLog2e;
   const FragLane f16 = frag_rows16(lane), f8x2 = frag_rows8x2(lane);
 
-  // Queries that may see these keys: [k0, q_end).
-  const int64_t q_end = p.window > 0 && k0 + kBc - 1 + p.window < p.seq ? k0 + kBc - 1 + p.window : p.seq;
-  const int qt0 = int(k0 / kBr), nqt = int((q_end + kBr - 1) / kBr) - qt0;
-  const int n_items = int(group) * nqt;
-  int32_t ks_lo = 0, ks_hi = 0;
-  if (seg) warp_seg_range(seg, k0, kBc, p.seq, lane, &ks_lo, &ks_hi);
-
-  auto q_head = [&](int item) { return g * group + item / nqt; };
+  const KeyTileItems<kBr, kBc> items(p, seg, k0, lane);
+  const int n_items = items.n_items;
   auto load_q_tiles = [&](int item, int buf) {
-    const int64_t h = q_head(item), q0 = int64_t(qt0 + item % nqt) * kBr;
+    const int64_t h = items.head(g, item), q0 = items.q_start(item);
     const int64_t off = (b * p.seq * p.heads + h) * p.head_dim;
     load_tile<kBr, kD, kThreads>(sQ + buf * kBr * kD, q + off, q_stride, q0, p.seq, hd);
     load_tile<kBr, kD, kThreads>(sdO + buf * kBr * kD, dout + off, q_stride, q0, p.seq, hd);
@@ -116,7 +64,7 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   load_tile<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd);
   load_tile<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd);
   TileKind kind = TileKind::kSkip;
-  int item = nqt > 0 ? next_item<kBr, kBc>(p, seg, 0, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &kind) : n_items;
+  int item = items.first(p, seg, k0, lane, &kind);
   if (item < n_items) load_q_tiles(item, 0);
   cp_async_commit();
 
@@ -132,14 +80,14 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
   int buf = 0;
   while (item < n_items) {
     TileKind next_kind = TileKind::kSkip;
-    const int next = next_item<kBr, kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
+    const int next = items.next(p, seg, item + 1, k0, lane, &next_kind);
     if (next < n_items) load_q_tiles(next, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();  // this item's Q and dO (and K, V) have landed
     __syncthreads();
     const bf16* cQ = sQ + buf * kBr * kD;
     const bf16* cdO = sdO + buf * kBr * kD;
-    const int64_t h = q_head(item), q0 = int64_t(qt0 + item % nqt) * kBr;
+    const int64_t h = items.head(g, item), q0 = items.q_start(item);
     const float* lse_h = lse + (b * p.heads + h) * p.seq;
     const float* dsum_h = dsum + (b * p.heads + h) * p.seq;
 
@@ -316,67 +264,17 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-// Tile shape: LOOM_FLASH_BWD=<variant> picks one for bench/ (a tuning knob; default 6, which runs 3
-// for what 6 does not cover, and 0 above head_dim 128 or off sm_90a).
-//   0: 128 keys per block, 8 warps of 32 keys x half the queries / head_dim, so each Q and dO
-//      fragment serves two key tiles (64 keys and 16 warps of 16 at head_dim 256);
-//   1: 64 keys, 8 warps of 16;  2: 128 keys, 8 warps of 16;
-//   3: Hopper wgmma (flash_attention_bwd_sm90.cu) at head_dim <= 128 on sm_90a, else 0;
-//   4: 3 with dQ added by bulk reductions from shared memory instead of atomics;
-//   5: 4 with the exponentials overlapping dP^T's product and dQ issued before dV, dK so that its
-//      addition overlaps them (4 under soft-capping);
-//   6: warp-specialised Hopper kernel (flash_attention_bwd_sm90_ws.cu: a TMA producer warp for Q,
-//      dO, lse and D in a ring, a lane adding dQ tiles with tensor reductions, two wgmma consumer
-//      warpgroups of 64 keys each) for plain causal attention at head_dim 64 to 128 on sm_90a;
-//      soft-capping, windows, segments and other head dims run variant 3 (0 off sm_90a).
-// H200, b4 s2048 h32/8, causal, same run (2026-12-02): head_dim 128: 6 990 us, 3 1448 (SDPA 998);
-// head_dim 64: 6 654 us, 3 1193 (SDPA 656). Earlier: head_dim 128 0 2567 us, 4 1667, 5 1551.
-int bwd_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("LOOM_FLASH_BWD");
-    return e ? std::atoi(e) : 6;
-  }();
-  return v;
-}
-
-size_t dsum_bytes(const AttentionParams& p) { return (size_t(p.batch * p.heads * p.seq) * 4 + 255) / 256 * 256; }
-
 }  // namespace
 
-size_t backward_workspace_bytes(const AttentionParams& p) {
-  return dsum_bytes(p) + size_t(p.batch * p.seq * p.heads * p.head_dim) * sizeof(float);
-}
-
-void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-              const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* workspace, Stream s) {
-  if (p.batch == 0 || p.seq == 0) return;
-  float* dsum = static_cast<float*>(workspace);
-  float* dq_acc = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + dsum_bytes(p));
-  const int64_t n_q = p.batch * p.seq * p.heads * p.head_dim, rows = p.batch * p.seq * p.heads;
-  int group = 1;
-  while (group < 32 && group * 8 < p.head_dim) group *= 2;
-  const int64_t dsum_threads = rows * group;
-  dsum_kernel<<<unsigned((dsum_threads + 255) / 256), 256, 0, s>>>(p, out, dout, dsum, dq_acc, group);  // zeroes dq_acc
-  LOOM_CUDA_LAUNCH_CHECK();
-  const int variant = bwd_variant();
-  if (variant == 6 && sm90_ready() && sm90_ws_bwd_supported(p)) {
-    backward_sm90_ws(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  } else if (variant >= 3 && variant <= 6 && p.head_dim <= 128 && sm90_ready()) {  // 6: what it does not cover
-    const bool v45 = variant == 4 || variant == 5;
-    backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, v45, variant == 5, s);
-  } else if (p.head_dim <= 64) {
-    if (variant == 1) launch_bwd<64, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else if (variant == 2) launch_bwd<64, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch_bwd<64, 128, 8, 2>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  } else if (p.head_dim <= 128) {
-    if (variant == 1) launch_bwd<128, 64, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else if (variant == 2) launch_bwd<128, 128, 8>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch_bwd<128, 128, 8, 2>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  } else {
-    launch_bwd<256, 64, 16>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  }
-  dq_finish_kernel<<<unsigned((n_q / 8 + 255) / 256), 256, 0, s>>>(dq_acc, dq, n_q, p.scale);
-  LOOM_CUDA_LAUNCH_CHECK();
+// 128 keys per block, 8 warps of 32 keys x half the queries / head_dim, so that each Q and dO
+// fragment serves two key tiles (2567 us at head_dim 128, b4 s2048 h32/8, H200, 2026-12-02; it was
+// the default over the 16-key-warp shapes with 64 or 128 keys, the former variants 1 and 2);
+// 64 keys and 16 warps of 16 at head_dim 256 (2.77 ms at b4 s2048 h16/8 against SDPA's 1.24).
+void backward_mma(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                  const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  if (p.head_dim <= 64) launch_bwd<64, 128, 8, 2>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else if (p.head_dim <= 128) launch_bwd<128, 128, 8, 2>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else launch_bwd<256, 64, 16>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
 }
 
 }  // namespace loom::cuda::flash

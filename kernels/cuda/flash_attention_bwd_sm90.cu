@@ -5,43 +5,34 @@
 //   P^T and dS^T = P^T (dP^T - D) in registers, dS^T also to shared memory;
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO or Q read N-major): f32 in registers;
 //   dQ += dS K (A = dS^T read M-major, B = K read N-major), added to the f32 accumulator with
-//   16-byte atomics or (bulk_dq) the copy engine's bulk reductions from shared memory: at head_dim
-//   128 each warpgroup takes 64 of the columns over all 128 keys; at 64 each takes all columns over
-//   its own 64 keys.
+//   16-byte atomics: at head_dim 128 each warpgroup takes 64 of the columns over all 128 keys; at 64
+//   each takes all columns over its own 64 keys.
+// (dQ through shared memory and bulk reductions, and the exponentials overlapping dP^T's product,
+// the former variants 4 and 5, were slower or no faster: 1667 and 1551 us against 1448 at head_dim
+// 128, b4 s2048 h32/8, H200, 2026-12-02, though not all in one run.)
 // dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention_bwd.cu.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/tma_mbarrier.cuh"
+#include "kernels/cuda/flash_mask.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash {
 namespace {
 
-using tma::bulk_commit;
-using tma::bulk_reduce_add_f32;
-using tma::bulk_wait_all;
 using wgmma::Wgmma;
 
 constexpr int kBr = 64, kBc = 128, kThreads = 256;
 
-constexpr int kDqStride = 72;  // floats per row of a dQ staging tile: 16-byte rows, 2-way banks at most
-
-template <int kD, bool kBulk>
+template <int kD>
 constexpr size_t sm90_bwd_smem() {
-  // K, V; Q and dO in two stages; dS^T; lse and D for two stages; with kBulk a 64 x 64 f32 dQ
-  // tile per warpgroup; slack for 1024-byte alignment.
+  // K, V; Q and dO in two stages; dS^T; lse and D for two stages; slack for 1024-byte alignment.
   return size_t(2 * kBc + 4 * kBr) * kD * sizeof(bf16) + size_t(kBc) * kBr * sizeof(bf16) + 2 * 2 * kBr * sizeof(float) +
-         (kBulk ? 2 * kBr * kDqStride * sizeof(float) : 0) + 1024;
+         1024;
 }
 
-// Barrier `id` (1 + warpgroup) over the 128 threads of one warpgroup.
-__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-
-// kBulk: dQ goes through a shared-memory tile and the copy engine's bulk reductions; otherwise
-// 16-byte atomics from registers.
-// kOverlap (no soft-cap): the exponentials run while dP^T is still being computed, and dQ is
-// issued before dV and dK so that its reduction runs while they are computed.
-template <int kD, bool kBulk, bool kOverlap>
+template <int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                           const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
@@ -58,44 +49,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* sdO0 = sQ0 + 2 * kBr * kD;  // likewise
   bf16* sdS = sdO0 + 2 * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled
   float* sStat0 = reinterpret_cast<float*>(sdS + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
-  float* sdQ = sStat0 + 2 * 2 * kBr;  // kBulk: warpgroup w's [kBr][kDqStride] tile at w * kBr * kDqStride
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
   const int64_t k0 = int64_t(blockIdx.z) * kBc, g = blockIdx.x, b = blockIdx.y;
-  const int64_t group = p.heads / p.kv_heads;
   const int hd = int(p.head_dim);
-  const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
+  const int64_t kv_stride = p.kv_heads * p.head_dim;
   const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
   const Visibility vis{p.seq, p.window, seg};
   const float scale_log2 = p.scale * kLog2e;
 
-  // Queries that may see these keys: [k0, q_end).
-  const int64_t q_end = p.window > 0 && k0 + kBc - 1 + p.window < p.seq ? k0 + kBc - 1 + p.window : p.seq;
-  const int qt0 = int(k0 / kBr), nqt = int((q_end + kBr - 1) / kBr) - qt0;
-  const int n_items = int(group) * nqt;
-  int32_t ks_lo = 0, ks_hi = 0;
-  if (seg) warp_seg_range(seg, k0, kBc, p.seq, lane, &ks_lo, &ks_hi);
-  auto q_head = [&](int item) { return g * group + item / nqt; };
-  auto q_start = [&](int item) { return int64_t(qt0 + item % nqt) * kBr; };
-  const wgmma::TileLoader<kBr, kD, kThreads> q_loader(tid);
+  const KeyTileItems<kBr, kBc> items(p, seg, k0, lane);
+  const int n_items = items.n_items;
+  const sm90::BwdStageLoader<kBr, kD, kThreads> loader(tid);
   auto load_item = [&](int item, int stage) {
-    const int64_t h = q_head(item), q0 = q_start(item);
-    const int64_t off = (b * p.seq * p.heads + h) * p.head_dim;
-    q_loader.load(sQ0 + stage * kBr * kD, q + off, q_stride, q0, p.seq, hd);
-    q_loader.load(sdO0 + stage * kBr * kD, dout + off, q_stride, q0, p.seq, hd);
-    if (tid < 2 * kBr) {
-      const int r = tid & (kBr - 1);
-      const float* src = (tid < kBr ? lse : dsum) + (b * p.heads + h) * p.seq + q0 + r;
-      flash::cp_async4(sStat0 + stage * 2 * kBr + tid, q0 + r < p.seq ? src : lse, q0 + r < p.seq);
-    }
+    loader.load(p, q, dout, lse, dsum, b, items.head(g, item), items.q_start(item), sQ0 + stage * kBr * kD,
+                sdO0 + stage * kBr * kD, sStat0 + stage * 2 * kBr);
   };
 
   const int64_t kv_off = (b * p.seq * p.kv_heads + g) * p.head_dim;
   wgmma::load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd, tid);
   wgmma::load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd, tid);
   TileKind kind = TileKind::kSkip;
-  int item = nqt > 0 ? next_item<kBr, kBc>(p, seg, 0, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &kind) : n_items;
+  int item = items.first(p, seg, k0, lane, &kind);
   if (item < n_items) load_item(item, 0);
   flash::cp_async_commit();
 
@@ -113,12 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int stage = 0;
   while (item < n_items) {
     TileKind next_kind = TileKind::kSkip;
-    const int next = next_item<kBr, kBc>(p, seg, item + 1, n_items, qt0, nqt, k0, ks_lo, ks_hi, lane, &next_kind);
-    if constexpr (kOverlap) {  // the previous item's dV, dK (reading its Q, dO stage) are done
-      wgmma::wait<0>();
-      wgmma::fence_regs(dva);
-      wgmma::fence_regs(dka);
-    }
+    const int next = items.next(p, seg, item + 1, k0, lane, &next_kind);
     // This item's tiles have landed; every warp is done with the other stage and with sdS.
     flash::cp_async_wait<0>();
     wgmma::fence_proxy_async();
@@ -128,94 +99,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bf16* cQ = sQ0 + stage * kBr * kD;
     const bf16* cdO = sdO0 + stage * kBr * kD;
     const float* cStat = sStat0 + stage * 2 * kBr;
-    const int64_t h = q_head(item), q0 = q_start(item);
+    const int64_t h = items.head(g, item), q0 = items.q_start(item);
 
     // S^T and dP^T for this warpgroup's 64 keys x the 64 queries.
     {
       const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
       const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
       wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        Wgmma<kBr>::template ss<0, 0>(st, wgmma::desc_k_major<kBc>(dK, 64 * wg, kk), wgmma::desc_k_major<kBr>(dQ, 0, kk),
-                                      kk > 0);
-      if constexpr (kOverlap) wgmma::commit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        Wgmma<kBr>::template ss<0, 0>(dpt, wgmma::desc_k_major<kBc>(dV, 64 * wg, kk),
-                                      wgmma::desc_k_major<kBr>(ddO, 0, kk), kk > 0);
+      sm90::mma_rows<kD, kBc, kBr, kBr>(st, dK, dQ, 64 * wg, 0);
+      sm90::mma_rows<kD, kBc, kBr, kBr>(dpt, dV, ddO, 64 * wg, 0);
       wgmma::commit();
-      if constexpr (kOverlap) {
-        wgmma::wait<1>();  // S^T; dP^T may still run
-        wgmma::fence_regs(st);
-      } else {
-        wgmma::wait<0>();
-        wgmma::fence_regs(st);
-        wgmma::fence_regs(dpt);
-      }
+      wgmma::wait<0>();
+      wgmma::fence_regs(st);
+      wgmma::fence_regs(dpt);
     }
 
     // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, per element.
-    uint32_t bits[2] = {~0u, ~0u};  // bit 2 n + e % 2: query column 8 n + col0 + e % 2 is visible
-    if (kind == TileKind::kMasked) {
-      bits[0] = bits[1] = 0u;
-#pragma unroll 1
-      for (int c = 0; c < kBr / 4; ++c) {
-        const int64_t i = q0 + (c >> 1) * 8 + col0 + (c & 1);
-        bits[0] |= uint32_t(vis(i, k0 + jl)) << c;
-        bits[1] |= uint32_t(vis(i, k0 + jl + 8)) << c;
-      }
-    }
-    if constexpr (kOverlap) {  // no soft-cap: P^T first, then dS^T once dP^T has landed
-#pragma unroll
-      for (int n = 0; n < kBr / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float lse2 = cStat[n * 8 + col0 + (e & 1)] * kLog2e;
-          st[4 * n + e] = (bits[e >> 1] >> (2 * n + (e & 1))) & 1u ? fast_exp2(fmaf(st[4 * n + e], scale_log2, -lse2)) : 0.f;
-        }
-      wgmma::wait<0>();
-      wgmma::fence_regs(dpt);
-#pragma unroll
-      for (int n = 0; n < kBr / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dpt[4 * n + e] = st[4 * n + e] * (dpt[4 * n + e] - cStat[kBr + n * 8 + col0 + (e & 1)]);
-    } else {
-#pragma unroll
-      for (int n = 0; n < kBr / 8; ++n) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int il = n * 8 + col0 + c;
-          const float lse2 = cStat[il] * kLog2e, dsv = cStat[kBr + il];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int e = 2 * r + c;
-            float dcap = 1.f;
-            const float s = cap_dot(st[4 * n + e], p.scale, p.softcap, &dcap);
-            const float pv = (bits[r] >> (2 * n + c)) & 1u ? fast_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
-            st[4 * n + e] = pv;
-            dpt[4 * n + e] = pv * (dpt[4 * n + e] - dsv) * dcap;
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) {
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        pt[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
-        dst[kk][x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
-      }
-      // dS^T to shared memory: rows jl, jl + 8; columns 16 kk + col0 (x = 0, 1) and + 8 (x = 2, 3).
-      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl, 16 * kk + col0)) = dst[kk][0];
-      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + col0)) = dst[kk][1];
-      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl, 16 * kk + 8 + col0)) = dst[kk][2];
-      *reinterpret_cast<uint32_t*>(sdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + 8 + col0)) = dst[kk][3];
-    }
+    uint32_t bits[2] = {~0u, ~0u};
+    if (kind == TileKind::kMasked)
+      fragment_bits<kBr>(bits, col0, [&](int r, int col) { return vis(q0 + col, k0 + jl + 8 * r); });
+    sm90::bwd_scores<kBr>(st, dpt, bits, cStat, cStat + kBr, col0, p.scale, p.softcap, scale_log2);
+    sm90::pack_p<kBr / 8>(pt, st);
+    sm90::pack_p<kBr / 8>(dst, dpt);
+    sm90::store_a<kBc>(sdS, dst, jl, 0, col0);  // dS^T to shared memory for dQ
     wgmma::fence_proxy_async();
 
-    // dV += P^T dO, dK += dS^T Q: issued before the dS^T exchange, or (kOverlap) after dQ.
-    auto issue_dkv = [&] {
+    // dV += P^T dO, dK += dS^T Q: issued before the dS^T exchange.
+    {
       const uint64_t ddO = wgmma::tile_desc(cdO, kBr * 128), dQ = wgmma::tile_desc(cQ, kBr * 128);
       wgmma::fence();
 #pragma unroll
@@ -223,8 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dka, dst[kk], wgmma::desc_mn_major<kBr>(dQ, kk), 1);
       wgmma::commit();
-    };
-    if constexpr (!kOverlap) issue_dkv();
+    }
     __syncthreads();  // every warpgroup's dS^T is in shared memory
 
     // dQ (64 queries x kNq columns from n0) = dS K over keys [kk0 * 16, ...).
@@ -239,57 +148,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk),
                                       wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
       wgmma::commit();
-      if constexpr (kOverlap) {
-        issue_dkv();
-        wgmma::wait<1>();  // dQ; dV and dK may still run
-        wgmma::fence_regs(dqa);
-      } else {
-        wgmma::wait<0>();  // dV, dK and dQ
-        wgmma::fence_regs(dqa);
-        wgmma::fence_regs(dva);
-        wgmma::fence_regs(dka);
-      }
-      if constexpr (kBulk) {
-        // Rows of 64 columns into this warpgroup's tile (once the previous item's reductions have
-        // read it), then one bulk reduction per query row, issued by threads 0-63 of the warpgroup.
-        const int wtid = tid & 127;
-        float* tile = sdQ + wg * kBr * kDqStride;
-        if (wtid < kBr) bulk_wait_all<true>();
-        warpgroup_sync(1 + wg);
-        const int r0 = 16 * (warp & 3) + (lane >> 2);
-#pragma unroll
-        for (int n = 0; n < kNq / 8; ++n)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<float2*>(tile + (r0 + 8 * r) * kDqStride + n * 8 + col0) =
-                make_float2(dqa[4 * n + 2 * r], dqa[4 * n + 2 * r + 1]);
-        wgmma::fence_proxy_async();
-        warpgroup_sync(1 + wg);
-        if (wtid < kBr) {
-          const int64_t i = q0 + wtid;
-          const int cols = hd - n0 < kNq ? hd - n0 : kNq;  // > 0, a multiple of 8
-          if (i < p.seq)
-            bulk_reduce_add_f32(dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim + n0, tile + wtid * kDqStride,
-                                uint32_t(cols) * 4u);
-          bulk_commit();
-        }
-      } else {
-      // Lane pairs swap halves so that each adds 4 consecutive columns of one row: the even lane row
-      // i0 at columns col0 .. col0 + 3, the odd lane row i0 + 8 at col0 - 2 .. col0 + 1 (16-byte
-      // aligned: head_dim % 8 == 0 and the accumulator is 256-byte aligned).
-      const bool odd = lane & 1;
-      const int64_t i = q0 + 16 * (warp & 3) + (lane >> 2) + (odd ? 8 : 0);
-      float* row = dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim;
-#pragma unroll
-      for (int n = 0; n < kNq / 8; ++n) {
-        const float* a = dqa + 4 * n;
-        const float x = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
-        const float y = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
-        const int col = n0 + n * 8 + col0 - (odd ? 2 : 0);
-        if (i < p.seq && col < hd)
-          atomicAdd(reinterpret_cast<float4*>(row + col), odd ? make_float4(x, y, a[2], a[3]) : make_float4(a[0], a[1], x, y));
-      }
-      }
+      wgmma::wait<0>();  // dV, dK and dQ
+      wgmma::fence_regs(dqa);
+      wgmma::fence_regs(dva);
+      wgmma::fence_regs(dka);
+      sm90::add_dq_atomic<kNq>(dqa, dq_acc, p, b, h, q0, n0, warp, lane);
     }
     stage ^= 1;
     item = next;
@@ -299,34 +162,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma::wait<0>();
   wgmma::fence_regs(dva);
   wgmma::fence_regs(dka);
-  if constexpr (kBulk) {
-    if ((tid & 127) < kBr) bulk_wait_all<false>();
-  }
-
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t j = k0 + jl + 8 * r;
-    if (j >= p.seq) continue;
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-      const int col = n * 8 + col0;
-      if (col >= hd) continue;
-      const int64_t off = (b * p.seq + j) * kv_stride + g * p.head_dim + col;
-      *reinterpret_cast<__nv_bfloat162*>(dk + off) =
-          __floats2bfloat162_rn(dka[4 * n + 2 * r] * p.scale, dka[4 * n + 2 * r + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + off) = __floats2bfloat162_rn(dva[4 * n + 2 * r], dva[4 * n + 2 * r + 1]);
-    }
-  }
+  sm90::store_dkv<kD>(dka, dva, p, b, g, k0 + jl, 0, col0, dk, dv);
 #else
   __trap();  // built without sm_90a; backward_sm90 is never called then (sm90_ready())
 #endif
 }
 
-template <int kD, bool kBulk, bool kOverlap = false>
+template <int kD>
 void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout, const float* lse,
             const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
-  auto* kernel = flash_bwd_sm90_kernel<kD, kBulk, kOverlap>;
-  constexpr size_t kSmem = sm90_bwd_smem<kD, kBulk>();
+  auto* kernel = flash_bwd_sm90_kernel<kD>;
+  constexpr size_t kSmem = sm90_bwd_smem<kD>();
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;
@@ -340,20 +186,10 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
 }  // namespace
 
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, bool bulk_dq, bool overlap,
-                   Stream s) {
+                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
   LOOM_CHECK(p.head_dim <= 128, "flash backward_sm90: head_dim ", p.head_dim, " > 128");
-  // With atomics, ptxas serializes the overlapped kernel's wgmma (C7515): overlap implies bulk_dq.
-  const bool ov = overlap && p.softcap <= 0.f, bulk = bulk_dq || overlap;
-  if (p.head_dim <= 64) {
-    if (ov) launch<64, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else if (bulk) launch<64, true, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch<64, false, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  } else {
-    if (ov) launch<128, true, true>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else if (bulk) launch<128, true, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-    else launch<128, false, false>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  }
+  if (p.head_dim <= 64) launch<64>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else launch<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
 }
 
 }  // namespace loom::cuda::flash

@@ -1,9 +1,9 @@
-// Flash attention backward on Hopper, warp-specialised (LOOM_FLASH_BWD=6): the FlashAttention-3
+// Flash attention backward on Hopper, warp-specialised (Kernel::kSm90Ws): the FlashAttention-3
 // scheme for Loom's layouts; plain causal attention only (no window, soft-cap or segments: backward()
-// sends those to variant 3), head_dim <= 128 (a multiple of 8).
+// sends those to the sm90 kernel), head_dim <= 128 (a multiple of 8).
 //
 // Block = 3 warpgroups (384 threads) per (128 keys, kv head, batch row); grid and key order as
-// variant 3 (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
+// the sm90 kernel (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
 // the keys (from tile k0 / 64 on), for every query head of the group in turn.
 //   warpgroup 0: setmaxnreg down to 24 registers.
 //     warp 0, producer: K and V of the block once (TMA), then per item Q and dO (TMA, 128-byte
@@ -46,6 +46,8 @@
 //     lockstep: the earlier consumer's dV and dK run while it waits.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -229,15 +231,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
       const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
       wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        Wgmma<kBr>::template ss<0, 0>(st, wgmma::desc_k_major<kBc>(dK, 64 * cw, kk), wgmma::desc_k_major<kBr>(dQ, 0, kk),
-                                      kk > 0);
+      sm90::mma_rows<kD, kBc, kBr, kBr>(st, dK, dQ, 64 * cw, 0);
       wgmma::commit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk)
-        Wgmma<kBr>::template ss<0, 0>(dpt, wgmma::desc_k_major<kBc>(dV, 64 * cw, kk),
-                                      wgmma::desc_k_major<kBr>(ddO, 0, kk), kk > 0);
+      sm90::mma_rows<kD, kBc, kBr, kBr>(dpt, dV, ddO, 64 * cw, 0);
       wgmma::commit();
       wgmma::wait<1>();  // S^T; dP^T may still run
       wgmma::fence_regs(st);
@@ -268,19 +264,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int nn = 0; nn < kBr / 8; ++nn)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dpt[4 * nn + e] = st[4 * nn + e] * (dpt[4 * nn + e] - cStat[kBr + 8 * nn + col0 + (e & 1)]);
-#pragma unroll
-    for (int kk = 0; kk < kBr / 16; ++kk) {
-      uint32_t dst[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        pt[kk][x] = pack_bf16(st[8 * kk + 2 * x], st[8 * kk + 2 * x + 1]);
-        dst[x] = pack_bf16(dpt[8 * kk + 2 * x], dpt[8 * kk + 2 * x + 1]);
-      }
-      // dS^T to shared memory: rows jl, jl + 8; columns 16 kk + col0 (x = 0, 1) and + 8 (x = 2, 3).
-      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl, 16 * kk + col0)) = dst[0];
-      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + col0)) = dst[1];
-      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl, 16 * kk + 8 + col0)) = dst[2];
-      *reinterpret_cast<uint32_t*>(cdS + wgmma::sw128<kBc>(jl + 8, 16 * kk + 8 + col0)) = dst[3];
+    {
+      uint32_t dst[kBr / 16][4];
+      sm90::pack_p<kBr / 8>(pt, st);
+      sm90::pack_p<kBr / 8>(dst, dpt);
+      sm90::store_a<kBc>(cdS, dst, jl, 0, col0);  // dS^T to shared memory for dK and dQ
     }
     wgmma::fence_proxy_async();
 
@@ -351,20 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma::mbar_arrive(&dq_full[cw]);
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t j = k0 + jl + 8 * r;
-    if (j >= p.seq) continue;
-#pragma unroll
-    for (int nn = 0; nn < kD / 8; ++nn) {
-      const int col = nn * 8 + col0;
-      if (col >= hd) continue;
-      const int64_t off = ((b * p.seq + j) * p.kv_heads + g) * p.head_dim + col;
-      *reinterpret_cast<__nv_bfloat162*>(dk + off) =
-          __floats2bfloat162_rn(dka[4 * nn + 2 * r] * p.scale, dka[4 * nn + 2 * r + 1] * p.scale);
-      *reinterpret_cast<__nv_bfloat162*>(dv + off) = __floats2bfloat162_rn(dva[4 * nn + 2 * r], dva[4 * nn + 2 * r + 1]);
-    }
-  }
+  sm90::store_dkv<kD>(dka, dva, p, b, g, k0 + jl, 0, col0, dk, dv);
 #else
   __trap();  // built without sm_90a; backward_sm90_ws is never called then (sm90_ready())
 #endif
@@ -392,7 +367,7 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
 
 }  // namespace
 
-// As the forward's: rows at least one 64-column box wide (narrower ones run variant 3).
+// As the forward's: rows at least one 64-column box wide (narrower ones run the sm90 kernel).
 bool sm90_ws_bwd_supported(const AttentionParams& p) {
   return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 &&
          p.head_dim % 8 == 0 && p.seq < (int64_t(1) << 30);

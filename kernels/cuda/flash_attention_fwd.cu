@@ -3,11 +3,9 @@
 // products run over the padding: straight-line loops the compiler can pipeline); key/value tiles of kBc rows stream through
 // shared memory with cp.async (the next K tile loads while P V runs, V while Q K^T runs); online
 // softmax in f32 and in log2 units; out and lse (natural log) written once.
-#include <cstdlib>
-#include <cstring>
-
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_mask.cuh"
 
 namespace loom::cuda::flash {
 namespace {
@@ -239,50 +237,16 @@ void launch_fwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-// Tile shape: LOOM_FLASH_FWD=<variant> picks one for bench/ (a tuning knob; default 6, which runs
-// 3 where 6 does not apply and 0 off sm_90a).
-//   0: 4 warps x 32 rows, 64 keys (FlashAttention-2's shape; at head_dim 128 it spills ~250 bytes
-//   and is still the fastest mma.sync shape: 574 us against 631 for variant 2 at b4 s2048 h32/8, H200);
-//   1: 4 warps x 16 rows, 64 keys;  2: 4 warps x 32 rows, 32 keys;
-//   3: Hopper wgmma (flash_attention_fwd_sm90.cu), 2 warpgroups x 64 rows, 128 keys (32 at d 256);
-//   4: the same with 1 warpgroup (64 rows; 64 keys at d 128) and two blocks per SM.
-//   6: warp-specialised Hopper kernel (flash_attention_fwd_sm90_ws.cu: TMA producer warpgroup, two
-//   ping-ponging consumer warpgroups). Plain causal, head_dim 64 to 128 only; soft-cap, windows,
-//   segments and other head dims run variant 3.
-//   3, 4 and 6 fall back to 0 off sm_90a. H200, b4 s2048 h32/8 d128 (2026-12-02, SDPA 289 us in the
-//   same run): 0 574 us, 3 425, 4 549, 6 327 (0.88x SDPA); d64: 3 312, 6 227 (SDPA 196).
-int fwd_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("LOOM_FLASH_FWD");
-    return e ? std::atoi(e) : 6;
-  }();
-  return v;
-}
-
 }  // namespace
 
-bool supported(const AttentionParams& p, const void* q, const void* k, const void* v, const void* out) {
-  return p.scale > 0.f && p.head_dim % 8 == 0 && p.head_dim <= 256 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
-}
-
-void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s) {
-  if (p.batch == 0 || p.seq == 0) return;
-  const int variant = fwd_variant();
-  if (variant == 6 && sm90_ready()) {
-    if (sm90_ws_supported(p)) return forward_sm90_ws(p, q, k, v, out, lse, s);
-    return forward_sm90(p, q, k, v, out, lse, 2, s);  // what variant 6 does not cover runs variant 3
-  }
-  if ((variant == 3 || variant == 4) && sm90_ready()) return forward_sm90(p, q, k, v, out, lse, variant == 4 ? 1 : 2, s);
-  if (p.head_dim <= 64) {
-    if (variant == 1) launch_fwd<64, 4, 64, 1>(p, q, k, v, out, lse, s);
-    else launch_fwd<64, 4, 64, 2>(p, q, k, v, out, lse, s);
-  } else if (p.head_dim <= 128) {
-    if (variant == 1) launch_fwd<128, 4, 64, 1>(p, q, k, v, out, lse, s);
-    else if (variant == 2) launch_fwd<128, 4, 32, 2>(p, q, k, v, out, lse, s);
-    else launch_fwd<128, 4, 64, 2>(p, q, k, v, out, lse, s);
-  } else {
-    launch_fwd<256, 4, 32, 1>(p, q, k, v, out, lse, s);
-  }
+// Tile shapes: 4 warps x 32 rows and 64 keys (FlashAttention-2's shape; at head_dim 128 it spills
+// ~250 bytes and is still the fastest mma.sync shape: 574 us against 631 for 32 keys and more for
+// 16-row warps, b4 s2048 h32/8, H200, 2026-12-02); 4 warps x 16 rows and 32 keys at head_dim 256.
+void forward_mma(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
+                 Stream s) {
+  if (p.head_dim <= 64) launch_fwd<64, 4, 64, 2>(p, q, k, v, out, lse, s);
+  else if (p.head_dim <= 128) launch_fwd<128, 4, 64, 2>(p, q, k, v, out, lse, s);
+  else launch_fwd<256, 4, 32, 1>(p, q, k, v, out, lse, s);
 }
 
 }  // namespace loom::cuda::flash

@@ -1,14 +1,14 @@
-// Flash attention forward on Hopper (sm_90a wgmma): one block of one or two warpgroups per (64 or
-// 128 query rows, head, batch row), each warpgroup owning 64 rows. Q stays in shared memory as the A operand
+// Flash attention forward on Hopper (sm_90a wgmma): one block of two warpgroups per (128 query
+// rows, head, batch row), each warpgroup owning 64 rows. Q stays in shared memory as the A operand
 // of S = Q K^T; P goes from the S accumulators straight into registers as the A operand of O += P V
 // (no shared-memory round trip). K and V tiles of 128 keys (32 at head_dim 256) are double-buffered through cp.async into
 // 128-byte-swizzled shared memory. Per key tile t the warpgroup runs the softmax of S(t) while the
 // tensor cores finish O += P(t-1) V(t-1), then issues S(t+1) and O += P(t) V(t) back to back.
-#include <cstdlib>
-
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/flash_sm90_steps.cuh"
+#include "kernels/cuda/flash_mask.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash {
@@ -16,15 +16,17 @@ namespace {
 
 using wgmma::Wgmma;
 
-template <int kD, int kBc, int kWG>
+constexpr int kWG = 2;  // warpgroups of 64 query rows per block (one block per SM)
+
+template <int kD, int kBc>
 constexpr size_t sm90_fwd_smem() {
   return size_t(64 * kWG + 4 * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align the tiles to 1024 bytes
 }
 
-// kWG warpgroups of 64 query rows per block: 2 (one block per SM), or 1 with two blocks per SM,
-// which then overlap one's softmax and barriers with the other's matrix products.
-template <int kD, int kBc, int kWG>
-__global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
+// One warpgroup per block and two blocks per SM (the former variant 4) was slower: 549 us against
+// 425 at head_dim 128, b4 s2048 h32/8, H200, 2026-12-02.
+template <int kD, int kBc>
+__global__ void __launch_bounds__(128 * kWG, 1)
     flash_fwd_sm90_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
                           const bf16* __restrict__ v, bf16* __restrict__ out, float* __restrict__ lse) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -48,14 +50,9 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
   const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
   const Visibility vis{p.seq, p.window, seg};
 
-  const int64_t k_end = q0 + kBr < p.seq ? q0 + kBr : p.seq;  // keys [k_begin, k_end) can be seen
-  const int64_t k_begin = p.window > 0 && q0 - p.window + 1 > 0 ? q0 - p.window + 1 : 0;
-  const int t_end = int((k_end + kBc - 1) / kBc);
-  int32_t qs_lo = 0, qs_hi = 0;
-  if (seg) warp_seg_range(seg, q0, kBr, p.seq, lane, &qs_lo, &qs_hi);
-  auto next_tile = [&](int t, TileKind* kind) {
-    return t < t_end ? next_key_tile<kBr, kBc>(p, seg, t, t_end, q0, qs_lo, qs_hi, lane, kind) : t_end;
-  };
+  const QueryTileKeys<kBr, kBc> keys(p, seg, q0, lane);
+  const int t_end = keys.t_end;
+  auto next_tile = [&](int t, TileKind* kind) { return t < t_end ? keys.next(p, seg, t, lane, kind) : t_end; };
   const wgmma::TileLoader<kBc, kD, kThreads> kv_loader(tid);
   auto load_k = [&](int t, int stage) {
     kv_loader.load(sK0 + stage * kBc * kD, kb, kv_stride, int64_t(t) * kBc, p.seq, hd);
@@ -71,7 +68,7 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
 
   // Prologue: Q and K(t0) (group 0); V(t0) and K(t1) (group 1); S(t0).
   TileKind kind = TileKind::kSkip, kind_n = TileKind::kSkip;
-  int t = next_tile(int(k_begin / kBc), &kind);
+  int t = next_tile(int(keys.k_begin / kBc), &kind);
   wgmma::load_tile_sw128<kBr, kD, kThreads>(sQ, qb, q_stride, q0, p.seq, hd, tid);
   if (t < t_end) load_k(t, 0);
   flash::cp_async_commit();
@@ -113,21 +110,11 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
     }
     if (kind == TileKind::kMasked) {
       if (causal_only) {  // rows past seq are never written, and a valid row's j <= i < seq
-        sm90::mask_causal<kNs>(sacc, int(row0 - k0) - col0);
-      } else {  // window or documents: a bit per (row, column) first, in a loop that is not unrolled
-        static_assert(kBc / 4 <= 32, "one 32-bit mask per row");
-        uint32_t bits[2] = {0u, 0u};  // bit 2 n + e % 2: column n * 8 + col0 + e % 2 is visible
-#pragma unroll 1
-        for (int c = 0; c < kBc / 4; ++c) {
-          const int64_t j = k0 + (c >> 1) * 8 + col0 + (c & 1);
-          bits[0] |= uint32_t(vis(row0, j)) << c;
-          bits[1] |= uint32_t(vis(row0 + 8, j)) << c;
-        }
-#pragma unroll
-        for (int n = 0; n < kNs; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (!((bits[e >> 1] >> (2 * n + (e & 1))) & 1u)) sacc[4 * n + e] = -INFINITY;
+        mask_causal<kNs>(sacc, int(row0 - k0) - col0);
+      } else {  // window or documents: a bit per (row, column) first
+        uint32_t bits[2];
+        fragment_bits<kBc>(bits, col0, [&](int r, int col) { return vis(row0 + 8 * r, k0 + col); });
+        mask_bits<kNs>(sacc, bits);
       }
     }
     float corr[2];
@@ -175,10 +162,10 @@ __global__ void __launch_bounds__(128 * kWG, kWG == 1 ? 2 : 1)
 #endif
 }
 
-template <int kD, int kBc, int kWG = 2>
+template <int kD, int kBc>
 void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s) {
-  auto* kernel = flash_fwd_sm90_kernel<kD, kBc, kWG>;
-  constexpr size_t kSmem = sm90_fwd_smem<kD, kBc, kWG>();
+  auto* kernel = flash_fwd_sm90_kernel<kD, kBc>;
+  constexpr size_t kSmem = sm90_fwd_smem<kD, kBc>();
   constexpr int kBr = 64 * kWG;
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
@@ -222,12 +209,8 @@ bool sm90_ready() {
 }
 
 void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                  int warpgroups, Stream s) {
-  if (warpgroups == 1) {  // two blocks per SM: at most ~113 KB of shared memory each
-    if (p.head_dim <= 64) launch<64, 128, 1>(p, q, k, v, out, lse, s);
-    else if (p.head_dim <= 128) launch<128, 64, 1>(p, q, k, v, out, lse, s);
-    else launch<256, 32, 1>(p, q, k, v, out, lse, s);
-  } else if (p.head_dim <= 64) {
+                  Stream s) {
+  if (p.head_dim <= 64) {
     launch<64, 128>(p, q, k, v, out, lse, s);
   } else if (p.head_dim <= 128) {
     launch<128, 128>(p, q, k, v, out, lse, s);

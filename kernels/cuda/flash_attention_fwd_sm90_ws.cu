@@ -1,16 +1,16 @@
-// Flash attention forward on Hopper, warp-specialised (LOOM_FLASH_FWD=6, the default on sm_90a).
+// Flash attention forward on Hopper, warp-specialised (Kernel::kSm90Ws, the default where it applies).
 // The FlashAttention-3 scheme, written for Loom's layouts; plain causal attention only (no window,
-// soft-cap or segments: the dispatcher sends those to variant 3), head_dim <= 128.
+// soft-cap or segments: the dispatcher sends those to the sm90 kernel), head_dim <= 128.
 //
 // Block = 3 warpgroups (384 threads) per (128 query rows, head, batch row); grid and row order as
-// variant 3 (flash_attention_fwd_sm90.cu), so out and lse are written exactly as there.
+// the sm90 kernel (flash_attention_fwd_sm90.cu), so out and lse are written exactly as there.
 //   warpgroup 0, producer: setmaxnreg down to 24 registers; one thread issues TMA tensor copies
 //     (128-byte swizzle, the wgmma::sw128 layout) of Q once, then the key tiles' K and V (K one
 //     tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand,
 //     each stage guarded by a full and an empty mbarrier.
 //   warpgroups 1 and 2, consumers (64 query rows each): setmaxnreg up to 240; S = Q K^T and
 //     O += P V with wgmma (Q, K, V from shared memory, P from registers), online softmax as in
-//     variant 3, S(t+1) issued together with P(t) V(t) so that the softmax of tile t overlaps the
+//     the sm90 kernel, S(t+1) issued together with P(t) V(t) so that the softmax of tile t overlaps the
 //     tensor cores within a warpgroup.
 // Pipeline: kStages = 2 stages of K and V tiles of 128 keys. Shared memory at head_dim 128: Q 32 KB
 // + 2 x (K 32 KB + V 32 KB) = 160 KB (+ 1 KB alignment slack; 3 stages, 225 KB, would fit too);
@@ -31,7 +31,9 @@
 
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/flash_sm90_steps.cuh"
+#include "kernels/cuda/flash_mask.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int st = t % kStages, tn = t + 1;
     // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
     if (is_masked) {  // rows past seq are never written, and a valid row's key j <= i < seq
-      sm90::mask_causal<kNs>(sacc, int(row0 - k0) - col0);
+      mask_causal<kNs>(sacc, int(row0 - k0) - col0);
     }
     float corr[2];
     sm90::online_softmax<kNs>(sacc, m, l, corr, scale_log2);
@@ -227,7 +229,7 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
 }  // namespace
 
 // Rows at least one 64-column TMA box wide: a box wider than the tensor's row is not a shape the
-// kernel has been run with (head_dim 32 and below go to variant 3).
+// kernel has been run with (head_dim 32 and below go to the sm90 kernel).
 bool sm90_ws_supported(const AttentionParams& p) {
   return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 &&
          p.head_dim % 8 == 0;

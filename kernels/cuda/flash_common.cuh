@@ -1,6 +1,6 @@
 // Building blocks of the flash-attention kernels (flash_attention_fwd.cu, flash_attention_bwd.cu):
 // bf16 tensor-core MMA (mma.sync m16n8k16, f32 accumulate), ldmatrix, cp.async tile loads into
-// XOR-swizzled shared memory, and the visibility rule of kernels/attention.h per (query, key).
+// XOR-swizzled shared memory. Which (query, key) pairs and tiles are visible: flash_mask.cuh.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -144,97 +144,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// ---- visibility (kernels/attention.h) ----
-// Query i sees key j when j <= i, i - j < window (window > 0), and both share a segment.
-struct Visibility {
-  int64_t seq, window;
-  const int32_t* seg;  // this batch row's segment ids or null
-  __device__ __forceinline__ bool operator()(int64_t i, int64_t j) const {
-    return j <= i && i < seq && (window <= 0 || i - j < window) && (seg == nullptr || seg[i] == seg[j]);
-  }
-};
-
-// How a (query tile, key tile) pair must be treated.
-enum class TileKind { kSkip, kFull, kMasked };
-
-// Segment id range of rows [r0, r0 + n) (clamped to seq); every lane of the warp gets it.
-__device__ __forceinline__ void warp_seg_range(const int32_t* seg, int64_t r0, int n, int64_t seq, int lane,
-                                               int32_t* lo, int32_t* hi) {
-  int32_t mn = INT32_MAX, mx = INT32_MIN;
-  for (int t = lane; t < n; t += 32) {
-    if (r0 + t < seq) {
-      const int32_t s = seg[r0 + t];
-      mn = min(mn, s);
-      mx = max(mx, s);
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-    mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  }
-  *lo = mn;
-  *hi = mx;
-}
-
-// Classifies queries [q0, q0 + nq) against keys [k0, k0 + nk): skip when no pair can be visible,
-// full when every pair with both ends inside [0, seq) is visible, masked otherwise. qs/ks are
-// the tiles' segment-id ranges (ignored without segments).
-__device__ __forceinline__ TileKind classify(const AttentionParams& p, int64_t q0, int nq, int64_t k0, int nk,
-                                             int32_t qs_lo, int32_t qs_hi, int32_t ks_lo, int32_t ks_hi) {
-  const int64_t q1 = q0 + nq - 1, k1 = k0 + nk - 1;  // last query, last key of the tiles
-  if (k0 > q1) return TileKind::kSkip;                                  // every key after every query
-  if (p.window > 0 && q0 - k1 >= p.window) return TileKind::kSkip;      // every key out of the window
-  if (p.segment_ids && (ks_hi < qs_lo || ks_lo > qs_hi)) return TileKind::kSkip;  // no shared segment
-  const bool causal_ok = k1 <= q0;
-  const bool window_ok = p.window <= 0 || q1 - k0 < p.window;
-  const bool seg_ok = !p.segment_ids || (qs_lo == qs_hi && ks_lo == ks_hi && qs_lo == ks_lo);
-  const bool in_range = q1 < p.seq && k1 < p.seq;
-  return causal_ok && window_ok && seg_ok && in_range ? TileKind::kFull : TileKind::kMasked;
-}
-
-// First key tile (of kBc keys) at or after t that is not skipped for queries [q0, q0 + kBr); its
-// kind in *kind. Returns t_end when there is none.
-template <int kBr, int kBc>
-__device__ __forceinline__ int next_key_tile(const AttentionParams& p, const int32_t* seg, int t, int t_end, int64_t q0,
-                                             int32_t qs_lo, int32_t qs_hi, int lane, TileKind* kind) {
-  for (; t < t_end; ++t) {
-    int32_t lo = 0, hi = 0;
-    if (seg) warp_seg_range(seg, int64_t(t) * kBc, kBc, p.seq, lane, &lo, &hi);
-    *kind = classify(p, q0, kBr, int64_t(t) * kBc, kBc, qs_lo, qs_hi, lo, hi);
-    if (*kind != TileKind::kSkip) break;
-  }
-  return t;
-}
-
-// Backward: the first (head-in-group, query tile of kBr rows) item at or after idx that is not
-// skipped for keys [k0, k0 + kBc); items run over query tiles [qt0, qt0 + nqt) for each head of the
-// group. Returns n_items when there is none.
-template <int kBr, int kBc>
-__device__ __forceinline__ int next_item(const AttentionParams& p, const int32_t* seg, int idx, int n_items, int qt0,
-                                         int nqt, int64_t k0, int32_t ks_lo, int32_t ks_hi, int lane, TileKind* kind) {
-  for (; idx < n_items; ++idx) {
-    const int64_t q0 = int64_t(qt0 + idx % nqt) * kBr;
-    int32_t lo = 0, hi = 0;
-    if (seg) warp_seg_range(seg, q0, kBr, p.seq, lane, &lo, &hi);
-    *kind = classify(p, q0, kBr, k0, kBc, lo, hi, ks_lo, ks_hi);
-    if (*kind != TileKind::kSkip) break;
-  }
-  return idx;
-}
-
-// Soft-capping in the units of the raw q.k dot product, so that the kernels keep multiplying by
-// scale * log2(e) afterwards: returns dot' with scale * dot' = softcap * tanh(scale * dot / softcap)
-// and sets *dcap = d(capped) / d(scaled) = 1 - tanh^2. Without a cap: dot unchanged, dcap = 1.
-__device__ __forceinline__ float cap_dot(float dot, float scale, float softcap, float* dcap) {
-  if (softcap > 0.f) {
-    const float t = tanhf(dot * (scale / softcap));
-    *dcap = 1.f - t * t;
-    return t * (softcap / scale);
-  }
-  *dcap = 1.f;
-  return dot;
 }
 
 }  // namespace loom::cuda::flash

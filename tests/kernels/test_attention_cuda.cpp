@@ -1,13 +1,17 @@
-// CUDA attention against the CPU reference: odd sequence lengths, head_dim 32/64/80/96/128/256 (and
-// one under a warp), grouped-query heads, sliding windows, soft-capping and segment ids. bf16 with
-// head_dim % 8 == 0 runs the flash kernels: the longer cases cross many 64-row tiles, end inside
-// one, skip tiles by window and by document, and mask inside the diagonal ones.
+// CUDA attention against the CPU reference: odd sequence lengths, head_dim 32/64/80/96/128/136/192/256
+// (and one under a warp), grouped-query heads, sliding windows, soft-capping and segment ids. bf16
+// with head_dim % 8 == 0 runs the flash kernels: the longer cases cross many 64-row tiles, end
+// inside one, skip tiles by window and by document, and mask inside the diagonal ones. The public
+// entry points run the kernel the dispatcher picks; FlashKernels runs every flash kernel by name
+// wherever it applies (on an H200: mma.sync, sm90 and the warp-specialised sm90 kernels).
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 #include <string>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/flash_attention.cuh"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace loom::test {
@@ -33,6 +37,11 @@ const Case kCases[] = {
     // Plain causal at head_dim 32 (below the warp-specialised kernels' 64-column box: variant 3)
     // and 96 (their second box half past the row).
     {1, 70, 4, 2, 32, 0.f, 0, false},    {1, 130, 4, 2, 96, 0.f, 0, false},
+    // Head_dim 256 and the padded widths above 128 (the sm90 backward's 256-wide kernel): batch
+    // rows, four query heads per kv head, tails inside a 64-row tile, a window alone, a soft-cap
+    // alone, documents.
+    {2, 200, 8, 2, 256, 0.f, 0, false}, {2, 129, 4, 1, 256, 0.f, 70, false}, {1, 190, 4, 2, 256, 20.f, 0, false},
+    {2, 150, 2, 1, 192, 0.f, 0, true},  {1, 100, 2, 2, 136, 10.f, 50, false},
 };
 
 std::string name_of(const Case& c) {
@@ -80,32 +89,73 @@ template <> double fwd_tol<bf16>() { return tol<bf16>(); }
 template <class T> double bwd_tol() { return 1e-5; }
 template <> double bwd_tol<bf16>() { return tol<bf16>(); }
 
+AttentionParams params_of(const Case& c, const int32_t* seg) {
+  AttentionParams p;
+  p.batch = c.batch; p.seq = c.seq; p.heads = c.heads; p.kv_heads = c.kv_heads; p.head_dim = c.d;
+  p.scale = 2.f / std::sqrt(float(c.d));  // sharper than usual so the softmax is far from uniform
+  p.softcap = c.softcap;
+  p.window = c.window;
+  p.segment_ids = c.segments ? seg : nullptr;
+  return p;
+}
+
+// fwd(p, q, k, v, out, lse) on the device against cpu::attention_forward; what names the case.
+template <class T, class Fwd>
+void check_forward(const Case& c, uint32_t seed, const std::string& what, Fwd fwd) {
+  const size_t nq = c.batch * c.seq * c.heads * c.d, nkv = c.batch * c.seq * c.kv_heads * c.d;
+  const size_t nrows = c.batch * c.heads * c.seq;
+  auto q = random_vec<T>(nq, seed + 1), k = random_vec<T>(nkv, seed + 2), v = random_vec<T>(nkv, seed + 3);
+  auto seg = make_segments(c);
+  AttentionParams p = params_of(c, seg.data());
+  std::vector<T> ref(nq);
+  std::vector<float> ref_lse(nrows);
+  cpu::attention_forward(p, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
+
+  DeviceBuffer<T> dq_(q), dk_(k), dv_(v), out(poison<T>(nq));
+  DeviceBuffer<float> lse(poison<float>(nrows));
+  DeviceBuffer<int32_t> dseg(seg);
+  p.segment_ids = c.segments ? dseg.get() : nullptr;
+  fwd(p, dq_.get(), dk_.get(), dv_.get(), out.get(), lse.get());
+  EXPECT_LT(rel_error(out.to_host(), ref), fwd_tol<T>()) << what << name_of(c);
+  EXPECT_LT(rel_error(lse.to_host(), ref_lse), 2e-6) << what << name_of(c);  // f32 on both sides
+}
+
+// bwd(p, q, k, v, out, dout, lse, dq, dk, dv, workspace) on the device against
+// cpu::attention_backward; both differentiate the same CPU forward (out, lse).
+template <class T, class Bwd>
+void check_backward(const Case& c, uint32_t seed, const std::string& what, Bwd bwd) {
+  const size_t nq = c.batch * c.seq * c.heads * c.d, nkv = c.batch * c.seq * c.kv_heads * c.d;
+  const size_t nrows = c.batch * c.heads * c.seq;
+  auto q = random_vec<T>(nq, seed + 1), k = random_vec<T>(nkv, seed + 2), v = random_vec<T>(nkv, seed + 3);
+  auto dout = random_vec<T>(nq, seed + 4);
+  auto seg = make_segments(c);
+  AttentionParams p = params_of(c, seg.data());
+  std::vector<T> out(nq), ref_dq(nq), ref_dk(nkv), ref_dv(nkv);
+  std::vector<float> lse(nrows);
+  cpu::attention_forward(p, q.data(), k.data(), v.data(), out.data(), lse.data());
+  cpu::attention_backward(p, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), ref_dq.data(),
+                          ref_dk.data(), ref_dv.data());
+
+  DeviceBuffer<T> d_q(q), d_k(k), d_v(v), d_out(out), d_dout(dout), dq(poison<T>(nq)), dk(poison<T>(nkv)),
+      dv(poison<T>(nkv));
+  DeviceBuffer<float> d_lse(lse);
+  DeviceBuffer<int32_t> dseg(seg);
+  p.segment_ids = c.segments ? dseg.get() : nullptr;
+  DeviceBuffer<unsigned char> ws(cuda::attention_backward_workspace_bytes(p));
+  bwd(p, d_q.get(), d_k.get(), d_v.get(), d_out.get(), d_dout.get(), d_lse.get(), dq.get(), dk.get(), dv.get(),
+      ws.get());
+  EXPECT_LT(rel_error(dq.to_host(), ref_dq), bwd_tol<T>()) << what << name_of(c) << " dq";
+  EXPECT_LT(rel_error(dk.to_host(), ref_dk), bwd_tol<T>()) << what << name_of(c) << " dk";
+  EXPECT_LT(rel_error(dv.to_host(), ref_dv), bwd_tol<T>()) << what << name_of(c) << " dv";
+}
+
 TYPED_TEST(AttentionCuda, ForwardMatchesCpu) {
   LOOM_REQUIRE_GPU();
   using T = TypeParam;
   uint32_t seed = 100;
   for (const Case& c : kCases) {
-    const size_t nq = c.batch * c.seq * c.heads * c.d, nkv = c.batch * c.seq * c.kv_heads * c.d;
-    const size_t nrows = c.batch * c.heads * c.seq;
-    auto q = random_vec<T>(nq, ++seed), k = random_vec<T>(nkv, ++seed), v = random_vec<T>(nkv, ++seed);
-    auto seg = make_segments(c);
-    AttentionParams p;
-    p.batch = c.batch; p.seq = c.seq; p.heads = c.heads; p.kv_heads = c.kv_heads; p.head_dim = c.d;
-    p.scale = 2.f / std::sqrt(float(c.d));  // sharper than usual so the softmax is far from uniform
-    p.softcap = c.softcap;
-    p.window = c.window;
-    p.segment_ids = c.segments ? seg.data() : nullptr;
-    std::vector<T> ref(nq);
-    std::vector<float> ref_lse(nrows);
-    cpu::attention_forward(p, q.data(), k.data(), v.data(), ref.data(), ref_lse.data());
-
-    DeviceBuffer<T> dq_(q), dk_(k), dv_(v), out(poison<T>(nq));
-    DeviceBuffer<float> lse(poison<float>(nrows));
-    DeviceBuffer<int32_t> dseg(seg);
-    p.segment_ids = c.segments ? dseg.get() : nullptr;
-    cuda::attention_forward(p, dq_.get(), dk_.get(), dv_.get(), out.get(), lse.get(), nullptr);
-    EXPECT_LT(rel_error(out.to_host(), ref), fwd_tol<T>()) << name_of(c);
-    EXPECT_LT(rel_error(lse.to_host(), ref_lse), 2e-6) << name_of(c);  // f32 on both sides
+    check_forward<T>(c, seed += 4, "", [](const AttentionParams& p, const T* q, const T* k, const T* v, T* out,
+                                          float* lse) { cuda::attention_forward(p, q, k, v, out, lse, nullptr); });
   }
 }
 
@@ -114,36 +164,73 @@ TYPED_TEST(AttentionCuda, BackwardMatchesCpu) {
   using T = TypeParam;
   uint32_t seed = 200;
   for (const Case& c : kCases) {
-    const size_t nq = c.batch * c.seq * c.heads * c.d, nkv = c.batch * c.seq * c.kv_heads * c.d;
-    const size_t nrows = c.batch * c.heads * c.seq;
-    auto q = random_vec<T>(nq, ++seed), k = random_vec<T>(nkv, ++seed), v = random_vec<T>(nkv, ++seed);
-    auto dout = random_vec<T>(nq, ++seed);
-    auto seg = make_segments(c);
-    AttentionParams p;
-    p.batch = c.batch; p.seq = c.seq; p.heads = c.heads; p.kv_heads = c.kv_heads; p.head_dim = c.d;
-    p.scale = 2.f / std::sqrt(float(c.d));
-    p.softcap = c.softcap;
-    p.window = c.window;
-    p.segment_ids = c.segments ? seg.data() : nullptr;
-    // Both backends differentiate the same CPU forward (out, lse), so only the backward is compared.
-    std::vector<T> out(nq), ref_dq(nq), ref_dk(nkv), ref_dv(nkv);
-    std::vector<float> lse(nrows);
-    cpu::attention_forward(p, q.data(), k.data(), v.data(), out.data(), lse.data());
-    cpu::attention_backward(p, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), ref_dq.data(),
-                            ref_dk.data(), ref_dv.data());
-
-    DeviceBuffer<T> d_q(q), d_k(k), d_v(v), d_out(out), d_dout(dout), dq(poison<T>(nq)), dk(poison<T>(nkv)),
-        dv(poison<T>(nkv));
-    DeviceBuffer<float> d_lse(lse);
-    DeviceBuffer<int32_t> dseg(seg);
-    p.segment_ids = c.segments ? dseg.get() : nullptr;
-    DeviceBuffer<unsigned char> ws(cuda::attention_backward_workspace_bytes(p));
-    cuda::attention_backward(p, d_q.get(), d_k.get(), d_v.get(), d_out.get(), d_dout.get(), d_lse.get(), dq.get(),
-                             dk.get(), dv.get(), ws.get(), nullptr);
-    EXPECT_LT(rel_error(dq.to_host(), ref_dq), bwd_tol<T>()) << name_of(c) << " dq";
-    EXPECT_LT(rel_error(dk.to_host(), ref_dk), bwd_tol<T>()) << name_of(c) << " dk";
-    EXPECT_LT(rel_error(dv.to_host(), ref_dv), bwd_tol<T>()) << name_of(c) << " dv";
+    check_backward<T>(c, seed += 4, "",
+                      [](const AttentionParams& p, const T* q, const T* k, const T* v, const T* out, const T* dout,
+                         const float* lse, T* dq, T* dk, T* dv, void* ws) {
+                        cuda::attention_backward(p, q, k, v, out, dout, lse, dq, dk, dv, ws, nullptr);
+                      });
   }
+}
+
+// Every flash kernel by name on every case it applies to (bf16, head_dim % 8 == 0): the ones the
+// dispatcher does not pick on this GPU are still the path elsewhere (mma.sync off sm_90a) or for
+// other shapes, and bench/ compares them.
+TEST(FlashKernels, EachMatchesCpu) {
+  LOOM_REQUIRE_GPU();
+  using cuda::flash::Kernel;
+  for (Kernel kernel : {Kernel::kMma, Kernel::kSm90, Kernel::kSm90Ws}) {
+    const std::string what = std::string("kernel ") + cuda::flash::kernel_name(kernel) + ": ";
+    int forwards = 0, backwards = 0;
+    uint32_t seed = 300;
+    for (const Case& c : kCases) {
+      seed += 4;
+      if (c.d % 8 != 0) continue;
+      static const int32_t kSomeSegments = 0;  // runs() only asks whether there are segments
+      const AttentionParams ps = params_of(c, &kSomeSegments);
+      if (cuda::flash::runs(kernel, ps, false)) {
+        ++forwards;
+        check_forward<bf16>(c, seed, what, [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v,
+                                               bf16* out, float* lse) { cuda::flash::forward(pp, q, k, v, out, lse, nullptr, kernel); });
+      }
+      if (cuda::flash::runs(kernel, ps, true)) {
+        ++backwards;
+        check_backward<bf16>(c, seed, what,
+                             [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                                 const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* ws) {
+                               cuda::flash::backward(pp, q, k, v, out, dout, lse, dq, dk, dv, ws, nullptr, kernel);
+                             });
+      }
+    }
+    std::printf("flash kernel %s: %d forward and %d backward cases\n", cuda::flash::kernel_name(kernel), forwards, backwards);
+    if (kernel == Kernel::kMma) {
+      EXPECT_GT(backwards, 0);  // runs on every GPU
+    }
+  }
+}
+
+// What the dispatcher picks: on sm_90a the warp-specialised kernels for plain causal attention at
+// head_dim 64..128, the sm90 kernels for the rest (the backward's head_dim 129..256 kernel
+// included); mma.sync elsewhere.
+TEST(FlashKernels, DispatchByArchitectureAndShape) {
+  LOOM_REQUIRE_GPU();
+  using cuda::flash::Kernel;
+  auto params = [](int64_t d, float softcap, int64_t window) {
+    AttentionParams p;
+    p.batch = 1; p.seq = 100; p.heads = 4; p.kv_heads = 2; p.head_dim = d;
+    p.scale = 0.1f; p.softcap = softcap; p.window = window;
+    return p;
+  };
+  const bool hopper = cuda::flash::sm90_ready();
+  const Kernel ws = hopper ? Kernel::kSm90Ws : Kernel::kMma, sm90 = hopper ? Kernel::kSm90 : Kernel::kMma;
+  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(64, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 30)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(96, 20.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(32, 0.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(256, 0.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(256, 0.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(192, 30.f, 40)), sm90);
 }
 
 TEST(AttentionCudaChecks, RejectsHeadDimOver256) {

@@ -1,15 +1,17 @@
 // A NaN score or logit must give NaN on the GPU as on the CPU (test_nan_propagation_cpu.cpp):
 // attention forward on every path (the warp-per-row kernel for f32 and odd head dims, the flash
 // kernels for bf16: the warp-specialised sm90 kernel for plain causal head_dim 64-128, the sm90
-// kernel with a window, and under LOOM_FLASH_FWD=0 the mma.sync kernel), backward, decode,
+// kernel with a window or at head_dim 256, and each flash kernel by name), backward, decode,
 // cross-entropy, the fused lm_head loss and RMSNorm. fmaxf drops NaN; the kernels use nan_fmaxf or carry
 // the NaN in the sum and must not turn a NaN sum into 0.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/attention_decode.h"
+#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cross_entropy.h"
 #include "kernels/linear_cross_entropy.h"
 #include "kernels/norm.h"
@@ -36,10 +38,11 @@ struct AttnCase {
 
 // Keys of one head at `bad_key` hold a NaN: rows i >= bad_key (inside the window) are NaN in out and
 // lse, the earlier ones finite. Then the backward: the NaN reaches dq of the row at the key.
+// kernel: a flash kernel by name (bf16), or kAuto for the public entry points.
 template <class T>
-void check_attention(const AttnCase& c) {
+void check_attention(const AttnCase& c, cuda::flash::Kernel kernel = cuda::flash::Kernel::kAuto) {
   SCOPED_TRACE(testing::Message() << "seq " << c.seq << " d " << c.d << " window " << c.window << " bad key "
-                                  << c.bad_key);
+                                  << c.bad_key << " kernel " << cuda::flash::kernel_name(kernel));
   AttentionParams p;
   p.batch = 1, p.seq = c.seq, p.heads = 2, p.kv_heads = 1, p.head_dim = c.d, p.window = c.window;
   p.scale = 1.f / std::sqrt(float(c.d));
@@ -48,7 +51,10 @@ void check_attention(const AttnCase& c) {
   k[c.bad_key * c.d + c.d / 2] = nan_of<T>();
   DeviceBuffer<T> dq_in(q), dk_in(k), dv_in(v), ddout(dout), out(q.size()), dq(q.size()), dk(k.size()), dv(v.size());
   DeviceBuffer<float> lse(c.seq * 2);
-  cuda::attention_forward(p, dq_in.get(), dk_in.get(), dv_in.get(), out.get(), lse.get(), nullptr);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (kernel != cuda::flash::Kernel::kAuto) cuda::flash::forward(p, dq_in.get(), dk_in.get(), dv_in.get(), out.get(), lse.get(), nullptr, kernel);
+  }
+  if (kernel == cuda::flash::Kernel::kAuto) cuda::attention_forward(p, dq_in.get(), dk_in.get(), dv_in.get(), out.get(), lse.get(), nullptr);
   const std::vector<T> o = out.to_host();
   const std::vector<float> l = lse.to_host();
   for (int64_t h = 0; h < 2; ++h)
@@ -59,8 +65,14 @@ void check_attention(const AttnCase& c) {
       EXPECT_EQ(std::isnan(l[h * c.seq + i]), sees) << "head " << h << " row " << i << " lse " << l[h * c.seq + i];
     }
   DeviceBuffer<unsigned char> ws(cuda::attention_backward_workspace_bytes(p));
-  cuda::attention_backward(p, dq_in.get(), dk_in.get(), dv_in.get(), out.get(), ddout.get(), lse.get(), dq.get(), dk.get(),
-                           dv.get(), ws.get(), nullptr);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (kernel != cuda::flash::Kernel::kAuto)
+      cuda::flash::backward(p, dq_in.get(), dk_in.get(), dv_in.get(), out.get(), ddout.get(), lse.get(), dq.get(), dk.get(),
+                      dv.get(), ws.get(), nullptr, kernel);
+  }
+  if (kernel == cuda::flash::Kernel::kAuto)
+    cuda::attention_backward(p, dq_in.get(), dk_in.get(), dv_in.get(), out.get(), ddout.get(), lse.get(), dq.get(),
+                             dk.get(), dv.get(), ws.get(), nullptr);
   const std::vector<T> g = dq.to_host();
   // (Rows that do not see the key may get NaN too: the flash kernels multiply a masked 0 by the
   // NaN key in dS K, as PyTorch's math path does.)
@@ -75,12 +87,26 @@ TEST(NanPropagationCuda, AttentionF32) {
 }
 
 // bf16 head_dim 20: the warp kernel; 64 and 128 plain causal: the flash kernels (warp-specialised
-// on sm_90a); a window: the sm90 kernel. Bad keys at the first key, inside and at the end of a tile.
+// on sm_90a); a window or head_dim 256: the sm90 kernels. Bad keys at the first key, inside and at
+// the end of a tile.
+const AttnCase kBf16Cases[] = {AttnCase{70, 20, 0, 5},     AttnCase{200, 64, 0, 0},    AttnCase{200, 64, 0, 130},
+                               AttnCase{333, 128, 0, 127}, AttnCase{200, 128, 40, 100}, AttnCase{130, 256, 0, 64},
+                               AttnCase{200, 256, 40, 100}};
+
 TEST(NanPropagationCuda, AttentionBf16Flash) {
   LOOM_REQUIRE_GPU();
-  for (const AttnCase& c : {AttnCase{70, 20, 0, 5}, AttnCase{200, 64, 0, 0}, AttnCase{200, 64, 0, 130},
-                            AttnCase{333, 128, 0, 127}, AttnCase{200, 128, 40, 100}})
-    check_attention<bf16>(c);
+  for (const AttnCase& c : kBf16Cases) check_attention<bf16>(c);
+}
+
+// Each flash kernel by name where it applies (on sm_90a the dispatcher never picks mma.sync).
+TEST(NanPropagationCuda, AttentionBf16EachFlashKernel) {
+  LOOM_REQUIRE_GPU();
+  for (cuda::flash::Kernel kernel : {cuda::flash::Kernel::kMma, cuda::flash::Kernel::kSm90, cuda::flash::Kernel::kSm90Ws})
+    for (const AttnCase& c : kBf16Cases) {
+      AttentionParams p;
+      p.batch = 1, p.seq = c.seq, p.heads = 2, p.kv_heads = 1, p.head_dim = c.d, p.window = c.window;
+      if (c.d % 8 == 0 && cuda::flash::runs(kernel, p, false) && cuda::flash::runs(kernel, p, true)) check_attention<bf16>(c, kernel);
+    }
 }
 
 TEST(NanPropagationCuda, AttentionDecode) {

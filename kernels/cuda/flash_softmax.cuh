@@ -1,42 +1,18 @@
-// Steps the Hopper flash-attention forward kernels share (flash_attention_fwd_sm90.cu and the
-// warp-specialised flash_attention_fwd_sm90_ws.cu): the wgmma issue of S = Q K^T and the per-thread
-// softmax steps. Those work on wgmma m64nN accumulator fragments: a thread holds rows row0 and
-// row0 + 8 of its warp's 16, columns n * 8 + col0 + {0, 1}, element 4 n + 2 r + {0, 1} for row r.
-// S is in raw dot products; m in the same units, l a partial row sum.
+// The softmax pieces of the Hopper flash-attention kernels, on wgmma m64nN accumulator fragments
+// (a thread holds rows row0 and row0 + 8 of its warp's 16, columns 8 n + col0 + {0, 1}, element
+// 4 n + 2 r + {0, 1} for row r; kernels/cuda/wgmma.cuh). Forward: the online softmax of a tile of
+// S (raw dot products; m in the same units, l a partial row sum), O's rescale and the epilogue.
+// Backward: P and dS recomputed from the saved log-sum-exp and D. FlashAttention-3's softmax.h
+// in Loom's terms.
 #pragma once
 #include <cmath>
 
 #include "kernels/attention.h"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_mask.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash::sm90 {
-
-using wgmma::Wgmma;
-
-// S = Q K^T for the 64 query rows from q_row0 of a kBr-row Q tile against a kBc-key K tile, both
-// swizzled with head_dim kD: issued, not waited for.
-template <int kD, int kBr, int kBc>
-__device__ __forceinline__ void issue_qk(float (&sacc)[kBc / 2], const bf16* sQ, const bf16* sK, int q_row0) {
-  const uint64_t dq = wgmma::tile_desc(sQ, 16), dk = wgmma::tile_desc(sK, 16);
-  wgmma::fence();
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk)
-    Wgmma<kBc>::template ss<0, 0>(sacc, wgmma::desc_k_major<kBr>(dq, q_row0, kk), wgmma::desc_k_major<kBc>(dk, 0, kk),
-                                  kk > 0);
-  wgmma::commit();
-}
-
-// Causal mask of the tile of keys from k0: key offset n * 8 + e % 2 is visible while <= d0 + 8 (e / 2),
-// with d0 = row0 - k0 - col0.
-template <int kNs>
-__device__ __forceinline__ void mask_causal(float (&sacc)[4 * kNs], int d0) {
-#pragma unroll
-  for (int n = 0; n < kNs; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (n * 8 + (e & 1) > d0 + 8 * (e >> 1)) sacc[4 * n + e] = -INFINITY;
-}
 
 // Online softmax of one tile of S, in place: S becomes exp2((S - m_new) scale_log2); l and m are
 // updated and corr receives each row's rescale factor for O (0 while nothing was visible).
@@ -118,6 +94,46 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const float
             __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
     }
     if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum == 0.f ? -INFINITY : m[r] * p.scale + logf(sum);
+  }
+}
+
+// Backward, in place over a kN-column fragment of S^T (rows keys, columns queries): S^T becomes
+// P^T = exp(S^T scale - lse) where the fragment's bit is set, else 0, and dP^T becomes dS^T =
+// P^T (dP^T - D) dcap (soft-cap's derivative; 1 without). Column c's lse and D are lse[c], dsum[c].
+template <int kN>
+__device__ __forceinline__ void bwd_scores(float (&st)[kN / 2], float (&dpt)[kN / 2], const uint32_t (&bits)[2],
+                                           const float* lse, const float* dsum, int col0, float scale,
+                                           float softcap, float scale_log2) {
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int il = n * 8 + col0 + c;
+      const float lse2 = lse[il] * kLog2e, dsv = dsum[il];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int e = 2 * r + c;
+        float dcap = 1.f;
+        const float s = cap_dot(st[4 * n + e], scale, softcap, &dcap);
+        const float pv = fragment_bit(bits, n, e) ? fast_exp2(fmaf(s, scale_log2, -lse2)) : 0.f;
+        st[4 * n + e] = pv;
+        dpt[4 * n + e] = pv * (dpt[4 * n + e] - dsv) * dcap;
+      }
+    }
+  }
+}
+
+// Packed A fragments (pack_p's layout) into a 128-byte-swizzled tile of kRows rows (wgmma::sw128)
+// at rows row0, row0 + 8 and columns c0 + 16 kk + col0 (+ 1; x = 0, 1) and + 8 (x = 2, 3): the
+// tile then holds the fragment's matrix for a shared-memory operand.
+template <int kRows, int kK>
+__device__ __forceinline__ void store_a(bf16* tile, const uint32_t (&a)[kK][4], int row0, int c0, int col0) {
+#pragma unroll
+  for (int kk = 0; kk < kK; ++kk) {
+    *reinterpret_cast<uint32_t*>(tile + wgmma::sw128<kRows>(row0, c0 + 16 * kk + col0)) = a[kk][0];
+    *reinterpret_cast<uint32_t*>(tile + wgmma::sw128<kRows>(row0 + 8, c0 + 16 * kk + col0)) = a[kk][1];
+    *reinterpret_cast<uint32_t*>(tile + wgmma::sw128<kRows>(row0, c0 + 16 * kk + 8 + col0)) = a[kk][2];
+    *reinterpret_cast<uint32_t*>(tile + wgmma::sw128<kRows>(row0 + 8, c0 + 16 * kk + 8 + col0)) = a[kk][3];
   }
 }
 

@@ -1,0 +1,148 @@
+// The flash-attention dispatch: which kernel runs a problem (by architecture, head_dim and masking
+// features, with the measurements that settled it), the backward's preparation (D_i = dout_i .
+// out_i, a zeroed f32 dq accumulator) and its last pass (dq = scale * dq_acc in bf16).
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/flash_attention.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+// D_i = dout_i . out_i (f32) for every (batch, head, query): `group` lanes per row (a power of two
+// <= 32 with group * 8 >= head_dim, or 32 looping over longer rows), 8 elements per lane; the row's
+// dq_acc (same [batch, seq, heads, head_dim] layout) is zeroed on the way (instead of a memset).
+// Groups of a few lanes keep every lane busy at head_dim 64 (8 lanes a row, 4 rows a warp), where
+// a warp per row left three quarters of it idle.
+__global__ void dsum_kernel(AttentionParams p, const bf16* __restrict__ out, const bf16* __restrict__ dout,
+                            float* __restrict__ dsum, float* __restrict__ dq_acc, int group) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = t / group;  // (b, i, h) as in q
+  const int sub = int(t % group);
+  const bool valid = row < p.batch * p.seq * p.heads;
+  float acc = 0.f;
+  if (valid) {
+    const bf16* o = out + row * p.head_dim;
+    const bf16* d = dout + row * p.head_dim;
+    float* z = dq_acc + row * p.head_dim;
+    for (int64_t c = int64_t(sub) * 8; c < p.head_dim; c += int64_t(group) * 8) {
+      reinterpret_cast<float4*>(z + c)[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      reinterpret_cast<float4*>(z + c)[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+      float a[8], bb[8];
+      load_vec<8>(o + c, a);
+      load_vec<8>(d + c, bb);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += a[e] * bb[e];
+    }
+  }
+  for (int off = group / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);  // whole warp
+  if (valid && sub == 0) {
+    const int64_t h = row % p.heads, i = (row / p.heads) % p.seq, b = row / (p.heads * p.seq);
+    dsum[(b * p.heads + h) * p.seq + i] = acc;
+  }
+}
+
+// dq = scale * dq_acc, rounded to bf16; n a multiple of 8.
+__global__ void dq_finish_kernel(const float* __restrict__ acc, bf16* __restrict__ dq, int64_t n, float scale) {
+  const int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (i >= n) return;
+  float v[8];
+  load_vec<8>(acc + i, v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] *= scale;
+  store_vec<8>(dq + i, v);
+}
+
+size_t dsum_bytes(const AttentionParams& p) { return (size_t(p.batch * p.heads * p.seq) * 4 + 255) / 256 * 256; }
+
+}  // namespace
+
+bool supported(const AttentionParams& p, const void* q, const void* k, const void* v, const void* out) {
+  return p.scale > 0.f && p.head_dim % 8 == 0 && p.head_dim <= 256 && aligned16(q) && aligned16(k) && aligned16(v) &&
+         aligned16(out);
+}
+
+const char* kernel_name(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kAuto: return "auto";
+    case Kernel::kMma: return "mma";
+    case Kernel::kSm90: return "sm90";
+    case Kernel::kSm90Ws: return "sm90_ws";
+  }
+  return "?";
+}
+
+bool runs(Kernel kernel, const AttentionParams& p, bool backward) {
+  switch (kernel) {
+    case Kernel::kAuto:
+    case Kernel::kMma: return true;
+    case Kernel::kSm90: return sm90_ready();  // head_dim <= 256 (supported()); the backward in two kernels
+    case Kernel::kSm90Ws: return sm90_ready() && (backward ? sm90_ws_bwd_supported(p) : sm90_ws_supported(p));
+  }
+  return false;
+}
+
+// Forward. H200, b4 s2048 h32/8 causal (2026-12-02, PyTorch SDPA 289 us in the same run), head_dim
+// 128: mma 574 us, sm90 425, sm90_ws 327 (0.88x SDPA); head_dim 64: sm90 312, sm90_ws 227 (SDPA
+// 196). sm90_ws covers plain causal at head_dim 64..128; soft-capping, windows, packed documents
+// and the other head dims run sm90; mma off sm_90a.
+Kernel forward_kernel(const AttentionParams& p) {
+  if (!sm90_ready()) return Kernel::kMma;
+  return sm90_ws_supported(p) ? Kernel::kSm90Ws : Kernel::kSm90;
+}
+
+// Backward. H200, b4 s2048 h32/8 causal (2026-12-02, SDPA in the same run): head_dim 128 sm90_ws
+// 990 us, sm90 1448 (SDPA 998), mma 2567 (an earlier run); head_dim 64 sm90_ws 654, sm90 1193 (SDPA
+// 656). sm90_ws covers plain causal at head_dim 64..128, sm90 every feature (its head_dim 129..256
+// kernel, flash_attention_bwd_sm90_d256.cu, replaces mma there: mma took 2.77 ms at b4 s2048 h16/8
+// head_dim 256 against SDPA's 1.24; bench flash_bwd/(mma|sm90)/bf16/b4_s2048_h16_kv8_d256 compares
+// them); mma off sm_90a.
+Kernel backward_kernel(const AttentionParams& p) {
+  if (!sm90_ready()) return Kernel::kMma;
+  return sm90_ws_bwd_supported(p) ? Kernel::kSm90Ws : Kernel::kSm90;
+}
+
+void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s,
+             Kernel kernel) {
+  if (p.batch == 0 || p.seq == 0) return;
+  if (kernel == Kernel::kAuto) kernel = forward_kernel(p);
+  LOOM_CHECK(runs(kernel, p, false), "flash forward: kernel ", kernel_name(kernel), " cannot run head_dim ", p.head_dim,
+             " softcap ", p.softcap, " window ", p.window, p.segment_ids ? " with segments" : "", " on this device");
+  switch (kernel) {
+    case Kernel::kSm90Ws: return forward_sm90_ws(p, q, k, v, out, lse, s);
+    case Kernel::kSm90: return forward_sm90(p, q, k, v, out, lse, s);
+    default: return forward_mma(p, q, k, v, out, lse, s);
+  }
+}
+
+size_t backward_workspace_bytes(const AttentionParams& p) {
+  return dsum_bytes(p) + size_t(p.batch * p.seq * p.heads * p.head_dim) * sizeof(float);
+}
+
+void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+              const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* workspace, Stream s,
+              Kernel kernel) {
+  if (p.batch == 0 || p.seq == 0) return;
+  if (kernel == Kernel::kAuto) kernel = backward_kernel(p);
+  LOOM_CHECK(runs(kernel, p, true), "flash backward: kernel ", kernel_name(kernel), " cannot run head_dim ",
+             p.head_dim, " softcap ", p.softcap, " window ", p.window, p.segment_ids ? " with segments" : "",
+             " on this device");
+  float* dsum = static_cast<float*>(workspace);
+  float* dq_acc = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + dsum_bytes(p));
+  const int64_t n_q = p.batch * p.seq * p.heads * p.head_dim, rows = p.batch * p.seq * p.heads;
+  int group = 1;
+  while (group < 32 && group * 8 < p.head_dim) group *= 2;
+  const int64_t dsum_threads = rows * group;
+  dsum_kernel<<<unsigned((dsum_threads + 255) / 256), 256, 0, s>>>(p, out, dout, dsum, dq_acc, group);  // zeroes dq_acc
+  LOOM_CUDA_LAUNCH_CHECK();
+  switch (kernel) {
+    case Kernel::kSm90Ws: backward_sm90_ws(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s); break;
+    case Kernel::kSm90:
+      if (p.head_dim <= 128) backward_sm90(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+      else backward_sm90_d256(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+      break;
+    default: backward_mma(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s); break;
+  }
+  dq_finish_kernel<<<unsigned((n_q / 8 + 255) / 256), 256, 0, s>>>(dq_acc, dq, n_q, p.scale);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda::flash

@@ -1,0 +1,198 @@
+// Flash attention backward on Hopper (sm_90a wgmma) for head_dim 129..256 (padded with zeros to
+// 256), every feature (soft-cap, window, documents, grouped-query heads). At head_dim 256 the
+// variant for <= 128 would hold dK and dV for 64 keys in 256 registers per thread, so the two
+// warpgroups of a block split the head dimension instead of the keys (FlashAttention-3's hdim256
+// backward does the same: 2 MMA warpgroups, 64 x 64-80 tiles, dK and dV split along head_dim).
+//
+// Block = 2 warpgroups (256 threads) per (64 keys, kv head, batch row); grid and key order as
+// flash_attention_bwd_sm90.cu. Items = the query tiles of kBr = 64 rows that can see the keys, for
+// every query head of the group (Q, dO, lse and D double-buffered through cp.async). Per item,
+// warpgroup w:
+//   S^T = K Q^T and dP^T = V dO^T for the 64 keys x queries 32 w .. 32 w + 31 (m64n32, A = K or V,
+//     B = Q or dO rows, both K-major in shared memory, 16 k-steps over head_dim);
+//   P^T and dS^T = P^T (dP^T - D) dcap in registers, both to shared memory as bf16 (its 32 query
+//     columns of each 64 x 64 tile); block barrier;
+//   dV += P^T dO and dK += dS^T Q for the 64 keys x head_dim columns 128 w .. 128 w + 127 (m64n128,
+//     A = P^T or dS^T K-major, B = dO or Q read N-major): 2 x 64 f32 registers per thread;
+//   dQ = dS K for the 64 queries x columns 128 w .. (A = dS^T read M-major, B = K read N-major),
+//     added to the f32 accumulator with 16-byte atomics.
+// Shared memory: K, V 2 x 32 KB; Q, dO 2 stages x 2 x 32 KB; P^T, dS^T 2 x 8 KB; lse, D 1 KB:
+// 209 KB (+ 1 KB alignment slack) of the 227 KB a block may have. dQ through shared memory and
+// tensor reductions (as the warp-specialised kernel does) would need 64 KB more for one 64 x 256
+// f32 tile: it does not fit beside double-buffered Q and dO.
+// dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention.cu.
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_mask.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+using wgmma::Wgmma;
+
+constexpr int kBr = 64, kBc = 64, kD = 256, kThreads = 256;
+constexpr int kQn = kBr / 2;  // queries of S^T and dP^T per warpgroup
+constexpr int kDn = kD / 2;   // head_dim columns of dK, dV and dQ per warpgroup
+static_assert(kQn % 16 == 0 && kDn % 64 == 0, "warpgroup slices hold whole k-steps and 64-column blocks");
+
+constexpr size_t kTileBytes = size_t(kBc) * kD * sizeof(bf16);  // K or V; Q or dO (kBr == kBc)
+static_assert(kBr == kBc, "Q, dO, K and V tiles share one size");
+constexpr size_t kScoreBytes = size_t(kBc) * kBr * sizeof(bf16);  // P^T or dS^T
+constexpr size_t kStatBytes = 2 * 2 * kBr * sizeof(float);        // lse and D, two stages
+// K, V, two stages of Q and dO, P^T, dS^T, lse and D, slack to align the tiles to 1024 bytes.
+constexpr size_t kSmem = 6 * kTileBytes + 2 * kScoreBytes + kStatBytes + 1024;
+static_assert(kTileBytes % 1024 == 0 && kScoreBytes % 1024 == 0, "each swizzled tile starts on 1024 bytes");
+static_assert(kSmem <= 227 * 1024, "over the 227 KB of shared memory a block may have on sm_90");
+
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_bwd_sm90_d256_kernel(AttentionParams p, const bf16* __restrict__ q, const bf16* __restrict__ k,
+                               const bf16* __restrict__ v, const bf16* __restrict__ dout, const float* __restrict__ lse,
+                               const float* __restrict__ dsum, float* __restrict__ dq_acc, bf16* __restrict__ dk,
+                               bf16* __restrict__ dv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sV = sK + kBc * kD;
+  bf16* sQ0 = sV + kBc * kD;        // stage s at sQ0 + s * kBr * kD
+  bf16* sdO0 = sQ0 + 2 * kBr * kD;  // likewise
+  bf16* sPt = sdO0 + 2 * kBr * kD;  // P^T [kBc keys][kBr queries], swizzled
+  bf16* sdSt = sPt + kBc * kBr;     // dS^T, likewise
+  float* sStat0 = reinterpret_cast<float*>(sdSt + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
+  const int64_t k0 = int64_t(blockIdx.z) * kBc, g = blockIdx.x, b = blockIdx.y;
+  const int hd = int(p.head_dim);
+  const int64_t kv_stride = p.kv_heads * p.head_dim;
+  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
+  const Visibility vis{p.seq, p.window, seg};
+  const float scale_log2 = p.scale * kLog2e;
+
+  const KeyTileItems<kBr, kBc> items(p, seg, k0, lane);
+  const int n_items = items.n_items;
+  const sm90::BwdStageLoader<kBr, kD, kThreads> loader(tid);
+  auto load_item = [&](int item, int stage) {
+    loader.load(p, q, dout, lse, dsum, b, items.head(g, item), items.q_start(item), sQ0 + stage * kBr * kD,
+                sdO0 + stage * kBr * kD, sStat0 + stage * 2 * kBr);
+  };
+
+  const int64_t kv_off = (b * p.seq * p.kv_heads + g) * p.head_dim;
+  wgmma::load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd, tid);
+  wgmma::load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd, tid);
+  TileKind kind = TileKind::kSkip;
+  int item = items.first(p, seg, k0, lane, &kind);
+  if (item < n_items) load_item(item, 0);
+  flash::cp_async_commit();
+
+  // This thread's key rows (jl, jl + 8 within the tile; the same in both warpgroups), its query
+  // columns of S^T (qc0 + 8 n + col0 + e % 2) and its head_dim columns of dK, dV, dQ (dc0 + ...).
+  const int jl = 16 * (warp & 3) + (lane >> 2), col0 = 2 * (lane & 3);
+  const int qc0 = kQn * wg, dc0 = kDn * wg;
+  float dka[kDn / 2], dva[kDn / 2], st[kQn / 2], dpt[kQn / 2], dqa[kDn / 2];
+#pragma unroll
+  for (int i = 0; i < kDn / 2; ++i) dka[i] = dva[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kQn / 2; ++i) st[i] = dpt[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kDn / 2; ++i) dqa[i] = 0.f;
+
+  int stage = 0;
+  while (item < n_items) {
+    TileKind next_kind = TileKind::kSkip;
+    const int next = items.next(p, seg, item + 1, k0, lane, &next_kind);
+    // This item's tiles have landed; every warp is done with the other stage, P^T and dS^T (its
+    // wgmma of the previous item were waited for).
+    flash::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (next < n_items) load_item(next, stage ^ 1);
+    flash::cp_async_commit();
+    const bf16* cQ = sQ0 + stage * kBr * kD;
+    const bf16* cdO = sdO0 + stage * kBr * kD;
+    const float* cStat = sStat0 + stage * 2 * kBr;
+    const int64_t h = items.head(g, item), q0 = items.q_start(item);
+
+    // S^T and dP^T: the 64 keys x this warpgroup's 32 queries, over all of head_dim.
+    {
+      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
+      const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
+      wgmma::fence();
+      sm90::mma_rows<kD, kBc, kBr, kQn>(st, dK, dQ, 0, qc0);
+      sm90::mma_rows<kD, kBc, kBr, kQn>(dpt, dV, ddO, 0, qc0);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(st);
+      wgmma::fence_regs(dpt);
+    }
+
+    // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, then both to
+    // shared memory (this warpgroup's 32 columns of each).
+    uint32_t bits[2] = {~0u, ~0u};
+    if (kind == TileKind::kMasked)
+      fragment_bits<kQn>(bits, col0, [&](int r, int col) { return vis(q0 + qc0 + col, k0 + jl + 8 * r); });
+    sm90::bwd_scores<kQn>(st, dpt, bits, cStat + qc0, cStat + kBr + qc0, col0, p.scale, p.softcap, scale_log2);
+    {
+      uint32_t pt[kQn / 16][4], dst[kQn / 16][4];
+      sm90::pack_p<kQn / 8>(pt, st);
+      sm90::pack_p<kQn / 8>(dst, dpt);
+      sm90::store_a<kBc>(sPt, pt, jl, qc0, col0);
+      sm90::store_a<kBc>(sdSt, dst, jl, qc0, col0);
+    }
+    wgmma::fence_proxy_async();
+    __syncthreads();  // both warpgroups' halves of P^T and dS^T are in shared memory
+
+    // dV += P^T dO and dK += dS^T Q (64 keys x columns dc0..), dQ = dS K (64 queries x columns dc0..).
+    {
+      const uint64_t dPt = wgmma::tile_desc(sPt, 16), ddSt = wgmma::tile_desc(sdSt, 16);
+      const uint64_t col_block = uint64_t(((dc0 >> 6) * kBr * 128) >> 4);  // kBr == kBc: one offset for all
+      const uint64_t ddOn = wgmma::tile_desc(cdO, kBr * 128) + col_block, dQn = wgmma::tile_desc(cQ, kBr * 128) + col_block;
+      const uint64_t ddS = wgmma::tile_desc(sdSt, kBc * 128), dKn = wgmma::tile_desc(sK, kBc * 128) + col_block;
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk)
+        Wgmma<kDn>::template ss<0, 1>(dva, wgmma::desc_k_major<kBc>(dPt, 0, kk), wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk)
+        Wgmma<kDn>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSt, 0, kk), wgmma::desc_mn_major<kBr>(dQn, kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk)
+        Wgmma<kDn>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk), wgmma::desc_mn_major<kBc>(dKn, kk), kk > 0);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(dqa);
+      wgmma::fence_regs(dva);
+      wgmma::fence_regs(dka);
+    }
+    sm90::add_dq_atomic<kDn>(dqa, dq_acc, p, b, h, q0, dc0, warp, lane);
+    stage ^= 1;
+    item = next;
+    kind = next_kind;
+  }
+  flash::cp_async_wait<0>();
+  sm90::store_dkv<kDn>(dka, dva, p, b, g, k0 + jl, dc0, col0, dk, dv);
+#else
+  __trap();  // built without sm_90a; backward_sm90_d256 is never called then (sm90_ready())
+#endif
+}
+
+}  // namespace
+
+void backward_sm90_d256(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                        const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  LOOM_CHECK(p.head_dim > 128 && p.head_dim <= kD && p.head_dim % 8 == 0,
+             "flash backward_sm90_d256: head_dim ", p.head_dim, " is not a multiple of 8 in 129..256");
+  auto* kernel = flash_bwd_sm90_d256_kernel;
+  static bool attr_set = [&] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
+  kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda::flash

@@ -1,0 +1,113 @@
+// The data movement and matrix-product issue of the Hopper flash-attention kernels that
+// every-thread-loads (cp.async) and warp-specialised kernels share: the wgmma issue of a product
+// over head_dim, the backward's Q / dO / lse / D stage loads, dQ's atomic addition and the dK, dV
+// epilogue. Accumulator fragments as in flash_softmax.cuh.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace loom::cuda::flash::sm90 {
+
+using wgmma::Wgmma;
+
+// acc (64 x kN) = A B^T over kD columns, A rows a_row0.. of a swizzled kRowsA-row tile, B rows
+// b_row0.. of a kRowsB-row one, both K-major (head_dim along the rows): issued after a fence, not
+// committed.
+template <int kD, int kRowsA, int kRowsB, int kN>
+__device__ __forceinline__ void mma_rows(float (&acc)[kN / 2], uint64_t da, uint64_t db, int a_row0, int b_row0) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    Wgmma<kN>::template ss<0, 0>(acc, wgmma::desc_k_major<kRowsA>(da, a_row0, kk), wgmma::desc_k_major<kRowsB>(db, b_row0, kk),
+                                 kk > 0);
+}
+
+// S = Q K^T for the 64 query rows from q_row0 of a kBr-row Q tile against a kBc-key K tile, both
+// swizzled with head_dim kD: issued, not waited for.
+template <int kD, int kBr, int kBc>
+__device__ __forceinline__ void issue_qk(float (&sacc)[kBc / 2], const bf16* sQ, const bf16* sK, int q_row0) {
+  const uint64_t dq = wgmma::tile_desc(sQ, 16), dk = wgmma::tile_desc(sK, 16);
+  wgmma::fence();
+  mma_rows<kD, kBr, kBc, kBc>(sacc, dq, dk, q_row0, 0);
+  wgmma::commit();
+}
+
+// ---- backward ----
+
+// One backward item's stage through cp.async: Q and dO rows [q0, q0 + kBr) of query head h
+// (swizzled; zeros past seq and head_dim) and those rows' lse and D (zeros past seq) into
+// stat[0, kBr) and stat[kBr, 2 kBr). Every thread of the block (kThreads) takes part.
+template <int kBr, int kD, int kThreads>
+struct BwdStageLoader {
+  static_assert(kThreads >= 2 * kBr, "a thread per lse and D value");
+  wgmma::TileLoader<kBr, kD, kThreads> tiles;
+  int tid;
+  __device__ __forceinline__ explicit BwdStageLoader(int tid_) : tiles(tid_), tid(tid_) {}
+  __device__ __forceinline__ void load(const AttentionParams& p, const bf16* q, const bf16* dout, const float* lse,
+                                       const float* dsum, int64_t b, int64_t h, int64_t q0, bf16* sq, bf16* sdo,
+                                       float* stat) const {
+    const int64_t off = (b * p.seq * p.heads + h) * p.head_dim, q_stride = p.heads * p.head_dim;
+    const int hd = int(p.head_dim);
+    tiles.load(sq, q + off, q_stride, q0, p.seq, hd);
+    tiles.load(sdo, dout + off, q_stride, q0, p.seq, hd);
+    if (tid < 2 * kBr) {
+      const int r = tid & (kBr - 1);
+      const float* src = (tid < kBr ? lse : dsum) + (b * p.heads + h) * p.seq + q0 + r;
+      flash::cp_async4(stat + tid, q0 + r < p.seq ? src : lse, q0 + r < p.seq);
+    }
+  }
+};
+
+// Adds this thread's dQ fragment (kNq columns from n0 of query rows q0 + 16 (warp % 4) + lane / 4
+// and + 8, query head h) to the f32 accumulator [batch, seq, heads, head_dim] with 16-byte atomics.
+// Lane pairs swap halves so that each adds 4 consecutive columns of one row: the even lane row
+// i0 at columns col0 .. col0 + 3, the odd lane row i0 + 8 at col0 - 2 .. col0 + 1 (16-byte
+// aligned: head_dim % 8 == 0 and the accumulator is 256-byte aligned). Rows past seq and columns
+// past head_dim are not added.
+template <int kNq>
+__device__ __forceinline__ void add_dq_atomic(const float (&dqa)[kNq / 2], float* dq_acc, const AttentionParams& p,
+                                              int64_t b, int64_t h, int64_t q0, int n0, int warp, int lane) {
+  const int hd = int(p.head_dim), col0 = 2 * (lane & 3);
+  const bool odd = lane & 1;
+  const int64_t i = q0 + 16 * (warp & 3) + (lane >> 2) + (odd ? 8 : 0);
+  float* row = dq_acc + ((b * p.seq + i) * p.heads + h) * p.head_dim;
+#pragma unroll
+  for (int n = 0; n < kNq / 8; ++n) {
+    const float* a = dqa + 4 * n;
+    const float x = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[2], 1);
+    const float y = __shfl_xor_sync(0xffffffffu, odd ? a[1] : a[3], 1);
+    const int col = n0 + n * 8 + col0 - (odd ? 2 : 0);
+    if (i < p.seq && col < hd)
+      atomicAdd(reinterpret_cast<float4*>(row + col), odd ? make_float4(x, y, a[2], a[3]) : make_float4(a[0], a[1], x, y));
+  }
+}
+
+// The epilogue: dK (times scale) and dV rows j0 and j0 + 8 of kv head g, kN columns from c0, as
+// bf16 into [batch, seq, kv_heads, head_dim]; rows past seq and columns past head_dim are skipped.
+template <int kN>
+__device__ __forceinline__ void store_dkv(const float (&dka)[kN / 2], const float (&dva)[kN / 2],
+                                          const AttentionParams& p, int64_t b, int64_t g, int64_t j0, int c0,
+                                          int col0, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  const int64_t kv_stride = p.kv_heads * p.head_dim;
+  const int hd = int(p.head_dim);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = j0 + 8 * r;
+    if (j >= p.seq) continue;
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+      const int col = c0 + n * 8 + col0;
+      if (col >= hd) continue;
+      const int64_t off = (b * p.seq + j) * kv_stride + g * p.head_dim + col;
+      *reinterpret_cast<__nv_bfloat162*>(dk + off) =
+          __floats2bfloat162_rn(dka[4 * n + 2 * r] * p.scale, dka[4 * n + 2 * r + 1] * p.scale);
+      *reinterpret_cast<__nv_bfloat162*>(dv + off) = __floats2bfloat162_rn(dva[4 * n + 2 * r], dva[4 * n + 2 * r + 1]);
+    }
+  }
+}
+
+}  // namespace loom::cuda::flash::sm90
