@@ -99,7 +99,11 @@ void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant vari
                "cuda grouped_gemm: the problems must share one type pair");
   }
   if (problems.empty()) return;
-  if (variant == GroupedGemmVariant::kAuto) variant = choose_grouped_gemm(problems, c.sm_count);
+  if (variant == GroupedGemmVariant::kAuto) {
+    variant = choose_grouped_gemm(problems, c.sm_count);
+    if (variant == GroupedGemmVariant::kSm90 && !sm90_grouped_gemm_ready())  // not an sm_90a GPU or build
+      variant = cublas_grouped_unsupported(problems) ? GroupedGemmVariant::kLoop : GroupedGemmVariant::kCublasGrouped;
+  }
   if (variant == GroupedGemmVariant::kSm90) {
     sm90_grouped_gemm(problems, c.sm_count, pointers, s);
     return;

@@ -88,12 +88,13 @@ std::vector<GemmArgs> experts(int count, int64_t rows, int64_t k, int64_t m, Gem
   return row_grouped_problems(g, offsets);
 }
 
+// Many small bf16 problems go to Loom's Hopper grouped kernel (cuBLAS's grouped call off sm_90a).
 TEST(GroupedGemmRule, GroupedForManySmallExpertsLoopForFewLargeOnes) {
   constexpr int kH200Sms = 132;
   const GemmType bf = GemmType::kBF16;
   // Qwen3-30B-A3B: 128 experts of ~512 rows, gate_up [2048 -> 1536] and down [768 -> 2048].
-  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1536, bf, bf), kH200Sms), GroupedGemmVariant::kCublasGrouped);
-  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 768, 2048, bf, bf), kH200Sms), GroupedGemmVariant::kCublasGrouped);
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1536, bf, bf), kH200Sms), GroupedGemmVariant::kSm90);
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 768, 2048, bf, bf), kH200Sms), GroupedGemmVariant::kSm90);
   // Mixtral-8x7B: 8 experts of ~2048 rows, gate_up [4096 -> 28672].
   EXPECT_EQ(choose_grouped_gemm(experts(8, 2048, 4096, 28672, bf, bf), kH200Sms), GroupedGemmVariant::kLoop);
   // What cuBLAS's grouped call cannot run goes to the loop: bf16 -> f32, f64, unaligned rows (k = 5).

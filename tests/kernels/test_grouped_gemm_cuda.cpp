@@ -121,7 +121,11 @@ class GroupedGemmCuda : public CublasLtTest {
       const size_t end = size_t(wgrad ? (e + 1) * c.m * c.k : c.offsets[e + 1] * c.m);
       std::fill(covered.begin() + begin, covered.begin() + end, 1);
     }
-    const double rel = std::is_same_v<TC, float> ? 0.0 : 0x1p-8;
+    // A bf16 C is rounded once: half an ulp, at most 2^-8 of the value. cuBLASLt (the loop, this test's
+    // check on itself) with beta != 0 rounds alpha AB to bf16 before adding beta C and rounds again:
+    // measured up to 0.9 ulp on the H200 (4.375 for 4.3465), so it gets one ulp, 2^-7.
+    const bool twice = variant == GroupedGemmVariant::kLoop && c.beta != 0.f;
+    const double rel = std::is_same_v<TC, float> ? 0.0 : twice ? 0x1p-7 : 0x1p-8;
     int64_t bad = 0, worst = -1;
     double worst_excess = 0;
     for (size_t i = 0; i < c_size + kCanary; ++i) {
