@@ -39,6 +39,49 @@ TEST_P(LayerStreamerCpu, StreamedLayersGiveTheLossGradientsAndTokensOfResidentOn
 INSTANTIATE_TEST_SUITE_P(Families, LayerStreamerCpu, ::testing::Values("llama", "gemma2", "qwen3", "phi3", "qwen3_moe"),
                          [](const auto& info) { return info.param; });
 
+// A preference objective's walks: the reference's log-probabilities with the adapters off and no
+// gradient (a walk up outside any checkpoint), then the policy's with gradients (checkpointed walks
+// up and down), twice, as DPO's micro-batches do. Streamed or not, the same numbers.
+TEST(LayerStreamer, PreferenceWalksGiveTheSameLogProbabilitiesAndGradients) {
+  const std::string dir = five_layer_copy("qwen3", "pref_");
+  auto in = read_all(dir + "/inputs.safetensors");
+  const Tensor targets = shift_labels(in["labels"]);
+  auto run = [&](std::optional<Placement> placement) {
+    LoadOptions lo{DType::f32, Device::cpu()};
+    lo.placement = placement;
+    auto model = CausalLM::load(dir, lo);
+    EXPECT_TRUE(model.ok()) << model.status();
+    EXPECT_TRUE(add_lora(**model, LoraConfig{}, 3).ok());
+    uint64_t k = 0;
+    for (auto& [name, v] : lora_parameters(**model)) {
+      Tensor t = v->value();
+      if (name.find("lora_B") != std::string::npos) ops::uniform_(t, 5, ++k << 32, -0.05f, 0.05f);
+    }
+    std::vector<double> logps;
+    for (int micro = 0; micro < 2; ++micro) {
+      {
+        ag::NoGradGuard no_grad;
+        AdaptersOff off(**model);
+        for (const ag::Variable& v : (*model)->sequence_logps(in["input_ids"], targets)) logps.push_back(v.value().item());
+      }
+      std::vector<ag::Variable> policy = (*model)->sequence_logps(in["input_ids"], targets);
+      ag::Variable sum = policy[0];
+      for (size_t i = 1; i < policy.size(); ++i) sum = ag::add(sum, policy[i]);
+      logps.push_back(sum.value().item());
+      ag::backward(sum);
+    }
+    std::map<std::string, Tensor> grads;
+    for (auto& [name, v] : lora_parameters(**model)) grads[name] = v->grad().clone();
+    return std::make_pair(logps, grads);
+  };
+  const auto base = run(std::nullopt);
+  const auto streamed = run(streaming(0));
+  ASSERT_EQ(base.first.size(), streamed.first.size());
+  for (size_t i = 0; i < base.first.size(); ++i)
+    EXPECT_NEAR(streamed.first[i], base.first[i], 1e-6 * std::abs(base.first[i])) << i;
+  for (auto& [param, g] : base.second) EXPECT_LT(rel_err(streamed.second.at(param), g), 1e-6) << param;
+}
+
 TEST(LayerStreamer, PrefetchFollowsTheWalkAndSlotsAreReused) {
   const std::string dir = five_layer_copy("llama", "walk_");
   LoadOptions lo{DType::f32, Device::cpu()};
