@@ -2,8 +2,10 @@
 // Mixtral-8x7B's MoE shapes: each expert projection's forward, input gradient (dgrad) and weight
 // gradient (wgrad), through the automatic choice (the name without a variant: what ops:: runs, and
 // what peer_torch.py's torch._grouped_mm is compared with) and through each variant by name (the
-// measurements behind choose_grouped_gemm; sm90 is Loom's own Hopper kernel, by name only for now). Expert row counts come from a softmax router's top-k
-// choices, drawn the same way in peer_torch.py so that both sides multiply the same groups.
+// measurements behind choose_grouped_gemm; sm90 is Loom's own Hopper kernel). The LoRA factors'
+// products on the experts (rank 16: x A_e^T forward, and dA_e = dt_e^T x_e into f32, the bf16 -> f32
+// case cuBLAS's grouped call lacks) are timed too. Expert row counts come from a softmax router's
+// top-k choices, drawn the same way in peer_torch.py so that both sides multiply the same groups.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -65,7 +67,7 @@ const char* product_name(Product p) { return p == Product::kFwd ? "fwd" : p == P
 //   wgrad: dw [E, out, in] = dy_e^T x_e.   Each 2 N in out FLOP.
 // The problem list is built inside the timed launch, as ops:: builds it on every call.
 void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p,
-                 GroupedGemmVariant v) {
+                 GroupedGemmVariant v, GemmType c_type = GemmType::kBF16) {
   std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p);
   if (v != GroupedGemmVariant::kAuto) name += std::string("/") + grouped_gemm_variant_name(v);
   add(name, [=](benchmark::State& st) {
@@ -81,25 +83,27 @@ void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t
     const int64_t rows_in = p == Product::kFwd ? in : out;  // the row-major input's width
     auto act = random_array<bf16>(size_t(n * rows_in));     // x (fwd), dy (dgrad, wgrad)
     auto other = random_array<bf16>(size_t(p == Product::kWgrad ? n * in : e_count * out * in));  // x, or w
-    DeviceArray<bf16> result(size_t(p == Product::kWgrad ? e_count * out * in : n * (p == Product::kFwd ? out : in)));
+    const size_t result_size = size_t(p == Product::kWgrad ? e_count * out * in : n * (p == Product::kFwd ? out : in));
+    DeviceArray<float> result(c_type == GemmType::kF32 ? result_size : result_size / 2 + 1);  // bf16: half the bytes
     auto problems = [&] {
       if (p == Product::kWgrad) {
         ReductionGroupedGemm g;
         g.a = act.get(), g.lda = out, g.b = other.get(), g.ldb = in, g.c = result.get();
-        g.m = out, g.k = in, g.ab_type = g.c_type = GemmType::kBF16;
+        g.m = out, g.k = in, g.ab_type = GemmType::kBF16, g.c_type = c_type;
         return reduction_grouped_problems(g, off);
       }
       RowGroupedGemm g;
       g.a = act.get(), g.lda = rows_in, g.b = other.get(), g.c = result.get();
       g.k = rows_in, g.m = p == Product::kFwd ? out : in, g.trans_b = p == Product::kFwd;
-      g.ab_type = g.c_type = GemmType::kBF16;
+      g.ab_type = GemmType::kBF16, g.c_type = c_type;
       return row_grouped_problems(g, off);
     };
     run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute},
               [&] { cuda::grouped_gemm(problems(), v, gc, pointers.get(), c.stream); });
-    if (v == GroupedGemmVariant::kAuto)  // which variant the rule picked: 1 cuBLAS's grouped call, 0 the loop
-      st.counters["picks_grouped"] =
-          choose_grouped_gemm(problems(), c.sm_count) == GroupedGemmVariant::kCublasGrouped ? 1 : 0;
+    if (v == GroupedGemmVariant::kAuto) {  // which variant the rule picked: 0 the loop, 1 cuBLAS's grouped call, 2 sm90
+      const GroupedGemmVariant pick = choose_grouped_gemm(problems(), c.sm_count);
+      st.counters["picks"] = pick == GroupedGemmVariant::kLoop ? 0 : pick == GroupedGemmVariant::kCublasGrouped ? 1 : 2;
+    }
   });
 }
 
@@ -113,6 +117,12 @@ void register_grouped_gemm() {
              {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
               GroupedGemmVariant::kSm90})
           add_grouped(s, proj, in, out, p, v);
+  // LoRA rank 16 on Qwen3's gate_up experts: the A factor's forward, and its gradient into f32.
+  const MoeShape& q = kShapes[0];
+  for (GroupedGemmVariant v : {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kSm90}) {
+    add_grouped(q, "lora_a", q.hidden, 16, Product::kFwd, v);
+    add_grouped(q, "lora_a_f32", q.hidden, 16, Product::kWgrad, v, GemmType::kF32);
+  }
 }
 
 }  // namespace loom::bench
