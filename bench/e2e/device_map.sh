@@ -8,7 +8,8 @@
 #     batch $LOOM_DM_BATCH_70B (default 1) x 2048: the plan, tokens/s, peak GPU (Loom's count and
 #     nvidia-smi's) and peak host memory (the process's maximum resident set, pinned buffers included).
 # Writes each run's metrics.jsonl and log (its plan) under $OUT, and one table.
-#   bench/e2e/device_map.sh [8b] [70b] [70b-<cap GiB>] [1b-f32] [generate] [2gpu]   (default: 8b 70b)
+#   bench/e2e/device_map.sh [8b] [8b-f32] [70b] [70b-<cap GiB>] [1b-f32] [generate] [2gpu]   (default: 8b 70b)
+# 8b-f32: the 8B shape at batch 4 x 2048 in f32 with and without streaming (cap 24 GiB), losses bit for bit.
 # 1b-f32: the Llama-3.2-1B shape in f32 (whose kernels are deterministic) with and without streaming,
 # at batch 2 x 2048: the losses compared bit for bit.
 # 2gpu (two GPUs, issue 35): the 8B shape on one GPU and --device-map balanced over two, and the 70B
@@ -85,6 +86,18 @@ if a.get("tok_s") and b.get("tok_s"):
     diff = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
     print(f"8B streamed / resident: {b['tok_s'] / a['tok_s']:.3f}x tokens/s (issue 34 asks >= 0.8x); "
           f"peak {b['peak_GiB']} GiB against {a['peak_GiB']}; losses {'bit for bit equal' if same else f'differ by up to {diff:.3g}'}")
+PY
+      ;;
+    8b-f32)  # the issue's 8B shape at batch 4 x 2048 in f32 (deterministic kernels): streamed vs resident bit for bit
+      run 8b-f32-resident 8b 4 --checkpointing recompute --dtype f32
+      run 8b-f32-streamed 8b 4 --checkpointing recompute --dtype f32 --device-map auto --max-memory "cuda:0=${LOOM_DM_CAP_8B_F32:-24GiB}"
+      python3 - "$out/device_map.jsonl" <<'PY'
+import json, sys
+rows = {r["run"]: r for r in map(json.loads, open(sys.argv[1]))}
+a, b = rows.get("8b-f32-resident", {}), rows.get("8b-f32-streamed", {})
+if a.get("losses") and b.get("losses"):
+    print(f"8B f32 streamed / resident: losses {'bit for bit equal' if a['losses'] == b['losses'] else 'DIFFER'} over "
+          f"{len(a['losses'])} steps; {b['tok_s'] / a['tok_s']:.3f}x tokens/s; peak {b['peak_GiB']} against {a['peak_GiB']} GiB")
 PY
       ;;
     1b-f32)  # f32 (deterministic kernels): is the streamed run bit for bit the resident one?
