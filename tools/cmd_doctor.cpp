@@ -29,6 +29,7 @@
 #include "models/causal_lm.h"
 #include "models/toy_llama.h"
 #include "train/checkpointing_plan.h"
+#include "loom_git_commit.h"  // generated at build time: LOOM_GIT_COMMIT
 #include "train/device_plan.h"
 #include "train/run_placement.h"
 #include "nlohmann/json.hpp"
