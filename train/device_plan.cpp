@@ -120,6 +120,7 @@ std::vector<PlanUnit> plan_units(const ModelConfig& c, const PlanOptions& o) {
   if (o.full) norm.state_bytes = 16 * h;
   units.push_back(norm);
   PlanUnit head{"lm_head", c.tie_word_embeddings ? 0 : dense(c.vocab_size * h)};
+  head.tied_to_embedding = c.tie_word_embeddings;
   if (o.full && !c.tie_word_embeddings) head.state_bytes = 16 * c.vocab_size * h;
   units.push_back(head);
   return units;
@@ -289,6 +290,7 @@ absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, cons
     if (!fits) return refuse();
     plan.stream_slot_bytes = slots;
   }
+  if (units.back().tied_to_embedding) chosen.back() = chosen.front();  // a tied head is the embedding
   // Bytes where they sit: a streamed layer's weights on the host, the rest of it on the GPU that runs it.
   const Device stream_gpu = chosen[units.size() - 2];
   for (size_t i = 0; i < units.size(); ++i) {

@@ -44,6 +44,9 @@ struct PlanUnit {
   int64_t weight_bytes = 0;  // as stored (NF4: half a byte a weight and its scales)
   int64_t state_bytes = 0;   // trainable state: LoRA (or, --full, every weight's) master, gradient, AdamW moments
   int64_t activation_bytes = 0;  // what the checkpointing mode keeps of this unit's activations until backward
+  // lm_head of a model whose head is its embedding (tie_word_embeddings): it runs where the embedding
+  // is, whatever a strategy or map says (accelerate keeps tied parameters together too).
+  bool tied_to_embedding = false;
   int64_t bytes() const { return weight_bytes + state_bytes + activation_bytes; }
 };
 

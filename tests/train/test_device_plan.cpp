@@ -129,6 +129,23 @@ TEST(DevicePlan, LayersPastTheGpuCapAreStreamedFromHostMemory) {
   EXPECT_EQ(plan->describe({}).find("streamed"), std::string::npos);
 }
 
+// A tied lm_head is the embedding: it goes where the embedding is, over two GPUs and under a map.
+TEST(DevicePlan, ATiedHeadStaysWithItsEmbedding) {
+  auto c = ModelConfig::from_json_text(R"({"model_type": "llama", "vocab_size": 1000, "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 8, "num_attention_heads": 4, "tie_word_embeddings": true})", "test");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<PlanUnit> units = plan_units(*c, {});
+  ASSERT_TRUE(units.back().tied_to_embedding);
+  MemoryCaps caps;
+  caps.gpu = {{0, 100 * units[1].bytes()}, {1, 100 * units[1].bytes()}};
+  auto plan = plan_devices(units, "balanced", caps, 2, {}, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->placement[9].second, Device::cuda(1)) << "the final norm follows the last layers";
+  EXPECT_EQ(plan->placement.back().second, Device::cuda(0)) << "the tied head is the embedding";
+  const Placement p = plan->to_placement();
+  EXPECT_EQ(p.head, p.embed);
+}
+
 TEST(DevicePlan, TheEmbeddingNormAndHeadStayOnAGpu) {
   const std::vector<PlanUnit> units = plan_units(eight_layers(), {});
   const std::string dir = ::testing::TempDir() + "loom_device_map_gpu_" + std::to_string(getpid());
