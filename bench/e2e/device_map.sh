@@ -63,6 +63,8 @@ if rows:
     timed = rows[max(1, len(rows) // 4):] or rows
     r.update(tok_s=round(statistics.median(x["tokens_per_s"] for x in timed)),
              peak_GiB=round(max(x["mem_bytes"] for x in rows) / 2**30, 2),
+             **{f"peak_GiB/{k.split('/', 1)[1]}": round(max(x.get(k, 0) for x in rows) / 2**30, 2)
+                for k in rows[-1] if k.startswith("mem_bytes/")},  # the other GPUs of a map
              losses=[x["loss"] for x in rows])
 if smi: r["smi_GiB"] = round(int(smi) / 1024, 2)
 if rss: r["host_rss_GiB"] = round(int(rss) / 2**30, 2)
