@@ -111,10 +111,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
   m->device_ = place.embed;
   {  // the GPUs of the map copy activations to each other directly
     std::vector<int> gpus;
-    for (const Device& d : place.layers)
-      if (d.is_cuda() && std::find(gpus.begin(), gpus.end(), d.index) == gpus.end()) gpus.push_back(d.index);
-    for (const Device& d : {place.embed, place.norm, place.head})
-      if (d.is_cuda() && std::find(gpus.begin(), gpus.end(), d.index) == gpus.end()) gpus.push_back(d.index);
+    for (const Device& d : place.gpus()) gpus.push_back(d.index);
     enable_peer_access(gpus);
   }
   detail::WeightLoader w(c, ck, options.dtype, place.embed, seed, options.quantize_4bit, bnb);

@@ -6,6 +6,7 @@
 // weights are only ever copied host -> device; LoRA adapters and their state stay on the device.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 

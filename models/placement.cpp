@@ -1,6 +1,7 @@
 // See placement.h.
 #include "models/placement.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace loom {
@@ -15,6 +16,18 @@ Device Placement::device_of(const std::string& module) const {
   if (module.find("lm_head") != std::string::npos) return head;
   if (module.find("model.norm") != std::string::npos) return norm;
   return embed;
+}
+
+std::vector<Device> Placement::gpus() const {
+  std::vector<Device> out;
+  auto add = [&](const Device& d) {
+    if (d.is_cuda() && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  };
+  add(embed);
+  for (const Device& d : layers) add(d);
+  add(norm);
+  add(head);
+  return out;
 }
 
 }  // namespace loom

@@ -33,6 +33,8 @@ struct Placement {
   }
   // The device a module runs on, by its Hugging Face name ("model.layers.3.mlp.down_proj", "lm_head").
   Device device_of(const std::string& module) const;
+  // The GPUs the model runs on, each once, in model order.
+  std::vector<Device> gpus() const;
 };
 
 }  // namespace loom

@@ -259,14 +259,10 @@ absl::StatusOr<DevicePlan> plan_devices(const std::vector<PlanUnit>& units, cons
           return absl::InvalidArgumentError(absl::StrCat(map, ": ", units[i].name, " is mapped to \"cpu\": Loom streams ",
                                                          "decoder layers from host memory, the embedding, the final norm ",
                                                          "and lm_head stay on a GPU"));
+      int64_t largest_streamed = 0;  // two staging slots of it
       for (size_t i = 0; i < layers; ++i)
-        if (chosen[1 + i].is_cpu()) {
-          int64_t w = 0;
-          for (size_t j = 0; j < layers; ++j)
-            if (chosen[1 + j].is_cpu()) w = std::max(w, units[1 + j].weight_bytes);
-          plan.stream_slot_bytes = 2 * w;
-          break;
-        }
+        if (chosen[1 + i].is_cpu()) largest_streamed = std::max(largest_streamed, units[1 + i].weight_bytes);
+      plan.stream_slot_bytes = 2 * largest_streamed;
     }
   } else if (gpus == 0) {  // the CPU alone: everything there (it computes: nothing to stream), within its cap
     plan.strategy = "sequential";

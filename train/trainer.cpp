@@ -248,14 +248,8 @@ absl::Status Trainer::run() {
     m.tokens_per_s = static_cast<double>(tokens) / dt;
     m.mem_bytes = memory_stats(s.device).peak_bytes;
     {  // a --device-map over several GPUs: each one's peak beside it, as "mem_bytes/cuda:N"
-      const Placement& place = s.model->placement();
-      std::vector<Device> gpus;
-      for (const Device& d : place.layers)
-        if (d.is_cuda() && !(d == s.device) && std::find(gpus.begin(), gpus.end(), d) == gpus.end()) gpus.push_back(d);
-      for (const Device& d : {place.norm, place.head})
-        if (d.is_cuda() && !(d == s.device) && std::find(gpus.begin(), gpus.end(), d) == gpus.end()) gpus.push_back(d);
-      for (const Device& d : gpus)
-        extra.emplace_back("mem_bytes/" + d.str(), static_cast<double>(memory_stats(d).peak_bytes));
+      for (const Device& d : s.model->placement().gpus())
+        if (!(d == s.device)) extra.emplace_back("mem_bytes/" + d.str(), static_cast<double>(memory_stats(d).peak_bytes));
     }
     if (s.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
     m.extra = extra;

@@ -73,46 +73,37 @@ PY
   rm -rf "$work/run-$name"
 }
 
+compare() {  # prefix -> one line: <prefix>-streamed against <prefix>-resident (tokens/s, peak, losses bit for bit?)
+  python3 - "$out/device_map.jsonl" "$1" <<'PY'
+import json, sys
+rows = {r["run"]: r for r in map(json.loads, open(sys.argv[1]))}
+p = sys.argv[2]
+a, b = rows.get(f"{p}-resident", {}), rows.get(f"{p}-streamed", {})
+if a.get("losses") and b.get("losses"):
+    diff = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
+    print(f"{p} streamed / resident: {b['tok_s'] / a['tok_s']:.3f}x tokens/s (issue 34 asks >= 0.8x); peak {b['peak_GiB']} "
+          f"GiB against {a['peak_GiB']}; losses over {len(a['losses'])} steps "
+          f"{'bit for bit equal' if a['losses'] == b['losses'] else f'differ by up to {diff:.3g}'}")
+PY
+}
+
 shapes=${*:-8b 70b}
 for s in $shapes; do
   case $s in
     8b)
       run 8b-resident 8b 4 --checkpointing recompute
       run 8b-streamed 8b 4 --checkpointing recompute --device-map auto --max-memory "cuda:0=${LOOM_DM_CAP_8B:-12GiB}"
-      python3 - "$out/device_map.jsonl" <<'PY'
-import json, sys
-rows = {r["run"]: r for r in map(json.loads, open(sys.argv[1]))}
-a, b = rows.get("8b-resident", {}), rows.get("8b-streamed", {})
-if a.get("tok_s") and b.get("tok_s"):
-    same = a["losses"] == b["losses"]
-    diff = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
-    print(f"8B streamed / resident: {b['tok_s'] / a['tok_s']:.3f}x tokens/s (issue 34 asks >= 0.8x); "
-          f"peak {b['peak_GiB']} GiB against {a['peak_GiB']}; losses {'bit for bit equal' if same else f'differ by up to {diff:.3g}'}")
-PY
+      compare 8b
       ;;
     8b-f32)  # the issue's 8B shape at batch 4 x 2048 in f32 (deterministic kernels): streamed vs resident bit for bit
       run 8b-f32-resident 8b 4 --checkpointing recompute --dtype f32
       run 8b-f32-streamed 8b 4 --checkpointing recompute --dtype f32 --device-map auto --max-memory "cuda:0=${LOOM_DM_CAP_8B_F32:-24GiB}"
-      python3 - "$out/device_map.jsonl" <<'PY'
-import json, sys
-rows = {r["run"]: r for r in map(json.loads, open(sys.argv[1]))}
-a, b = rows.get("8b-f32-resident", {}), rows.get("8b-f32-streamed", {})
-if a.get("losses") and b.get("losses"):
-    print(f"8B f32 streamed / resident: losses {'bit for bit equal' if a['losses'] == b['losses'] else 'DIFFER'} over "
-          f"{len(a['losses'])} steps; {b['tok_s'] / a['tok_s']:.3f}x tokens/s; peak {b['peak_GiB']} against {a['peak_GiB']} GiB")
-PY
+      compare 8b-f32
       ;;
     1b-f32)  # f32 (deterministic kernels): is the streamed run bit for bit the resident one?
       run 1b-f32-resident 1b 2 --checkpointing recompute --dtype f32
       run 1b-f32-streamed 1b 2 --checkpointing recompute --dtype f32 --device-map auto --max-memory "cuda:0=${LOOM_DM_CAP_1B:-5GiB}"
-      python3 - "$out/device_map.jsonl" <<'PY'
-import json, sys
-rows = {r["run"]: r for r in map(json.loads, open(sys.argv[1]))}
-a, b = rows.get("1b-f32-resident", {}), rows.get("1b-f32-streamed", {})
-if a.get("losses") and b.get("losses"):
-    print(f"1B f32 streamed / resident: losses {'bit for bit equal' if a['losses'] == b['losses'] else 'DIFFER'} over "
-          f"{len(a['losses'])} steps; {b['tok_s'] / a['tok_s']:.3f}x tokens/s")
-PY
+      compare 1b-f32
       ;;
     8b-resident-only)  # the resident run alone (a repeat: how far two identical runs differ)
       run 8b-resident 8b 4 --checkpointing recompute
