@@ -34,6 +34,8 @@
 #                     disk) or folder (the bf16 folder the bnb and Unsloth peers read)
 #   LOOM_MOE_INIT     torch (default: moe_model.py draws the folder on the GPU) or loom (`loom init --from`
 #                     the config: needs the families registered, and host memory for the model in f32)
+#   LOOM_BIN / LOOM_MOE_PEER_WRAP  the loom binary, and a command put before the peers' `python3` (both for
+#                     profiling: a script that runs tools/gpu/kernel_profile.sh on its arguments)
 #   LOOM_MOE_RUN_TIMEOUT (Loom, default 420 s), LOOM_MOE_PEER_TIMEOUT (a peer mode, default 420 s)
 #   LOOM_MOE_PREVIOUS a moe.jsonl of an earlier call: its lines open this call's results (a shape whose rows
 #                     take more than one device call: LOOM_MOE_PEERS=" " first, then LOOM_MOE_MODES=" "
@@ -177,7 +179,7 @@ PY
 peer_run() {  # shape layers batch mode [--model-dir DIR] -> one JSON line (moe_peer.py's, with smi_GiB)
   local shape=$1 layers=$2 batch=$3 mode=$4 line mib; shift 4
   smi_start
-  line=$(BENCH_MODE_TIMEOUT_S=${LOOM_MOE_PEER_TIMEOUT:-420} python3 bench/e2e/moe_peer.py "$shape" "$mode" --layers "$layers" \
+  line=$(BENCH_MODE_TIMEOUT_S=${LOOM_MOE_PEER_TIMEOUT:-420} ${LOOM_MOE_PEER_WRAP:-} python3 bench/e2e/moe_peer.py "$shape" "$mode" --layers "$layers" \
     --batch "$batch" --seq "$seq" --steps $((steps > 5 ? steps - 3 : 2)) --warmup 3 --device "$device" --dtype "$dtype" \
     --experts "$experts" "$@" 2>> "$out/peer.err" | tail -1)
   mib=$(smi_stop)

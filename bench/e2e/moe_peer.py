@@ -33,7 +33,8 @@ Each mode runs in a child process (an OOM cannot take the next down). tok_s is b
 step time past the warm-up; peak_GiB is torch.cuda.max_memory_allocated over load and training (the dense
 scoreboard's measure; moe.sh adds nvidia-smi's peak for every run, Loom's too).
 Env: MOE_PEER_SOURCE (init | folder; default init), MOE_PEER_EXPERT_LORA (1; 0 = LoRA on attention only),
-MOE_PEER_AUTOCAST (1), BENCH_MODE_TIMEOUT_S (600), MOE_BNB_PREPARE (0).
+MOE_PEER_AUTOCAST (1), BENCH_MODE_TIMEOUT_S (600), MOE_BNB_PREPARE (0), MOE_PEER_PROFILE (a path, {mode} replaced by the mode: one more step under torch.profiler, its kernels by
+GPU time written there).
 """
 import argparse
 import importlib.util
@@ -253,6 +254,14 @@ def run_mode(a, mode):
         times.append(time.perf_counter() - t)
     timed = sorted(times[a.warmup:])
     step_s = timed[len(timed) // 2]
+    prof_path = os.environ.get("MOE_PEER_PROFILE", "")
+    if prof_path and cuda:  # one more step under torch's profiler: its kernels, by GPU time (after the timing)
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            sync(a.device)
+        with open(prof_path.replace("{mode}", mode), "w") as f:
+            f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=70))
     if unsloth:  # which MoE backend Unsloth's experts forward used
         try:
             from unsloth_zoo.temporary_patches.moe_utils import select_moe_backend
