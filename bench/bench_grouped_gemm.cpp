@@ -67,8 +67,9 @@ const char* product_name(Product p) { return p == Product::kFwd ? "fwd" : p == P
 //   wgrad: dw [E, out, in] = dy_e^T x_e.   Each 2 N in out FLOP.
 // The problem list is built inside the timed launch, as ops:: builds it on every call.
 void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p,
-                 GroupedGemmVariant v, GemmType c_type = GemmType::kBF16) {
+                 GroupedGemmVariant v, GemmType c_type = GemmType::kBF16, float beta = 0.f) {
   std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p);
+  if (beta != 0.f) name += "_accumulate";
   if (v != GroupedGemmVariant::kAuto) name += std::string("/") + grouped_gemm_variant_name(v);
   add(name, [=](benchmark::State& st) {
     if (v == GroupedGemmVariant::kSm90 && !cuda::sm90_grouped_gemm_ready()) {
@@ -89,13 +90,13 @@ void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t
       if (p == Product::kWgrad) {
         ReductionGroupedGemm g;
         g.a = act.get(), g.lda = out, g.b = other.get(), g.ldb = in, g.c = result.get();
-        g.m = out, g.k = in, g.ab_type = GemmType::kBF16, g.c_type = c_type;
+        g.m = out, g.k = in, g.ab_type = GemmType::kBF16, g.c_type = c_type, g.beta = beta;
         return reduction_grouped_problems(g, off);
       }
       RowGroupedGemm g;
       g.a = act.get(), g.lda = rows_in, g.b = other.get(), g.c = result.get();
       g.k = rows_in, g.m = p == Product::kFwd ? out : in, g.trans_b = p == Product::kFwd;
-      g.ab_type = GemmType::kBF16, g.c_type = c_type;
+      g.ab_type = GemmType::kBF16, g.c_type = c_type, g.beta = beta;
       return row_grouped_problems(g, off);
     };
     run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute},
@@ -117,11 +118,23 @@ void register_grouped_gemm() {
              {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
               GroupedGemmVariant::kSm90})
           add_grouped(s, proj, in, out, p, v);
-  // LoRA rank 16 on Qwen3's gate_up experts: the A factor's forward, and its gradient into f32.
+  // LoRA rank 16 on Qwen3's experts, every product autograd/fn_grouped.cpp runs: per projection
+  // in -> out, the A factor as a projection in -> 16 (forward t = x A_e^T; dgrad dx = dt A_e; wgrad
+  // dA_e) and the B factor as 16 -> out (forward y = t B_e^T, K = 16; dgrad dt = dy B_e, N = 16;
+  // wgrad dB_e), the base products that accumulate onto them (beta 1), and dA_e into f32.
   const MoeShape& q = kShapes[0];
-  for (GroupedGemmVariant v : {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kSm90}) {
-    add_grouped(q, "lora_a", q.hidden, 16, Product::kFwd, v);
-    add_grouped(q, "lora_a_f32", q.hidden, 16, Product::kWgrad, v, GemmType::kF32);
+  for (GroupedGemmVariant v : {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
+                               GroupedGemmVariant::kSm90}) {
+    for (auto [proj, in, out] : {std::tuple{"gate_up", q.hidden, 2 * q.width}, std::tuple{"down", q.width, q.hidden}}) {
+      for (Product p : {Product::kFwd, Product::kDgrad, Product::kWgrad}) {
+        add_grouped(q, std::string(proj) + "_lora_a", in, 16, p, v);
+        add_grouped(q, std::string(proj) + "_lora_b", 16, out, p, v);
+      }
+      add_grouped(q, proj, in, out, Product::kFwd, v, GemmType::kBF16, 1.f);
+      add_grouped(q, proj, in, out, Product::kDgrad, v, GemmType::kBF16, 1.f);
+    }
+    if (v != GroupedGemmVariant::kCublasGrouped)  // cuBLAS's grouped call has no bf16 -> f32
+      add_grouped(q, "lora_a_f32", q.hidden, 16, Product::kWgrad, v, GemmType::kF32);
   }
 }
 
