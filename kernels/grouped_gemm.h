@@ -56,8 +56,7 @@ std::vector<GemmArgs> reduction_grouped_problems(const ReductionGroupedGemm& g, 
 // (cuda::gemm: per-shape heuristic algorithms, but a product of a few hundred rows fills a fraction
 // of the GPU and they run one after another); kSm90, Loom's persistent Hopper kernel
 // (kernels/cuda/grouped_gemm_sm90.cu: every problem's 128 x 128 tiles in one launch of wgmma, bf16
-// operands only, see sm90_grouped_unsupported); kAuto, what choose_grouped_gemm says (never kSm90
-// yet).
+// operands only, see sm90_grouped_unsupported); kAuto, what choose_grouped_gemm says.
 enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop, kSm90 };
 const char* grouped_gemm_variant_name(GroupedGemmVariant v);
 
@@ -73,7 +72,7 @@ const char* cublas_grouped_unsupported(const std::vector<GemmArgs>& problems);
 // cuda::sm90_grouped_gemm_ready's question.
 const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems);
 
-// The one selection rule (kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
+// The one selection rule (kSm90, kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
 // its definition for the measurements behind it.
 GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
 

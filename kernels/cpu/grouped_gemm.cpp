@@ -125,7 +125,17 @@ GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, in
   for (const GemmArgs& p : problems)
     tiles += double((p.m + kTile - 1) / kTile) * double((p.n + kTile - 1) / kTile);
   const double waves = tiles / double(problems.size()) / double(sm_count);
-  if (waves >= kGroupedBelowWaves || cublas_grouped_unsupported(problems)) return GroupedGemmVariant::kLoop;
+  if (waves >= kGroupedBelowWaves) return GroupedGemmVariant::kLoop;
+  // A thin row-grouped product (a LoRA factor's: N or K = rank) wastes most of a 128 x 128 x 64
+  // wgmma tile; cuBLAS's grouped call picks smaller tiles. H200, Qwen3-30B-A3B's experts at rank 16
+  // (bench_grouped_gemm, session 32), cuBLAS grouped against kSm90: gate_up x A^T 122 us against 147,
+  // t B^T 189 / 237, dt A 244 / 280, dy B 98 / 137; down 61 / 89, 246 / 287, 99 / 149, 123 / 164;
+  // moe.sh none 89,743 tokens/s against 88,622. The factors' gradients (A transposed, N = rank or
+  // M = rank) stay on kSm90: 198 us against 1302.
+  const GemmArgs& first = problems[0];
+  if (!first.trans_a && (first.n < 64 || first.k < 64))
+    return cublas_grouped_unsupported(problems) ? GroupedGemmVariant::kLoop : GroupedGemmVariant::kCublasGrouped;
+  if (cublas_grouped_unsupported(problems)) return GroupedGemmVariant::kLoop;
   // Many small bf16 problems: Loom's one-launch Hopper kernel (cuda::grouped_gemm falls back to
   // cuBLAS's grouped call off sm_90a). H200, Qwen3-30B-A3B's 128 experts at 8192 x 8 rows
   // (bench_grouped_gemm, session 31): gate_up fwd 1121 us against cuBLAS grouped's 1516, dgrad 1201

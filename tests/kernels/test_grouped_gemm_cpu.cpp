@@ -104,6 +104,11 @@ TEST(GroupedGemmRule, GroupedForManySmallExpertsLoopForFewLargeOnes) {
   EXPECT_NE(cublas_grouped_unsupported(experts(4, 3, 5, 8, bf, bf)), nullptr);
   EXPECT_EQ(choose_grouped_gemm(experts(4, 3, 5, 8, bf, bf), kH200Sms), GroupedGemmVariant::kLoop);
   EXPECT_EQ(cublas_grouped_unsupported(experts(4, 3, 8, 8, bf, bf)), nullptr);
+  // Rank-16 LoRA factors' row-grouped products (N or K = 16) go to cuBLAS's grouped call, or the loop
+  // for what it cannot run.
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 16, bf, bf), kH200Sms), GroupedGemmVariant::kCublasGrouped);
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 16, 1536, bf, bf), kH200Sms), GroupedGemmVariant::kCublasGrouped);
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 16, 1536, bf, GemmType::kF32), kH200Sms), GroupedGemmVariant::kLoop);
 }
 
 // What the kSm90 kernel takes: bf16 operands (to bf16 or f32) whose rows are whole 16-byte chunks,
