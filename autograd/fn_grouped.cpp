@@ -56,10 +56,10 @@ Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector
   return record1(node_of(op, backward), {&xs, &w}, y);
 }
 
-// t = x a_e^T [N, r];  y = scale * t b_e^T + x w_e^T (the adapter's skinny product written first,
-// the base GEMM adding onto it: one rounding, as fn_lora.cpp orders them). Backward, with
-// dt = dy b_e [N, r]:  db[e] = scale * dy^T t,  da[e] = scale * dt^T x,  dx = scale * dt a_e + dy w_e,
-// dw[e] = dy^T x.
+// t = scale * x a_e^T [N, r];  y = x w_e^T + t b_e^T, both products in one accumulation
+// (ops::grouped_matmul_dual_into: one launch on Hopper, the adapter's term no product of its own and
+// y rounded once). Backward, with dt = scale * dy b_e [N, r]:  db[e] = dy^T t,  da[e] = dt^T x,
+// dx = dy w_e + dt a_e (dual again),  dw[e] = dy^T x.
 Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
                              const std::vector<int64_t>& offsets, const WeightFn& rematerialize) {
   const char* op = "grouped_linear_lora";
@@ -74,10 +74,10 @@ Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variab
   const Tensor ac = a.value().to(cdt), bc = b.value().to(cdt);
   const int64_t rows = x.size(0);
   Tensor t = Tensor::empty({rows, r}, cdt, x.device());
-  ops::grouped_matmul_into(x, ac, t, offsets, true);  // [n_e, in] x [r, in]^T
+  ops::grouped_matmul_into(x, ac, t, offsets, true, scale, 0.f);  // scale [n_e, in] x [r, in]^T
   Tensor y = Tensor::empty({rows, out}, cdt, x.device());
-  ops::grouped_matmul_into(t, bc, y, offsets, true, scale, 0.f);                         // [n_e, r] x [out, r]^T
-  ops::grouped_matmul_into(x, in_compute_dtype(op, wv, cdt), y, offsets, true, 1.f, 1.f);  // += [n_e, in] x [out, in]^T
+  // [n_e, in] x [out, in]^T + [n_e, r] x [out, r]^T
+  ops::grouped_matmul_dual_into(x, in_compute_dtype(op, wv, cdt), t, bc, y, offsets, true);
 
   const bool need_x = xs.requires_grad(), need_a = a.requires_grad();
   const Tensor keep_x = need_a || w.requires_grad() ? x : Tensor();
@@ -97,19 +97,18 @@ Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variab
     // its factors' gradients to bf16 alike): one grouped GEMM instead of one GEMM per expert.
     auto master_grad = [&](const Tensor& lhs, const Tensor& rhs, const Shape& shape, DType dtype) {
       Tensor o = Tensor::empty(shape, lhs.dtype(), lhs.device());
-      ops::grouped_matmul_tn_into(lhs, rhs, o, offsets, scale);
+      ops::grouped_matmul_tn_into(lhs, rhs, o, offsets);
       return o.dtype() == dtype ? o : o.to(dtype);
     };
-    if (n.needs_grad(3)) db = master_grad(dy, keep_t, b_shape, b_dtype);  // db[e] = scale * dy^T t
+    if (n.needs_grad(3)) db = master_grad(dy, keep_t, b_shape, b_dtype);  // db[e] = dy^T t
     if (n.needs_grad(0) || n.needs_grad(2)) {
       Tensor dt = Tensor::empty({rows, r}, dy.dtype(), dy.device());
-      ops::grouped_matmul_into(dy, keep_b, dt, offsets, false);  // [n_e, out] x [out, r]
-      if (n.needs_grad(2)) da = master_grad(dt, keep_x, a_shape, a_dtype);  // da[e] = scale * dt^T x
-      if (n.needs_grad(0)) {  // dx = scale * dt a_e + dy w_e: [n_e, r] x [r, in], then += [n_e, out] x [out, in]
+      ops::grouped_matmul_into(dy, keep_b, dt, offsets, false, scale, 0.f);  // scale [n_e, out] x [out, r]
+      if (n.needs_grad(2)) da = master_grad(dt, keep_x, a_shape, a_dtype);  // da[e] = dt^T x
+      if (n.needs_grad(0)) {  // dx = dy w_e + dt a_e: [n_e, out] x [out, in] + [n_e, r] x [r, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
-        ops::grouped_matmul_into(dt, keep_a, dx, offsets, false, scale, 0.f);
-        ops::grouped_matmul_into(dy, in_compute_dtype(op, rematerialize ? rematerialize() : keep_w, dy.dtype()), dx,
-                                 offsets, false, 1.f, 1.f);
+        ops::grouped_matmul_dual_into(dy, in_compute_dtype(op, rematerialize ? rematerialize() : keep_w, dy.dtype()),
+                                      dt, keep_a, dx, offsets, false);
       }
     }
     if (n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x

@@ -8,6 +8,7 @@
 // top-k choices, drawn the same way in peer_torch.py so that both sides multiply the same groups.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -62,14 +63,20 @@ std::vector<int64_t> routing_offsets(const MoeShape& s) {
 enum class Product { kFwd, kDgrad, kWgrad };
 const char* product_name(Product p) { return p == Product::kFwd ? "fwd" : p == Product::kDgrad ? "dgrad" : "wgrad"; }
 
-// One projection of every expert, in -> out, weights [E, out, in] as checkpoints store them:
-//   fwd:   y [N, out] = x [N, in] w_e^T;   dgrad: dx [N, in] = dy [N, out] w_e;
-//   wgrad: dw [E, out, in] = dy_e^T x_e.   Each 2 N in out FLOP.
-// The problem list is built inside the timed launch, as ops:: builds it on every call.
-void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p,
-                 GroupedGemmVariant v, GemmType c_type = GemmType::kBF16, float beta = 0.f) {
-  std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p);
-  if (beta != 0.f) name += "_accumulate";
+// What every grouped benchmark's body gets: the shape's routing, the GPU's context and the slots of
+// the problem descriptors or pointer arrays.
+struct Setup {
+  std::vector<int64_t> off;  // [E + 1]
+  int64_t n, experts;        // rows, experts
+  const BenchContext& c;
+  cuda::GroupedGemmContext gc;
+  DeviceArray<void*>& pointers;
+};
+
+// Registers grouped_gemm/bf16/<shape>/<what>[/<variant>]; skipped where kSm90 cannot run.
+void add_variant(const MoeShape& s, const std::string& what, GroupedGemmVariant v,
+                 std::function<void(benchmark::State&, const Setup&)> body) {
+  std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + what;
   if (v != GroupedGemmVariant::kAuto) name += std::string("/") + grouped_gemm_variant_name(v);
   add(name, [=](benchmark::State& st) {
     if (v == GroupedGemmVariant::kSm90 && !cuda::sm90_grouped_gemm_ready()) {
@@ -77,10 +84,23 @@ void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t
       return;
     }
     const std::vector<int64_t> off = routing_offsets(s);
-    const int64_t n = off.back(), e_count = s.experts;
     const BenchContext& c = ctx();
-    const cuda::GroupedGemmContext gc{c.cublas, c.cublaslt, c.gemm_ws, c.sm_count};
-    DeviceArray<void*> pointers(cuda::grouped_gemm_pointer_slots(size_t(e_count)));
+    DeviceArray<void*> pointers(cuda::grouped_gemm_pointer_slots(size_t(s.experts)));
+    body(st, Setup{off, off.back(), s.experts, c, {c.cublas, c.cublaslt, c.gemm_ws, c.sm_count}, pointers});
+  });
+}
+
+// One projection of every expert, in -> out, weights [E, out, in] as checkpoints store them:
+//   fwd:   y [N, out] = x [N, in] w_e^T;   dgrad: dx [N, in] = dy [N, out] w_e;
+//   wgrad: dw [E, out, in] = dy_e^T x_e.   Each 2 N in out FLOP.
+// The problem list is built inside the timed launch, as ops:: builds it on every call.
+void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p,
+                 GroupedGemmVariant v, GemmType c_type = GemmType::kBF16, float beta = 0.f) {
+  const std::string what = proj + "_" + product_name(p) + (beta != 0.f ? "_accumulate" : "");
+  add_variant(s, what, v, [=](benchmark::State& st, const Setup& u) {
+    const std::vector<int64_t>& off = u.off;
+    const int64_t n = u.n, e_count = u.experts;
+    const BenchContext& c = u.c;
     const int64_t rows_in = p == Product::kFwd ? in : out;  // the row-major input's width
     auto act = random_array<bf16>(size_t(n * rows_in));     // x (fwd), dy (dgrad, wgrad)
     auto other = random_array<bf16>(size_t(p == Product::kWgrad ? n * in : e_count * out * in));  // x, or w
@@ -100,11 +120,41 @@ void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t
       return row_grouped_problems(g, off);
     };
     run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute},
-              [&] { cuda::grouped_gemm(problems(), v, gc, pointers.get(), c.stream); });
+              [&] { cuda::grouped_gemm(problems(), v, u.gc, u.pointers.get(), c.stream); });
     if (v == GroupedGemmVariant::kAuto) {  // which variant the rule picked: 0 the loop, 1 cuBLAS's grouped call, 2 sm90
       const GroupedGemmVariant pick = choose_grouped_gemm(problems(), c.sm_count);
       st.counters["picks"] = pick == GroupedGemmVariant::kLoop ? 0 : pick == GroupedGemmVariant::kCublasGrouped ? 1 : 2;
     }
+  });
+}
+
+// A LoRA projection's base product with its rank-r term in the same accumulation
+// (cuda::grouped_gemm_dual, autograd/fn_grouped.cpp): fwd y = x w_e^T + t b_e^T, dgrad
+// dx = dy w_e + dt a_e. FLOP: 2 N (in out + r out) fwd, 2 N (out in + r in) dgrad.
+void add_dual(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, int64_t r, Product p,
+              GroupedGemmVariant v) {
+  const std::string what = proj + "_" + product_name(p) + "_dual_r" + std::to_string(r);
+  add_variant(s, what, v, [=](benchmark::State& st, const Setup& u) {
+    const std::vector<int64_t>& off = u.off;
+    const int64_t n = u.n, e_count = u.experts;
+    const bool fwd = p == Product::kFwd;
+    const int64_t k = fwd ? in : out, m = fwd ? out : in;  // the base product's depth and width
+    auto act = random_array<bf16>(size_t(n * k)), w = random_array<bf16>(size_t(e_count * out * in));
+    auto act2 = random_array<bf16>(size_t(n * r)), w2 = random_array<bf16>(size_t(e_count * r * m));
+    DeviceArray<float> result(size_t(n * m) / 2 + 1);  // bf16
+    auto lists = [&] {
+      RowGroupedGemm g;
+      g.a = act.get(), g.lda = k, g.b = w.get(), g.c = result.get();
+      g.k = k, g.m = m, g.trans_b = fwd;
+      g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
+      RowGroupedGemm g2 = g;
+      g2.a = act2.get(), g2.lda = r, g2.b = w2.get(), g2.k = r;
+      return std::pair{row_grouped_problems(g, off), row_grouped_problems(g2, off)};
+    };
+    run_timed(st, {0, 2.0 * double(n) * double(k + r) * double(m), Bound::kCompute}, [&] {
+      const auto [first, second] = lists();
+      cuda::grouped_gemm_dual(first, second, v, u.gc, u.pointers.get(), u.c.stream);
+    });
   });
 }
 
@@ -121,7 +171,8 @@ void register_grouped_gemm() {
   // LoRA rank 16 on Qwen3's experts, every product autograd/fn_grouped.cpp runs: per projection
   // in -> out, the A factor as a projection in -> 16 (forward t = x A_e^T; dgrad dx = dt A_e; wgrad
   // dA_e) and the B factor as 16 -> out (forward y = t B_e^T, K = 16; dgrad dt = dy B_e, N = 16;
-  // wgrad dB_e), the base products that accumulate onto them (beta 1), and dA_e into f32.
+  // wgrad dB_e), the base products that accumulate onto them (beta 1), the base product and the rank-16
+// term in one accumulation (dual, what fn_grouped.cpp runs now), and dA_e into f32.
   const MoeShape& q = kShapes[0];
   for (GroupedGemmVariant v : {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
                                GroupedGemmVariant::kSm90}) {
@@ -132,6 +183,8 @@ void register_grouped_gemm() {
       }
       add_grouped(q, proj, in, out, Product::kFwd, v, GemmType::kBF16, 1.f);
       add_grouped(q, proj, in, out, Product::kDgrad, v, GemmType::kBF16, 1.f);
+      add_dual(q, proj, in, out, 16, Product::kFwd, v);
+      add_dual(q, proj, in, out, 16, Product::kDgrad, v);
     }
     if (v != GroupedGemmVariant::kCublasGrouped)  // cuBLAS's grouped call has no bf16 -> f32
       add_grouped(q, "lora_a_f32", q.hidden, 16, Product::kWgrad, v, GemmType::kF32);

@@ -67,6 +67,12 @@ Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype =
 // ([E, M, K] with trans_b), c [N, M] preallocated. Experts without rows are skipped.
 void grouped_matmul_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
                          bool trans_b, float alpha = 1.f, float beta = 0.f);
+// Two row-grouped products into one output: c[rows_e] = alpha * (a[rows_e] op(b[e]) + a2[rows_e]
+// op(b2[e])) + beta * c[rows_e]; a2 [N, K2], b2 [E, K2, M] ([E, M, K2] with trans_b), the same
+// dtypes (a LoRA adapter's term t' B^T folded into its base product x W^T). On sm_90a one launch of
+// Loom's Hopper kernel when the rule picks it for the first product, else the two in turn.
+void grouped_matmul_dual_into(const Tensor& a, const Tensor& b, const Tensor& a2, const Tensor& b2, Tensor& c,
+                              const std::vector<int64_t>& offsets, bool trans_b, float alpha = 1.f, float beta = 0.f);
 // Reduction-grouped (weight gradients): c[e] = alpha * a[rows_e]^T b[rows_e] + beta * c[e]; a [N, M],
 // b [N, K], c [E, M, K] preallocated; an expert without rows gets beta * c[e] (0 when beta = 0).
 void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,

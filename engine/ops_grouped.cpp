@@ -27,10 +27,12 @@ void scale_output(Tensor c, float beta) {
   else if (beta != 1.f) c.copy_(scale(c, beta));
 }
 
-void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device device, GroupedGemmVariant variant) {
+// second: a dual list's second products (kernels/grouped_gemm.h), or null.
+void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device device, GroupedGemmVariant variant,
+                 const std::vector<GemmArgs>* second = nullptr) {
   if (problems.empty()) return;
   if (device.is_cpu()) {
-    cpu::grouped_gemm(problems);
+    second ? cpu::grouped_gemm_dual(problems, *second) : cpu::grouped_gemm(problems);
     return;
   }
 #if LOOM_WITH_CUDA
@@ -42,7 +44,9 @@ void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device d
                                   DType::i64, device);
   const cuda::GroupedGemmContext c{ctx.cublas, ctx.cublaslt, GemmWorkspace{ctx.gemm_workspace, ctx.gemm_workspace_bytes},
                                    ctx.sm_count};
-  cuda::grouped_gemm(problems, variant, c, static_cast<void**>(pointers.data_ptr()), ctx.stream);
+  void** slots = static_cast<void**>(pointers.data_ptr());
+  second ? cuda::grouped_gemm_dual(problems, *second, variant, c, slots, ctx.stream)
+         : cuda::grouped_gemm(problems, variant, c, slots, ctx.stream);
 #else
   LOOM_CHECK(false, op, ": Loom was built without CUDA (LOOM_CUDA=OFF)");
 #endif
@@ -78,6 +82,42 @@ void grouped_matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, cons
   run_grouped(op, row_grouped_problems(g, offsets), a.device(), variant);
 }
 
+void grouped_matmul_dual_into(const Tensor& a_in, const Tensor& b_in, const Tensor& a2_in, const Tensor& b2_in,
+                              Tensor& c, const std::vector<int64_t>& offsets, bool trans_b, float alpha, float beta,
+                              GroupedGemmVariant variant) {
+  const char* op = "grouped_matmul_dual";
+  LOOM_CHECK(a_in.dim() == 2 && b_in.dim() == 3 && a2_in.dim() == 2 && b2_in.dim() == 3 && c.dim() == 2, op,
+             ": needs a [N, K], b [E, ", trans_b ? "M, K" : "K, M", "], a2 [N, K2], b2 [E, ", trans_b ? "M, K2" : "K2, M",
+             "] and c [N, M], got ", a_in.str(), ", ", b_in.str(), ", ", a2_in.str(), ", ", b2_in.str(), " and ", c.str());
+  check_operands(op, a_in, b_in, c);
+  check_operands(op, a2_in, b2_in, c);
+  same_dtype(op, a_in, a2_in);
+  const int64_t n = a_in.size(0), k = a_in.size(1), k2 = a2_in.size(1);
+  const int64_t m = trans_b ? b_in.size(1) : b_in.size(2), kb = trans_b ? b_in.size(2) : b_in.size(1);
+  const int64_t m2 = trans_b ? b2_in.size(1) : b2_in.size(2), kb2 = trans_b ? b2_in.size(2) : b2_in.size(1);
+  LOOM_CHECK(b_in.size(0) + 1 == static_cast<int64_t>(offsets.size()) && b2_in.size(0) == b_in.size(0), op, ": b ",
+             b_in.str(), " and b2 ", b2_in.str(), " must have one matrix per expert (", offsets.size() - 1, ")");
+  check_group_offsets(op, offsets, n);
+  LOOM_CHECK(k == kb && k2 == kb2 && m2 == m && a2_in.size(0) == n && c.size(0) == n && c.size(1) == m, op, ": a ",
+             a_in.str(), " x b ", b_in.str(), " and a2 ", a2_in.str(), " x b2 ", b2_in.str(), trans_b ? " (^T)" : "",
+             " do not both give c ", c.str());
+  if (n == 0 || m == 0) return;
+  // One empty product: the other alone.
+  if (k == 0) return grouped_matmul_into(a2_in, b2_in, c, offsets, trans_b, alpha, beta, variant);
+  if (k2 == 0) return grouped_matmul_into(a_in, b_in, c, offsets, trans_b, alpha, beta, variant);
+  int64_t lda = 0, lda2 = 0;
+  const Tensor a = gemm_operand(a_in, lda), b = b_in.contiguous(), a2 = gemm_operand(a2_in, lda2), b2 = b2_in.contiguous();
+  RowGroupedGemm g;
+  g.a = a.data_ptr(), g.lda = lda, g.b = b.data_ptr(), g.c = c.data_ptr();
+  g.k = k, g.m = m, g.trans_b = trans_b;
+  g.ab_type = gemm_type(op, a.dtype()), g.c_type = gemm_type(op, c.dtype());
+  g.alpha = alpha, g.beta = beta;
+  RowGroupedGemm g2 = g;
+  g2.a = a2.data_ptr(), g2.lda = lda2, g2.b = b2.data_ptr(), g2.k = k2;
+  const std::vector<GemmArgs> second = row_grouped_problems(g2, offsets);
+  run_grouped(op, row_grouped_problems(g, offsets), a.device(), variant, &second);
+}
+
 void grouped_matmul_tn_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, const std::vector<int64_t>& offsets,
                             float alpha, float beta, GroupedGemmVariant variant) {
   const char* op = "grouped_matmul_tn";
@@ -111,6 +151,11 @@ void grouped_matmul_tn_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, c
 void grouped_matmul_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
                          bool trans_b, float alpha, float beta) {
   detail::grouped_matmul_into(a, b, c, offsets, trans_b, alpha, beta, GroupedGemmVariant::kAuto);
+}
+
+void grouped_matmul_dual_into(const Tensor& a, const Tensor& b, const Tensor& a2, const Tensor& b2, Tensor& c,
+                              const std::vector<int64_t>& offsets, bool trans_b, float alpha, float beta) {
+  detail::grouped_matmul_dual_into(a, b, a2, b2, c, offsets, trans_b, alpha, beta, GroupedGemmVariant::kAuto);
 }
 
 void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,

@@ -12,6 +12,9 @@ namespace loom::ops::detail {
 
 void grouped_matmul_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
                          bool trans_b, float alpha, float beta, GroupedGemmVariant variant);
+void grouped_matmul_dual_into(const Tensor& a, const Tensor& b, const Tensor& a2, const Tensor& b2, Tensor& c,
+                              const std::vector<int64_t>& offsets, bool trans_b, float alpha, float beta,
+                              GroupedGemmVariant variant);
 void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
                             float alpha, float beta, GroupedGemmVariant variant);
 

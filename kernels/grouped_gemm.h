@@ -51,6 +51,11 @@ struct ReductionGroupedGemm {
 };
 std::vector<GemmArgs> reduction_grouped_problems(const ReductionGroupedGemm& g, const std::vector<int64_t>& offsets);
 
+// The second products of a dual list (sm90_dual_unsupported) as separate products that accumulate
+// onto the first's result: second's with problems[i]'s alpha and beta 1 (how a backend without the
+// fused kernel runs a dual list, after `problems`).
+std::vector<GemmArgs> second_accumulating(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second);
+
 // How CUDA runs a list of problems: kCublasGrouped, one cublasGemmGroupedBatchedEx call (all
 // problems in one launch, its SMs shared out between them); kLoop, one cuBLASLt call each
 // (cuda::gemm: per-shape heuristic algorithms, but a product of a few hundred rows fills a fraction
@@ -72,6 +77,13 @@ const char* cublas_grouped_unsupported(const std::vector<GemmArgs>& problems);
 // cuda::sm90_grouped_gemm_ready's question.
 const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems);
 
+// Two products summed into one output (a LoRA adapter's low-rank term folded into its base
+// product): for each i, C_i = alpha (op(A_i) op(B_i) + op(A2_i) op(B2_i)) + beta C_i, where second[i]
+// gives A2_i, B2_i, their depth k and leading dimensions, and shares problems[i]'s m, n, C, transposes
+// and types. Why the kSm90 kernel cannot run them as one (sm90_grouped_unsupported of either list,
+// or lists that do not pair up), or nullptr.
+const char* sm90_dual_unsupported(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second);
+
 // The one selection rule (kSm90, kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
 // its definition for the measurements behind it.
 GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
@@ -81,6 +93,8 @@ GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, in
 namespace loom::cpu {
 // cpu::gemm for each problem in turn.
 void grouped_gemm(const std::vector<GemmArgs>& problems);
+// A dual list (sm90_dual_unsupported's): `problems`, then second_accumulating(problems, second).
+void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second);
 }  // namespace loom::cpu
 
 namespace loom::cuda {
@@ -93,8 +107,8 @@ struct GroupedGemmContext {
   int sm_count = 0;
 };
 // Device entries a grouped launch needs in `pointers`: kCublasGrouped's A, B and C pointer arrays
-// (3 per problem), or kSm90's problem descriptors (48 bytes, 6 slots per problem).
-inline constexpr size_t kSm90SlotsPerProblem = 6;
+// (3 per problem), or kSm90's problem descriptors (80 bytes, 10 slots per problem).
+inline constexpr size_t kSm90SlotsPerProblem = 10;
 inline size_t grouped_gemm_pointer_slots(size_t problems) { return kSm90SlotsPerProblem * problems; }
 // Runs the problems (none may be batched; all share one type pair) on stream s. kCublasGrouped
 // writes its pointer arrays into `pointers` (device memory of grouped_gemm_pointer_slots entries,
@@ -102,6 +116,11 @@ inline size_t grouped_gemm_pointer_slots(size_t problems) { return kSm90SlotsPer
 // buffer has to outlive the call; a forced kCublasGrouped on problems it cannot run throws.
 void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant variant, const GroupedGemmContext& c,
                   void** pointers, Stream s);
+// A dual list (sm90_dual_unsupported's): one kSm90 launch when the variant (kAuto: the rule's pick for
+// `problems`) is kSm90 and the kernel can fuse them, else grouped_gemm of `problems` with the variant,
+// then of second_accumulating(problems, second) with it too (the rule's pick for kAuto or kSm90).
+void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second,
+                       GroupedGemmVariant variant, const GroupedGemmContext& c, void** pointers, Stream s);
 
 // The kSm90 kernel: whether this build has it (sm_90a) and the current GPU runs it (compute 9.0).
 bool sm90_grouped_gemm_ready();
@@ -109,5 +128,7 @@ bool sm90_grouped_gemm_ready();
 // `pointers` (grouped_gemm_pointer_slots entries, 8-byte aligned) through small kernels whose
 // launch arguments carry them, then one persistent launch of min(tiles, sm_count) blocks
 // (sm_count <= 0: the device's). Throws when sm90_grouped_unsupported or the GPU says no.
-void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s);
+// With `second`, a dual list summed into the same accumulators (sm90_dual_unsupported).
+void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
+                       const std::vector<GemmArgs>* second = nullptr);
 }  // namespace loom::cuda

@@ -62,6 +62,15 @@ std::vector<GemmArgs> reduction_grouped_problems(const ReductionGroupedGemm& g, 
   return out;
 }
 
+std::vector<GemmArgs> second_accumulating(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second) {
+  std::vector<GemmArgs> out = second;
+  for (size_t i = 0; i < out.size() && i < problems.size(); ++i) {
+    out[i].alpha = problems[i].alpha;
+    out[i].beta = 1.f;
+  }
+  return out;
+}
+
 const char* grouped_gemm_variant_name(GroupedGemmVariant v) {
   switch (v) {
     case GroupedGemmVariant::kAuto: return "auto";
@@ -111,6 +120,19 @@ const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems) {
   return nullptr;
 }
 
+const char* sm90_dual_unsupported(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second) {
+  if (second.size() != problems.size()) return "a second list of another length";
+  if (const char* why = sm90_grouped_unsupported(problems)) return why;
+  if (const char* why = sm90_grouped_unsupported(second)) return why;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const GemmArgs &p = problems[i], &q = second[i];
+    if (q.m != p.m || q.n != p.n || q.c != p.c || q.ldc != p.ldc || q.trans_a != p.trans_a || q.trans_b != p.trans_b ||
+        q.ab_type != p.ab_type || q.c_type != p.c_type)
+      return "a second product with another output, shape, transpose or type";
+  }
+  return nullptr;
+}
+
 // Provisional, from the arithmetic of tiles; bench/bench_grouped_gemm.cpp times both variants on
 // the H200 to settle kGroupedBelowWaves. One cuBLASLt call fills the GPU only when its output has
 // enough tiles: Qwen3-30B-A3B's gate_up product averages 512 rows per expert, and 512 x 1536 is 48
@@ -151,6 +173,13 @@ namespace loom::cpu {
 
 void grouped_gemm(const std::vector<GemmArgs>& problems) {
   for (const GemmArgs& p : problems) gemm(p);
+}
+
+void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second) {
+  LOOM_CHECK(second.size() == problems.size(), "cpu grouped_gemm_dual: ", problems.size(), " problems but ",
+             second.size(), " second products");
+  grouped_gemm(problems);
+  grouped_gemm(second_accumulating(problems, second));
 }
 
 }  // namespace loom::cpu

@@ -117,4 +117,23 @@ void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant vari
   for (const GemmArgs& p : problems) gemm(p, c.cublaslt, c.ws, s);
 }
 
+void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second,
+                       GroupedGemmVariant variant, const GroupedGemmContext& c, void** pointers, Stream s) {
+  LOOM_CHECK(second.size() == problems.size(), "cuda grouped_gemm_dual: ", problems.size(), " problems but ",
+             second.size(), " second products");
+  if (problems.empty()) return;
+  const GroupedGemmVariant pick = variant == GroupedGemmVariant::kAuto ? choose_grouped_gemm(problems, c.sm_count) : variant;
+  if (pick == GroupedGemmVariant::kSm90 && sm90_grouped_gemm_ready() && sm90_dual_unsupported(problems, second) == nullptr) {
+    for (const GemmArgs& p : problems) check_gemm_args(p, "cuda grouped");
+    for (const GemmArgs& p : second) check_gemm_args(p, "cuda grouped");
+    sm90_grouped_gemm(problems, c.sm_count, pointers, s, &second);
+    return;
+  }
+  // In stream order: the second call's pointer arrays overwrite the first's after it has run. A
+  // variant named for the pair names the second's too (kSm90 that could not fuse: the rule's).
+  grouped_gemm(problems, variant, c, pointers, s);
+  grouped_gemm(second_accumulating(problems, second),
+               variant == GroupedGemmVariant::kSm90 ? GroupedGemmVariant::kAuto : variant, c, pointers, s);
+}
+
 }  // namespace loom::cuda

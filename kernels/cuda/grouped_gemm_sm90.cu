@@ -20,6 +20,9 @@
 //   swizzled tiles of kernels/cuda/wgmma.cuh through its transpose bits. Loads zero-fill rows and
 //   16-byte column chunks outside the problem, so a reduction depth (K) that ends mid-step sums
 //   zeros, and nothing outside A, B or C is read. K = 0 is one step of zeros: C = beta C.
+// - Two products into one output (sm90_grouped_gemm's `second`, a LoRA term folded into its base
+//   product): a problem's k-steps are those of A B, then those of A2 B2 (its own depth k2 and leading
+//   dimensions, the same layouts), all into the same accumulators: C = alpha (A B + A2 B2) + beta C.
 // - Epilogue: straight from the accumulators to global memory, pairs of columns, rows and columns
 //   outside the problem skipped; C = alpha acc + beta C (C not read when beta is 0).
 #include <algorithm>
@@ -48,14 +51,18 @@ static_assert(kStages >= 3, "the stage being loaded is two steps behind the one 
 constexpr size_t kSmemBytes = size_t(kStages) * 2 * kStageElems * sizeof(bf16) + 1024;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "Hopper gives a block at most 227 KiB of shared memory");
 
-// One problem as the kernel reads it (device memory, written by write_problems).
+// One problem as the kernel reads it (device memory, written by write_problems). a2, b2: the second
+// product's operands (k2 = 0 when there is none; they then repeat a and b, which are never read for it).
 struct Problem {
   const bf16* a;
   const bf16* b;
   void* c;
+  const bf16* a2;
+  const bf16* b2;
   int32_t m, n, k, lda, ldb, ldc;
+  int32_t k2, lda2, ldb2, unused;
 };
-static_assert(sizeof(Problem) == 48 && alignof(Problem) == 8, "6 pointer slots per problem");
+static_assert(sizeof(Problem) == 80 && alignof(Problem) == 8, "10 pointer slots per problem");
 static_assert(sizeof(Problem) <= kSm90SlotsPerProblem * sizeof(void*), "grouped_gemm_pointer_slots covers it");
 
 __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -65,7 +72,7 @@ struct Cursor {
   Problem prob;
   int64_t tile, start;  // the linear tile index; the first tile of problem p
   int p, tiles, tm_count;
-  int m0, n0, kt, kt_count;
+  int m0, n0, kt, kt_count, kt_first;  // kt_first: the k-steps of A B (then those of A2 B2)
 
   __device__ __forceinline__ bool valid(int count) const { return p < count; }
   __device__ __forceinline__ void enter(const Problem* problems) {
@@ -84,7 +91,8 @@ struct Cursor {
       m0 = (local % tm_count) * kBM;
       n0 = (local / tm_count) * kBN;
       kt = 0;
-      kt_count = max(1, cdiv(prob.k, kBK));
+      kt_first = cdiv(prob.k, kBK);
+      kt_count = max(1, kt_first + cdiv(prob.k2, kBK));
     }
   }
   __device__ __forceinline__ void init(const Problem* problems, int count, int64_t first) {
@@ -109,11 +117,18 @@ __device__ __forceinline__ void load_step(const Cursor& c, bf16* sA, bf16* sB,
                                           const wgmma::TileLoader<kBM, kBK, kThreads>& k_major,
                                           const wgmma::TileLoader<kBK, kBM, kThreads>& mn_major) {
   const Problem& p = c.prob;
-  const int k0 = c.kt * kBK;
-  if constexpr (!kTransA) k_major.load(sA, p.a + k0, p.lda, c.m0, p.m, p.k - k0);  // A [M, K]
-  else mn_major.load(sA, p.a + c.m0, p.lda, k0, p.k, p.m - c.m0);                  // A [K, M]
-  if constexpr (kTransB) k_major.load(sB, p.b + k0, p.ldb, c.n0, p.n, p.k - k0);   // B [N, K]
-  else mn_major.load(sB, p.b + c.n0, p.ldb, k0, p.k, p.n - c.n0);                  // B [K, N]
+  // The first product's k-steps, then the second's (K = 0 with no second product: one step of zeros
+  // from the first's operands).
+  const bool first = c.kt < c.kt_first || p.k2 == 0;
+  const bf16* a = first ? p.a : p.a2;
+  const bf16* b = first ? p.b : p.b2;
+  const int64_t lda = first ? p.lda : p.lda2, ldb = first ? p.ldb : p.ldb2;
+  const int depth = first ? p.k : p.k2;
+  const int k0 = (first ? c.kt : c.kt - c.kt_first) * kBK;
+  if constexpr (!kTransA) k_major.load(sA, a + k0, lda, c.m0, p.m, depth - k0);  // A [M, K]
+  else mn_major.load(sA, a + c.m0, lda, k0, depth, p.m - c.m0);                  // A [K, M]
+  if constexpr (kTransB) k_major.load(sB, b + k0, ldb, c.n0, p.n, depth - k0);   // B [N, K]
+  else mn_major.load(sB, b + c.n0, ldb, k0, depth, p.n - c.n0);                  // B [K, N]
 }
 
 __device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = {x, y}; }
@@ -251,8 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Problem descriptors for up to kChunk problems, passed by value as a kernel argument (3 KiB).
-constexpr int kChunk = 64;
+// Problem descriptors for up to kChunk problems, passed by value as a kernel argument (3.75 KiB).
+constexpr int kChunk = 48;
 struct ProblemChunk {
   Problem p[kChunk];
   int count;
@@ -281,9 +296,10 @@ void launch(const Problem* problems, int count, int64_t tiles, int sm_count, flo
 
 bool sm90_grouped_gemm_ready() { return flash::sm90_ready(); }
 
-void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s) {
+void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
+                       const std::vector<GemmArgs>* second) {
   if (problems.empty()) return;
-  const char* why = sm90_grouped_unsupported(problems);
+  const char* why = second ? sm90_dual_unsupported(problems, *second) : sm90_grouped_unsupported(problems);
   LOOM_CHECK(why == nullptr, "cuda grouped_gemm: the sm90 kernel cannot run these problems: ", why);
   LOOM_CHECK(sm90_grouped_gemm_ready(), "cuda grouped_gemm: the sm90 kernel needs an sm_90 GPU and a build for sm_90a");
   LOOM_CHECK(pointers != nullptr && reinterpret_cast<uintptr_t>(pointers) % alignof(Problem) == 0,
@@ -298,8 +314,12 @@ void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void
     chunk.count = std::min(kChunk, n - first);
     for (int i = 0; i < chunk.count; ++i) {
       const GemmArgs& g = problems[first + i];
-      chunk.p[i] = Problem{static_cast<const bf16*>(g.a), static_cast<const bf16*>(g.b), g.c, int32_t(g.m),
-                           int32_t(g.n), int32_t(g.k), int32_t(g.lda), int32_t(g.ldb), int32_t(g.ldc)};
+      const GemmArgs& g2 = second ? (*second)[first + i] : g;
+      const bool two = second != nullptr && g2.k > 0;
+      chunk.p[i] = Problem{static_cast<const bf16*>(g.a), static_cast<const bf16*>(g.b), g.c,
+                           static_cast<const bf16*>(two ? g2.a : g.a), static_cast<const bf16*>(two ? g2.b : g.b),
+                           int32_t(g.m), int32_t(g.n), int32_t(g.k), int32_t(g.lda), int32_t(g.ldb), int32_t(g.ldc),
+                           int32_t(two ? g2.k : 0), int32_t(two ? g2.lda : g.lda), int32_t(two ? g2.ldb : g.ldb), 0};
       tiles += ((g.m + kBM - 1) / kBM) * ((g.n + kBN - 1) / kBN);
     }
     write_problems<<<1, kChunk, 0, s>>>(chunk, dev + first);

@@ -92,6 +92,46 @@ TEST(GroupedMatmul, RowGroupedIsThePerExpertLoop) {
       }
 }
 
+// Two products into one output (a LoRA term folded into its base product): the sum of both
+// per-expert loops, alpha over the sum, beta once; a second depth of its own (3 against 5); one of
+// the two empty falls back to the other alone.
+TEST(GroupedMatmul, DualIsTheSumOfBothPerExpertLoops) {
+  constexpr int64_t kK2 = 3;
+  for (const Types& t : kTypes)
+    for (bool tb : {false, true})
+      for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{2.f, 0.5f}}) {
+        const Tensor a = random({kN, kK}, 1).to(t.in), a2 = random({kN, kK2}, 4).to(t.in);
+        const Tensor b = random(tb ? Shape{kE, kM, kK} : Shape{kE, kK, kM}, 2).to(t.in);
+        const Tensor b2 = random(tb ? Shape{kE, kM, kK2} : Shape{kE, kK2, kM}, 5).to(t.in);
+        Tensor c = (beta == 0.f ? nans({kN, kM}) : random({kN, kM}, 3)).to(t.out);
+        const Tensor c0 = c.clone();
+        ops::grouped_matmul_dual_into(a, b, a2, b2, c, kOffsets, tb, alpha, beta);
+        const std::vector<double> first = row_grouped(a, b, c0, kOffsets, tb, alpha, beta);
+        const std::vector<double> second = row_grouped(a2, b2, c0, kOffsets, tb, alpha, 0.0);
+        const std::vector<double> got = doubles(c);
+        // The CPU rounds the first product to the output's dtype before adding the second: each
+        // rounding errs by at most tol relative to its own value (one of `first`, one of the sum).
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double want = first[i] + second[i];
+          const double bound = t.tol * (std::max(1.0, std::abs(first[i])) + std::max(1.0, std::abs(want)));
+          ASSERT_NEAR(got[i], want, bound) << "dual " << name(t.in) << "->" << name(t.out) << (tb ? " trans_b" : "")
+                                           << " beta " << beta << " element " << i;
+        }
+      }
+  // An empty second product (K2 = 0) is the first alone.
+  const Tensor a = random({kN, kK}, 1), b = random({kE, kM, kK}, 2);
+  Tensor c = nans({kN, kM});
+  ops::grouped_matmul_dual_into(a, b, Tensor::zeros({kN, 0}, DType::f64), Tensor::zeros({kE, kM, 0}, DType::f64), c,
+                                kOffsets, true);
+  expect_near(c, row_grouped(a, b, nans({kN, kM}), kOffsets, true, 1, 0), 1e-12, "dual with K2 = 0");
+  // Misfits name the operands.
+  Tensor out = Tensor::zeros({kN, kM}, DType::f64);
+  EXPECT_THROW(ops::grouped_matmul_dual_into(a, b, random({kN, 3}, 4), random({kE, kM + 1, 3}, 5), out, kOffsets, true),
+               Error);
+  EXPECT_THROW(ops::grouped_matmul_dual_into(a, b, random({kN - 1, 3}, 4), random({kE, kM, 3}, 5), out, kOffsets, true),
+               Error);
+}
+
 TEST(GroupedMatmul, ReductionGroupedIsThePerExpertLoop) {
   for (const Types& t : kTypes)
     for (auto [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{2.f, 0.5f}, std::pair{-1.f, 1.f}}) {

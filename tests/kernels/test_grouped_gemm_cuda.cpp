@@ -2,7 +2,8 @@
 // control of the harness, against an f64 CPU reference on the same bf16 values: row-grouped
 // (forward with trans_b, input gradient without) and reduction-grouped (weight gradient) problem
 // lists, bf16 and f32 outputs, beta 0 (into NaNs) and 1, experts without rows, with fewer rows than
-// a tile and row counts off the tile; K and M off the tile; 1, 8 and 128 experts; a Qwen3-like shape.
+// a tile and row counts off the tile; K and M off the tile; 1, 8 and 128 experts; a Qwen3-like shape;
+// dual lists (a second product of its own depth, a LoRA term, summed into the same output).
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -27,13 +28,18 @@ struct Case {
   int64_t k, m;                  // row-grouped: A [N, k], B [E, m, k] or [E, k, m]; wgrad: A [N, m], B [N, k]
   GemmType c_type;
   float alpha, beta;
+  int64_t k2 = 0;  // row-grouped: a second product A2 [N, k2] op(B2[e]) summed into C (a dual list)
 };
 
 std::string describe(const Case& c) {
   return std::string(kind_name(c.kind)) + " E=" + std::to_string(c.offsets.size() - 1) +
          " N=" + std::to_string(c.offsets.back()) + " k=" + std::to_string(c.k) + " m=" + std::to_string(c.m) +
-         " C=" + gemm_type_name(c.c_type) + " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta);
+         " C=" + gemm_type_name(c.c_type) + " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta) +
+         (c.k2 > 0 ? " k2=" + std::to_string(c.k2) : "");
 }
+
+// The second products of a dual case: its own depth k2 over A2, B2, into the same C.
+std::vector<GemmArgs> second_of(const Case& c, const void* a2, const void* b2, void* out, GemmType ab, GemmType ct);
 
 // The problem list of a case over operands at a, b, c of the given types.
 std::vector<GemmArgs> problems_of(const Case& c, const void* a, const void* b, void* out, GemmType ab, GemmType ct) {
@@ -48,6 +54,12 @@ std::vector<GemmArgs> problems_of(const Case& c, const void* a, const void* b, v
   g.k = c.k, g.m = c.m, g.trans_b = c.kind == Kind::kForward;
   g.ab_type = ab, g.c_type = ct, g.alpha = c.alpha, g.beta = c.beta;
   return row_grouped_problems(g, c.offsets);
+}
+
+std::vector<GemmArgs> second_of(const Case& c, const void* a2, const void* b2, void* out, GemmType ab, GemmType ct) {
+  Case d = c;
+  d.k = c.k2;
+  return problems_of(d, a2, b2, out, ab, ct);
 }
 
 std::vector<double> widen(const std::vector<bf16>& v) {
@@ -88,6 +100,9 @@ class GroupedGemmCuda : public CublasLtTest {
     constexpr size_t kCanary = 256;
     const std::vector<bf16> a = random_vec<bf16>(a_size, 11), b = random_vec<bf16>(b_size, 12);
     const std::vector<TC> c0 = initial_c<TC>(c_size + kCanary, c.beta == 0.f, 13);
+    const bool dual = c.k2 > 0;
+    const std::vector<bf16> a2 = random_vec<bf16>(dual ? size_t(n * c.k2) : 0, 14);
+    const std::vector<bf16> b2 = random_vec<bf16>(dual ? size_t(experts * c.k2 * c.m) : 0, 15);
 
     // Reference in f64: want = the products over the initial C; bound = |A||B| + |beta C0|.
     std::vector<double> want(c_size), bound(c_size, 0.0);
@@ -98,6 +113,14 @@ class GroupedGemmCuda : public CublasLtTest {
     abs_case.alpha = std::abs(c.alpha), abs_case.beta = 0.f;
     cpu::grouped_gemm(
         problems_of(abs_case, a_abs.data(), b_abs.data(), bound.data(), GemmType::kF64, GemmType::kF64));
+    if (dual) {  // + alpha A2 B2 into want, + |alpha| |A2||B2| into the bound
+      const std::vector<double> a2_64 = widen(a2), b2_64 = widen(b2), a2_abs = absolute(a2_64), b2_abs = absolute(b2_64);
+      Case add = c;
+      add.beta = 1.f;
+      cpu::grouped_gemm(second_of(add, a2_64.data(), b2_64.data(), want.data(), GemmType::kF64, GemmType::kF64));
+      add.alpha = std::abs(c.alpha);
+      cpu::grouped_gemm(second_of(add, a2_abs.data(), b2_abs.data(), bound.data(), GemmType::kF64, GemmType::kF64));
+    }
     for (size_t i = 0; i < c_size; ++i)
       if (c.beta != 0.f && std::isfinite(want[i])) bound[i] += std::abs(double(c.beta) * double(to_acc(c0[i])));
 
@@ -108,7 +131,14 @@ class GroupedGemmCuda : public CublasLtTest {
     const GemmType ct = std::is_same_v<TC, float> ? GemmType::kF32 : GemmType::kBF16;
     const std::vector<GemmArgs> problems = problems_of(c, a_d.get(), b_d.get(), c_d.get(), GemmType::kBF16, ct);
     ASSERT_EQ(sm90_grouped_unsupported(problems), nullptr) << what;
-    cuda::grouped_gemm(problems, variant, ctx, slots.get(), nullptr);
+    DeviceBuffer<bf16> a2_d(dual ? a2 : std::vector<bf16>(1)), b2_d(dual ? b2 : std::vector<bf16>(1));
+    if (dual) {
+      const std::vector<GemmArgs> second = second_of(c, a2_d.get(), b2_d.get(), c_d.get(), GemmType::kBF16, ct);
+      ASSERT_EQ(sm90_dual_unsupported(problems, second), nullptr) << what;
+      cuda::grouped_gemm_dual(problems, second, variant, ctx, slots.get(), nullptr);
+    } else {
+      cuda::grouped_gemm(problems, variant, ctx, slots.get(), nullptr);
+    }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
     const std::vector<TC> got = c_d.to_host();
 
@@ -124,7 +154,8 @@ class GroupedGemmCuda : public CublasLtTest {
     // A bf16 C is rounded once: half an ulp, at most 2^-8 of the value. cuBLASLt (the loop, this test's
     // check on itself) with beta != 0 rounds alpha AB to bf16 before adding beta C and rounds again:
     // measured up to 0.9 ulp on the H200 (4.375 for 4.3465), so it gets one ulp, 2^-7.
-    const bool twice = variant == GroupedGemmVariant::kLoop && c.beta != 0.f;
+    // A dual list on the loop is two products, the second accumulating onto the first's rounded C.
+    const bool twice = variant == GroupedGemmVariant::kLoop && (c.beta != 0.f || dual);
     const double rel = std::is_same_v<TC, float> ? 0.0 : twice ? 0x1p-7 : 0x1p-8;
     int64_t bad = 0, worst = -1;
     double worst_excess = 0;
@@ -222,6 +253,22 @@ TEST_F(GroupedGemmCuda, Qwen3LikeShapes) {
   check_all({Kind::kInputGrad, off, 1536, 2048, GemmType::kBF16, 1.f, 0.f});
   check_all({Kind::kWeightGrad, off, 2048, 1536, GemmType::kF32, 1.f, 1.f});
   check_all({Kind::kForward, off, 768, 2048, GemmType::kBF16, 1.f, 0.f});
+}
+
+// Dual lists (autograd/fn_grouped.cpp's LoRA forward x W^T + t B^T and input gradient dy W + dt A):
+// a second depth of 16 (a quarter of a k-step) and of 72 (a k-step and a partial one), beta 0 and 1,
+// bf16 and f32 C, at small uneven shapes and at Qwen3's gate_up with rank 16.
+TEST_F(GroupedGemmCuda, DualProductsIntoOneOutput) {
+  const std::vector<int64_t> off = {0, 0, 1, 8, 8, 21, 150, 350, 414};
+  for (Kind kind : {Kind::kForward, Kind::kInputGrad})
+    for (int64_t k2 : {16, 72})
+      for (float beta : {0.f, 1.f}) {
+        check_all({kind, off, 72, 136, GemmType::kBF16, beta == 0.f ? 1.f : 0.5f, beta, k2});
+        check_all({kind, off, 72, 136, GemmType::kF32, 1.f, beta, k2});
+      }
+  const std::vector<int64_t> qwen = uneven(128, 8192, 5);
+  check_all({Kind::kForward, qwen, 2048, 1536, GemmType::kBF16, 1.f, 0.f, 16});
+  check_all({Kind::kInputGrad, qwen, 1536, 2048, GemmType::kBF16, 1.f, 0.f, 16});
 }
 
 }  // namespace
