@@ -261,7 +261,7 @@ ag::Variable CausalLM::forward(const Tensor& input_ids, const ForwardOptions& op
   std::vector<RouterOutput> routers;
   if (options.aux_loss && config_.moe.experts > 0) ctx.routers = &routers;
   ag::Variable logits = run(input_ids, ctx, nullptr);
-  if (!routers.empty()) *options.aux_loss = load_balancing_loss(routers);
+  if (!routers.empty()) *options.aux_loss = load_balancing_loss(routers, options.aux_spans);
   return logits;
 }
 
@@ -293,14 +293,14 @@ ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& 
                           ? ag::cross_entropy(head(h), t)  // head() applies the final soft-cap
                           : ag::linear_cross_entropy(h, lm_head_.weight, t, config_.final_logit_softcapping);
   if (!aux || routers.empty()) return loss;
-  const ag::Variable balance = load_balancing_loss(routers);
+  const ag::Variable balance = load_balancing_loss(routers, options.aux_spans);
   if (options.aux_loss) *options.aux_loss = balance;
   if (options.router_aux_loss_coef <= 0) return loss;
   const ag::Variable scaled = ag::scale(ag::to_device(balance, loss.device()), static_cast<float>(options.router_aux_loss_coef));
   return ag::add(loss, ag::cast(scaled, loss.dtype()));
 }
 
-ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers) {
+ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers, const std::vector<TokenSpan>& spans) {
   LOOM_CHECK(!routers.empty(), "load_balancing_loss: no router outputs");
   // Every MoE layer's rows together (transformers concatenates the layers' logits): the formula sums
   // over rows, so [tokens, layers * E] read as [tokens * layers, E] serves.
@@ -314,10 +314,33 @@ ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers) {
     widths.push_back(r.ids.size(1));
   }
   const int64_t tokens = routers[0].logits.size(0), experts = routers[0].logits.size(1);
-  const int64_t n = tokens * static_cast<int64_t>(routers.size());
-  const ag::Variable all = ag::reshape(ag::cat_last(logits), {n, experts});
-  const Tensor chosen = ops::cat_last(ids, widths).reshape({n, widths[0]});
-  return ag::moe_aux_loss(all, chosen);
+  const int64_t layers = static_cast<int64_t>(routers.size()), k = widths[0];
+  ag::Variable all = ag::cat_last(logits);  // [tokens, layers * E]
+  Tensor chosen = ops::cat_last(ids, widths);  // [tokens, layers * k]
+  int64_t counted = tokens;
+  if (!spans.empty()) {  // the spans' rows alone, in order (transformers' masked means are means over them)
+    counted = 0;
+    for (const TokenSpan& s : spans) {
+      LOOM_CHECK(s.start >= 0 && s.length >= 0 && s.start + s.length <= tokens, "load_balancing_loss: span {", s.start,
+                 ", ", s.length, "} is outside the ", tokens, " tokens routed");
+      counted += s.length;
+    }
+    LOOM_CHECK(counted > 0, "load_balancing_loss: the spans hold no token");
+    std::vector<ag::Variable> rows;
+    Tensor picked = Tensor::empty({counted, layers * k}, chosen.dtype(), chosen.device());
+    int64_t at = 0;
+    for (const TokenSpan& s : spans) {
+      if (s.length == 0) continue;
+      rows.push_back(ag::reshape(ag::narrow(all, 0, s.start, s.length), {1, s.length * layers * experts}));
+      picked.narrow(0, at, s.length).copy_(chosen.narrow(0, s.start, s.length));
+      at += s.length;
+    }
+    all = rows.size() == 1 ? rows[0] : ag::cat_last(rows);
+    chosen = picked;
+  }
+  // [tokens, layers * E] read as [tokens * layers, E]: the formula sums over rows.
+  const int64_t n = counted * layers;
+  return ag::moe_aux_loss(ag::reshape(all, {n, experts}), chosen.reshape({n, k}));
 }
 
 std::vector<ag::Variable> CausalLM::sequence_logps(const Tensor& input_ids, const Tensor& targets,
@@ -334,8 +357,11 @@ std::vector<ag::Variable> CausalLM::sequence_logps(const Tensor& input_ids, cons
     LOOM_CHECK(sp.start >= 0 && sp.length >= 0 && sp.start + sp.length <= batch * seq, "CausalLM::sequence_logps: span {",
                sp.start, ", ", sp.length, "} is outside ", batch, " x ", seq, " positions");
   detail::LayerContext ctx = context_for(input_ids, options);
+  std::vector<RouterOutput> routers;
+  if (options.aux_loss && config_.moe.experts > 0) ctx.routers = &routers;
   ag::Variable h =
       ag::reshape(ag::to_device(hidden_states(input_ids, ctx, nullptr), placement_.head), {batch * seq, config_.hidden_size});
+  if (!routers.empty()) *options.aux_loss = load_balancing_loss(routers, options.aux_spans);
   const std::vector<int32_t> t = targets.to_ints();
   const bool fused = !(lm_head_.lora || lm_head_.bias.defined() || lm_head_.weight.dtype() != h.dtype());
   std::vector<ag::Variable> out;

@@ -44,6 +44,11 @@ struct LoadOptions {
   std::optional<Placement> placement = std::nullopt;
 };
 
+// Positions {start, length} of a forward's flattened [batch*seq] tokens.
+struct TokenSpan {
+  int64_t start = 0, length = 0;
+};
+
 struct ForwardOptions {
   Tensor positions;    // optional i32 [batch*seq]; default 0..seq-1 in every row
   Tensor segment_ids;  // optional i32 [batch, seq]: attention stays inside a packed document
@@ -52,9 +57,13 @@ struct ForwardOptions {
   int64_t max_position = -1;
   // Mixture-of-experts models: the load-balancing loss (transformers' load_balancing_loss_func over
   // every MoE layer's router) joins loss()'s result times this coefficient when it is above 0;
-  // `aux_loss`, when not null, receives it from loss() or forward() (unscaled, f32 scalar on the tape).
+  // `aux_loss`, when not null, receives it from loss(), forward() or sequence_logps() (unscaled, f32
+  // scalar on the tape; sequence_logps never adds it to anything).
   double router_aux_loss_coef = 0;
   ag::Variable* aux_loss = nullptr;
+  // The tokens whose routing the load-balancing loss averages over (transformers' attention_mask, as
+  // spans: padding left out); empty: every token.
+  std::vector<TokenSpan> aux_spans;
 };
 
 class CausalLM {
@@ -110,9 +119,7 @@ class CausalLM {
   // [tokens, vocab] logits never exist. targets: shifted labels, i32 [batch*seq] on the host. Spans
   // of rows that pack several sequences need options.segment_ids. The sequence log-probabilities of
   // preference objectives (DPO's pi and ref).
-  struct Span {
-    int64_t start = 0, length = 0;
-  };
+  using Span = TokenSpan;
   std::vector<ag::Variable> sequence_logps(const Tensor& input_ids, const Tensor& targets,
                                            const ForwardOptions& options = {}, std::vector<Span> spans = {}) const;
 
@@ -192,7 +199,8 @@ absl::Status check_token_ids(const Tensor& ids, int64_t vocab_size, bool targets
 Tensor shift_labels(const Tensor& labels);
 
 // transformers' load_balancing_loss_func of the routers of a forward's MoE layers: an f32 scalar.
-ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers);
+// With spans, over those tokens alone (its attention_mask: the masked means are means over them).
+ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers, const std::vector<TokenSpan>& spans = {});
 
 // Hugging Face's causal-LM loss: logits[:, s] predicts labels[:, s+1]; mean over labels != -100.
 // logits [batch, seq, vocab]; labels i32 [batch, seq].

@@ -9,6 +9,33 @@
 namespace loom {
 namespace {
 
+// The load-balancing loss of a mixture-of-experts model's forward, once set_router_aux_loss asked for
+// it: requested from the forward, added to a loss times its coefficient, reported on the device.
+struct RouterAux {
+  bool measure = false;
+  double coef = 0;
+  ag::Variable value;
+
+  // Asks the forward of `opt` for it, over `spans` (empty: every token).
+  void request(ForwardOptions& opt, std::vector<TokenSpan> spans = {}) {
+    value = ag::Variable();
+    if (!measure) return;
+    opt.aux_loss = &value;
+    opt.aux_spans = std::move(spans);
+  }
+  // loss + coef * aux, when both are there.
+  ag::Variable added_to(const ag::Variable& loss) const {
+    if (!measure || coef <= 0 || !value.defined()) return loss;
+    const ag::Variable scaled = ag::scale(ag::to_device(value, loss.device()), static_cast<float>(coef));
+    return ag::add(loss, ag::cast(scaled, loss.dtype()));
+  }
+  // "aux_loss" on the device; 0 when the model routed nothing (no MoE layer ran).
+  std::vector<std::pair<std::string, Tensor>> metrics() const {
+    if (!measure) return {};
+    return {{"aux_loss", value.defined() ? value.value().to(DType::f32) : Tensor::zeros({}, DType::f32)}};
+  }
+};
+
 // Supervised fine-tuning: the mean next-token cross-entropy over the tokens marked as targets.
 class Sft final : public Objective {
  public:
@@ -17,20 +44,15 @@ class Sft final : public Objective {
   ag::Variable loss(CausalLM& model, const DeviceBatch& b) override {
     // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels were shifted on the host).
     ForwardOptions opt{b.positions, b.segment_ids, b.max_position};
-    if (measure_aux_) opt.router_aux_loss_coef = aux_coef_, opt.aux_loss = &aux_;
-    return model.loss_from_targets(b.input_ids, b.targets, opt);
+    aux_.request(opt);
+    return aux_.added_to(model.loss_from_targets(b.input_ids, b.targets, opt));
   }
-  void set_router_aux_loss(double coef) override { measure_aux_ = true, aux_coef_ = coef; }
-  // On the device (read with the step's loss); 0 when the model routed nothing (no MoE layer ran).
-  std::vector<std::pair<std::string, Tensor>> device_metrics() const override {
-    if (!measure_aux_) return {};
-    return {{"aux_loss", aux_.defined() ? aux_.value().to(DType::f32) : Tensor::zeros({}, DType::f32)}};
-  }
+  void set_router_aux_loss(double coef) override { aux_.measure = true, aux_.coef = coef; }
+  // On the device (read with the step's loss).
+  std::vector<std::pair<std::string, Tensor>> device_metrics() const override { return aux_.metrics(); }
 
  private:
-  bool measure_aux_ = false;
-  double aux_coef_ = 0;
-  ag::Variable aux_;
+  RouterAux aux_;
 };
 
 // A batch of pairs' forward: positions, and the segment ids when rows pack several sequences (right
@@ -66,7 +88,10 @@ std::vector<double> reference_logps(CausalLM& model, CausalLM* frozen, const Dev
 
 // A preference loss over a batch of pairs (rows [0, P) chosen, [P, 2P) rejected): both sides'
 // log-probabilities in one forward, the reference's (dpo/ipo) in a second one without gradients and
-// with the adapters off, and the loss of preference_loss.h, whose mean is over the batch's pairs.
+// with the adapters off, and the loss of preference_loss.h, whose mean is over the batch's pairs. A
+// mixture-of-experts policy adds the load-balancing loss of that forward over both sides' tokens
+// (their padding left out) times its coefficient, as TRL's DPOTrainer adds outputs.aux_loss of its
+// concatenated chosen + rejected batch; the reference's forward has none.
 class Preference final : public Objective {
  public:
   explicit Preference(const PreferenceParams& p) : params_(p) {}
@@ -75,7 +100,9 @@ class Preference final : public Objective {
   ag::Variable loss(CausalLM& model, const DeviceBatch& b) override {
     LOOM_CHECK(b.pairs > 0, "preference objective: the batch is not pairs");
     const std::vector<CausalLM::Span> seqs = spans(b);
-    std::vector<ag::Variable> all = model.sequence_logps(b.input_ids, b.host_targets, forward_options(b), seqs);
+    ForwardOptions opt = forward_options(b);
+    aux_.request(opt, seqs);
+    std::vector<ag::Variable> all = model.sequence_logps(b.input_ids, b.host_targets, opt, seqs);
     PairScores s;
     s.chosen.assign(all.begin(), all.begin() + b.pairs);
     s.rejected.assign(all.begin() + b.pairs, all.end());
@@ -104,8 +131,10 @@ class Preference final : public Objective {
     auto res = preference_loss(s, params_);
     LOOM_CHECK(res.ok(), res.status().message());
     last_ = res->metrics;
-    return res->loss;
+    return aux_.added_to(res->loss);
   }
+  void set_router_aux_loss(double coef) override { aux_.measure = true, aux_.coef = coef; }
+  std::vector<std::pair<std::string, Tensor>> device_metrics() const override { return aux_.metrics(); }
   void begin_step(const std::vector<Batch>& global) override {
     step_pairs_ = step_chosen_ = 0;
     for (const Batch& g : global) {  // the chosen sides' targets: labels past each sequence's first token
@@ -136,6 +165,7 @@ class Preference final : public Objective {
   CausalLM* frozen_ = nullptr;
   int64_t step_pairs_ = 0, step_chosen_ = 0;  // begin_step's totals (0: none given)
   std::shared_ptr<const ReferenceLogps> table_;
+  RouterAux aux_;
 };
 
 }  // namespace

@@ -48,8 +48,9 @@ class Objective {
   // measuring adds no wait for the GPU per micro-batch (SFT's aux_loss).
   virtual std::vector<std::pair<std::string, Tensor>> device_metrics() const { return {}; }
 
-  // Mixture-of-experts models (SFT): the load-balancing loss joins the loss times `coef` (0: it is
-  // only measured), and device_metrics() reports it as "aux_loss".
+  // Mixture-of-experts models: the load-balancing loss of the forward (SFT: every token; preference
+  // objectives: the policy's tokens of both sides, padding left out) joins the loss times `coef` (0: it
+  // is only measured), and device_metrics() reports it as "aux_loss".
   virtual void set_router_aux_loss(double /*coef*/) {}
 
   // Whether loss() scores its batch under a reference model too (dpo, ipo).

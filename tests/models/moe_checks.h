@@ -36,6 +36,32 @@ inline void check_moe_forward(const std::string& variant, Device device, double 
   opt.aux_loss = nullptr;
   opt.router_aux_loss_coef = kMoeAuxCoef;
   EXPECT_NEAR(model->loss(in["input_ids"], in["labels"], opt).value().item(), ref["loss_with_aux"].item(), tol);
+  // transformers' aux_loss with an attention_mask (right padding): the same means over the unmasked
+  // tokens alone, given to Loom as the spans of the mask's runs of ones.
+  ASSERT_TRUE(in.count("attention_mask_padded") && ref.count("aux_loss_masked"));
+  const Tensor mask = in["attention_mask_padded"];
+  const std::vector<int32_t> m = mask.to_ints();
+  const int64_t seq = mask.size(1);
+  ForwardOptions masked;
+  for (int64_t i = 0; i < static_cast<int64_t>(m.size()); ++i)
+    if (m[i] != 0) {
+      if (i % seq != 0 && m[i - 1] != 0) ++masked.aux_spans.back().length;
+      else masked.aux_spans.push_back({i, 1});
+    }
+  ASSERT_LT(masked.aux_spans.back().length + masked.aux_spans.back().start, static_cast<int64_t>(m.size()))
+      << "the fixture's mask pads nothing";
+  ag::Variable aux_masked;
+  masked.aux_loss = &aux_masked;
+  model->loss(in["input_ids"], in["labels"], masked);
+  ASSERT_TRUE(aux_masked.defined());
+  EXPECT_NEAR(aux_masked.value().item(), ref["aux_loss_masked"].item(), tol);
+  EXPECT_GT(std::abs(ref["aux_loss_masked"].item() - ref["aux_loss"].item()), 10 * tol) << "the mask changes nothing";
+  // sequence_logps (the preference objectives' forward) gives the same over the same spans.
+  ag::Variable aux_seq;
+  masked.aux_loss = &aux_seq;
+  model->sequence_logps(in["input_ids"], shift_labels(in["labels"]), masked);
+  ASSERT_TRUE(aux_seq.defined());
+  EXPECT_NEAR(aux_seq.value().item(), ref["aux_loss_masked"].item(), tol);
 }
 
 // Every adapter gradient in PEFT's names and layouts, with and without the auxiliary loss, with and
