@@ -29,8 +29,10 @@ const std::vector<FlagSpec> kFlags = {
     {"grads", true, "also write the gradient of the loss for every LoRA tensor (needs --adapter and labels)", ""},
     {"objective", false,
      "dpo, ipo, simpo or orpo: a preference loss over pairs instead (--input holds chosen_input_ids, chosen_labels, "
-     "rejected_input_ids, rejected_labels, i32 [pairs, seq]; --output gets loss, chosen_logps, rejected_logps and, "
-     "for dpo/ipo, ref_chosen_logps, ref_rejected_logps: the reference is the model without the adapter)", ""},
+     "rejected_input_ids, rejected_labels, i32 [pairs, seq], and optionally chosen_attention_mask, "
+     "rejected_attention_mask; --output gets loss, chosen_logps, rejected_logps, for dpo/ipo ref_chosen_logps, "
+     "ref_rejected_logps (the reference is the model without the adapter), and aux_loss for a mixture-of-experts "
+     "model: TRL's, over both sides' unpadded tokens)", ""},
     {"beta", false, "preference objectives: beta", "0.1"},
     {"simpo-gamma", false, "simpo: the target margin gamma", "0.5"},
     {"label-smoothing", false, "dpo and simpo: conservative label smoothing in [0, 0.5)", "0"},
@@ -71,6 +73,10 @@ int run_preference(const Args& args, const SafetensorsFile& in, Device device, D
                             std::pair{"label-smoothing", &params.label_smoothing}})
     if (!absl::SimpleAtod(args.str(flag), into) || !std::isfinite(*into))
       return fail(absl::InvalidArgumentError(absl::StrCat("--", flag, " must be a number, got '", args.str(flag), "'")));
+  double aux_coef = 0;
+  if (!absl::SimpleAtod(args.str("router-aux-loss-coef"), &aux_coef) || !(aux_coef >= 0) || !std::isfinite(aux_coef))
+    return fail(absl::InvalidArgumentError(absl::StrCat("--router-aux-loss-coef must be a number >= 0, got '",
+                                                        args.str("router-aux-loss-coef"), "'")));
   LoadOptions lo{dtype, device, false, args.flag("allow-nonfinite")};
   auto placement = placement_from_flags(args, args.str("model"), dtype, false);
   if (!placement.ok()) return fail(placement.status());
@@ -85,7 +91,7 @@ int run_preference(const Args& args, const SafetensorsFile& in, Device device, D
   const bool grads = args.flag("grads");
   std::optional<ag::NoGradGuard> no_grad;
   if (!grads) no_grad.emplace();
-  auto r = preference_forward(**model, *pairs, params);
+  auto r = preference_forward(**model, *pairs, params, aux_coef);
   if (!r.ok()) return fail(r.status());
   const PreferenceMetrics& m = r->result.metrics;
   std::printf("%s: loss %.6f, rewards/chosen %.6f, rewards/rejected %.6f, rewards/accuracies %.3f, rewards/margins %.6f\n",
@@ -99,6 +105,7 @@ int run_preference(const Args& args, const SafetensorsFile& in, Device device, D
     outputs.emplace_back("ref_chosen_logps", vec(r->ref_chosen));
     outputs.emplace_back("ref_rejected_logps", vec(r->ref_rejected));
   }
+  if (r->aux_loss.defined()) outputs.emplace_back("aux_loss", r->aux_loss.value().to(Device::cpu(), DType::f32).reshape({1}));
   if (grads) {
     ag::backward(r->result.loss);
     for (auto& [name, g] : peft_adapter_tensors(**model, true)) outputs.emplace_back("grad." + name, g);

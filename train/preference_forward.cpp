@@ -1,6 +1,7 @@
 // See preference_forward.h.
 #include "train/preference_forward.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,33 @@ absl::StatusOr<Tensor> read_ids(const SafetensorsFile& f, const std::string& nam
     return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", name, " must be int32 [pairs, seq], got ",
                                                    std::string(loom::name(t->dtype)), shape_str(t->shape)));
   return read_tensor(f, *t);
+}
+
+// The unpadded tokens of each row: the runs of ones of an attention mask i32 [rows, seq], or (no
+// mask) the row up to its last target (targets shifted: position j + 1 is labelled when target j is).
+absl::StatusOr<std::vector<std::vector<TokenSpan>>> unpadded(const Tensor* mask, const std::vector<int32_t>& targets,
+                                                             int64_t rows, int64_t seq, const std::string& what) {
+  std::vector<std::vector<TokenSpan>> out(rows);
+  const std::vector<int32_t> m = mask ? mask->to_ints() : std::vector<int32_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!mask) {
+      int64_t last = -1;
+      for (int64_t j = 0; j < seq; ++j)
+        if (targets[r * seq + j] != ops::kIgnoreIndex) last = j;
+      out[r].push_back({0, std::min(seq, last + 2)});
+      continue;
+    }
+    for (int64_t j = 0; j < seq; ++j) {
+      const int32_t v = m[r * seq + j];
+      if (v != 0 && v != 1)
+        return absl::InvalidArgumentError(absl::StrCat(what, " row ", r, " position ", j, " is ", v, " (0 or 1 expected)"));
+      if (v == 0) continue;
+      if (j > 0 && m[r * seq + j - 1] == 1) ++out[r].back().length;
+      else out[r].push_back({j, 1});
+    }
+    if (out[r].empty()) return absl::InvalidArgumentError(absl::StrCat(what, " row ", r, " masks every token"));
+  }
+  return out;
 }
 
 std::vector<float> values(const std::vector<ag::Variable>& v) {
@@ -54,6 +82,16 @@ absl::StatusOr<PreferencePairs> read_preference_pairs(const SafetensorsFile& f, 
                                                        " has no completion token after the first position (all -100)"));
       tokens.push_back(n);
     }
+    std::optional<Tensor> mask;
+    if (f.find(side + "_attention_mask")) {
+      LOOM_ASSIGN_OR_RETURN(mask, read_ids(f, side + "_attention_mask"));
+      if (mask->shape() != ids.shape())
+        return absl::InvalidArgumentError(absl::StrCat(f.path(), ": ", side, "_attention_mask ", shape_str(mask->shape()),
+                                                       " and ", side, "_input_ids ", shape_str(ids.shape()),
+                                                       " differ in shape"));
+    }
+    LOOM_ASSIGN_OR_RETURN((k == 0 ? p.chosen_unpadded : p.rejected_unpadded),
+                          unpadded(mask ? &*mask : nullptr, t, rows, seq, f.path() + ": " + side + "_attention_mask"));
     (k == 0 ? p.chosen_ids : p.rejected_ids) = ids;
     (k == 0 ? p.chosen_targets : p.rejected_targets) = targets;
   }
@@ -64,24 +102,55 @@ absl::StatusOr<PreferencePairs> read_preference_pairs(const SafetensorsFile& f, 
 }
 
 absl::StatusOr<PreferenceForward> preference_forward(CausalLM& model, const PreferencePairs& pairs,
-                                                     const PreferenceParams& params) {
+                                                     const PreferenceParams& params, double router_aux_loss_coef) {
+  // Rows [0, P) the chosen sides, [P, 2P) the rejected ones, the shorter side padded with token 0 and
+  // -100 (after every real token: causal attention never sees it).
+  const int64_t P = pairs.chosen_ids.size(0), sc = pairs.chosen_ids.size(1), sr = pairs.rejected_ids.size(1);
+  const int64_t S = std::max(sc, sr);
+  std::vector<int32_t> ids(2 * P * S, 0), targets(2 * P * S, ops::kIgnoreIndex);
+  std::vector<CausalLM::Span> seqs;
+  std::vector<TokenSpan> unpadded_tokens;
+  for (int side = 0; side < 2; ++side) {
+    const std::vector<int32_t> id = (side == 0 ? pairs.chosen_ids : pairs.rejected_ids).to_ints();
+    const std::vector<int32_t> t = (side == 0 ? pairs.chosen_targets : pairs.rejected_targets).to_ints();
+    const int64_t s = side == 0 ? sc : sr;
+    for (int64_t r = 0; r < P; ++r) {
+      const int64_t row = (side * P + r) * S;
+      std::copy(id.begin() + r * s, id.begin() + (r + 1) * s, ids.begin() + row);
+      std::copy(t.begin() + r * s, t.begin() + (r + 1) * s, targets.begin() + row);
+      seqs.push_back({row, s});
+      for (const TokenSpan& u : (side == 0 ? pairs.chosen_unpadded : pairs.rejected_unpadded)[r])
+        unpadded_tokens.push_back({row + u.start, u.length});
+    }
+  }
+  const Tensor input_ids = Tensor::from_ints(ids, {2 * P, S}), all_targets = Tensor::from_ints(targets, {2 * P * S});
+
   PreferenceForward out;
   PairScores scores;
-  scores.chosen = model.sequence_logps(pairs.chosen_ids, pairs.chosen_targets);
-  scores.rejected = model.sequence_logps(pairs.rejected_ids, pairs.rejected_targets);
+  ForwardOptions opt;
+  if (model.config().moe.experts > 0) opt.aux_loss = &out.aux_loss, opt.aux_spans = unpadded_tokens;
+  const std::vector<ag::Variable> all = model.sequence_logps(input_ids, all_targets, opt, seqs);
+  scores.chosen.assign(all.begin(), all.begin() + P);
+  scores.rejected.assign(all.begin() + P, all.end());
   scores.chosen_tokens = pairs.chosen_tokens;
   scores.rejected_tokens = pairs.rejected_tokens;
   if (needs_reference(params.kind)) {
     ag::NoGradGuard ng;
     AdaptersOff off(model);  // nothing to switch off for a model without adapters: it is its own reference
-    out.ref_chosen = values(model.sequence_logps(pairs.chosen_ids, pairs.chosen_targets));
-    out.ref_rejected = values(model.sequence_logps(pairs.rejected_ids, pairs.rejected_targets));
+    const std::vector<float> ref = values(model.sequence_logps(input_ids, all_targets, {}, seqs));
+    out.ref_chosen.assign(ref.begin(), ref.begin() + P);
+    out.ref_rejected.assign(ref.begin() + P, ref.end());
     scores.ref_chosen.assign(out.ref_chosen.begin(), out.ref_chosen.end());
     scores.ref_rejected.assign(out.ref_rejected.begin(), out.ref_rejected.end());
   }
   out.chosen = values(scores.chosen);
   out.rejected = values(scores.rejected);
   LOOM_ASSIGN_OR_RETURN(out.result, preference_loss(scores, params));
+  if (out.aux_loss.defined() && router_aux_loss_coef > 0) {
+    const ag::Variable& loss = out.result.loss;
+    const ag::Variable scaled = ag::scale(ag::to_device(out.aux_loss, loss.device()), static_cast<float>(router_aux_loss_coef));
+    out.result.loss = ag::add(loss, ag::cast(scaled, loss.dtype()));
+  }
   return out;
 }
 

@@ -9,6 +9,8 @@
 
 #include "models/causal_lm.h"
 #include "tests/models/fixtures.h"
+#include "tests/temp_dir.h"
+#include "train/preference_forward.h"
 
 namespace loom {
 namespace {
@@ -105,6 +107,62 @@ TEST(Objective, PreferenceOnMoeAddsTheLoadBalancingLossOverBothSidesTokens) {
     EXPECT_NEAR(reported0, aux, 2e-5) << variant << ": measured even when not added";
     EXPECT_NEAR(with - base, coef * aux, 2e-5) << variant;
   }
+}
+
+// `loom forward --objective` (preference_forward) on a mixture-of-experts model: the pairs file's
+// attention masks say which tokens the load-balancing loss averages over (transformers'
+// aux_loss_masked of the MoE fixtures); without masks, a row counts up to its last labelled token.
+TEST(PreferenceForward, MoeAddsTheLoadBalancingLossOfTheUnpaddedTokens) {
+  auto model = CausalLM::load(test::fixture_dir("qwen3_moe"), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto in = test::read_all(test::fixture_dir("qwen3_moe") + "/inputs.safetensors");
+  auto ref = test::read_all(test::fixture_dir("qwen3_moe") + "/reference.safetensors");
+  const Tensor ids = in["input_ids"], labels = in["labels"], mask = in["attention_mask_padded"];
+  const int64_t seq = ids.size(1);
+  auto row = [&](const Tensor& t, int64_t r) { return t.narrow(0, r, 1).contiguous(); };
+  // The labels of row 1's padding (positions 9..) are -100, as a preference file has them.
+  std::vector<int32_t> l1 = row(labels, 1).to_ints();
+  for (int64_t j = 9; j < seq; ++j) l1[j] = -100;
+  const Tensor rejected_labels = Tensor::from_ints(l1, {1, seq});
+  test::TempDir dir;
+  for (bool masks : {true, false}) {
+    std::vector<std::pair<std::string, Tensor>> file = {{"chosen_input_ids", row(ids, 0)}, {"chosen_labels", row(labels, 0)},
+                                                        {"rejected_input_ids", row(ids, 1)}, {"rejected_labels", rejected_labels}};
+    if (masks) file.insert(file.end(), {{"chosen_attention_mask", row(mask, 0)}, {"rejected_attention_mask", row(mask, 1)}});
+    const std::string path = dir.file(masks ? "masked.safetensors" : "plain.safetensors");
+    ASSERT_TRUE(save_tensors(path, file, DType::i32).ok());
+    auto f = SafetensorsFile::open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    auto pairs = read_preference_pairs(*f, (*model)->config());
+    ASSERT_TRUE(pairs.ok()) << pairs.status();
+    ASSERT_EQ(pairs->rejected_unpadded[0].size(), 1u);
+    EXPECT_EQ(pairs->rejected_unpadded[0][0].length, 9);  // the mask's ones, or up to the last label (position 8)
+    PreferenceParams p;
+    p.kind = PreferenceKind::kDpo;
+    auto plain = preference_forward(**model, *pairs, p);
+    auto with = preference_forward(**model, *pairs, p, 0.25);
+    ASSERT_TRUE(plain.ok() && with.ok());
+    ASSERT_TRUE(with->aux_loss.defined());
+    EXPECT_NEAR(with->aux_loss.value().item(), ref["aux_loss_masked"].item(), 2e-5) << "masks " << masks;
+    EXPECT_NEAR(with->result.loss.value().item() - plain->result.loss.value().item(), 0.25 * ref["aux_loss_masked"].item(),
+                2e-5);
+  }
+  // A mask of something else than 0 and 1 is refused, naming it and where.
+  std::vector<int32_t> bad = row(mask, 1).to_ints();
+  bad[3] = 2;
+  const std::string path = dir.file("bad.safetensors");
+  ASSERT_TRUE(save_tensors(path,
+                           {{"chosen_input_ids", row(ids, 0)}, {"chosen_labels", row(labels, 0)},
+                            {"rejected_input_ids", row(ids, 1)}, {"rejected_labels", rejected_labels},
+                            {"rejected_attention_mask", Tensor::from_ints(bad, {1, seq})}},
+                           DType::i32)
+                  .ok());
+  auto f = SafetensorsFile::open(path);
+  ASSERT_TRUE(f.ok());
+  auto pairs = read_preference_pairs(*f, (*model)->config());
+  ASSERT_FALSE(pairs.ok());
+  EXPECT_NE(std::string(pairs.status().message()).find("rejected_attention_mask row 0 position 3 is 2"), std::string::npos)
+      << pairs.status();
 }
 
 }  // namespace
