@@ -4,7 +4,9 @@
 # on the Qwen3-30B-A3B 4-layer shape (LoRA none and recompute, QLoRA offload; no peers: add them with
 # LOOM_MOE_PEERS), and the grouped-GEMM micro-benchmarks of Qwen3's expert products that
 # autograd/fn_grouped.cpp runs (base, accumulate, LoRA factors), each variant.
-# Writes ctest.txt, moe.jsonl, moe_table.md and grouped.txt under $OUT (default gpu-moe-out).
+# Writes ctest.txt, moe.jsonl, moe_table.md and grouped.txt under $OUT (default gpu-moe-out); with
+# LOOM_MOE_PROFILE=1 also profile_none.txt and profile_qlora_offload.txt, tools/gpu/kernel_profile.sh's
+# per-kernel table of 3 steps of the LoRA none and QLoRA offload rows (about 45 s each).
 #   tools/gpu/gpu_moe_check.sh      (about 2 minutes after a cold build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,6 +22,20 @@ tail -4 "$out/ctest.txt"
 LOOM_MOE_PEERS=${LOOM_MOE_PEERS- } LOOM_MOE_MODES=${LOOM_MOE_MODES-none recompute} \
   LOOM_MOE_QLORA_MODES=${LOOM_MOE_QLORA_MODES-offload} OUT="$out" bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
 cat "$out/moe_table.md" 2> /dev/null | grep '^|'
+if [ "${LOOM_MOE_PROFILE:-0}" = 1 ]; then
+  prof=$(mktemp)  # a LOOM_BIN that profiles the loom run it is given into $prof_out
+  cat > "$prof" <<'SH'
+#!/usr/bin/env bash
+STEPS=3 TOP=40 tools/gpu/kernel_profile.sh "$prof_out.csv" build-gpu/tools/loom "$@" > "$prof_out" 2>&1
+SH
+  chmod +x "$prof"
+  prof_out="$out/profile_none.txt" LOOM_BIN=$prof LOOM_MOE_STEPS=3 LOOM_MOE_PEERS=" " LOOM_MOE_MODES=none \
+    LOOM_MOE_QLORA_MODES=" " OUT=$(mktemp -d) bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
+  prof_out="$out/profile_qlora_offload.txt" LOOM_BIN=$prof LOOM_MOE_STEPS=3 LOOM_MOE_PEERS=" " LOOM_MOE_MODES=" " \
+    LOOM_MOE_QLORA_MODES=offload OUT=$(mktemp -d) bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
+  rm -f "$out"/profile_*.txt.csv "$prof"
+  head -12 "$out/profile_none.txt" "$out/profile_qlora_offload.txt"
+fi
 build-gpu/bench/loom_bench --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/' --benchmark_min_time=0.05s 2>&1 \
   | grep manual_time | awk '{print $1, $2, $3}' | sed 's#grouped_gemm/bf16/qwen3_30b_a3b/##; s#/manual_time##' > "$out/grouped.txt"
 column -c 160 "$out/grouped.txt"
