@@ -71,10 +71,11 @@ Nf4Parts nf4_quantize(const Tensor& x_in, bool double_quant) {
   return q;
 }
 
-void nf4_dequantize_into(const Nf4Parts& q, Tensor& out) {
-  const char* op = "nf4_dequantize";
-  const int64_t n = out.numel(), blocks = nf4_blocks(n);
-  expect_contiguous(op, out, "output");
+namespace {
+
+// The kernels' view of q for n elements on `device`, after checking q's tensors (op names the caller).
+Nf4State checked_state(const char* op, const Nf4Parts& q, int64_t n, const Tensor& out) {
+  const int64_t blocks = nf4_blocks(n);
   LOOM_CHECK(q.packed.defined() && q.absmax.defined(), op, ": packed or absmax undefined");
   expect_dtype(op, q.packed, DType::u8, "packed");
   same_device(op, q.packed, out);
@@ -82,7 +83,7 @@ void nf4_dequantize_into(const Nf4Parts& q, Tensor& out) {
   expect_contiguous(op, q.packed, "packed");
   expect_contiguous(op, q.absmax, "absmax");
   LOOM_CHECK(q.packed.numel() == nf4_packed_bytes(n), op, ": packed ", q.packed.str(), " holds ",
-             q.packed.numel() * 2, " codes, the output ", out.str(), " needs ", n);
+             q.packed.numel() * 2, " codes, the output needs ", n);
   LOOM_CHECK(q.absmax.numel() == blocks, op, ": absmax ", q.absmax.str(), " for ", n, " elements needs ", blocks,
              " blocks of ", kNf4Block);
   Nf4State st;
@@ -105,12 +106,51 @@ void nf4_dequantize_into(const Nf4Parts& q, Tensor& out) {
     expect_dtype(op, q.absmax, DType::f32, "plain absmax");
     st.absmax = q.absmax.data<float>();
   }
+  return st;
+}
+
+}  // namespace
+
+void nf4_dequantize_into(const Nf4Parts& q, Tensor& out) {
+  const char* op = "nf4_dequantize";
+  const int64_t n = out.numel();
+  expect_contiguous(op, out, "output");
+  const Nf4State st = checked_state(op, q, n, out);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     if (out.is_cuda())
       LOOM_ON_CUDA(op, T, cuda::nf4_dequantize(q.packed.data<uint8_t>(), st, n, out.data<T>(), stream_of(out)));
     else
       cpu::nf4_dequantize(q.packed.data<uint8_t>(), st, n, out.data<T>());
+  };
+  if (out.dtype() == DType::f32) run(float{});
+  else if (out.dtype() == DType::bf16) run(bf16{});
+  else LOOM_CHECK(false, op, ": output must be f32 or bf16, got ", out.str());
+}
+
+void nf4_dequantize_experts_into(const std::vector<const Nf4Parts*>& experts, Tensor& out) {
+  const char* op = "nf4_dequantize_experts";
+  const int64_t count = static_cast<int64_t>(experts.size());
+  expect_contiguous(op, out, "output");
+  LOOM_CHECK(count > 0 && out.dim() >= 1 && out.size(0) == count, op, ": an output [", count, ", ...] for ", count,
+             " experts, got ", out.str());
+  const int64_t n = out.numel() / count;
+  std::vector<Nf4State> states;
+  std::vector<const uint8_t*> packed;
+  for (const Nf4Parts* q : experts) {
+    LOOM_CHECK(q != nullptr, op, ": a null expert");
+    states.push_back(checked_state(op, *q, n, out));
+    packed.push_back(q->packed.data<uint8_t>());
+  }
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<T*> outs;
+    for (int64_t e = 0; e < count; ++e) outs.push_back(out.data<T>() + e * n);
+    if (out.is_cuda()) {
+      LOOM_ON_CUDA(op, T, cuda::nf4_dequantize_experts(packed, states, n, outs, stream_of(out)));
+    } else {
+      for (int64_t e = 0; e < count; ++e) cpu::nf4_dequantize(packed[e], states[e], n, outs[e]);
+    }
   };
   if (out.dtype() == DType::f32) run(float{});
   else if (out.dtype() == DType::bf16) run(bf16{});

@@ -3,6 +3,7 @@
 // two codes per byte (element 2j in the high nibble), and the absmax double-quantised.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels/common.h"
 
@@ -122,4 +123,10 @@ void nf4_double_quantize(const float* absmax, int64_t blocks, const float* offse
 // The Nf4State's pointers are device pointers (offset a host value).
 template <class T>
 void nf4_dequantize(const uint8_t* packed, const Nf4State& state, int64_t n, T* out, Stream s);
+// Several tensors of n elements each, quantised one by one (a mixture-of-experts projection's
+// experts): one launch per 64 of them when they are whole 1024-element tiles with the vector
+// kernel's alignments and one kind of state, else nf4_dequantize each. The same bits either way.
+template <class T>
+void nf4_dequantize_experts(const std::vector<const uint8_t*>& packed, const std::vector<Nf4State>& states, int64_t n,
+                            const std::vector<T*>& out, Stream s);
 }  // namespace loom::cuda

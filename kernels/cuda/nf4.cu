@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/nf4.h"
@@ -171,11 +172,10 @@ __device__ __forceinline__ void dequant_store(const SharedCodes& sc, const Nf4St
 // Without spills (ptxas, sm_90a): 40 registers for bf16 under double quantisation (6 blocks of 256
 // threads per SM), 48 for f32 (5); with f32 absmax, 48 and 64 (5 and 4). A third stage costs one
 // block per SM.
+// The warps of gridDim.x blocks take `tiles` tiles of one tensor, a grid stride apart.
 template <class T, bool kNested, int kStages>
-__global__ __launch_bounds__(kThreads, (sizeof(T) == 2 ? 5 : 4) + kNested - (kStages > 2)) void nf4_dequantize_vec_kernel(
-    const uint8_t* __restrict__ packed, Nf4State st, int64_t tiles, T* __restrict__ out) {
-  __shared__ SharedCodes sc;
-  const Nf4State s = load_codes(st, sc);
+__device__ __forceinline__ void dequantize_tiles(const uint8_t* __restrict__ packed, const SharedCodes& sc,
+                                                 const Nf4State& s, int64_t tiles, T* __restrict__ out) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
   const int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) >> 5;
@@ -204,6 +204,50 @@ __global__ __launch_bounds__(kThreads, (sizeof(T) == 2 ? 5 : 4) + kNested - (kSt
       }
     }
   }
+}
+
+template <class T, bool kNested, int kStages>
+__global__ __launch_bounds__(kThreads, (sizeof(T) == 2 ? 5 : 4) + kNested - (kStages > 2)) void nf4_dequantize_vec_kernel(
+    const uint8_t* __restrict__ packed, Nf4State st, int64_t tiles, T* __restrict__ out) {
+  __shared__ SharedCodes sc;
+  const Nf4State s = load_codes(st, sc);
+  dequantize_tiles<T, kNested, kStages>(packed, sc, s, tiles, out);
+}
+
+// Up to kExpertChunk tensors of one size (a mixture-of-experts projection's experts, each quantised
+// on its own), by value in the launch's arguments: blockIdx.y picks one, its blocks along x run the
+// vector kernel's loop over its tiles.
+constexpr int kExpertChunk = 64;
+template <class T>
+struct ExpertChunk {
+  const uint8_t* packed[kExpertChunk];
+  T* out[kExpertChunk];
+  Nf4State state[kExpertChunk];
+};
+static_assert(sizeof(ExpertChunk<float>) < 4000, "kernel arguments are limited to 4 KiB");
+
+// Whether the experts kernel takes these tensors: whole tiles, the vector kernel's alignments, and
+// one kind of state (all double-quantised or all plain).
+template <class T>
+bool nf4_experts_batchable(const std::vector<const uint8_t*>& packed, const std::vector<Nf4State>& states, int64_t n,
+                           const std::vector<T*>& out) {
+  if (n % kNf4DequantTile != 0) return false;
+  for (size_t e = 0; e < packed.size(); ++e) {
+    const Nf4State& st = states[e];
+    if (!packed[e] || !out[e] || (reinterpret_cast<uintptr_t>(packed[e]) & 3u) != 0 || !aligned16(out[e])) return false;
+    if ((st.absmax == nullptr) != (states[0].absmax == nullptr)) return false;
+    if (!st.absmax && !(st.qabsmax && st.nested_absmax && st.nested_code && aligned16(st.qabsmax))) return false;
+  }
+  return true;
+}
+
+template <class T, bool kNested, int kStages>
+__global__ __launch_bounds__(kThreads, (sizeof(T) == 2 ? 5 : 4) + kNested - (kStages > 2)) void nf4_dequantize_experts_kernel(
+    const __grid_constant__ ExpertChunk<T> chunk, int64_t tiles) {
+  __shared__ SharedCodes sc;
+  const int e = int(blockIdx.y);
+  const Nf4State s = load_codes(chunk.state[e], sc);
+  dequantize_tiles<T, kNested, kStages>(chunk.packed[e], sc, s, tiles, chunk.out[e]);
 }
 
 // Grid of the vector kernel: one resident wave (the occupancy the compiled kernel allows), every
@@ -281,6 +325,42 @@ void nf4_double_quantize(const float* absmax, int64_t blocks, const float* offse
 }
 
 template <class T>
+void nf4_dequantize_experts(const std::vector<const uint8_t*>& packed, const std::vector<Nf4State>& states, int64_t n,
+                            const std::vector<T*>& out, Stream s) {
+  const size_t count = packed.size();
+  LOOM_CHECK(states.size() == count && out.size() == count, "cuda nf4_dequantize_experts: ", count, " packed, ",
+             states.size(), " states and ", out.size(), " outputs");
+  if (count == 0 || n == 0) return;
+  if (!nf4_experts_batchable(packed, states, n, out)) {  // one launch each, the tails and odd alignments included
+    for (size_t e = 0; e < count; ++e) nf4_dequantize(packed[e], states[e], n, out[e], s);
+    return;
+  }
+  const bool nested = states[0].absmax == nullptr;
+  constexpr int kStages = sizeof(T) == 4 ? 3 : 2;
+  auto launch = [&](auto kernel) {
+    static const int per_sm = [&] {
+      int b = 0;
+      LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, 0));
+      return b < 1 ? 1 : b;
+    }();
+    const int64_t tiles = n / kNf4DequantTile;
+    for (size_t first = 0; first < count; first += kExpertChunk) {
+      ExpertChunk<T> chunk{};
+      const int k = int(std::min<size_t>(kExpertChunk, count - first));
+      for (int i = 0; i < k; ++i)
+        chunk.packed[i] = packed[first + i], chunk.out[i] = out[first + i], chunk.state[i] = states[first + i];
+      // One resident wave over the chunk's tensors together, as the single-tensor kernel sizes its grid.
+      const int64_t slots = int64_t(sm_count()) * per_sm * kWarps;
+      const int64_t warps = std::min(std::max<int64_t>(slots / k, kWarps), tiles);
+      kernel<<<dim3(unsigned((warps + kWarps - 1) / kWarps), unsigned(k)), kThreads, 0, s>>>(chunk, tiles);
+      LOOM_CUDA_LAUNCH_CHECK();
+    }
+  };
+  if (nested) launch(nf4_dequantize_experts_kernel<T, true, kStages>);
+  else launch(nf4_dequantize_experts_kernel<T, false, kStages>);
+}
+
+template <class T>
 void nf4_dequantize(const uint8_t* packed, const Nf4State& state, int64_t n, T* out, Stream s) {
   LOOM_CHECK(n >= 0, "cuda nf4_dequantize: n = ", n);
   if (n == 0) return;
@@ -306,5 +386,9 @@ template void nf4_quantize<float>(const float*, int64_t, uint8_t*, float*, Strea
 template void nf4_quantize<bf16>(const bf16*, int64_t, uint8_t*, float*, Stream);
 template void nf4_dequantize<float>(const uint8_t*, const Nf4State&, int64_t, float*, Stream);
 template void nf4_dequantize<bf16>(const uint8_t*, const Nf4State&, int64_t, bf16*, Stream);
+template void nf4_dequantize_experts<float>(const std::vector<const uint8_t*>&, const std::vector<Nf4State>&, int64_t,
+                                            const std::vector<float*>&, Stream);
+template void nf4_dequantize_experts<bf16>(const std::vector<const uint8_t*>&, const std::vector<Nf4State>&, int64_t,
+                                           const std::vector<bf16*>&, Stream);
 
 }  // namespace loom::cuda

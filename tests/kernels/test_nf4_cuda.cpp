@@ -2,6 +2,7 @@
 // bit: f32 and bf16 inputs and outputs, partial blocks of 64 and of 256, odd lengths, all-zero
 // blocks, and unaligned outputs (the scalar path).
 #include <cstring>
+#include <memory>
 
 #include "kernels/dynamic_map.h"
 #include "kernels/nf4.h"
@@ -81,6 +82,60 @@ TYPED_TEST(Nf4Cuda, QuantiseAndDequantiseMatchCpu) {
 
 // bf16 output of bf16-quantised data and f32 output of the same state agree after rounding: the
 // f32 path rounds once to bf16 exactly as the bf16 kernel does.
+// Experts dequantised together (nf4_dequantize_experts: a launch per 64, each quantised on its own)
+// give each one's CPU dequantisation bit for bit: 70 experts (two chunks), whole tiles (the batched
+// kernel) and a length off the tile (one launch each), double-quantised and plain.
+TYPED_TEST(Nf4Cuda, ExpertsDequantiseAsEachAlone) {
+  LOOM_REQUIRE_GPU();
+  using T = TypeParam;
+  std::vector<float> code(256);
+  dynamic_map(true, code.data());
+  DeviceBuffer<float> dcode(code);
+  constexpr int kExperts = 70;
+  for (int64_t n : {int64_t{3 * 16384}, int64_t{64 * 300}}) {
+    const int64_t blocks = nf4_blocks(n), nested = nf4_nested_blocks(n);
+    std::vector<std::vector<uint8_t>> packed(kExperts), q(kExperts);
+    std::vector<std::vector<float>> absmax(kExperts), nabs(kExperts);
+    std::vector<float> offset(kExperts);
+    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> dpacked, dq;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> dabsmax, dnabs;
+    for (int e = 0; e < kExperts; ++e) {
+      auto x = random_vec<T>(n, 100 + e, -0.08f * (1 + e % 5), 0.08f * (1 + e % 5));  // offsets differ
+      packed[e].resize(nf4_packed_bytes(n)), q[e].resize(blocks), absmax[e].resize(blocks), nabs[e].resize(nested);
+      cpu::nf4_quantize(x.data(), n, packed[e].data(), absmax[e].data());
+      offset[e] = cpu::nf4_absmax_mean(absmax[e].data(), blocks);
+      cpu::nf4_double_quantize(absmax[e].data(), blocks, offset[e], code.data(), q[e].data(), nabs[e].data());
+      dpacked.push_back(std::make_unique<DeviceBuffer<uint8_t>>(packed[e]));
+      dq.push_back(std::make_unique<DeviceBuffer<uint8_t>>(q[e]));
+      dabsmax.push_back(std::make_unique<DeviceBuffer<float>>(absmax[e]));
+      dnabs.push_back(std::make_unique<DeviceBuffer<float>>(nabs[e]));
+    }
+    for (bool nested_state : {true, false}) {
+      std::vector<T> want(n * kExperts);
+      std::vector<const uint8_t*> gp;
+      std::vector<Nf4State> gs;
+      DeviceBuffer<T> dout(n * kExperts);
+      std::vector<T*> outs;
+      for (int e = 0; e < kExperts; ++e) {
+        Nf4State cs, g;
+        if (nested_state) {
+          cs = {nullptr, q[e].data(), nabs[e].data(), code.data(), offset[e]};
+          g = {nullptr, dq[e]->get(), dnabs[e]->get(), dcode.get(), offset[e]};
+        } else {
+          cs.absmax = absmax[e].data();
+          g.absmax = dabsmax[e]->get();
+        }
+        cpu::nf4_dequantize(packed[e].data(), cs, n, want.data() + e * n);
+        gp.push_back(dpacked[e]->get());
+        gs.push_back(g);
+        outs.push_back(dout.get() + e * n);
+      }
+      cuda::nf4_dequantize_experts(gp, gs, n, outs, nullptr);
+      EXPECT_EQ(bit_mismatches(dout.to_host(), want), 0) << "experts n=" << n << " nested=" << nested_state;
+    }
+  }
+}
+
 TEST(Nf4CudaOutputs, Bf16IsTheRoundedF32) {
   LOOM_REQUIRE_GPU();
   const int64_t n = 64 * 513;
