@@ -3,7 +3,8 @@
 # the grouped-GEMM / MoE CUDA tests into build-gpu, runs those tests, Loom's rows of bench/e2e/moe.sh
 # on the Qwen3-30B-A3B 4-layer shape (LoRA none and recompute, QLoRA offload; no peers: add them with
 # LOOM_MOE_PEERS), and the grouped-GEMM micro-benchmarks of Qwen3's expert products that
-# autograd/fn_grouped.cpp runs (base, accumulate, LoRA factors), each variant.
+# autograd/fn_grouped.cpp runs (base, accumulate, LoRA factors, dual), each variant, and the QLoRA experts'
+# batched NF4 dequantisation against one launch per expert.
 # Writes ctest.txt, moe.jsonl, moe_table.md and grouped.txt under $OUT (default gpu-moe-out); with
 # LOOM_MOE_PROFILE=1 also profile_none.txt and profile_qlora_offload.txt, tools/gpu/kernel_profile.sh's
 # per-kernel table of 3 steps of the LoRA none and QLoRA offload rows (about 45 s each).
@@ -14,10 +15,10 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-moe-out}
 mkdir -p "$out"
 tests="kernels_test_grouped_gemm_cuda engine_test_grouped_matmul_cuda engine_test_ops_moe_cuda models_test_moe_mlp_cuda
-  models_test_moe_families_cuda"
+  models_test_moe_families_cuda kernels_test_nf4_cuda"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null || exit 1
 cmake --build build-gpu -j"$(nproc)" --target loom loom_bench $tests > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu -L cuda -R "Grouped|Moe|MoE|moe" -j4 --timeout 120 --output-on-failure > "$out/ctest.txt" 2>&1
+ctest --test-dir build-gpu -L cuda -R "Grouped|Moe|MoE|moe|Nf4" -j4 --timeout 120 --output-on-failure > "$out/ctest.txt" 2>&1
 tail -4 "$out/ctest.txt"
 LOOM_MOE_PEERS=${LOOM_MOE_PEERS- } LOOM_MOE_MODES=${LOOM_MOE_MODES-none recompute} \
   LOOM_MOE_QLORA_MODES=${LOOM_MOE_QLORA_MODES-offload} OUT="$out" bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
@@ -36,6 +37,7 @@ SH
   rm -f "$out"/profile_*.txt.csv "$prof"
   head -12 "$out/profile_none.txt" "$out/profile_qlora_offload.txt"
 fi
-build-gpu/bench/loom_bench --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/' --benchmark_min_time=0.05s 2>&1 \
-  | grep manual_time | awk '{print $1, $2, $3}' | sed 's#grouped_gemm/bf16/qwen3_30b_a3b/##; s#/manual_time##' > "$out/grouped.txt"
+build-gpu/bench/loom_bench --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/|nf4_dequantize_experts' \
+  --benchmark_min_time=0.05s 2>&1 | grep manual_time | awk '{print $1, $2, $3}' \
+  | sed 's#grouped_gemm/bf16/qwen3_30b_a3b/##; s#/manual_time##' > "$out/grouped.txt"
 column -c 160 "$out/grouped.txt"
