@@ -65,6 +65,9 @@ struct Batch {
   // The rows come in this many equal blocks, block r holding pairs [r P / groups, (r + 1) P / groups)
   // (one per rank).
   int64_t groups = 1;
+  // Packed rows (PackedLoader): each row's tokens before its padding, which ends the row (what a
+  // mixture-of-experts load-balancing loss counts, as transformers' attention_mask); empty: unknown.
+  std::vector<int64_t> row_tokens;
 };
 
 // True when every row of the batch is a single piece of one document with no padding (segment ids

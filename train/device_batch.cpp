@@ -34,6 +34,12 @@ absl::StatusOr<std::vector<DeviceBatch>> upload(const std::vector<Batch>& batche
     d.pairs = b.pairs;
     d.pair_ids = b.pair_ids;
     d.seq_start = b.seq_start, d.seq_len = b.seq_len;
+    const int64_t seq = b.input_ids.size(1);
+    bool padded = false;
+    for (int64_t n : b.row_tokens) padded |= n < seq;
+    if (padded)
+      for (size_t r = 0; r < b.row_tokens.size(); ++r)
+        if (b.row_tokens[r] > 0) d.unpadded.push_back({static_cast<int64_t>(r) * seq, b.row_tokens[r]});
     d.positions = stage(b.positions, device, d.staging);
     for (int32_t p : b.positions.to_ints()) d.max_position = std::max<int64_t>(d.max_position, p);
     // Rows that are each one piece of one document need no segment mask (see one_segment_per_row).

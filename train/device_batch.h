@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/tensor.h"
+#include "models/causal_lm.h"
 #include "train/data.h"
 
 namespace loom {
@@ -19,6 +20,8 @@ struct DeviceBatch {
   std::vector<int64_t> pair_ids;  // Batch::pair_ids
   std::vector<int64_t> seq_start, seq_len;  // Batch::seq_start, seq_len
   bool packed = false;  // rows hold several sequences: attention needs the segment ids
+  // The tokens that are not padding, as spans of the flattened rows (Batch::row_tokens); empty: all.
+  std::vector<TokenSpan> unpadded;
   std::vector<Tensor> staging;
 };
 

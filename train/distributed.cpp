@@ -111,6 +111,7 @@ Batch DistContext::slice(const Batch& g) const {
   b.positions = g.positions.narrow(0, r0 * seq, rows * seq).contiguous();
   for (int32_t l : b.labels.to_ints()) b.target_tokens += l != -100;
   b.tokens = g.tokens;  // progress counts the global batch
+  if (!g.row_tokens.empty()) b.row_tokens.assign(g.row_tokens.begin() + r0, g.row_tokens.begin() + r0 + rows);
   return b;
 }
 

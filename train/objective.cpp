@@ -44,7 +44,7 @@ class Sft final : public Objective {
   ag::Variable loss(CausalLM& model, const DeviceBatch& b) override {
     // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels were shifted on the host).
     ForwardOptions opt{b.positions, b.segment_ids, b.max_position};
-    aux_.request(opt);
+    aux_.request(opt, b.unpadded);  // the padding that ends a packed row has no say in it
     return aux_.added_to(model.loss_from_targets(b.input_ids, b.targets, opt));
   }
   void set_router_aux_loss(double coef) override { aux_.measure = true, aux_.coef = coef; }

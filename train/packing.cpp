@@ -131,6 +131,7 @@ Batch PackedLoader::next() {
       batch.tokens += p.end - p.begin;
       ++segment;
     }
+    batch.row_tokens.push_back(at - r * S);
     for (int32_t pos = 0; at < (r + 1) * S; ++at, ++pos) {  // padding: its own segment
       positions[at] = pos;
       segments[at] = segment;

@@ -25,6 +25,7 @@ TEST(Objective, SftCountsTheTargetTokens) {
   const Batch b = loader.next();
   EXPECT_EQ((*sft)->units(b), b.target_tokens);
   EXPECT_EQ(b.target_tokens, 4);
+  EXPECT_EQ(b.row_tokens, std::vector<int64_t>{7});  // then one padding token
 }
 
 TEST(Objective, AnUnknownOneNamesThoseThereAre) {
@@ -106,6 +107,35 @@ TEST(Objective, PreferenceOnMoeAddsTheLoadBalancingLossOverBothSidesTokens) {
     EXPECT_NEAR(reported, aux, 2e-5) << variant;
     EXPECT_NEAR(reported0, aux, 2e-5) << variant << ": measured even when not added";
     EXPECT_NEAR(with - base, coef * aux, 2e-5) << variant;
+  }
+}
+
+// SFT on a mixture-of-experts model: the padding that ends a packed row (Batch::row_tokens) is left
+// out of the load-balancing loss, as transformers' attention_mask leaves it out (the MoE fixtures'
+// aux_loss_masked: row 1 padded from position 9); with no padding, every token counts (aux_loss).
+TEST(Objective, SftOnMoeLeavesThePaddingOutOfTheLoadBalancingLoss) {
+  auto model = CausalLM::load(test::fixture_dir("qwen3_moe"), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto in = test::read_all(test::fixture_dir("qwen3_moe") + "/inputs.safetensors");
+  auto ref = test::read_all(test::fixture_dir("qwen3_moe") + "/reference.safetensors");
+  const int64_t seq = in["input_ids"].size(1);
+  for (bool padded : {true, false}) {
+    Batch b;
+    b.input_ids = in["input_ids"], b.labels = in["labels"];
+    std::vector<int32_t> pos;
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t j = 0; j < seq; ++j) pos.push_back(static_cast<int32_t>(j));
+    b.positions = Tensor::from_ints(pos, {2 * seq});
+    b.row_tokens = {seq, padded ? 9 : seq};
+    auto d = upload({b}, Device::cpu(), (*model)->config().vocab_size);
+    ASSERT_TRUE(d.ok()) << d.status();
+    auto sft = make_objective("sft");
+    ASSERT_TRUE(sft.ok());
+    (*sft)->set_router_aux_loss(0);
+    (*sft)->loss(**model, (*d)[0]);
+    const auto m = (*sft)->device_metrics();
+    ASSERT_EQ(m.size(), 1u);
+    EXPECT_NEAR(m[0].second.item(), ref[padded ? "aux_loss_masked" : "aux_loss"].item(), 2e-5) << "padded " << padded;
   }
 }
 
