@@ -8,6 +8,7 @@
 
 #include "tests/e2e/cli.h"
 #include "tests/models/fixtures.h"
+#include "engine/tensor_io.h"
 #include "tests/temp_dir.h"
 
 namespace loom::test {
@@ -46,6 +47,43 @@ TEST(ForwardObjective, WritesTrlsLossLogpsAndGradients) {
       EXPECT_LT(rel(got[name], t), name.starts_with("grad.") ? 1e-4 : 2e-5) << name;
     }
   }
+}
+
+// A mixture-of-experts model: aux_loss written (transformers' masked aux_loss of the MoE fixture rows,
+// row 1 padded from position 9 by its attention mask), and loss = the DPO loss + the coefficient
+// times it.
+TEST(ForwardObjective, MoeWritesTheLoadBalancingLossOfTheUnpaddedTokens) {
+  TempDir dir;
+  auto in = read_all(fixture_dir("qwen3_moe") + "/inputs.safetensors");
+  auto ref = read_all(fixture_dir("qwen3_moe") + "/reference.safetensors");
+  auto row = [](const Tensor& t, int64_t r) { return t.narrow(0, r, 1).contiguous(); };
+  std::vector<int32_t> l1 = row(in["labels"], 1).to_ints();
+  for (size_t j = 9; j < l1.size(); ++j) l1[j] = -100;
+  const std::string pairs = dir.file("pairs.safetensors");
+  ASSERT_TRUE(save_tensors(pairs,
+                           {{"chosen_input_ids", row(in["input_ids"], 0)}, {"chosen_labels", row(in["labels"], 0)},
+                            {"rejected_input_ids", row(in["input_ids"], 1)},
+                            {"rejected_labels", Tensor::from_ints(l1, {1, static_cast<int64_t>(l1.size())})},
+                            {"chosen_attention_mask", row(in["attention_mask_padded"], 0)},
+                            {"rejected_attention_mask", row(in["attention_mask_padded"], 1)}},
+                           DType::i32)
+                  .ok());
+  double loss[2] = {0, 0};
+  for (int with : {0, 1}) {
+    const std::string out = dir.file("out" + std::to_string(with) + ".safetensors");
+    RunResult r = run_loom("forward --model " + fixture_dir("qwen3_moe") + " --input " + pairs + " --output " + out +
+                           " --objective dpo --router-aux-loss-coef " + (with ? "0.5" : "0"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto got = read_all(out);
+    ASSERT_TRUE(got.count("aux_loss"));
+    EXPECT_NEAR(got["aux_loss"].item(), ref["aux_loss_masked"].item(), 2e-5);
+    loss[with] = got["loss"].item();
+  }
+  EXPECT_NEAR(loss[1] - loss[0], 0.5 * ref["aux_loss_masked"].item(), 2e-5);
+  RunResult bad = run_loom("forward --model " + fixture_dir("qwen3_moe") + " --input " + pairs + " --output " +
+                           dir.file("o.safetensors") + " --objective dpo --router-aux-loss-coef -1");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_TRUE(has(bad, "--router-aux-loss-coef must be a number >= 0")) << bad.output;
 }
 
 TEST(ForwardObjective, BadInputIsNamed) {
