@@ -250,7 +250,7 @@ void nf4_dequantize_into(const Nf4Parts& q, Tensor& out);
 // out [E, ...] (f32 or bf16, contiguous) receives expert e's weight in out[e], each quantised on its own
 // (a mixture-of-experts projection's experts): on CUDA one launch per 64 experts where the kernel
 // allows (kernels/nf4.h), the same bits as nf4_dequantize_into each.
-void nf4_dequantize_experts_into(const std::vector<const Nf4Parts*>& experts, Tensor& out);
+void nf4_dequantize_experts_into(const std::vector<Nf4Parts>& experts, Tensor& out);
 Tensor nf4_dequantize(const Nf4Parts& q, const Shape& shape, DType dtype);
 // bitsandbytes' signed 8-bit dynamic map as an f32 [256] tensor on `device` (one per device, shared).
 Tensor nf4_nested_code(Device device);

@@ -128,7 +128,7 @@ void nf4_dequantize_into(const Nf4Parts& q, Tensor& out) {
   else LOOM_CHECK(false, op, ": output must be f32 or bf16, got ", out.str());
 }
 
-void nf4_dequantize_experts_into(const std::vector<const Nf4Parts*>& experts, Tensor& out) {
+void nf4_dequantize_experts_into(const std::vector<Nf4Parts>& experts, Tensor& out) {
   const char* op = "nf4_dequantize_experts";
   const int64_t count = static_cast<int64_t>(experts.size());
   expect_contiguous(op, out, "output");
@@ -137,10 +137,9 @@ void nf4_dequantize_experts_into(const std::vector<const Nf4Parts*>& experts, Te
   const int64_t n = out.numel() / count;
   std::vector<Nf4State> states;
   std::vector<const uint8_t*> packed;
-  for (const Nf4Parts* q : experts) {
-    LOOM_CHECK(q != nullptr, op, ": a null expert");
-    states.push_back(checked_state(op, *q, n, out));
-    packed.push_back(q->packed.data<uint8_t>());
+  for (const Nf4Parts& q : experts) {
+    states.push_back(checked_state(op, q, n, out));
+    packed.push_back(q.packed.data<uint8_t>());
   }
   auto run = [&](auto tag) {
     using T = decltype(tag);

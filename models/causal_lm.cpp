@@ -296,7 +296,12 @@ ag::Variable CausalLM::loss_from_targets(const Tensor& input_ids, const Tensor& 
   const ag::Variable balance = load_balancing_loss(routers, options.aux_spans);
   if (options.aux_loss) *options.aux_loss = balance;
   if (options.router_aux_loss_coef <= 0) return loss;
-  const ag::Variable scaled = ag::scale(ag::to_device(balance, loss.device()), static_cast<float>(options.router_aux_loss_coef));
+  return add_load_balancing(loss, balance, options.router_aux_loss_coef);
+}
+
+ag::Variable add_load_balancing(const ag::Variable& loss, const ag::Variable& aux, double coef) {
+  if (coef <= 0 || !aux.defined()) return loss;
+  const ag::Variable scaled = ag::scale(ag::to_device(aux, loss.device()), static_cast<float>(coef));
   return ag::add(loss, ag::cast(scaled, loss.dtype()));
 }
 

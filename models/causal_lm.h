@@ -201,6 +201,9 @@ Tensor shift_labels(const Tensor& labels);
 // transformers' load_balancing_loss_func of the routers of a forward's MoE layers: an f32 scalar.
 // With spans, over those tokens alone (its attention_mask: the masked means are means over them).
 ag::Variable load_balancing_loss(const std::vector<RouterOutput>& routers, const std::vector<TokenSpan>& spans = {});
+// loss + coef * aux (aux moved to loss's device, cast to its dtype), as transformers adds
+// router_aux_loss_coef times aux_loss; loss itself when coef <= 0 or aux is undefined.
+ag::Variable add_load_balancing(const ag::Variable& loss, const ag::Variable& aux, double coef);
 
 // Hugging Face's causal-LM loss: logits[:, s] predicts labels[:, s+1]; mean over labels != -100.
 // logits [batch, seq, vocab]; labels i32 [batch, seq].

@@ -57,15 +57,8 @@ Tensor ExpertLinear::dense_weight(DType dtype) const {
   Tensor w = Tensor::empty({experts, out, in}, dtype, nf4[0]->device());
   // Every expert in one batched dequantisation (on CUDA a launch per 64 experts, not one each).
   std::vector<ops::Nf4Parts> parts;
-  parts.reserve(static_cast<size_t>(experts));
-  for (int64_t e = 0; e < experts; ++e) {
-    LOOM_CHECK(nf4[e]->numel() == out * in, "ExpertLinear: expert ", e, " holds ", shape_str(nf4[e]->shape), ", not [",
-               out, ", ", in, "]");
-    parts.push_back(nf4[e]->parts());
-  }
-  std::vector<const ops::Nf4Parts*> views;
-  for (const ops::Nf4Parts& p : parts) views.push_back(&p);
-  ops::nf4_dequantize_experts_into(views, w);
+  for (const auto& q : nf4) parts.push_back(q->parts());
+  ops::nf4_dequantize_experts_into(parts, w);
   return w;
 }
 

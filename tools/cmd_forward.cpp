@@ -64,6 +64,14 @@ absl::StatusOr<Tensor> read_ids(const SafetensorsFile& f, const std::string& nam
   return read_tensor(f, *t);
 }
 
+absl::StatusOr<double> router_aux_loss_coef(const Args& args) {
+  double coef = 0;
+  if (!absl::SimpleAtod(args.str("router-aux-loss-coef"), &coef) || !(coef >= 0) || !std::isfinite(coef))
+    return absl::InvalidArgumentError(
+        absl::StrCat("--router-aux-loss-coef must be a number >= 0, got '", args.str("router-aux-loss-coef"), "'"));
+  return coef;
+}
+
 int run_preference(const Args& args, const SafetensorsFile& in, Device device, DType dtype) {
   PreferenceParams params;
   auto kind = parse_preference_kind(args.str("objective"));
@@ -73,10 +81,8 @@ int run_preference(const Args& args, const SafetensorsFile& in, Device device, D
                             std::pair{"label-smoothing", &params.label_smoothing}})
     if (!absl::SimpleAtod(args.str(flag), into) || !std::isfinite(*into))
       return fail(absl::InvalidArgumentError(absl::StrCat("--", flag, " must be a number, got '", args.str(flag), "'")));
-  double aux_coef = 0;
-  if (!absl::SimpleAtod(args.str("router-aux-loss-coef"), &aux_coef) || !(aux_coef >= 0) || !std::isfinite(aux_coef))
-    return fail(absl::InvalidArgumentError(absl::StrCat("--router-aux-loss-coef must be a number >= 0, got '",
-                                                        args.str("router-aux-loss-coef"), "'")));
+  const absl::StatusOr<double> aux_coef = router_aux_loss_coef(args);
+  if (!aux_coef.ok()) return fail(aux_coef.status());
   LoadOptions lo{dtype, device, false, args.flag("allow-nonfinite")};
   auto placement = placement_from_flags(args, args.str("model"), dtype, false);
   if (!placement.ok()) return fail(placement.status());
@@ -91,7 +97,7 @@ int run_preference(const Args& args, const SafetensorsFile& in, Device device, D
   const bool grads = args.flag("grads");
   std::optional<ag::NoGradGuard> no_grad;
   if (!grads) no_grad.emplace();
-  auto r = preference_forward(**model, *pairs, params, aux_coef);
+  auto r = preference_forward(**model, *pairs, params, *aux_coef);
   if (!r.ok()) return fail(r.status());
   const PreferenceMetrics& m = r->result.metrics;
   std::printf("%s: loss %.6f, rewards/chosen %.6f, rewards/rejected %.6f, rewards/accuracies %.3f, rewards/margins %.6f\n",
@@ -202,10 +208,9 @@ int run_forward(const std::vector<std::string>& argv) {
 
   std::optional<ag::NoGradGuard> no_grad;
   if (!grads) no_grad.emplace();
-  double coef = 0;  // mixture-of-experts models: the load-balancing loss of the same forward's routers
-  if (!absl::SimpleAtod(args->str("router-aux-loss-coef"), &coef) || !(coef >= 0) || !std::isfinite(coef))
-    return fail(absl::InvalidArgumentError(absl::StrCat("--router-aux-loss-coef must be a number >= 0, got '",
-                                                        args->str("router-aux-loss-coef"), "'")));
+  // Mixture-of-experts models: the load-balancing loss of the same forward's routers.
+  const absl::StatusOr<double> coef = router_aux_loss_coef(*args);
+  if (!coef.ok()) return fail(coef.status());
   ag::Variable aux;
   ForwardOptions opt;
   if (c.moe.experts > 0 && labels->defined()) opt.aux_loss = &aux;
@@ -215,7 +220,7 @@ int run_forward(const std::vector<std::string>& argv) {
     ag::Variable loss = causal_lm_loss(logits, *labels);
     if (aux.defined()) {
       outputs.emplace_back("aux_loss", aux.value().to(DType::f32).reshape({1}));
-      if (coef > 0) loss = ag::add(loss, ag::cast(ag::scale(aux, static_cast<float>(coef)), loss.dtype()));
+      loss = add_load_balancing(loss, aux, *coef);
     }
     outputs.emplace_back("loss", loss.value().to(DType::f32).reshape({1}));
     if (grads) {

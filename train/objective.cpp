@@ -24,11 +24,7 @@ struct RouterAux {
     opt.aux_spans = std::move(spans);
   }
   // loss + coef * aux, when both are there.
-  ag::Variable added_to(const ag::Variable& loss) const {
-    if (!measure || coef <= 0 || !value.defined()) return loss;
-    const ag::Variable scaled = ag::scale(ag::to_device(value, loss.device()), static_cast<float>(coef));
-    return ag::add(loss, ag::cast(scaled, loss.dtype()));
-  }
+  ag::Variable added_to(const ag::Variable& loss) const { return measure ? add_load_balancing(loss, value, coef) : loss; }
   // "aux_loss" on the device; 0 when the model routed nothing (no MoE layer ran).
   std::vector<std::pair<std::string, Tensor>> metrics() const {
     if (!measure) return {};

@@ -146,11 +146,7 @@ absl::StatusOr<PreferenceForward> preference_forward(CausalLM& model, const Pref
   out.chosen = values(scores.chosen);
   out.rejected = values(scores.rejected);
   LOOM_ASSIGN_OR_RETURN(out.result, preference_loss(scores, params));
-  if (out.aux_loss.defined() && router_aux_loss_coef > 0) {
-    const ag::Variable& loss = out.result.loss;
-    const ag::Variable scaled = ag::scale(ag::to_device(out.aux_loss, loss.device()), static_cast<float>(router_aux_loss_coef));
-    out.result.loss = ag::add(loss, ag::cast(scaled, loss.dtype()));
-  }
+  out.result.loss = add_load_balancing(out.result.loss, out.aux_loss, router_aux_loss_coef);
   return out;
 }
 

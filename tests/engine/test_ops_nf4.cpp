@@ -26,10 +26,8 @@ TEST(OpsNf4, ExpertsDequantiseAsEachAlone) {
       std::vector<ops::Nf4Parts> parts;
       for (int64_t e = 0; e < kExperts; ++e)
         parts.push_back(ops::nf4_quantize(random({kOut, kIn}, 7 + uint32_t(e), 0.1 * double(e + 1)), double_quant));
-      std::vector<const ops::Nf4Parts*> views;
-      for (const ops::Nf4Parts& p : parts) views.push_back(&p);
       Tensor all = Tensor::empty({kExperts, kOut, kIn}, dt);
-      ops::nf4_dequantize_experts_into(views, all);
+      ops::nf4_dequantize_experts_into(parts, all);
       for (int64_t e = 0; e < kExperts; ++e) {
         Tensor one = Tensor::empty({kOut, kIn}, dt);
         ops::nf4_dequantize_into(parts[e], one);
@@ -43,11 +41,11 @@ TEST(OpsNf4, ExpertsDequantiseAsEachAlone) {
 TEST(OpsNf4, ExpertsMisuseIsAnError) {
   const ops::Nf4Parts p = ops::nf4_quantize(random({8, 64}, 1, 0.1));
   Tensor wrong_count = Tensor::empty({3, 8, 64}, DType::f32);
-  EXPECT_THROW(ops::nf4_dequantize_experts_into({&p, &p}, wrong_count), Error);  // 2 experts, 3 outputs
+  EXPECT_THROW(ops::nf4_dequantize_experts_into({p, p}, wrong_count), Error);  // 2 experts, 3 outputs
   Tensor wrong_size = Tensor::empty({2, 8, 32}, DType::f32);
-  EXPECT_THROW(ops::nf4_dequantize_experts_into({&p, &p}, wrong_size), Error);  // 256 elements an expert, not 512
+  EXPECT_THROW(ops::nf4_dequantize_experts_into({p, p}, wrong_size), Error);  // 256 elements an expert, not 512
   Tensor wrong_type = Tensor::empty({2, 8, 64}, DType::f64);
-  EXPECT_THROW(ops::nf4_dequantize_experts_into({&p, &p}, wrong_type), Error);
+  EXPECT_THROW(ops::nf4_dequantize_experts_into({p, p}, wrong_type), Error);
 }
 
 }  // namespace
