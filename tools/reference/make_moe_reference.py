@@ -99,7 +99,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -112,8 +111,8 @@ import make_reference as mr  # noqa: E402  (pure python at import time; torch is
 import moe_reference_checks as mrc  # noqa: E402
 from moe_reference_checks import (  # noqa: E402
     Run, aux_f64, check_checkpoint, check_fused_round_trip, check_moe_blocks, check_routing, check_structure,
-    check_wrappers, expected_checkpoint_keys, expected_expert_lora_shapes, expected_sparse_layers,
-    expert_delta_f64, expert_width, head_dim, init_lora, layer_of, load_saved, manual_merge, moe_modules,
+    check_bnb, check_wrappers, expected_checkpoint_keys, expected_expert_lora_shapes, expected_sparse_layers,
+    expert_delta_f64, expert_width, head_dim, init_lora, layer_of, load_saved, manual_merge,
     n_experts, n_lora_tensors, param_wrappers, top_k, ATTN_TARGETS, EXPERT_TARGETS, MARGIN_MIN)
 
 DEFAULT_OUT = mr.DEFAULT_OUT
@@ -523,44 +522,6 @@ def observe_v4_targets(spec, model, ids, labels, vdir):
         return {"requested_target_modules": targets, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def check_bnb(spec, vdir, ids, ref_logits):
-    """Observation only: which tensors transformers + bitsandbytes 4-bit quantise, and what it saves."""
-    try:
-        import bitsandbytes  # noqa: F401
-        q = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                            bnb_4bit_compute_dtype=torch.float32)
-        m = transformers.AutoModelForCausalLM.from_pretrained(
-            str(vdir), quantization_config=q, dtype=torch.float32, attn_implementation="eager",
-            experts_implementation="eager", device_map={"": 0}).eval()
-        lin4 = sorted(n for n, mod in m.named_modules() if type(mod).__name__ == "Linear4bit")
-        _, _, experts = moe_modules(m)
-        routers, _, _ = moe_modules(m)
-        l0 = spec["sparse_layers"][0]
-        with torch.no_grad():
-            err = rel_err(Run(m, ids.cuda()).logits.float().cpu(), ref_logits)
-        with tempfile.TemporaryDirectory() as tmp:
-            m.save_pretrained(tmp)
-            files = sorted(p.name for p in Path(tmp).iterdir())
-            keys = {}
-            for f in files:
-                if f.endswith(".safetensors"):
-                    for k, v in safetensors_torch.load_file(str(Path(tmp) / f)).items():
-                        keys[k] = [str(v.dtype), list(v.shape)]
-        summary = {"linear4bit_modules": len(lin4), "linear4bit_example": lin4[:3],
-                   "experts_gate_up_proj": [str(experts[l0].gate_up_proj.dtype), type(experts[l0].gate_up_proj).__name__],
-                   "router_weight": [str(routers[l0].weight.dtype), type(routers[l0].weight).__name__],
-                   "logits_rel_vs_f32": err, "saved_files": files,
-                   "saved_expert_keys": {k: v for k, v in keys.items() if ".experts." in k and (".0." in k or "proj" in k)
-                                         and f"layers.{l0}." in k},
-                   "saved_keys_layer": {k: v for k, v in keys.items() if f"layers.{l0}.self_attn.q_proj" in k}}
-        log(f"  bnb: {len(lin4)} Linear4bit modules, experts {summary['experts_gate_up_proj']}, logits rel {err:.3g}, "
-            f"saved expert keys e.g. {list(summary['saved_expert_keys'])[:3]}")
-        return summary
-    except Exception as exc:
-        log(f"  WARNING: bnb check: {type(exc).__name__}: {exc}")
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 
 def make_inputs(spec):
@@ -797,23 +758,8 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
 
     manifest_path = out_dir / "manifest_moe.json"
-    manifest = {"variants": {}}
-    if args.only and manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
-    failed = []
-    for name in names:
-        try:
-            manifest["variants"][name] = make_variant(name, copy.deepcopy(VARIANTS[name]), out_dir, args)
-        except Exception:
-            import traceback
-            traceback.print_exc()
-            log(f"!! variant {name} FAILED")
-            failed.append(name)
-            manifest["variants"].pop(name, None)
-            if not args.keep_failed:
-                shutil.rmtree(out_dir / name, ignore_errors=True)
-            if args.stop_on_error:
-                break
+    manifest, failed = mr.run_variants(
+        names, lambda name: make_variant(name, copy.deepcopy(VARIANTS[name]), out_dir, args), out_dir, manifest_path, args)
     manifest.update({
         "generated_by": "tools/reference/make_moe_reference.py", "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "versions": versions, "batch": BATCH, "seq": SEQ, "ignored_label_positions": IGNORED_LABELS,
@@ -826,11 +772,7 @@ def main():
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n")
     total = sum(p.stat().st_size for n in names if (out_dir / n).exists() for p in (out_dir / n).rglob("*") if p.is_file())
     log(f"wrote {manifest_path}; the MoE variants hold {total / 1e6:.2f} MB")
-    if failed:
-        log(f"FAILED variants: {failed}")
-        return 1
-    log(f"all {len(names)} variant(s) OK")
-    return 0
+    return mr.exit_code(names, failed)
 
 
 if __name__ == "__main__":

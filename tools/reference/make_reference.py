@@ -697,6 +697,40 @@ def resolve_names(only, variants=None):
     return names
 
 
+def run_variants(names, make_one, out_dir, manifest_path, args):
+    """make_one(name) for each variant, its result recorded under the manifest's "variants" (the manifest
+    at manifest_path is extended with --only); a variant that raises is logged, left out and, unless
+    --keep-failed, its folder removed (never half-written fixtures to commit); --stop-on-error stops
+    there. Shared by make_moe_reference.py. -> (manifest, failed names)"""
+    manifest = {"variants": {}}
+    if args.only and manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+    failed = []
+    for name in names:
+        try:
+            manifest["variants"][name] = make_one(name)
+        except Exception:
+            import traceback
+            traceback.print_exc()
+            log(f"!! variant {name} FAILED")
+            failed.append(name)
+            manifest["variants"].pop(name, None)
+            if not args.keep_failed:
+                shutil.rmtree(out_dir / name, ignore_errors=True)
+            if args.stop_on_error:
+                break
+    return manifest, failed
+
+
+def exit_code(names, failed):
+    """Logs the outcome of run_variants: 1 when a variant failed, else 0."""
+    if failed:
+        log(f"FAILED variants: {failed}")
+        return 1
+    log(f"all {len(names)} variant(s) OK")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__ or "Make Loom's model reference fixtures.")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output folder (default tests/fixtures/models)")
@@ -727,23 +761,9 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
 
     manifest_path = out_dir / "manifest.json"
-    manifest = {"variants": {}}
-    if args.only and manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
-    failed = []
-    for name in names:
-        try:
-            manifest["variants"][name] = make_variant(name, copy.deepcopy(VARIANTS[name]), out_dir, not args.no_lora)
-        except Exception:
-            import traceback
-            traceback.print_exc()
-            log(f"!! variant {name} FAILED")
-            failed.append(name)
-            manifest["variants"].pop(name, None)
-            if not args.keep_failed:  # never leave half-written fixtures behind to be committed
-                shutil.rmtree(out_dir / name, ignore_errors=True)
-            if args.stop_on_error:
-                break
+    manifest, failed = run_variants(
+        names, lambda name: make_variant(name, copy.deepcopy(VARIANTS[name]), out_dir, not args.no_lora), out_dir,
+        manifest_path, args)
     manifest.update({
         "generated_by": "tools/reference/make_reference.py", "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "versions": versions, "batch": BATCH, "seq": SEQ, "ignored_label_positions": IGNORED_LABELS,
@@ -755,11 +775,7 @@ def main():
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     total = sum(p.stat().st_size for p in out_dir.rglob("*") if p.is_file())
     log(f"wrote {manifest_path}; {out_dir} holds {total / 1e6:.2f} MB" + ("  WARNING: > 8 MB" if total > 8e6 else ""))
-    if failed:
-        log(f"FAILED variants: {failed}")
-        return 1
-    log(f"all {len(names)} variant(s) OK")
-    return 0
+    return exit_code(names, failed)
 
 
 if __name__ == "__main__":

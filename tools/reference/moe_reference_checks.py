@@ -1,7 +1,8 @@
 """The format facts tools/reference/make_moe_reference.py asserts (tools/reference/moe_formats.md): what a variant's spec
 implies (expert counts, widths, sparse layers, checkpoint keys, expert LoRA shapes), a forward that
 captures the MoE layers' routing (Run), and the checks of transformers' and PEFT's MoE layout, routing,
-load-balancing loss and expert LoRA (ParamWrapper layout, merge) against f64 re-implementations. torch, transformers, peft and safetensors.torch are bound by make_moe_reference.main()."""
+load-balancing loss and expert LoRA (ParamWrapper layout, merge) against f64 re-implementations, and
+check_bnb (what transformers + bitsandbytes 4-bit does to these models, observed). torch, transformers, peft and safetensors.torch are bound by make_moe_reference.main()."""
 from __future__ import annotations
 
 import copy
@@ -383,3 +384,41 @@ def manual_merge(base, pm, lora, wrappers, spec, scale):
             target = getattr(experts[w["layer"]], w["parameter"])
             target += expert_delta_f64(lora[w["A_param"]].detach(), lora[w["B_param"]].detach(), e, r, scale).float()
     return merged
+
+
+def check_bnb(spec, vdir, ids, ref_logits):
+    """Observation only: which tensors transformers + bitsandbytes 4-bit quantise, and what it saves."""
+    try:
+        import bitsandbytes  # noqa: F401
+        q = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                            bnb_4bit_compute_dtype=torch.float32)
+        m = transformers.AutoModelForCausalLM.from_pretrained(
+            str(vdir), quantization_config=q, dtype=torch.float32, attn_implementation="eager",
+            experts_implementation="eager", device_map={"": 0}).eval()
+        lin4 = sorted(n for n, mod in m.named_modules() if type(mod).__name__ == "Linear4bit")
+        _, _, experts = moe_modules(m)
+        routers, _, _ = moe_modules(m)
+        l0 = spec["sparse_layers"][0]
+        with torch.no_grad():
+            err = rel_err(Run(m, ids.cuda()).logits.float().cpu(), ref_logits)
+        with tempfile.TemporaryDirectory() as tmp:
+            m.save_pretrained(tmp)
+            files = sorted(p.name for p in Path(tmp).iterdir())
+            keys = {}
+            for f in files:
+                if f.endswith(".safetensors"):
+                    for k, v in safetensors_torch.load_file(str(Path(tmp) / f)).items():
+                        keys[k] = [str(v.dtype), list(v.shape)]
+        summary = {"linear4bit_modules": len(lin4), "linear4bit_example": lin4[:3],
+                   "experts_gate_up_proj": [str(experts[l0].gate_up_proj.dtype), type(experts[l0].gate_up_proj).__name__],
+                   "router_weight": [str(routers[l0].weight.dtype), type(routers[l0].weight).__name__],
+                   "logits_rel_vs_f32": err, "saved_files": files,
+                   "saved_expert_keys": {k: v for k, v in keys.items() if ".experts." in k and (".0." in k or "proj" in k)
+                                         and f"layers.{l0}." in k},
+                   "saved_keys_layer": {k: v for k, v in keys.items() if f"layers.{l0}.self_attn.q_proj" in k}}
+        log(f"  bnb: {len(lin4)} Linear4bit modules, experts {summary['experts_gate_up_proj']}, logits rel {err:.3g}, "
+            f"saved expert keys e.g. {list(summary['saved_expert_keys'])[:3]}")
+        return summary
+    except Exception as exc:
+        log(f"  WARNING: bnb check: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
