@@ -246,9 +246,32 @@ int64_t device_available_bytes(Device device) {
 #endif
 }
 
+int64_t pool_reserved_peak_bytes(Device device) {
+  if (device.is_cpu()) return -1;
+#if LOOM_WITH_CUDA
+  CudaDeviceGuard guard(device.index);
+  cudaMemPool_t pool;
+  LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
+  uint64_t high = 0;
+  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high));
+  return static_cast<int64_t>(high);
+#else
+  return -1;
+#endif
+}
+
 void reset_peak_memory(Device device) {
   Counter& c = counter(device);
   c.peak.store(c.current.load());
+#if LOOM_WITH_CUDA
+  if (device.is_cuda()) {
+    CudaDeviceGuard guard(device.index);
+    cudaMemPool_t pool;
+    LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
+    uint64_t zero = 0;  // the high-water mark restarts from what the pool holds now
+    LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
+  }
+#endif
 }
 
 }  // namespace loom

@@ -60,9 +60,14 @@ struct MemoryStats {
   int64_t peak_bytes = 0;
 };
 MemoryStats memory_stats(Device device);
+// The most a CUDA device's stream-ordered pool has held from the driver since the last
+// reset_peak_memory (PyTorch's max_memory_reserved): what nvidia-smi sees beyond the context, used or
+// cached. -1 for the CPU or a CPU-only build.
+int64_t pool_reserved_peak_bytes(Device device);
 // Bytes a new allocation on `device` can still get: the driver's free memory plus what the
 // stream-ordered pool holds but no tensor uses. A CPU device: MemAvailable from /proc/meminfo.
 int64_t device_available_bytes(Device device);
+// Resets the peak byte counter (and a CUDA pool's reserved high-water mark) to the current value.
 void reset_peak_memory(Device device);
 
 }  // namespace loom

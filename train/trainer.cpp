@@ -251,6 +251,8 @@ absl::Status Trainer::run() {
       for (const Device& d : s.model->placement().gpus())
         if (!(d == s.device)) extra.emplace_back("mem_bytes/" + d.str(), static_cast<double>(memory_stats(d).peak_bytes));
     }
+    if (const int64_t reserved = pool_reserved_peak_bytes(s.device); reserved >= 0)  // the pool's share of nvidia-smi's figure
+      extra.emplace_back("mem_reserved_bytes", static_cast<double>(reserved));
     if (s.checkpointing == Checkpointing::kOffload) m.host_mem_bytes = offload_stats().peak_host_bytes;
     m.extra = extra;
     if (!s.eval_batches.empty() && std::isfinite(loss_sum) &&

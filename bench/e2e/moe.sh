@@ -169,6 +169,7 @@ else:
     print(json.dumps(dict(r, ok=True, tok_s=round(statistics.median(x["tokens_per_s"] for x in rows)),
                           peak_GiB=round(max(x["mem_bytes"] for x in rows) / 2**30, 2),
                           host_GiB=round(max(x.get("host_mem_bytes", 0) for x in rows) / 2**30, 2),
+                          reserved_GiB=round(max(x.get("mem_reserved_bytes", 0) for x in rows) / 2**30, 2),
                           loss=rows[-1]["loss"])))
 PY
 )
