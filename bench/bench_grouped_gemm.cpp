@@ -79,7 +79,7 @@ void add_variant(const MoeShape& s, const std::string& what, GroupedGemmVariant 
   std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + what;
   if (v != GroupedGemmVariant::kAuto) name += std::string("/") + grouped_gemm_variant_name(v);
   add(name, [=](benchmark::State& st) {
-    if (v == GroupedGemmVariant::kSm90 && !cuda::sm90_grouped_gemm_ready()) {
+    if ((v == GroupedGemmVariant::kSm90 || v == GroupedGemmVariant::kSm90Wide) && !cuda::sm90_grouped_gemm_ready()) {
       st.SkipWithError("the sm90 kernel needs an sm_90 GPU and an sm_90a build");
       return;
     }
@@ -166,7 +166,7 @@ void register_grouped_gemm() {
       for (Product p : {Product::kFwd, Product::kDgrad, Product::kWgrad})
         for (GroupedGemmVariant v :
              {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
-              GroupedGemmVariant::kSm90})
+              GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide})
           add_grouped(s, proj, in, out, p, v);
   // LoRA rank 16 on Qwen3's experts, every product autograd/fn_grouped.cpp runs: per projection
   // in -> out, the A factor as a projection in -> 16 (forward t = x A_e^T; dgrad dx = dt A_e; wgrad
@@ -175,7 +175,7 @@ void register_grouped_gemm() {
 // term in one accumulation (dual, what fn_grouped.cpp runs now), and dA_e into f32.
   const MoeShape& q = kShapes[0];
   for (GroupedGemmVariant v : {GroupedGemmVariant::kAuto, GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
-                               GroupedGemmVariant::kSm90}) {
+                               GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide}) {
     for (auto [proj, in, out] : {std::tuple{"gate_up", q.hidden, 2 * q.width}, std::tuple{"down", q.width, q.hidden}}) {
       for (Product p : {Product::kFwd, Product::kDgrad, Product::kWgrad}) {
         add_grouped(q, std::string(proj) + "_lora_a", in, 16, p, v);

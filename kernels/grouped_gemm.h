@@ -61,8 +61,9 @@ std::vector<GemmArgs> second_accumulating(const std::vector<GemmArgs>& problems,
 // (cuda::gemm: per-shape heuristic algorithms, but a product of a few hundred rows fills a fraction
 // of the GPU and they run one after another); kSm90, Loom's persistent Hopper kernel
 // (kernels/cuda/grouped_gemm_sm90.cu: every problem's 128 x 128 tiles in one launch of wgmma, bf16
-// operands only, see sm90_grouped_unsupported); kAuto, what choose_grouped_gemm says.
-enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop, kSm90 };
+// operands only, see sm90_grouped_unsupported); kSm90Wide, the same kernel with 128 x 256 tiles (half
+// the operand traffic per product, twice the accumulators); kAuto, what choose_grouped_gemm says.
+enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop, kSm90, kSm90Wide };
 const char* grouped_gemm_variant_name(GroupedGemmVariant v);
 
 // Why cublasGemmGroupedBatchedEx cannot run these problems (a type pair it lacks: it has f32->f32
@@ -128,7 +129,8 @@ bool sm90_grouped_gemm_ready();
 // `pointers` (grouped_gemm_pointer_slots entries, 8-byte aligned) through small kernels whose
 // launch arguments carry them, then one persistent launch of min(tiles, sm_count) blocks
 // (sm_count <= 0: the device's). Throws when sm90_grouped_unsupported or the GPU says no.
-// With `second`, a dual list summed into the same accumulators (sm90_dual_unsupported).
+// With `second`, a dual list summed into the same accumulators (sm90_dual_unsupported). tile_n: the
+// output tiles' width, 128 (kSm90) or 256 (kSm90Wide).
 void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
-                       const std::vector<GemmArgs>* second = nullptr);
+                       const std::vector<GemmArgs>* second = nullptr, int tile_n = 128);
 }  // namespace loom::cuda

@@ -77,6 +77,7 @@ const char* grouped_gemm_variant_name(GroupedGemmVariant v) {
     case GroupedGemmVariant::kCublasGrouped: return "cublas_grouped";
     case GroupedGemmVariant::kLoop: return "loop";
     case GroupedGemmVariant::kSm90: return "sm90";
+    case GroupedGemmVariant::kSm90Wide: return "sm90_wide";
   }
   return "?";
 }
@@ -164,7 +165,17 @@ GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, in
   // against 1542, down fwd 668 against 824, dgrad 597 against 744, down wgrad 723 against 997;
   // only gate_up wgrad is slower (1354 against 1262; the loop's 1195 is best there). bf16 -> f32
   // (LoRA factors' gradients) stays on the loop: not yet measured on the Hopper kernel.
-  return sm90_grouped_unsupported(problems) ? GroupedGemmVariant::kCublasGrouped : GroupedGemmVariant::kSm90;
+  if (sm90_grouped_unsupported(problems)) return GroupedGemmVariant::kCublasGrouped;
+  // 128 x 256 tiles where they pad no more columns than 128 x 128 ones and still give every SM at
+  // least two: each k-step then loads 48 KiB of operands for twice the products of 32 KiB.
+  int64_t narrow_cols = 0, wide_cols = 0;
+  double wide_tiles = 0;
+  for (const GemmArgs& p : problems) {
+    narrow_cols += (p.n + 127) / 128 * 128, wide_cols += (p.n + 255) / 256 * 256;
+    wide_tiles += double((p.m + kTile - 1) / kTile) * double((p.n + 255) / 256);
+  }
+  if (wide_cols <= narrow_cols && wide_tiles >= 2.0 * sm_count) return GroupedGemmVariant::kSm90Wide;
+  return GroupedGemmVariant::kSm90;
 }
 
 }  // namespace loom

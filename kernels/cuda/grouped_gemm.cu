@@ -88,6 +88,9 @@ void run_cublas_grouped(const std::vector<GemmArgs>& problems, const GroupedGemm
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
+bool is_sm90(GroupedGemmVariant v) { return v == GroupedGemmVariant::kSm90 || v == GroupedGemmVariant::kSm90Wide; }
+int sm90_tile_n(GroupedGemmVariant v) { return v == GroupedGemmVariant::kSm90Wide ? 256 : 128; }
+
 }  // namespace
 
 void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant variant, const GroupedGemmContext& c,
@@ -101,11 +104,11 @@ void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant vari
   if (problems.empty()) return;
   if (variant == GroupedGemmVariant::kAuto) {
     variant = choose_grouped_gemm(problems, c.sm_count);
-    if (variant == GroupedGemmVariant::kSm90 && !sm90_grouped_gemm_ready())  // not an sm_90a GPU or build
+    if (is_sm90(variant) && !sm90_grouped_gemm_ready())  // not an sm_90a GPU or build
       variant = cublas_grouped_unsupported(problems) ? GroupedGemmVariant::kLoop : GroupedGemmVariant::kCublasGrouped;
   }
-  if (variant == GroupedGemmVariant::kSm90) {
-    sm90_grouped_gemm(problems, c.sm_count, pointers, s);
+  if (is_sm90(variant)) {
+    sm90_grouped_gemm(problems, c.sm_count, pointers, s, nullptr, sm90_tile_n(variant));
     return;
   }
   if (variant == GroupedGemmVariant::kCublasGrouped) {
@@ -123,17 +126,17 @@ void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<
              second.size(), " second products");
   if (problems.empty()) return;
   const GroupedGemmVariant pick = variant == GroupedGemmVariant::kAuto ? choose_grouped_gemm(problems, c.sm_count) : variant;
-  if (pick == GroupedGemmVariant::kSm90 && sm90_grouped_gemm_ready() && sm90_dual_unsupported(problems, second) == nullptr) {
+  if (is_sm90(pick) && sm90_grouped_gemm_ready() && sm90_dual_unsupported(problems, second) == nullptr) {
     for (const GemmArgs& p : problems) check_gemm_args(p, "cuda grouped");
     for (const GemmArgs& p : second) check_gemm_args(p, "cuda grouped");
-    sm90_grouped_gemm(problems, c.sm_count, pointers, s, &second);
+    sm90_grouped_gemm(problems, c.sm_count, pointers, s, &second, sm90_tile_n(pick));
     return;
   }
   // In stream order: the second call's pointer arrays overwrite the first's after it has run. A
   // variant named for the pair names the second's too (kSm90 that could not fuse: the rule's).
   grouped_gemm(problems, variant, c, pointers, s);
   grouped_gemm(second_accumulating(problems, second),
-               variant == GroupedGemmVariant::kSm90 ? GroupedGemmVariant::kAuto : variant, c, pointers, s);
+               is_sm90(variant) ? GroupedGemmVariant::kAuto : variant, c, pointers, s);
 }
 
 }  // namespace loom::cuda

@@ -40,16 +40,25 @@ namespace {
 
 using wgmma::Wgmma;
 
-constexpr int kBM = 128, kBN = 128, kBK = 64;  // output tile, k-step
-constexpr int kStages = 5;                     // 3 k-steps in flight while one is multiplied
-constexpr int kThreads = 256;                  // 2 warpgroups of 64 tile rows
-constexpr int kStageElems = kBM * kBK;         // one operand's tile: 8192 bf16 = 16 KiB
-static_assert(kBN * kBK == kStageElems, "A and B tiles are the same size");
+constexpr int kBM = 128, kBK = 64;  // output tile rows, k-step
+constexpr int kThreads = 256;       // 2 warpgroups of 64 tile rows
 static_assert(kBM == 64 * (kThreads / 128), "one warpgroup per 64 rows");
 static_assert(kBK == 64, "a k-step is one 128-byte swizzle row of a K-major tile");
-static_assert(kStages >= 3, "the stage being loaded is two steps behind the one multiplied");
-constexpr size_t kSmemBytes = size_t(kStages) * 2 * kStageElems * sizeof(bf16) + 1024;  // + alignment slack
-static_assert(kSmemBytes <= 227 * 1024, "Hopper gives a block at most 227 KiB of shared memory");
+
+// The output tile's width (kSm90: 128, kSm90Wide: 256) fixes the rest: a stage holds one k-step of A
+// (kBM x kBK) and of B (kBN x kBK), as many stages as fit (5 of 32 KiB, 4 of 48 KiB).
+template <int kBN>
+struct Shape {
+  static_assert(kBN == 128 || kBN == 256, "m64n128 or m64n256 wgmmas");
+  static constexpr int kAElems = kBM * kBK, kBElems = kBN * kBK, kStageElems = kAElems + kBElems;
+  static constexpr int kStages = kBN == 128 ? 5 : 4;  // 3 (2) k-steps in flight while one is multiplied
+  static_assert(kStages >= 3, "the stage being loaded is two steps behind the one multiplied");
+  static constexpr size_t kSmemBytes = size_t(kStages) * kStageElems * sizeof(bf16) + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "Hopper gives a block at most 227 KiB of shared memory");
+  // The epilogue's old C values are loaded for this many 8-column groups at a time (all of a
+  // 128-wide tile; a quarter of a 256-wide one, whose 128 accumulators leave no room for more).
+  static constexpr int kOldGroups = kBN == 128 ? 16 : 8;
+};
 
 // One problem as the kernel reads it (device memory, written by write_problems). a2, b2: the second
 // product's operands (k2 = 0 when there is none; they then repeat a and b, which are never read for it).
@@ -68,6 +77,7 @@ static_assert(sizeof(Problem) <= kSm90SlotsPerProblem * sizeof(void*), "grouped_
 __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 // Walks the block's tiles (tile, tile + stride, ...) over the problems and the k-steps of each.
+template <int kBN>
 struct Cursor {
   Problem prob;
   int64_t tile, start;  // the linear tile index; the first tile of problem p
@@ -109,13 +119,20 @@ struct Cursor {
   }
 };
 
+// The cp.async loaders of one operand's tile: K-major, rows (M or N) x 64 columns (K); MN-major,
+// 64 rows (K) x `kRows` columns (64-column blocks), as wgmma::sw128 lays them out.
+template <int kRows>
+struct Loaders {
+  wgmma::TileLoader<kRows, kBK, kThreads> k_major;
+  wgmma::TileLoader<kBK, kRows, kThreads> mn_major;
+  __device__ __forceinline__ explicit Loaders(int tid) : k_major(tid), mn_major(tid) {}
+};
+
 // k-step `c.kt` of the cursor's tile into the stage's A and B tiles (rows/columns past the problem
-// are zeros). K-major tiles are 128 rows (M or N) x 64 columns (K), MN-major ones 64 rows (K) x
-// 128 columns (two 64-column blocks), as wgmma::sw128 lays them out.
-template <bool kTransA, bool kTransB>
-__device__ __forceinline__ void load_step(const Cursor& c, bf16* sA, bf16* sB,
-                                          const wgmma::TileLoader<kBM, kBK, kThreads>& k_major,
-                                          const wgmma::TileLoader<kBK, kBM, kThreads>& mn_major) {
+// are zeros).
+template <bool kTransA, bool kTransB, int kBN>
+__device__ __forceinline__ void load_step(const Cursor<kBN>& c, bf16* sA, bf16* sB, const Loaders<kBM>& la,
+                                          const Loaders<kBN>& lb) {
   const Problem& p = c.prob;
   // The first product's k-steps, then the second's (K = 0 with no second product: one step of zeros
   // from the first's operands).
@@ -125,10 +142,10 @@ __device__ __forceinline__ void load_step(const Cursor& c, bf16* sA, bf16* sB,
   const int64_t lda = first ? p.lda : p.lda2, ldb = first ? p.ldb : p.ldb2;
   const int depth = first ? p.k : p.k2;
   const int k0 = (first ? c.kt : c.kt - c.kt_first) * kBK;
-  if constexpr (!kTransA) k_major.load(sA, a + k0, lda, c.m0, p.m, depth - k0);  // A [M, K]
-  else mn_major.load(sA, a + c.m0, lda, k0, depth, p.m - c.m0);                  // A [K, M]
-  if constexpr (kTransB) k_major.load(sB, b + k0, ldb, c.n0, p.n, depth - k0);   // B [N, K]
-  else mn_major.load(sB, b + c.n0, ldb, k0, depth, p.n - c.n0);                  // B [K, N]
+  if constexpr (!kTransA) la.k_major.load(sA, a + k0, lda, c.m0, p.m, depth - k0);  // A [M, K]
+  else la.mn_major.load(sA, a + c.m0, lda, k0, depth, p.m - c.m0);                  // A [K, M]
+  if constexpr (kTransB) lb.k_major.load(sB, b + k0, ldb, c.n0, p.n, depth - k0);   // B [N, K]
+  else lb.mn_major.load(sB, b + c.n0, ldb, k0, depth, p.n - c.n0);                  // B [K, N]
 }
 
 __device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = {x, y}; }
@@ -140,71 +157,77 @@ __device__ __forceinline__ float2 load_pair(const bf16* p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
 
-// C [m0 + 64 wg .., n0 ..] = alpha acc + beta C from one warpgroup's m64n128 accumulators: lane l of
+// C [m0 + 64 wg .., n0 ..] = alpha acc + beta C from one warpgroup's m64nN accumulators: lane l of
 // warp w holds acc[4 j + e] = (row 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2).
-// With beta, every old value of the thread's 32 pairs is loaded before the first store: loads
-// interleaved with stores to the same array wait one memory latency each (the compiler cannot move a
-// load above a store that may alias it), which made y += x W^T 3-6x slower than y = x W^T (H200,
-// session 32: Qwen3-30B-A3B's gate_up forward 3548 us against 1121, down 3913 against 668).
-template <class TC>
-__device__ __forceinline__ void store_tile(const Cursor& c, const float (&acc)[kBN / 2], int wg, int warp, int lane,
-                                           float alpha, float beta) {
+// With beta, the old values of kOldGroups column groups (2 kOldGroups pairs a thread) are loaded before the
+// first of their stores: loads interleaved with stores to the same array wait one memory latency
+// each (the compiler cannot move a load above a store that may alias it), which made y += x W^T 3-6x
+// slower than y = x W^T (H200, session 32: Qwen3-30B-A3B's gate_up forward 3548 us against 1121, down
+// 3913 against 668).
+template <class TC, int kBN>
+__device__ __forceinline__ void store_tile(const Cursor<kBN>& c, const float (&acc)[kBN / 2], int wg, int warp,
+                                           int lane, float alpha, float beta) {
+  constexpr int kGroups = Shape<kBN>::kOldGroups;
   const Problem& p = c.prob;
   TC* out = static_cast<TC*>(p.c);
   const int row0 = c.m0 + 64 * wg + 16 * (warp & 3) + (lane >> 2);
   const int col0 = c.n0 + 2 * (lane & 3);
-  float2 old[2][kBN / 8];
-  if (beta != 0.f) {
+#pragma unroll
+  for (int j0 = 0; j0 < kBN / 8; j0 += kGroups) {
+    float2 old[2][kGroups];
+    if (beta != 0.f) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        const TC* src = out + int64_t(row) * p.ldc;
+#pragma unroll
+        for (int j = 0; j < kGroups; ++j) {
+          const int col = col0 + 8 * (j0 + j);
+          old[h][j] = row < p.m && col < p.n ? load_pair(src + col) : make_float2(0.f, 0.f);
+        }
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      const TC* src = out + int64_t(row) * p.ldc;
+      if (row >= p.m) continue;
+      TC* dst = out + int64_t(row) * p.ldc;
 #pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        const int col = col0 + 8 * j;
-        old[h][j] = row < p.m && col < p.n ? load_pair(src + col) : make_float2(0.f, 0.f);
+      for (int j = 0; j < kGroups; ++j) {
+        const int col = col0 + 8 * (j0 + j);
+        if (col >= p.n) continue;  // n is even: a pair is wholly in or out
+        float x = alpha * acc[4 * (j0 + j) + 2 * h], y = alpha * acc[4 * (j0 + j) + 2 * h + 1];
+        if (beta != 0.f) x = fmaf(beta, old[h][j].x, x), y = fmaf(beta, old[h][j].y, y);
+        store_pair(dst + col, x, y);
       }
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    if (row >= p.m) continue;
-    TC* dst = out + int64_t(row) * p.ldc;
-#pragma unroll
-    for (int j = 0; j < kBN / 8; ++j) {
-      const int col = col0 + 8 * j;
-      if (col >= p.n) continue;  // n is even: a pair is wholly in or out
-      float x = alpha * acc[4 * j + 2 * h], y = alpha * acc[4 * j + 2 * h + 1];
-      if (beta != 0.f) x = fmaf(beta, old[h][j].x, x), y = fmaf(beta, old[h][j].y, y);
-      store_pair(dst + col, x, y);
     }
   }
 }
 
-template <bool kTransA, bool kTransB, class TC>
+template <bool kTransA, bool kTransB, class TC, int kBN>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, int count, float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = Shape<kBN>;
+  constexpr int kStages = S::kStages, kStageElems = S::kStageElems;
   extern __shared__ unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw + ((1024 - (flash::smem_u32(smem_raw) & 1023)) & 1023));
-  // Stage s: A tile at smem + 2 s kStageElems, B tile after it (both 1024-byte aligned).
+  // Stage s: A tile at smem + s kStageElems, B tile after it (both 1024-byte aligned).
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int64_t stride = gridDim.x;
-  const wgmma::TileLoader<kBM, kBK, kThreads> k_major(tid);
-  const wgmma::TileLoader<kBK, kBM, kThreads> mn_major(tid);
+  const Loaders<kBM> la(tid);
+  const Loaders<kBN> lb(tid);
 
-  Cursor mma;
+  Cursor<kBN> mma;
   mma.init(problems, count, blockIdx.x);
   if (!mma.valid(count)) return;  // the same for every thread of the block
-  Cursor load = mma;
+  Cursor<kBN> load = mma;
 
   // Prologue: k-steps 0 .. kStages - 3 into stages 0 .. kStages - 3.
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
     if (load.valid(count)) {
-      load_step<kTransA, kTransB>(load, smem + 2 * s * kStageElems, smem + (2 * s + 1) * kStageElems, k_major,
-                                  mn_major);
+      load_step<kTransA, kTransB>(load, smem + s * kStageElems, smem + s * kStageElems + S::kAElems, la, lb);
       load.advance(problems, count, stride);
     }
     flash::cp_async_commit();
@@ -226,11 +249,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // (b) acc (+)= A B over this k-step: 4 wgmmas of k16; the tile's first step starts from zero.
       {
-        const bf16* sA = smem + 2 * stage * kStageElems;
-        const bf16* sB = sA + kStageElems;
+        const bf16* sA = smem + stage * kStageElems;
+        const bf16* sB = sA + S::kAElems;
         const uint64_t da = kTransA ? wgmma::tile_desc(sA, kBK * 128) + uint64_t((wg * kBK * 128) >> 4)
                                     : wgmma::tile_desc(sA, 16);
-        const uint64_t db = kTransB ? wgmma::tile_desc(sB, 16) : wgmma::tile_desc(sB, kBK * 128);
+        const uint64_t db = kTransB ? wgmma::tile_desc(sB, 16) : wgmma::tile_desc(sB, kBK * 128);  // 64-column blocks
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -243,8 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // (c) Prefetch step j + kStages - 2 (of this tile or a later one) into the stage step j - 2 used.
       if (load.valid(count)) {
-        load_step<kTransA, kTransB>(load, smem + 2 * load_stage * kStageElems,
-                                    smem + (2 * load_stage + 1) * kStageElems, k_major, mn_major);
+        load_step<kTransA, kTransB>(load, smem + load_stage * kStageElems,
+                                    smem + load_stage * kStageElems + S::kAElems, la, lb);
         load.advance(problems, count, stride);
       }
       flash::cp_async_commit();
@@ -257,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (e) The tile's wgmmas are all done: the epilogue, then the block's next tile.
     wgmma::wait<0>();
     wgmma::fence_regs(acc);
-    store_tile<TC>(mma, acc, wg, warp, lane, alpha, beta);
+    store_tile<TC, kBN>(mma, acc, wg, warp, lane, alpha, beta);
     mma.next_tile(problems, count, stride);
   }
   flash::cp_async_wait<0>();  // only empty groups remain
@@ -279,9 +302,10 @@ __global__ void write_problems(ProblemChunk chunk, Problem* dst) {
   if (i < chunk.count) dst[i] = chunk.p[i];
 }
 
-template <bool kTransA, bool kTransB, class TC>
+template <bool kTransA, bool kTransB, class TC, int kBN>
 void launch(const Problem* problems, int count, int64_t tiles, int sm_count, float alpha, float beta, Stream s) {
-  auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC>;
+  auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN>;
+  constexpr size_t kSmemBytes = Shape<kBN>::kSmemBytes;
   static bool attr_set = [&] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
     return true;
@@ -296,8 +320,33 @@ void launch(const Problem* problems, int count, int64_t tiles, int sm_count, flo
 
 bool sm90_grouped_gemm_ready() { return flash::sm90_ready(); }
 
+namespace {
+// The four operand layouts and two C types of one tile width.
+template <int kBN>
+void launch_layout(const GemmArgs& g, const Problem* dev, int n, int64_t tiles, int sm_count, Stream s) {
+  const bool f32 = g.c_type == GemmType::kF32;
+  // trans_a / trans_b / C type: forward (false, true), input gradient (false, false), weight
+  // gradient (true, false); (true, true) for completeness.
+  if (!g.trans_a && g.trans_b) {
+    f32 ? launch<false, true, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, true, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  } else if (!g.trans_a && !g.trans_b) {
+    f32 ? launch<false, false, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, false, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  } else if (g.trans_a && !g.trans_b) {
+    f32 ? launch<true, false, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, false, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  } else {
+    f32 ? launch<true, true, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, true, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+  }
+}
+}  // namespace
+
 void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
-                       const std::vector<GemmArgs>* second) {
+                       const std::vector<GemmArgs>* second, int tile_n) {
+  LOOM_CHECK(tile_n == 128 || tile_n == 256, "cuda grouped_gemm: the sm90 kernel's tiles are 128 or 256 wide, not ",
+             tile_n);
   if (problems.empty()) return;
   const char* why = second ? sm90_dual_unsupported(problems, *second) : sm90_grouped_unsupported(problems);
   LOOM_CHECK(why == nullptr, "cuda grouped_gemm: the sm90 kernel cannot run these problems: ", why);
@@ -320,29 +369,14 @@ void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void
                            static_cast<const bf16*>(two ? g2.a : g.a), static_cast<const bf16*>(two ? g2.b : g.b),
                            int32_t(g.m), int32_t(g.n), int32_t(g.k), int32_t(g.lda), int32_t(g.ldb), int32_t(g.ldc),
                            int32_t(two ? g2.k : 0), int32_t(two ? g2.lda : g.lda), int32_t(two ? g2.ldb : g.ldb), 0};
-      tiles += ((g.m + kBM - 1) / kBM) * ((g.n + kBN - 1) / kBN);
+      tiles += ((g.m + kBM - 1) / kBM) * ((g.n + tile_n - 1) / tile_n);
     }
     write_problems<<<1, kChunk, 0, s>>>(chunk, dev + first);
     LOOM_CUDA_LAUNCH_CHECK();
   }
   if (tiles == 0) return;
-  const GemmArgs& g = problems[0];
-  const bool f32 = g.c_type == GemmType::kF32;
-  // trans_a / trans_b / C type: forward (false, true), input gradient (false, false), weight
-  // gradient (true, false); (true, true) for completeness.
-  if (!g.trans_a && g.trans_b) {
-    f32 ? launch<false, true, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<false, true, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
-  } else if (!g.trans_a && !g.trans_b) {
-    f32 ? launch<false, false, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<false, false, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
-  } else if (g.trans_a && !g.trans_b) {
-    f32 ? launch<true, false, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<true, false, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
-  } else {
-    f32 ? launch<true, true, float>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<true, true, bf16>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
-  }
+  if (tile_n == 256) launch_layout<256>(problems[0], dev, n, tiles, sm_count, s);
+  else launch_layout<128>(problems[0], dev, n, tiles, sm_count, s);
 }
 
 }  // namespace loom::cuda

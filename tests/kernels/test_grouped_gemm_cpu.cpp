@@ -92,9 +92,14 @@ std::vector<GemmArgs> experts(int count, int64_t rows, int64_t k, int64_t m, Gem
 TEST(GroupedGemmRule, GroupedForManySmallExpertsLoopForFewLargeOnes) {
   constexpr int kH200Sms = 132;
   const GemmType bf = GemmType::kBF16;
-  // Qwen3-30B-A3B: 128 experts of ~512 rows, gate_up [2048 -> 1536] and down [768 -> 2048].
-  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1536, bf, bf), kH200Sms), GroupedGemmVariant::kSm90);
-  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 768, 2048, bf, bf), kH200Sms), GroupedGemmVariant::kSm90);
+  // Qwen3-30B-A3B: 128 experts of ~512 rows, gate_up [2048 -> 1536] and down [768 -> 2048]: widths
+  // that 256-wide tiles cover without padding, 3,072 and 4,096 of them.
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1536, bf, bf), kH200Sms), GroupedGemmVariant::kSm90Wide);
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 768, 2048, bf, bf), kH200Sms), GroupedGemmVariant::kSm90Wide);
+  // A width 256-wide tiles would pad (1408: Qwen1.5-MoE's 2 x 704) or too few tiles for two waves
+  // of them keep 128 x 128 tiles.
+  EXPECT_EQ(choose_grouped_gemm(experts(128, 512, 2048, 1408, bf, bf), kH200Sms), GroupedGemmVariant::kSm90);
+  EXPECT_EQ(choose_grouped_gemm(experts(16, 128, 2048, 1536, bf, bf), kH200Sms), GroupedGemmVariant::kSm90);
   // Mixtral-8x7B: 8 experts of ~2048 rows, gate_up [4096 -> 28672].
   EXPECT_EQ(choose_grouped_gemm(experts(8, 2048, 4096, 28672, bf, bf), kH200Sms), GroupedGemmVariant::kLoop);
   // What cuBLAS's grouped call cannot run goes to the loop: bf16 -> f32, f64, unaligned rows (k = 5).
@@ -140,6 +145,7 @@ TEST(GroupedGemmRule, Sm90KernelSupport) {
   for (GemmArgs& q : p) q.n = 24, q.k = 3;  // K (an expert's rows) is free
   EXPECT_EQ(sm90_grouped_unsupported(p), nullptr);
   EXPECT_STREQ(grouped_gemm_variant_name(GroupedGemmVariant::kSm90), "sm90");
+  EXPECT_STREQ(grouped_gemm_variant_name(GroupedGemmVariant::kSm90Wide), "sm90_wide");
 }
 
 }  // namespace

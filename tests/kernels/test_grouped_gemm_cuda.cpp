@@ -1,4 +1,5 @@
-// The kSm90 grouped GEMM kernel (kernels/cuda/grouped_gemm_sm90.cu), with the cuBLASLt loop as a
+// The kSm90 grouped GEMM kernel (kernels/cuda/grouped_gemm_sm90.cu) at both tile widths (kSm90,
+// kSm90Wide), with the cuBLASLt loop as a
 // control of the harness, against an f64 CPU reference on the same bf16 values: row-grouped
 // (forward with trans_b, input gradient without) and reduction-grouped (weight gradient) problem
 // lists, bf16 and f32 outputs, beta 0 (into NaNs) and 1, experts without rows, with fewer rows than
@@ -199,7 +200,7 @@ class GroupedGemmCuda : public CublasLtTest {
   }
 
   void check_all(const Case& c) {
-    for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kLoop}) {
+    for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide, GroupedGemmVariant::kLoop}) {
       if (c.c_type == GemmType::kF32) check<float>(c, v);
       else check<bf16>(c, v);
     }
