@@ -54,7 +54,8 @@ ag::Variable Mlp::forward(const ag::Variable& x) const {
 
 Tensor ExpertLinear::dense_weight(DType dtype) const {
   if (!quantized()) return weight.value().to(dtype);
-  Tensor w = Tensor::empty({experts, out, in}, dtype, nf4[0]->device());
+  Tensor w = scratch ? scratch->take({experts, out, in}, dtype, nf4[0]->device())
+                     : Tensor::empty({experts, out, in}, dtype, nf4[0]->device());
   // Every expert in one batched dequantisation (on CUDA a launch per 64 experts, not one each).
   std::vector<ops::Nf4Parts> parts;
   for (const auto& q : nf4) parts.push_back(q->parts());

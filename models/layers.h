@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "autograd/functions.h"
+#include "models/dequant_scratch.h"
 #include "models/nf4_weight.h"
 
 namespace loom {
@@ -84,6 +85,7 @@ struct ExpertLinear {
   std::string name;  // "model.layers.0.mlp.experts.gate_up_proj" (transformers 5.x's parameter name)
   ag::Variable weight;  // [E, out, in]; undefined when NF4
   std::vector<std::shared_ptr<const Nf4Weight>> nf4;  // per expert, or empty
+  std::shared_ptr<DequantScratch> scratch;             // where NF4 experts dequantise (null: a new tensor)
   std::unique_ptr<LoraAdapter> lora;
   int64_t experts = 0, out = 0, in = 0;
 

@@ -150,6 +150,7 @@ absl::Status WeightLoader::moe(MoeMlp& m, const std::string& p) {
     auto w = experts(part.hf, part.rows, E, part.cols, x.name);
     if (!w.ok()) return w.status();
     if (quantize_4bit_) {  // QLoRA: each expert as bitsandbytes quantises a Linear weight [out, in]
+      x.scratch = dequant_scratch_;
       for (int64_t e = 0; e < E; ++e)
         x.nf4.push_back(std::make_shared<const Nf4Weight>(
             Nf4Weight::quantize(w->value().narrow(0, e, 1).reshape({x.out, x.in}).contiguous())));

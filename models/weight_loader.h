@@ -55,6 +55,8 @@ class WeightLoader {
   absl::Status check_unexpected(std::vector<std::string>* notes) const;
 
  private:
+  // The model's one scratch for its NF4 experts' dequantised weights (models/dequant_scratch.h).
+  std::shared_ptr<DequantScratch> dequant_scratch_ = std::make_shared<DequantScratch>();
   absl::StatusOr<Tensor> load_part(const HfSource& src, const Shape& shape);
   void choose_layout();
 

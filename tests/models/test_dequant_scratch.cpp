@@ -1,0 +1,65 @@
+// DequantScratch hands its kept buffer out again only when nothing else holds it, keeps one per
+// shape and dtype, and a model's NF4 experts dequantise into it with the same values as without.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "models/dequant_scratch.h"
+#include "models/layers.h"
+
+namespace loom {
+namespace {
+
+Tensor random(const Shape& s, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(numel_of(s)));
+  for (float& x : v) x = d(g);
+  return Tensor::from_floats(v, s);
+}
+
+TEST(DequantScratch, ReusesABufferNobodyHolds) {
+  DequantScratch s;
+  const void* first = nullptr;
+  {
+    Tensor a = s.take({2, 3, 4}, DType::f32, Device::cpu());
+    first = a.data_ptr();
+    // Held: the same kind again is a new buffer, not kept.
+    Tensor b = s.take({2, 3, 4}, DType::f32, Device::cpu());
+    EXPECT_NE(b.data_ptr(), first);
+    EXPECT_EQ(s.kept_bytes(), 2 * 3 * 4 * 4);
+  }
+  // Let go: the kept one comes back.
+  EXPECT_EQ(s.take({2, 3, 4}, DType::f32, Device::cpu()).data_ptr(), first);
+  // Another shape or dtype is a buffer of its own, kept beside the first.
+  Tensor c = s.take({2, 4, 3}, DType::f32, Device::cpu());
+  Tensor d = s.take({2, 3, 4}, DType::bf16, Device::cpu());
+  EXPECT_NE(c.data_ptr(), first);
+  EXPECT_NE(d.data_ptr(), first);
+  EXPECT_EQ(s.kept_bytes(), 2 * 3 * 4 * 4 + 2 * 4 * 3 * 4 + 2 * 3 * 4 * 2);
+  // A view keeps the storage: still held.
+  Tensor view = c.narrow(0, 1, 1);
+  EXPECT_NE(s.take({2, 4, 3}, DType::f32, Device::cpu()).data_ptr(), c.data_ptr());
+}
+
+TEST(DequantScratch, ExpertsDequantiseAsWithoutIt) {
+  ExpertLinear x;
+  x.experts = 3, x.out = 8, x.in = 64;
+  const Tensor w = random({3, 8, 64}, 7);
+  for (int64_t e = 0; e < 3; ++e)
+    x.nf4.push_back(std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w.narrow(0, e, 1).reshape({8, 64}).contiguous())));
+  const Tensor plain = x.dense_weight(DType::f32);
+  x.scratch = std::make_shared<DequantScratch>();
+  const void* kept = nullptr;
+  {
+    const Tensor first = x.dense_weight(DType::f32);
+    kept = first.data_ptr();
+    EXPECT_EQ(first.to_doubles(), plain.to_doubles());
+  }
+  const Tensor again = x.dense_weight(DType::f32);  // into the same buffer, overwritten whole
+  EXPECT_EQ(again.data_ptr(), kept);
+  EXPECT_EQ(again.to_doubles(), plain.to_doubles());
+}
+
+}  // namespace
+}  // namespace loom
