@@ -42,38 +42,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSplitK = kD == 64;          // dQ: each warpgroup its own keys, all columns
   constexpr int kNq = kSplitK ? kD : kD / 2;  // dQ columns per warpgroup
   static_assert(kNq == 64, "dQ column blocks start on a 64-column boundary");
+  using Tile = sm90::BwdKeyTile<kBr, kBc, kD, kThreads>;
   extern __shared__ unsigned char smem_raw[];
-  bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
-  bf16* sV = sK + kBc * kD;
-  bf16* sQ0 = sV + kBc * kD;       // stage s at sQ0 + s * kBr * kD
-  bf16* sdO0 = sQ0 + 2 * kBr * kD;  // likewise
-  bf16* sdS = sdO0 + 2 * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled
-  float* sStat0 = reinterpret_cast<float*>(sdS + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
-
+  bf16* smem = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sdS = Tile::end(smem);  // dS^T [kBc keys][kBr queries], swizzled
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
-  const int64_t k0 = int64_t(blockIdx.z) * kBc, g = blockIdx.x, b = blockIdx.y;
-  const int hd = int(p.head_dim);
-  const int64_t kv_stride = p.kv_heads * p.head_dim;
-  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
-  const Visibility vis{p.seq, p.window, seg};
+  Tile t(p, smem, reinterpret_cast<float*>(sdS + kBc * kBr), tid, lane);
+  const bf16* sK = t.sK;
+  const int64_t k0 = t.k0, b = t.b;
+  const Visibility vis{p.seq, p.window, t.seg};
   const float scale_log2 = p.scale * kLog2e;
-
-  const KeyTileItems<kBr, kBc> items(p, seg, k0, lane);
-  const int n_items = items.n_items;
-  const sm90::BwdStageLoader<kBr, kD, kThreads> loader(tid);
-  auto load_item = [&](int item, int stage) {
-    loader.load(p, q, dout, lse, dsum, b, items.head(g, item), items.q_start(item), sQ0 + stage * kBr * kD,
-                sdO0 + stage * kBr * kD, sStat0 + stage * 2 * kBr);
-  };
-
-  const int64_t kv_off = (b * p.seq * p.kv_heads + g) * p.head_dim;
-  wgmma::load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd, tid);
-  wgmma::load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd, tid);
-  TileKind kind = TileKind::kSkip;
-  int item = items.first(p, seg, k0, lane, &kind);
-  if (item < n_items) load_item(item, 0);
-  flash::cp_async_commit();
+  t.start(p, q, k, v, dout, lse, dsum, tid, lane);
 
   // This thread's key rows (j0, j0 + 8 within the tile) and query columns (8 n + col0 + e % 2).
   const int jl = 64 * wg + 16 * (warp & 3) + (lane >> 2), col0 = 2 * (lane & 3);
@@ -86,24 +65,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kNq / 2; ++i) dqa[i] = 0.f;
   uint32_t pt[kBr / 16][4], dst[kBr / 16][4];
 
-  int stage = 0;
-  while (item < n_items) {
-    TileKind next_kind = TileKind::kSkip;
-    const int next = items.next(p, seg, item + 1, k0, lane, &next_kind);
+  while (t.more()) {
     // This item's tiles have landed; every warp is done with the other stage and with sdS.
-    flash::cp_async_wait<0>();
-    wgmma::fence_proxy_async();
-    __syncthreads();
-    if (next < n_items) load_item(next, stage ^ 1);
-    flash::cp_async_commit();
-    const bf16* cQ = sQ0 + stage * kBr * kD;
-    const bf16* cdO = sdO0 + stage * kBr * kD;
-    const float* cStat = sStat0 + stage * 2 * kBr;
-    const int64_t h = items.head(g, item), q0 = items.q_start(item);
+    TileKind next_kind = TileKind::kSkip;
+    const int next = t.prefetch(p, q, dout, lse, dsum, lane, &next_kind);
+    const bf16 *cQ = t.q_tile(), *cdO = t.do_tile();
+    const float* cStat = t.stats();
+    const int64_t h = t.head(), q0 = t.q_start();
 
     // S^T and dP^T for this warpgroup's 64 keys x the 64 queries.
     {
-      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
+      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(t.sV, 16);
       const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
       wgmma::fence();
       sm90::mma_rows<kD, kBc, kBr, kBr>(st, dK, dQ, 64 * wg, 0);
@@ -116,7 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, per element.
     uint32_t bits[2] = {~0u, ~0u};
-    if (kind == TileKind::kMasked)
+    if (t.kind == TileKind::kMasked)
       fragment_bits<kBr>(bits, col0, [&](int r, int col) { return vis(q0 + col, k0 + jl + 8 * r); });
     sm90::bwd_scores<kBr>(st, dpt, bits, cStat, cStat + kBr, col0, p.scale, p.softcap, scale_log2);
     sm90::pack_p<kBr / 8>(pt, st);
@@ -154,15 +126,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence_regs(dka);
       sm90::add_dq_atomic<kNq>(dqa, dq_acc, p, b, h, q0, n0, warp, lane);
     }
-    stage ^= 1;
-    item = next;
-    kind = next_kind;
+    t.advance(next, next_kind);
   }
   flash::cp_async_wait<0>();
   wgmma::wait<0>();
   wgmma::fence_regs(dva);
   wgmma::fence_regs(dka);
-  sm90::store_dkv<kD>(dka, dva, p, b, g, k0 + jl, 0, col0, dk, dv);
+  sm90::store_dkv<kD>(dka, dva, p, b, t.g, k0 + jl, 0, col0, dk, dv);
 #else
   __trap();  // built without sm_90a; backward_sm90 is never called then (sm90_ready())
 #endif

@@ -53,39 +53,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                                const float* __restrict__ dsum, float* __restrict__ dq_acc, bf16* __restrict__ dk,
                                bf16* __restrict__ dv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = sm90::BwdKeyTile<kBr, kBc, kD, kThreads>;
   extern __shared__ unsigned char smem_raw[];
-  bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
-  bf16* sV = sK + kBc * kD;
-  bf16* sQ0 = sV + kBc * kD;        // stage s at sQ0 + s * kBr * kD
-  bf16* sdO0 = sQ0 + 2 * kBr * kD;  // likewise
-  bf16* sPt = sdO0 + 2 * kBr * kD;  // P^T [kBc keys][kBr queries], swizzled
-  bf16* sdSt = sPt + kBc * kBr;     // dS^T, likewise
-  float* sStat0 = reinterpret_cast<float*>(sdSt + kBc * kBr);  // stage s: lse [kBr] then D [kBr]
-
+  bf16* smem = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sPt = Tile::end(smem);   // P^T [kBc keys][kBr queries], swizzled
+  bf16* sdSt = sPt + kBc * kBr;  // dS^T, likewise
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  // Key tiles are the slowest grid dimension, first tile (the most queries see it) first.
-  const int64_t k0 = int64_t(blockIdx.z) * kBc, g = blockIdx.x, b = blockIdx.y;
-  const int hd = int(p.head_dim);
-  const int64_t kv_stride = p.kv_heads * p.head_dim;
-  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
-  const Visibility vis{p.seq, p.window, seg};
+  Tile t(p, smem, reinterpret_cast<float*>(sdSt + kBc * kBr), tid, lane);
+  const bf16* sK = t.sK;
+  const int64_t k0 = t.k0, b = t.b;
+  const Visibility vis{p.seq, p.window, t.seg};
   const float scale_log2 = p.scale * kLog2e;
-
-  const KeyTileItems<kBr, kBc> items(p, seg, k0, lane);
-  const int n_items = items.n_items;
-  const sm90::BwdStageLoader<kBr, kD, kThreads> loader(tid);
-  auto load_item = [&](int item, int stage) {
-    loader.load(p, q, dout, lse, dsum, b, items.head(g, item), items.q_start(item), sQ0 + stage * kBr * kD,
-                sdO0 + stage * kBr * kD, sStat0 + stage * 2 * kBr);
-  };
-
-  const int64_t kv_off = (b * p.seq * p.kv_heads + g) * p.head_dim;
-  wgmma::load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, hd, tid);
-  wgmma::load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, hd, tid);
-  TileKind kind = TileKind::kSkip;
-  int item = items.first(p, seg, k0, lane, &kind);
-  if (item < n_items) load_item(item, 0);
-  flash::cp_async_commit();
+  t.start(p, q, k, v, dout, lse, dsum, tid, lane);
 
   // This thread's key rows (jl, jl + 8 within the tile; the same in both warpgroups), its query
   // columns of S^T (qc0 + 8 n + col0 + e % 2) and its head_dim columns of dK, dV, dQ (dc0 + ...).
@@ -99,25 +78,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kDn / 2; ++i) dqa[i] = 0.f;
 
-  int stage = 0;
-  while (item < n_items) {
-    TileKind next_kind = TileKind::kSkip;
-    const int next = items.next(p, seg, item + 1, k0, lane, &next_kind);
+  while (t.more()) {
     // This item's tiles have landed; every warp is done with the other stage, P^T and dS^T (its
     // wgmma of the previous item were waited for).
-    flash::cp_async_wait<0>();
-    wgmma::fence_proxy_async();
-    __syncthreads();
-    if (next < n_items) load_item(next, stage ^ 1);
-    flash::cp_async_commit();
-    const bf16* cQ = sQ0 + stage * kBr * kD;
-    const bf16* cdO = sdO0 + stage * kBr * kD;
-    const float* cStat = sStat0 + stage * 2 * kBr;
-    const int64_t h = items.head(g, item), q0 = items.q_start(item);
+    TileKind next_kind = TileKind::kSkip;
+    const int next = t.prefetch(p, q, dout, lse, dsum, lane, &next_kind);
+    const bf16 *cQ = t.q_tile(), *cdO = t.do_tile();
+    const float* cStat = t.stats();
+    const int64_t h = t.head(), q0 = t.q_start();
 
     // S^T and dP^T: the 64 keys x this warpgroup's 32 queries, over all of head_dim.
     {
-      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
+      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(t.sV, 16);
       const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
       wgmma::fence();
       sm90::mma_rows<kD, kBc, kBr, kQn>(st, dK, dQ, 0, qc0);
@@ -131,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, then both to
     // shared memory (this warpgroup's 32 columns of each).
     uint32_t bits[2] = {~0u, ~0u};
-    if (kind == TileKind::kMasked)
+    if (t.kind == TileKind::kMasked)
       fragment_bits<kQn>(bits, col0, [&](int r, int col) { return vis(q0 + qc0 + col, k0 + jl + 8 * r); });
     sm90::bwd_scores<kQn>(st, dpt, bits, cStat + qc0, cStat + kBr + qc0, col0, p.scale, p.softcap, scale_log2);
     {
@@ -167,12 +139,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence_regs(dka);
     }
     sm90::add_dq_atomic<kDn>(dqa, dq_acc, p, b, h, q0, dc0, warp, lane);
-    stage ^= 1;
-    item = next;
-    kind = next_kind;
+    t.advance(next, next_kind);
   }
   flash::cp_async_wait<0>();
-  sm90::store_dkv<kDn>(dka, dva, p, b, g, k0 + jl, dc0, col0, dk, dv);
+  sm90::store_dkv<kDn>(dka, dva, p, b, t.g, k0 + jl, dc0, col0, dk, dv);
 #else
   __trap();  // built without sm_90a; backward_sm90_d256 is never called then (sm90_ready())
 #endif

@@ -9,6 +9,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_mask.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace loom::cuda::flash::sm90 {
@@ -59,6 +60,72 @@ struct BwdStageLoader {
       const float* src = (tid < kBr ? lse : dsum) + (b * p.heads + h) * p.seq + q0 + r;
       flash::cp_async4(stat + tid, q0 + r < p.seq ? src : lse, q0 + r < p.seq);
     }
+  }
+};
+
+// A cp.async backward block's walk over one key tile: kBc keys from k0 = blockIdx.z kBc of kv head
+// g = blockIdx.x, batch b = blockIdx.y (the slowest grid dimension, first tile first: the most
+// queries see it). Shared memory from `smem` (1024-byte aligned): K and V (kBc rows of kD each), then
+// two stages of Q and of dO (kBr rows); stats: two stages of lse [kBr] then D [kBr]. start() loads K, V and
+// the first item (KeyTileItems: a query tile of one query head) that sees the tile; each round,
+// prefetch() waits for the current item's stage and loads the next into the other one.
+template <int kBr, int kBc, int kD, int kThreads>
+struct BwdKeyTile {
+  static constexpr int kKvElems = kBc * kD, kQElems = kBr * kD;
+  bf16 *sK, *sV, *sQ0, *sdO0;
+  float* sStat0;
+  int64_t k0, g, b;
+  const int32_t* seg;  // the batch row's segment ids, or null
+  KeyTileItems<kBr, kBc> items;
+  BwdStageLoader<kBr, kD, kThreads> loader;
+  int item = 0, stage = 0;
+  TileKind kind = TileKind::kSkip;
+
+  __device__ __forceinline__ BwdKeyTile(const AttentionParams& p, bf16* smem, float* stats, int tid, int lane)
+      : sK(smem), sV(smem + kKvElems), sQ0(smem + 2 * kKvElems), sdO0(smem + 2 * kKvElems + 2 * kQElems), sStat0(stats),
+        k0(int64_t(blockIdx.z) * kBc), g(blockIdx.x), b(blockIdx.y),
+        seg(p.segment_ids ? p.segment_ids + int64_t(blockIdx.y) * p.seq : nullptr), items(p, seg, k0, lane),
+        loader(tid) {}
+  // The first element past K, V and the Q and dO stages.
+  static __device__ __forceinline__ bf16* end(bf16* smem) { return smem + 2 * kKvElems + 4 * kQElems; }
+
+  __device__ __forceinline__ void load_item(const AttentionParams& p, const bf16* q, const bf16* dout,
+                                            const float* lse, const float* dsum, int it, int st) const {
+    loader.load(p, q, dout, lse, dsum, b, items.head(g, it), items.q_start(it), sQ0 + st * kBr * kD,
+                sdO0 + st * kBr * kD, sStat0 + st * 2 * kBr);
+  }
+  // K and V, and the first item into stage 0: one cp.async group.
+  __device__ __forceinline__ void start(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v,
+                                        const bf16* dout, const float* lse, const float* dsum, int tid, int lane) {
+    const int64_t kv_off = (b * p.seq * p.kv_heads + g) * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
+    wgmma::load_tile_sw128<kBc, kD, kThreads>(sK, k + kv_off, kv_stride, k0, p.seq, int(p.head_dim), tid);
+    wgmma::load_tile_sw128<kBc, kD, kThreads>(sV, v + kv_off, kv_stride, k0, p.seq, int(p.head_dim), tid);
+    item = items.first(p, seg, k0, lane, &kind);
+    if (item < items.n_items) load_item(p, q, dout, lse, dsum, item, 0);
+    flash::cp_async_commit();
+  }
+  __device__ __forceinline__ bool more() const { return item < items.n_items; }
+  // The next item (its kind in *next_kind) after the current one's stage has landed and every warp
+  // is done with the other stage (and with what the kernel shares between rounds), loading it there.
+  __device__ __forceinline__ int prefetch(const AttentionParams& p, const bf16* q, const bf16* dout, const float* lse,
+                                          const float* dsum, int lane, TileKind* next_kind) const {
+    const int next = items.next(p, seg, item + 1, k0, lane, next_kind);
+    flash::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    if (next < items.n_items) load_item(p, q, dout, lse, dsum, next, stage ^ 1);
+    flash::cp_async_commit();
+    return next;
+  }
+  __device__ __forceinline__ const bf16* q_tile() const { return sQ0 + stage * kBr * kD; }
+  __device__ __forceinline__ const bf16* do_tile() const { return sdO0 + stage * kBr * kD; }
+  __device__ __forceinline__ const float* stats() const { return sStat0 + stage * 2 * kBr; }
+  __device__ __forceinline__ int64_t head() const { return items.head(g, item); }
+  __device__ __forceinline__ int64_t q_start() const { return items.q_start(item); }
+  __device__ __forceinline__ void advance(int next, TileKind next_kind) {
+    stage ^= 1;
+    item = next;
+    kind = next_kind;
   }
 };
 
