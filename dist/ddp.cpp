@@ -34,7 +34,7 @@ DdpReducer::DdpReducer(Communicator& comm, std::vector<ag::Variable> params, int
     LOOM_CHECK(params_[i].requires_grad(), "DdpReducer: parameter ", i, " does not require grad");
     const int64_t bytes = v.nbytes();
     if (buckets_.empty() || buckets_.back().dtype != v.dtype() || buckets_.back().device != v.device() ||
-        bytes_for(v.dtype(), buckets_.back().numel) + bytes > bucket_bytes && !buckets_.back().params.empty()) {
+        (bytes_for(v.dtype(), buckets_.back().numel) + bytes > bucket_bytes && !buckets_.back().params.empty())) {
       buckets_.emplace_back();
       buckets_.back().dtype = v.dtype();
       buckets_.back().device = v.device();

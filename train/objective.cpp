@@ -39,7 +39,8 @@ class Sft final : public Objective {
   int64_t units(const Batch& batch) const override { return batch.target_tokens; }
   ag::Variable loss(CausalLM& model, const DeviceBatch& b) override {
     // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels were shifted on the host).
-    ForwardOptions opt{b.positions, b.segment_ids, b.max_position};
+    ForwardOptions opt;
+    opt.positions = b.positions, opt.segment_ids = b.segment_ids, opt.max_position = b.max_position;
     aux_.request(opt, b.unpadded);  // the padding that ends a packed row has no say in it
     return aux_.added_to(model.loss_from_targets(b.input_ids, b.targets, opt));
   }
@@ -54,7 +55,9 @@ class Sft final : public Objective {
 // A batch of pairs' forward: positions, and the segment ids when rows pack several sequences (right
 // padding alone needs no mask).
 ForwardOptions forward_options(const DeviceBatch& b) {
-  return {b.positions, b.packed ? b.segment_ids : Tensor(), b.max_position};
+  ForwardOptions opt;
+  opt.positions = b.positions, opt.segment_ids = b.packed ? b.segment_ids : Tensor(), opt.max_position = b.max_position;
+  return opt;
 }
 
 // Each sequence's positions: Batch::seq_start / seq_len, chosen sides first.
