@@ -7,7 +7,10 @@ each kernel's total time, launch count and share, largest first, then the total.
 
 --steps divides the totals by the number of training steps the run took (per-step figures).
 Kernel names are shortened to the function name with its template arguments cut at 60 characters:
-cuBLASLt's nvjet kernels keep their tile-shape names, which tell the GEMMs apart."""
+cuBLASLt's nvjet kernels keep their tile-shape names, which tell the GEMMs apart. A second table
+sums the kernels by kind (KINDS: attention, GEMMs, the experts' grouped GEMMs, the LM head's loss,
+norms, MoE routing, elementwise and copies, the optimizer, initialisation and quantisation), so
+that a step's time can be taken apart before choosing what to speed up."""
 import argparse
 import csv
 import re
@@ -28,6 +31,30 @@ def short(name):
                 break
     name = re.sub(r"^(void|static)\s+", "", name)
     return name if len(name) <= 60 else name[:57] + "..."
+
+
+# A kernel's kind: the first pattern its short name matches (re.search), else "other".
+KINDS = [
+    ("attention", r"flash|attention|dsum_kernel|dq_finish"),
+    ("grouped GEMM (experts)", r"grouped_gemm|write_problems|write_pointers"),
+    ("GEMM (cuBLAS / cuBLASLt)", r"nvjet|gemm|cutlass|xmma|cublas"),
+    ("LM head loss", r"row_kernel|cross_entropy|lce_"),
+    ("norms", r"rms_|norm_kernel"),
+    ("MoE routing / dispatch / combine", r"route_|dispatch|combine_|count_experts|aux_loss|moe_"),
+    ("optimizer", r"adam|sgd|lion|grad_norm"),
+    ("init / quantise (load)", r"normal_kernel|uniform_kernel|nf4_quantize|nf4_mean|nf4_double_quantize"),
+    ("dequantise (NF4)", r"nf4_dequant"),
+    ("elementwise / activation / rope", r"map_kernel|gated_|rope_|scale_kernel|dropout"),
+    ("copies / casts / embedding", r"copy|cast_kernel|transpose|embedding|split_kernel|memcpy|memset"),
+    ("reductions", r"reduce|block_sum"),
+]
+
+
+def kind_of(name):
+    for kind, pattern in KINDS:
+        if re.search(pattern, name):
+            return kind
+    return "other"
 
 
 def main():
@@ -56,6 +83,14 @@ def main():
     for k, us in sorted(total.items(), key=lambda kv: -kv[1])[: a.top]:
         print(f"{k:62} {us / s / 1e3:9.2f} {count[k] / s:14.1f} {us / count[k]:10.1f} {100 * us / grand:5.1f}%")
     print(f"{'total (' + str(sum(count.values()) // s) + ' launches per step)':62} {grand / s / 1e3:9.2f}")
+    by_kind, kind_count = defaultdict(float), defaultdict(int)
+    for k, us in total.items():
+        by_kind[kind_of(k)] += us
+        kind_count[kind_of(k)] += count[k]
+    print()
+    print(f"{'kind':62} {'ms/step':>9} {'launches/step':>14} {'':>10} {'share':>6}")
+    for kind, us in sorted(by_kind.items(), key=lambda kv: -kv[1]):
+        print(f"{kind:62} {us / s / 1e3:9.2f} {kind_count[kind] / s:14.1f} {'':>10} {100 * us / grand:5.1f}%")
 
 
 if __name__ == "__main__":
