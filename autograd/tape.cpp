@@ -27,6 +27,8 @@ GradModeGuard::~GradModeGuard() { t_grad_enabled = previous_; }
 TapeScope::TapeScope() { t_tapes.emplace_back(); }
 TapeScope::~TapeScope() { t_tapes.pop_back(); }
 
+bool recomputing() { return t_tapes.size() > 1; }
+
 size_t tape_size() { return current().nodes.size(); }
 void clear_tape() { current().nodes.clear(); }
 

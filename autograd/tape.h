@@ -59,6 +59,11 @@ class TapeScope {
   TapeScope& operator=(const TapeScope&) = delete;
 };
 
+// Whether this thread is inside a checkpoint's recomputation (a TapeScope): what is recorded now is
+// back-propagated as soon as the recomputed function returns, so a value kept for backward here is
+// held only through that one checkpoint's backward.
+bool recomputing();
+
 // Number of nodes on the current tape (tests, diagnostics).
 size_t tape_size();
 // Drops everything recorded (e.g. after an evaluation forward with grads on).

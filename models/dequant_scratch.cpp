@@ -4,6 +4,7 @@ namespace loom {
 
 Tensor DequantScratch::take(const Shape& shape, DType dtype, Device device) {
   std::lock_guard<std::mutex> lock(mu_);
+  ++taken_;
   for (const Tensor& t : kept_) {
     if (t.shape() != shape || t.dtype() != dtype || !(t.device() == device)) continue;
     // Only kept_ holds it: whoever had it last has let it go.
@@ -19,6 +20,11 @@ int64_t DequantScratch::kept_bytes() const {
   int64_t bytes = 0;
   for (const Tensor& t : kept_) bytes += static_cast<int64_t>(t.storage()->nbytes());
   return bytes;
+}
+
+int64_t DequantScratch::taken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return taken_;
 }
 
 }  // namespace loom

@@ -21,10 +21,13 @@ class DequantScratch {
   Tensor take(const Shape& shape, DType dtype, Device device);
   // Bytes the kept buffers hold.
   int64_t kept_bytes() const;
+  // take() calls so far (tests: how many dequantisations a step makes).
+  int64_t taken() const;
 
  private:
   mutable std::mutex mu_;
   std::vector<Tensor> kept_;
+  int64_t taken_ = 0;
 };
 
 }  // namespace loom

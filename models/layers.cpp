@@ -64,12 +64,14 @@ Tensor ExpertLinear::dense_weight(DType dtype) const {
 }
 
 ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const {
-  // NF4 experts are dequantised in the compute dtype for this product, and again in backward.
+  // NF4 experts are dequantised in the compute dtype for this product, and again in backward. In a
+  // checkpoint's recomputation backward follows at once: the product keeps the weight it was given
+  // (the scratch's buffer, which stays allocated either way) rather than dequantise a third time.
   ag::WeightFn rematerialize;
   ag::Variable w = weight;
   if (quantized()) {
-    rematerialize = [this, dtype = xs.dtype()] { return dense_weight(dtype); };
-    w = ag::Variable(rematerialize(), false);
+    if (!(scratch && ag::recomputing())) rematerialize = [this, dtype = xs.dtype()] { return dense_weight(dtype); };
+    w = ag::Variable(dense_weight(xs.dtype()), false);
   }
   if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets, rematerialize);
   return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets, rematerialize);

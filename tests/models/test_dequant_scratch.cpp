@@ -1,5 +1,6 @@
 // DequantScratch hands its kept buffer out again only when nothing else holds it, keeps one per
-// shape and dtype, and a model's NF4 experts dequantise into it with the same values as without.
+// shape and dtype, and a model's NF4 experts dequantise into it with the same values as without; a
+// checkpoint's recomputation keeps its dequantised experts for backward.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -59,6 +60,32 @@ TEST(DequantScratch, ExpertsDequantiseAsWithoutIt) {
   const Tensor again = x.dense_weight(DType::f32);  // into the same buffer, overwritten whole
   EXPECT_EQ(again.data_ptr(), kept);
   EXPECT_EQ(again.to_doubles(), plain.to_doubles());
+}
+
+// A checkpointed expert product dequantises twice a step, as one without checkpointing does: once in
+// forward and once in the recomputation, whose weight backward keeps (with a scratch, the kept buffer
+// is allocated either way), where it used to dequantise a third time. The input gradient is the same.
+TEST(DequantScratch, RecomputationKeepsItsWeightForBackward) {
+  ExpertLinear x;
+  x.experts = 3, x.out = 8, x.in = 64;
+  const Tensor w = random({3, 8, 64}, 7);
+  for (int64_t e = 0; e < 3; ++e)
+    x.nf4.push_back(std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w.narrow(0, e, 1).reshape({8, 64}).contiguous())));
+  x.scratch = std::make_shared<DequantScratch>();
+  const std::vector<int64_t> offsets = {0, 2, 2, 5};
+  const Tensor xs = random({5, 64}, 8);
+
+  ag::Variable plain_in(xs, true);
+  ag::backward(ag::sum(x.forward(plain_in, offsets)));
+  EXPECT_EQ(x.scratch->taken(), 2);  // forward, backward
+
+  ag::Variable ck_in(xs, true);
+  const ag::CheckpointFn fn = [&](const std::vector<ag::Variable>& in) {
+    return std::vector<ag::Variable>{x.forward(in[0], offsets)};
+  };
+  ag::backward(ag::sum(ag::checkpoint(fn, {ck_in})[0]));
+  EXPECT_EQ(x.scratch->taken(), 4);  // forward, recomputation (kept for backward)
+  EXPECT_EQ(ck_in.grad().to_doubles(), plain_in.grad().to_doubles());
 }
 
 }  // namespace
