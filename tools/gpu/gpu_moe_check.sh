@@ -40,4 +40,4 @@ fi
 build-gpu/bench/loom_bench --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/|nf4_dequantize_experts' \
   --benchmark_min_time=0.05s 2>&1 | grep manual_time | awk '{print $1, $2, $3}' \
   | sed 's#grouped_gemm/bf16/qwen3_30b_a3b/##; s#/manual_time##' > "$out/grouped.txt"
-column -c 160 "$out/grouped.txt"
+paste - - - < "$out/grouped.txt"  # (no `column` on the GPU machine)
