@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, one call for the mixture-of-experts path (issue 33): builds loom, loom_bench and
-# the grouped-GEMM / MoE CUDA tests into build-gpu, runs those tests, Loom's rows of bench/e2e/moe.sh
-# on the Qwen3-30B-A3B 4-layer shape (LoRA none and recompute, QLoRA offload; no peers: add them with
+# the grouped-GEMM / MoE / NF4 / attention CUDA tests into build-gpu, runs those tests, Loom's rows of
+# bench/e2e/moe.sh on the Qwen3-30B-A3B 4-layer shape (LoRA none and recompute, QLoRA offload; no peers: add them with
 # LOOM_MOE_PEERS), and the grouped-GEMM micro-benchmarks of Qwen3's expert products that
 # autograd/fn_grouped.cpp runs (base, accumulate, LoRA factors, dual), each variant, and the QLoRA experts'
 # batched NF4 dequantisation against one launch per expert.
@@ -15,10 +15,11 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-moe-out}
 mkdir -p "$out"
 tests="kernels_test_grouped_gemm_cuda engine_test_grouped_matmul_cuda engine_test_ops_moe_cuda models_test_moe_mlp_cuda
-  models_test_moe_families_cuda kernels_test_nf4_cuda"
+  models_test_moe_families_cuda kernels_test_nf4_cuda kernels_test_attention_cuda"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null || exit 1
 cmake --build build-gpu -j"$(nproc)" --target loom loom_bench $tests > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu -L cuda -R "Grouped|Moe|MoE|moe|Nf4" -j4 --timeout 120 --output-on-failure > "$out/ctest.txt" 2>&1
+ctest --test-dir build-gpu -L cuda -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels" -j4 --timeout 300 --output-on-failure \
+  > "$out/ctest.txt" 2>&1
 tail -4 "$out/ctest.txt"
 LOOM_MOE_PEERS=${LOOM_MOE_PEERS- } LOOM_MOE_MODES=${LOOM_MOE_MODES-none recompute} \
   LOOM_MOE_QLORA_MODES=${LOOM_MOE_QLORA_MODES-offload} OUT="$out" bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
