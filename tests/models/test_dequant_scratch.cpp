@@ -19,6 +19,14 @@ Tensor random(const Shape& s, uint32_t seed) {
   return Tensor::from_floats(v, s);
 }
 
+// Three NF4 experts [8, 64], as the loader quantises them (each expert alone), without a scratch.
+void nf4_experts(ExpertLinear& x) {
+  x.experts = 3, x.out = 8, x.in = 64;
+  const Tensor w = random({3, 8, 64}, 7);
+  for (int64_t e = 0; e < 3; ++e)
+    x.nf4.push_back(std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w.narrow(0, e, 1).reshape({8, 64}).contiguous())));
+}
+
 TEST(DequantScratch, ReusesABufferNobodyHolds) {
   DequantScratch s;
   const void* first = nullptr;
@@ -45,10 +53,7 @@ TEST(DequantScratch, ReusesABufferNobodyHolds) {
 
 TEST(DequantScratch, ExpertsDequantiseAsWithoutIt) {
   ExpertLinear x;
-  x.experts = 3, x.out = 8, x.in = 64;
-  const Tensor w = random({3, 8, 64}, 7);
-  for (int64_t e = 0; e < 3; ++e)
-    x.nf4.push_back(std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w.narrow(0, e, 1).reshape({8, 64}).contiguous())));
+  nf4_experts(x);
   const Tensor plain = x.dense_weight(DType::f32);
   x.scratch = std::make_shared<DequantScratch>();
   const void* kept = nullptr;
@@ -67,10 +72,7 @@ TEST(DequantScratch, ExpertsDequantiseAsWithoutIt) {
 // is allocated either way), where it used to dequantise a third time. The input gradient is the same.
 TEST(DequantScratch, RecomputationKeepsItsWeightForBackward) {
   ExpertLinear x;
-  x.experts = 3, x.out = 8, x.in = 64;
-  const Tensor w = random({3, 8, 64}, 7);
-  for (int64_t e = 0; e < 3; ++e)
-    x.nf4.push_back(std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w.narrow(0, e, 1).reshape({8, 64}).contiguous())));
+  nf4_experts(x);
   x.scratch = std::make_shared<DequantScratch>();
   const std::vector<int64_t> offsets = {0, 2, 2, 5};
   const Tensor xs = random({5, 64}, 8);
