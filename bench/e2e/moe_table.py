@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Turns bench/e2e/moe.sh's JSON lines into the mixture-of-experts table: per shape (and layer count), each
-run's tokens/s, peak GPU memory (the framework's own count: Loom's allocator peak, torch.cuda.max_memory_allocated
-for the peers; and nvidia-smi's peak of used memory, the same measure for all), MFU over the active parameters,
+run's tokens/s, peak GPU memory (the framework's own count: Loom's allocator peak, with its CUDA pool's
+reservation where larger, torch.cuda.max_memory_allocated for the peers; and nvidia-smi's peak of used memory, the
+same measure for all), MFU over the active parameters,
 the ratios like for like, and the issue's contract (Loom >= 2x transformers and >= 1x Unsloth at no more memory).
 
 MFU, two ways:
@@ -140,8 +141,12 @@ def main():
                 for k, kind in enumerate(("transformers", "unsloth")):
                     p, other = peer_for(rs, r, kind)
                     vs[k] = ratio(r, p, other)
-            host = f" (+{r['host_GiB']} host)" if r.get("host_GiB") else ""
-            peak = f"{r['peak_GiB']}{host}" if r.get("peak_GiB") is not None else "—"
+            # Loom's CUDA pool reservation (metrics.jsonl's mem_reserved_bytes) where it holds more than
+            # is in use: the gap between the peak and nvidia-smi's figure that is fragmentation.
+            extra = [f"pool {r['reserved_GiB']}"] if r.get("reserved_GiB") and r["reserved_GiB"] > r.get("peak_GiB", 0) else []
+            extra += [f"+{r['host_GiB']} host"] if r.get("host_GiB") else []
+            peak = r["peak_GiB"] if r.get("peak_GiB") is not None else "—"
+            peak = f"{peak} ({', '.join(extra)})" if extra else f"{peak}"
             print(f"| {r['who']} | {t:,.0f} | {peak} | {r.get('smi_GiB', '—')} | {100 * t * f4 / PEAK:.1f}% | "
                   f"{100 * t * f6 / PEAK_6N:.1f}% | {vs[0]} | {vs[1]} |")
         print("\nContract (issue 33: Loom >= 2x transformers and >= 1.0x Unsloth at no more memory):\n")
