@@ -76,6 +76,7 @@ else:
                       "tok_s": round(statistics.median(r["tokens_per_s"] for r in rows)),
                       "peak_GiB": round(max(r["mem_bytes"] for r in rows) / 2**30, 2),
                       "host_GiB": round(max(r.get("host_mem_bytes", 0) for r in rows) / 2**30, 2),
+                      "reserved_GiB": round(max(r.get("mem_reserved_bytes", 0) for r in rows) / 2**30, 2),
                       "loss": rows[-1]["loss"]}))
 PY
 }
