@@ -85,7 +85,7 @@ const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems);
 // or lists that do not pair up), or nullptr.
 const char* sm90_dual_unsupported(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second);
 
-// The one selection rule (kSm90, kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
+// The one selection rule (kSm90Wide, kSm90, kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
 // its definition for the measurements behind it.
 GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
 
@@ -117,13 +117,15 @@ inline size_t grouped_gemm_pointer_slots(size_t problems) { return kSm90SlotsPer
 // buffer has to outlive the call; a forced kCublasGrouped on problems it cannot run throws.
 void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant variant, const GroupedGemmContext& c,
                   void** pointers, Stream s);
-// A dual list (sm90_dual_unsupported's): one kSm90 launch when the variant (kAuto: the rule's pick for
-// `problems`) is kSm90 and the kernel can fuse them, else grouped_gemm of `problems` with the variant,
-// then of second_accumulating(problems, second) with it too (the rule's pick for kAuto or kSm90).
+// A dual list (sm90_dual_unsupported's): one launch of the Hopper kernel when the variant (kAuto: the
+// rule's pick for `problems`) is kSm90 or kSm90Wide and the kernel can fuse them, else grouped_gemm of
+// `problems` with the variant, then of second_accumulating(problems, second) with it too (the rule's
+// pick for kAuto or a Hopper variant).
 void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second,
                        GroupedGemmVariant variant, const GroupedGemmContext& c, void** pointers, Stream s);
 
-// The kSm90 kernel: whether this build has it (sm_90a) and the current GPU runs it (compute 9.0).
+// The Hopper kernel (kSm90, kSm90Wide): whether this build has it (sm_90a) and the current GPU runs it
+// (compute 9.0).
 bool sm90_grouped_gemm_ready();
 // Runs the problems through it (what grouped_gemm does for kSm90): their descriptors go to
 // `pointers` (grouped_gemm_pointer_slots entries, 8-byte aligned) through small kernels whose

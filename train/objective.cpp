@@ -32,6 +32,13 @@ struct RouterAux {
   }
 };
 
+// A batch's forward options: its positions and largest position, and `segment_ids` (the batch's or none).
+ForwardOptions options_of(const DeviceBatch& b, const Tensor& segment_ids) {
+  ForwardOptions opt;
+  opt.positions = b.positions, opt.segment_ids = segment_ids, opt.max_position = b.max_position;
+  return opt;
+}
+
 // Supervised fine-tuning: the mean next-token cross-entropy over the tokens marked as targets.
 class Sft final : public Objective {
  public:
@@ -39,8 +46,7 @@ class Sft final : public Objective {
   int64_t units(const Batch& batch) const override { return batch.target_tokens; }
   ag::Variable loss(CausalLM& model, const DeviceBatch& b) override {
     // Fused lm_head + loss: the [tokens, vocab] logits never exist (labels were shifted on the host).
-    ForwardOptions opt;
-    opt.positions = b.positions, opt.segment_ids = b.segment_ids, opt.max_position = b.max_position;
+    ForwardOptions opt = options_of(b, b.segment_ids);
     aux_.request(opt, b.unpadded);  // the padding that ends a packed row has no say in it
     return aux_.added_to(model.loss_from_targets(b.input_ids, b.targets, opt));
   }
@@ -54,11 +60,7 @@ class Sft final : public Objective {
 
 // A batch of pairs' forward: positions, and the segment ids when rows pack several sequences (right
 // padding alone needs no mask).
-ForwardOptions forward_options(const DeviceBatch& b) {
-  ForwardOptions opt;
-  opt.positions = b.positions, opt.segment_ids = b.packed ? b.segment_ids : Tensor(), opt.max_position = b.max_position;
-  return opt;
-}
+ForwardOptions forward_options(const DeviceBatch& b) { return options_of(b, b.packed ? b.segment_ids : Tensor()); }
 
 // Each sequence's positions: Batch::seq_start / seq_len, chosen sides first.
 std::vector<CausalLM::Span> spans(const DeviceBatch& b) {

@@ -133,7 +133,7 @@ void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<
     return;
   }
   // In stream order: the second call's pointer arrays overwrite the first's after it has run. A
-  // variant named for the pair names the second's too (kSm90 that could not fuse: the rule's).
+  // variant named for the pair names the second's too (a Hopper variant that could not fuse: the rule's).
   grouped_gemm(problems, variant, c, pointers, s);
   grouped_gemm(second_accumulating(problems, second),
                is_sm90(variant) ? GroupedGemmVariant::kAuto : variant, c, pointers, s);
