@@ -1,9 +1,9 @@
 // Buffers kept for weights dequantised on every use (QLoRA experts): a Qwen3-30B-A3B layer's
 // gate_up experts are 805 MB in bf16, made in forward and again in backward and freed after each
-// product. Made and freed among the activations, such blocks fragment CUDA's stream-ordered pool:
-// on the H200 the QLoRA offload row held 6.47 GiB in the pool for a peak of 4.99 GiB in use (bf16
-// LoRA: 11.56 for 11.43). One buffer per shape, dtype and device, handed out again whenever nothing
-// else holds it, keeps them out of the pool.
+// product. On the H200 the QLoRA offload row held 6.47 GiB in CUDA's stream-ordered pool for a peak of
+// 4.99 GiB in use (bf16 LoRA: 11.56 for 11.43); such blocks, made and freed among the activations,
+// are the likely cause (session 33, not yet confirmed). One buffer per shape, dtype and device,
+// handed out again whenever nothing else holds it, keeps them out of the pool.
 #pragma once
 #include <mutex>
 #include <vector>
