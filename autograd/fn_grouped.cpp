@@ -1,6 +1,9 @@
 // Grouped expert products of mixture-of-experts layers, forward and backward side by side: every
-// product one grouped GEMM over all experts (ops::grouped_matmul_into / grouped_matmul_tn_into).
+// product one grouped GEMM over all experts (ops::grouped_matmul_into / grouped_matmul_tn_into), or
+// over `chunk` experts at a time for a weight made on demand (ExpertWeightFn).
 //   y[rows_e] = x[rows_e] w[e]^T:  dx[rows_e] = dy[rows_e] w[e],  dw[e] = dy[rows_e]^T x[rows_e].
+#include <algorithm>
+
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 
@@ -18,79 +21,144 @@ Tensor in_compute_dtype(const char* op, const Tensor& w, DType compute) {
   return w.to(compute);
 }
 
-void check_shapes(const char* op, const Tensor& x, const Tensor& w, const std::vector<int64_t>& offsets) {
-  LOOM_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2) &&
-                 static_cast<int64_t>(offsets.size()) == w.size(0) + 1 && offsets.back() == x.size(0),
-             op, ": xs ", x.str(), ", w ", w.str(), " and ", offsets.size(), " offsets do not fit as [N, in], ",
+void check_shapes(const char* op, const Tensor& x, const Shape& w, const std::vector<int64_t>& offsets) {
+  LOOM_CHECK(x.dim() == 2 && w.size() == 3 && x.size(1) == w[2] &&
+                 static_cast<int64_t>(offsets.size()) == w[0] + 1 && offsets.back() == x.size(0),
+             op, ": xs ", x.str(), ", w ", shape_str(w), " and ", offsets.size(), " offsets do not fit as [N, in], ",
              "[E, out, in] and E + 1 offsets ending at N");
 }
 
-}  // namespace
+// Experts [first, first + n) of a product: their rows [offsets[first], offsets[first + n]) and those
+// rows' offsets from 0.
+struct Chunk {
+  int64_t first = 0, n = 0, experts = 0, row0 = 0, rows = 0;
+  std::vector<int64_t> offsets;
+  // t's rows of these experts (t [N, ...]), or t's experts (t [E, ...]): views, t itself when whole.
+  Tensor rows_of(const Tensor& t) const { return n == experts ? t : t.narrow(0, row0, rows); }
+  Tensor experts_of(const Tensor& t) const { return n == experts ? t : t.narrow(0, first, n); }
+};
 
-Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets,
-                        const WeightFn& rematerialize) {
+// The expert weight as a product sees it: the tensor forward was given (kept for backward when it
+// needs it), or experts made a chunk at a time.
+struct Weight {
+  Tensor whole;       // [E, out, in], or undefined
+  ExpertWeightFn fn;  // when whole is undefined
+  const Shape& shape() const { return whole.defined() ? whole.shape() : fn.shape; }
+  // body(w [n, out, in] in dtype, chunk) for every chunk of experts with rows, in order; the chunk's
+  // weight is let go before the next is made.
+  template <class Body>
+  void each_chunk(const char* op, DType dtype, const std::vector<int64_t>& offsets, const Body& body) const {
+    const int64_t experts = shape()[0];
+    const int64_t step = whole.defined() || fn.chunk <= 0 ? experts : std::min(fn.chunk, experts);
+    for (int64_t first = 0; first < experts; first += step) {
+      Chunk c;
+      c.first = first, c.n = std::min(step, experts - first), c.experts = experts, c.row0 = offsets[first];
+      c.rows = offsets[first + c.n] - c.row0;
+      if (c.n < experts && c.rows == 0) continue;  // no rows: nothing to compute, nothing to make
+      for (int64_t e = 0; e <= c.n; ++e) c.offsets.push_back(offsets[first + e] - c.row0);
+      if (whole.defined()) {
+        body(in_compute_dtype(op, whole, dtype), c);
+      } else {
+        const Tensor w = fn.make(first, c.n, dtype);
+        LOOM_CHECK(w.shape() == Shape({c.n, shape()[1], shape()[2]}) && w.dtype() == dtype, op, ": made experts ",
+                   w.str(), " for ", c.n, " of ", shape_str(shape()), " in ", name(dtype));
+        body(w, c);
+      }
+    }
+  }
+};
+
+Weight weight_of(const Variable& w) { return Weight{w.value(), {}}; }
+Weight weight_of(const ExpertWeightFn& w) {
+  LOOM_CHECK(w.make && w.shape.size() == 3, "grouped products: an ExpertWeightFn needs a make and an [E, out, in] shape, got ",
+             shape_str(w.shape));
+  return Weight{Tensor(), w};
+}
+
+// y[rows_e] = x[rows_e] w[e]^T (trans_b) or dy[rows_e] w[e] (!trans_b), into out.
+void product(const char* op, const Weight& w, const Tensor& x, Tensor& out, const std::vector<int64_t>& offsets,
+             bool trans_b) {
+  w.each_chunk(op, x.dtype(), offsets, [&](const Tensor& wc, const Chunk& c) {
+    Tensor oc = c.rows_of(out);
+    ops::grouped_matmul_into(c.rows_of(x), wc, oc, c.offsets, trans_b);
+  });
+}
+
+// out[rows_e] = x[rows_e] op(w[e]) + x2[rows_e] op(w2[e]) (ops::grouped_matmul_dual_into); w2 [E, ...].
+void dual_product(const char* op, const Weight& w, const Tensor& x, const Tensor& x2, const Tensor& w2, Tensor& out,
+                  const std::vector<int64_t>& offsets, bool trans_b) {
+  w.each_chunk(op, x.dtype(), offsets, [&](const Tensor& wc, const Chunk& c) {
+    Tensor oc = c.rows_of(out);
+    ops::grouped_matmul_dual_into(c.rows_of(x), wc, c.rows_of(x2), c.experts_of(w2), oc, c.offsets, trans_b);
+  });
+}
+
+// grouped_linear with w's Variable (trained, or frozen and kept) or, when w_var is null, w made by its fn.
+Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weight& w,
+                           const std::vector<int64_t>& offsets) {
   const char* op = "grouped_linear";
-  LOOM_CHECK(!rematerialize || !w.requires_grad(), op, ": a re-materialised weight must be frozen");
-  const Tensor x = xs.value(), wv = w.value();
-  check_shapes(op, x, wv, offsets);
-  Tensor y = Tensor::empty({x.size(0), wv.size(1)}, x.dtype(), x.device());
-  ops::grouped_matmul_into(x, in_compute_dtype(op, wv, x.dtype()), y, offsets, true);  // [n_e, in] x [out, in]^T
-  // dx needs w (cast again in backward rather than kept twice, or made again), dw needs x.
-  const Tensor keep_w = xs.requires_grad() && !rematerialize ? wv : Tensor();
-  const Tensor keep_x = w.requires_grad() ? x : Tensor();
-  auto backward = [keep_x, keep_w, rematerialize, offsets, op, in = x.size(1), wshape = wv.shape(),
-                   wdtype = wv.dtype()](Node& n, const Grads& g) {
+  const Tensor x = xs.value();
+  check_shapes(op, x, w.shape(), offsets);
+  Tensor y = Tensor::empty({x.size(0), w.shape()[1]}, x.dtype(), x.device());
+  product(op, w, x, y, offsets, true);  // [n_e, in] x [out, in]^T
+  // dx needs w (a kept one cast again in backward rather than kept twice, or made again), dw needs x.
+  const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
+  const Weight keep_w = xs.requires_grad() ? w : Weight{};
+  const Tensor keep_x = train_w ? x : Tensor();
+  auto backward = [keep_x, keep_w, offsets, op, has_w, in = x.size(1), wshape = w.shape(),
+                   wdtype = w.whole.defined() ? w.whole.dtype() : x.dtype()](Node& n, const Grads& g) {
     const Tensor& dy = g[0];  // [N, out]
     Tensor dx, dw;
     if (n.needs_grad(0)) {  // [n_e, out] x [out, in]
       dx = Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
-      ops::grouped_matmul_into(dy, in_compute_dtype(op, rematerialize ? rematerialize() : keep_w, dy.dtype()), dx,
-                               offsets, false);
+      product(op, keep_w, dy, dx, offsets, false);
     }
-    if (n.needs_grad(1)) {  // [out, n_e] x [n_e, in], in w's dtype (f32 for an f32 master)
+    if (has_w && n.needs_grad(1)) {  // [out, n_e] x [n_e, in], in w's dtype (f32 for an f32 master)
       dw = Tensor::empty(wshape, wdtype, dy.device());
       ops::grouped_matmul_tn_into(dy, keep_x, dw, offsets);
     }
-    return Grads{dx, dw};
+    return has_w ? Grads{dx, dw} : Grads{dx};
   };
-  return record1(node_of(op, backward), {&xs, &w}, y);
+  if (has_w) return record1(node_of(op, backward), {&xs, w_var}, y);
+  return record1(node_of(op, backward), {&xs}, y);
 }
 
 // t = scale * x a_e^T [N, r];  y = x w_e^T + t b_e^T, both products in one accumulation
 // (ops::grouped_matmul_dual_into: one launch on Hopper, the adapter's term no product of its own and
 // y rounded once). Backward, with dt = scale * dy b_e [N, r]:  db[e] = dy^T t,  da[e] = dt^T x,
-// dx = dy w_e + dt a_e (dual again),  dw[e] = dy^T x.
-Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
-                             const std::vector<int64_t>& offsets, const WeightFn& rematerialize) {
+// dx = dy w_e + dt a_e (dual again),  dw[e] = dy^T x. w as in grouped_linear_of.
+Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const Weight& w, const Variable& a,
+                                const Variable& b, float scale, const std::vector<int64_t>& offsets) {
   const char* op = "grouped_linear_lora";
-  LOOM_CHECK(!rematerialize || !w.requires_grad(), op, ": a re-materialised weight must be frozen");
-  const Tensor x = xs.value(), wv = w.value();
-  check_shapes(op, x, wv, offsets);
-  const int64_t experts = wv.size(0), out = wv.size(1), in = wv.size(2), r = a.value().dim() == 3 ? a.size(1) : 0;
+  const Tensor x = xs.value();
+  check_shapes(op, x, w.shape(), offsets);
+  const int64_t experts = w.shape()[0], out = w.shape()[1], in = w.shape()[2];
+  const int64_t r = a.value().dim() == 3 ? a.size(1) : 0;
   LOOM_CHECK(r > 0 && a.shape() == Shape({experts, r, in}) && b.shape() == Shape({experts, out, r}), op, ": lora_A ",
              a.value().str(), " and lora_B ", b.value().str(), " must be [E, r, in] and [E, out, r] for w ",
-             wv.str());
+             shape_str(w.shape()));
   const DType cdt = x.dtype();
   const Tensor ac = a.value().to(cdt), bc = b.value().to(cdt);
   const int64_t rows = x.size(0);
   Tensor t = Tensor::empty({rows, r}, cdt, x.device());
   ops::grouped_matmul_into(x, ac, t, offsets, true, scale, 0.f);  // scale [n_e, in] x [r, in]^T
   Tensor y = Tensor::empty({rows, out}, cdt, x.device());
-  // [n_e, in] x [out, in]^T + [n_e, r] x [out, r]^T
-  ops::grouped_matmul_dual_into(x, in_compute_dtype(op, wv, cdt), t, bc, y, offsets, true);
+  dual_product(op, w, x, t, bc, y, offsets, true);  // [n_e, in] x [out, in]^T + [n_e, r] x [out, r]^T
 
+  const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
   const bool need_x = xs.requires_grad(), need_a = a.requires_grad();
-  const Tensor keep_x = need_a || w.requires_grad() ? x : Tensor();
+  const Tensor keep_x = need_a || train_w ? x : Tensor();
   const Tensor keep_t = b.requires_grad() ? t : Tensor();
   const Tensor keep_a = need_x ? ac : Tensor();
   const Tensor keep_b = need_x || need_a ? bc : Tensor();
-  const Tensor keep_w = need_x && !rematerialize ? wv : Tensor();
-  auto backward = [keep_x, keep_t, keep_a, keep_b, keep_w, rematerialize, offsets, op, scale, in, r, w_shape = wv.shape(),
-                   w_dtype = wv.dtype(), a_shape = a.shape(), a_dtype = a.dtype(), b_shape = b.shape(),
-                   b_dtype = b.dtype()](
-                      Node& n, const Grads& g) {
+  const Weight keep_w = need_x ? w : Weight{};
+  auto backward = [keep_x, keep_t, keep_a, keep_b, keep_w, offsets, op, scale, in, r, has_w, w_shape = w.shape(),
+                   w_dtype = w.whole.defined() ? w.whole.dtype() : cdt, a_shape = a.shape(), a_dtype = a.dtype(),
+                   b_shape = b.shape(), b_dtype = b.dtype()](Node& n, const Grads& g) {
     const Tensor& dy = g[0];  // [N, out]
     const int64_t rows = dy.size(0);
+    // Inputs: xs, (w), a, b.
+    const size_t ia = has_w ? 2 : 1, ib = ia + 1;
     Tensor dx, dw, da, db;
     // The adapters' gradients are products in the activations' dtype, cast to the masters' (cuBLAS's
     // grouped call has no bf16 -> f32; PEFT's expert LoRA, a bf16 product of bf16-cast factors, rounds
@@ -100,24 +168,44 @@ Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variab
       ops::grouped_matmul_tn_into(lhs, rhs, o, offsets);
       return o.dtype() == dtype ? o : o.to(dtype);
     };
-    if (n.needs_grad(3)) db = master_grad(dy, keep_t, b_shape, b_dtype);  // db[e] = dy^T t
-    if (n.needs_grad(0) || n.needs_grad(2)) {
+    if (n.needs_grad(ib)) db = master_grad(dy, keep_t, b_shape, b_dtype);  // db[e] = dy^T t
+    if (n.needs_grad(0) || n.needs_grad(ia)) {
       Tensor dt = Tensor::empty({rows, r}, dy.dtype(), dy.device());
       ops::grouped_matmul_into(dy, keep_b, dt, offsets, false, scale, 0.f);  // scale [n_e, out] x [out, r]
-      if (n.needs_grad(2)) da = master_grad(dt, keep_x, a_shape, a_dtype);  // da[e] = dt^T x
+      if (n.needs_grad(ia)) da = master_grad(dt, keep_x, a_shape, a_dtype);  // da[e] = dt^T x
       if (n.needs_grad(0)) {  // dx = dy w_e + dt a_e: [n_e, out] x [out, in] + [n_e, r] x [r, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
-        ops::grouped_matmul_dual_into(dy, in_compute_dtype(op, rematerialize ? rematerialize() : keep_w, dy.dtype()),
-                                      dt, keep_a, dx, offsets, false);
+        dual_product(op, keep_w, dy, dt, keep_a, dx, offsets, false);
       }
     }
-    if (n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
+    if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
       dw = Tensor::empty(w_shape, w_dtype, dy.device());
       ops::grouped_matmul_tn_into(dy, keep_x, dw, offsets);
     }
-    return Grads{dx, dw, da, db};
+    return has_w ? Grads{dx, dw, da, db} : Grads{dx, da, db};
   };
-  return record1(node_of(op, backward), {&xs, &w, &a, &b}, y);
+  if (has_w) return record1(node_of(op, backward), {&xs, w_var, &a, &b}, y);
+  return record1(node_of(op, backward), {&xs, &a, &b}, y);
+}
+
+}  // namespace
+
+Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets) {
+  return grouped_linear_of(xs, &w, weight_of(w), offsets);
+}
+
+Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets) {
+  return grouped_linear_of(xs, nullptr, weight_of(w), offsets);
+}
+
+Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
+                             const std::vector<int64_t>& offsets) {
+  return grouped_linear_lora_of(xs, &w, weight_of(w), a, b, scale, offsets);
+}
+
+Variable grouped_linear_lora(const Variable& xs, const ExpertWeightFn& w, const Variable& a, const Variable& b,
+                             float scale, const std::vector<int64_t>& offsets) {
+  return grouped_linear_lora_of(xs, nullptr, weight_of(w), a, b, scale, offsets);
 }
 
 }  // namespace loom::ag

@@ -102,14 +102,25 @@ Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& 
 // Rows [offsets[e], offsets[e + 1]) of xs [N, in] times expert e's w[e] [out, in] transposed, for every
 // expert: [N, out] in xs's dtype, through ops::grouped_matmul_into (one grouped GEMM on CUDA). w has
 // xs's dtype, or is an f32 master used in bf16 (cast for the products; its gradient comes back in f32).
-// rematerialize: how backward gets a frozen w again instead of keeping it (dequantised NF4 experts).
-Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets,
-                        const WeightFn& rematerialize = {});
+Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets);
+// A frozen expert weight [E, out, in] made when a product needs it instead of kept (QLoRA experts,
+// dequantised from NF4): make(first, count, dtype) gives experts [first, first + count) as
+// [count, out, in] in dtype, which the product uses before it calls make again. The products with it
+// (forward, and the input gradient in backward) run `chunk` experts at a time, skipping chunks without
+// rows, so no more than [chunk, out, in] of it exists at once.
+struct ExpertWeightFn {
+  Shape shape;        // [E, out, in]
+  int64_t chunk = 0;  // experts per make(); 0 (or E and more): all at once
+  std::function<Tensor(int64_t first, int64_t count, DType dtype)> make;
+};
+Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets);
 // Per-expert LoRA: xs w[e]^T + scale * (xs a[e]^T) b[e]^T for expert e's rows; w [E, out, in] (frozen
 // as a rule, bf16 or f32 as in grouped_linear), a [E, r, in] and b [E, out, r] (f32 masters, used in
 // xs's dtype; their gradients come back in their own). One node: five grouped GEMMs backward at most.
 Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
-                             const std::vector<int64_t>& offsets, const WeightFn& rematerialize = {});
+                             const std::vector<int64_t>& offsets);
+Variable grouped_linear_lora(const Variable& xs, const ExpertWeightFn& w, const Variable& a, const Variable& b,
+                             float scale, const std::vector<int64_t>& offsets);
 
 // ---- attention and loss (fn_attention.cpp) ----
 Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt);

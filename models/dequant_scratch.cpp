@@ -5,20 +5,29 @@ namespace loom {
 Tensor DequantScratch::take(const Shape& shape, DType dtype, Device device) {
   std::lock_guard<std::mutex> lock(mu_);
   ++taken_;
-  for (const Tensor& t : kept_) {
-    if (t.shape() != shape || t.dtype() != dtype || !(t.device() == device)) continue;
-    // Only kept_ holds it: whoever had it last has let it go.
-    if (t.storage().use_count() == 1) return t;
-    return Tensor::empty(shape, dtype, device);  // still held: a one-off, not kept
+  const int64_t need = bytes_for(dtype, numel_of(shape));
+  std::shared_ptr<Storage>* small = nullptr;  // a kept buffer nobody holds, too small for this
+  bool kept_here = false;
+  for (std::shared_ptr<Storage>& s : kept_) {
+    if (!(s->device() == device)) continue;
+    kept_here = true;
+    if (s.use_count() != 1) continue;  // held: whoever had it has not let it go
+    if (static_cast<int64_t>(s->nbytes()) >= need) return Tensor::from_storage(s, shape, dtype);
+    small = &s;
   }
-  kept_.push_back(Tensor::empty(shape, dtype, device));
-  return kept_.back();
+  if (small) {  // grown: the smaller one goes back to the allocator
+    *small = Tensor::empty({need}, DType::u8, device).storage();
+    return Tensor::from_storage(*small, shape, dtype);
+  }
+  if (kept_here) return Tensor::empty(shape, dtype, device);  // every kept one held: a one-off, not kept
+  kept_.push_back(Tensor::empty({need}, DType::u8, device).storage());
+  return Tensor::from_storage(kept_.back(), shape, dtype);
 }
 
 int64_t DequantScratch::kept_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t bytes = 0;
-  for (const Tensor& t : kept_) bytes += static_cast<int64_t>(t.storage()->nbytes());
+  for (const std::shared_ptr<Storage>& s : kept_) bytes += static_cast<int64_t>(s->nbytes());
   return bytes;
 }
 

@@ -1,6 +1,8 @@
 // Forward passes of the building blocks (see layers.h).
 #include "models/layers.h"
 
+#include <algorithm>
+
 namespace loom {
 
 Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dtype) : weight.value().to(dtype); }
@@ -52,29 +54,48 @@ ag::Variable Mlp::forward(const ag::Variable& x) const {
   return down_proj.forward(h, again);
 }
 
-Tensor ExpertLinear::dense_weight(DType dtype) const {
-  if (!quantized()) return weight.value().to(dtype);
-  Tensor w = scratch ? scratch->take({experts, out, in}, dtype, nf4[0]->device())
-                     : Tensor::empty({experts, out, in}, dtype, nf4[0]->device());
-  // Every expert in one batched dequantisation (on CUDA a launch per 64 experts, not one each).
+Tensor ExpertLinear::dense_weight(DType dtype, int64_t first, int64_t count) const {
+  if (count < 0) count = experts - first;
+  LOOM_CHECK(first >= 0 && count >= 0 && first + count <= experts, name, ": experts [", first, ", ", first + count,
+             ") of ", experts);
+  if (!quantized()) return weight.value().narrow(0, first, count).to(dtype);
+  Tensor w = scratch ? scratch->take({count, out, in}, dtype, nf4[0]->device())
+                     : Tensor::empty({count, out, in}, dtype, nf4[0]->device());
+  // The experts in one batched dequantisation (on CUDA a launch per 64 experts, not one each).
   std::vector<ops::Nf4Parts> parts;
-  for (const auto& q : nf4) parts.push_back(q->parts());
+  for (int64_t e = first; e < first + count; ++e) parts.push_back(nf4[static_cast<size_t>(e)]->parts());
   ops::nf4_dequantize_experts_into(parts, w);
   return w;
 }
 
+int64_t ExpertLinear::chunk_experts(DType dtype) const {
+  if (dequant_chunk > 0) return std::min(dequant_chunk, experts);
+  const int64_t per_expert = std::max<int64_t>(1, bytes_for(dtype, out * in));
+  const int64_t fit = std::max<int64_t>(1, kDequantChunkBytes / per_expert);
+  const int64_t chunks = (experts + fit - 1) / fit;  // as few as fit, then as even as they can be
+  return (experts + chunks - 1) / chunks;
+}
+
 ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const {
-  // NF4 experts are dequantised in the compute dtype for this product, and again in backward. In a
-  // checkpoint's recomputation backward follows at once: the product keeps the weight it was given
-  // (the scratch's buffer, which stays allocated either way) rather than dequantise a third time.
-  ag::WeightFn rematerialize;
-  ag::Variable w = weight;
-  if (quantized()) {
-    if (!(scratch && ag::recomputing())) rematerialize = [this, dtype = xs.dtype()] { return dense_weight(dtype); };
-    w = ag::Variable(dense_weight(xs.dtype()), false);
+  if (!quantized()) {
+    if (!lora || !lora->enabled) return ag::grouped_linear(xs, weight, offsets);
+    return ag::grouped_linear_lora(xs, weight, lora->A, lora->B, lora->scale, offsets);
   }
-  if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets, rematerialize);
-  return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets, rematerialize);
+  // NF4 experts are dequantised for each product, a chunk of experts at a time (forward, and the
+  // input gradient in backward), so a layer never holds more than a chunk of them in the compute dtype.
+  const int64_t chunk = chunk_experts(xs.dtype());
+  if (scratch && ag::recomputing() && chunk >= experts) {
+    // In a checkpoint's recomputation backward follows at once: when the whole weight is one chunk the
+    // product keeps it (the scratch's buffer, allocated either way) rather than dequantise a third time.
+    const ag::Variable w(dense_weight(xs.dtype()), false);
+    if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets);
+    return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets);
+  }
+  const ag::ExpertWeightFn w{{experts, out, in}, chunk, [this](int64_t first, int64_t count, DType dtype) {
+                               return dense_weight(dtype, first, count);
+                             }};
+  if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets);
+  return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets);
 }
 
 ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out) const {

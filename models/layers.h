@@ -81,6 +81,12 @@ struct Mlp {
 // it: weight [E, out, in], or (QLoRA) one NF4 weight per expert, each quantised as bitsandbytes
 // quantises a Linear weight of [out, in]. LoRA: one A [r, in] and B [out, r] per expert, stacked
 // A [E, r, in] and B [E, out, r] (PEFT's ParamWrapper stores them as [r E, in] and [out, r E]).
+// The most bytes of dequantised NF4 experts a product holds at once: a Qwen3-30B-A3B layer's gate_up
+// experts are 805 MB in bf16 (4 chunks of 32 experts, 201 MB each), its down experts 403 MB (2 of 64);
+// Mixtral-8x7B's are 235 MB an expert (1 at a time). Whole, they were the 1.2 GB that kept Loom's
+// QLoRA above Unsloth's memory on the H200 (session 34).
+constexpr int64_t kDequantChunkBytes = int64_t{256} << 20;
+
 struct ExpertLinear {
   std::string name;  // "model.layers.0.mlp.experts.gate_up_proj" (transformers 5.x's parameter name)
   ag::Variable weight;  // [E, out, in]; undefined when NF4
@@ -88,10 +94,15 @@ struct ExpertLinear {
   std::shared_ptr<DequantScratch> scratch;             // where NF4 experts dequantise (null: a new tensor)
   std::unique_ptr<LoraAdapter> lora;
   int64_t experts = 0, out = 0, in = 0;
+  // NF4 experts a product dequantises at once (0: as many as fit kDequantChunkBytes, balanced).
+  int64_t dequant_chunk = 0;
 
   bool quantized() const { return !nf4.empty(); }
-  // [E, out, in] dense in dtype (dequantised when NF4).
-  Tensor dense_weight(DType dtype) const;
+  // Experts [first, first + count) ([first, E) when count < 0) dense in dtype: [count, out, in]
+  // (dequantised when NF4).
+  Tensor dense_weight(DType dtype, int64_t first = 0, int64_t count = -1) const;
+  // How many NF4 experts a product dequantises at once.
+  int64_t chunk_experts(DType dtype) const;
   // Rows [offsets[e], offsets[e + 1]) of xs [N, in] through expert e: [N, out].
   ag::Variable forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const;
 };

@@ -1,6 +1,6 @@
 // The grouped expert products (ag::grouped_linear, ag::grouped_linear_lora): the forward against
 // per-row f64 loops, every input's gradient against f64 finite differences, experts without rows
-// included; and the bf16 path (f32 masters used in bf16, their gradients in f32) against f64 on the
+// included, a weight kept or made a chunk of experts at a time; and the bf16 path (f32 masters used in bf16, their gradients in f32) against f64 on the
 // same bf16-rounded values.
 #include <gtest/gtest.h>
 
@@ -106,6 +106,47 @@ TEST(GroupedLinearLora, Bf16WithF32MastersMatchesF64OnTheSameValues) {
     EXPECT_EQ(got.db.dtype(), DType::f32);
     EXPECT_LT(rel_err(got.da, ref.da), 1e-2);
     EXPECT_LT(rel_err(got.db, ref.db), 1e-2);
+  }
+}
+
+// A frozen weight made on demand (ExpertWeightFn: QLoRA's dequantised experts), `chunk` experts at a
+// time: the same per-row loop forward, the input's and the adapter's gradients by finite differences,
+// and only the chunks with rows made (experts 1 and 3 have none).
+ag::ExpertWeightFn made_from(const Tensor& w, int64_t chunk, std::vector<int64_t>* made = nullptr) {
+  return {w.shape(), chunk, [w, made](int64_t first, int64_t count, DType dtype) {
+            if (made) made->push_back(first);
+            return w.narrow(0, first, count).to(dtype).contiguous();
+          }};
+}
+
+TEST(GroupedLinear, AWeightMadeAChunkAtATimeIsTheWholeProduct) {
+  const std::vector<Tensor> in = inputs();
+  for (int64_t chunk : {1, 2, 3, 0}) {
+    std::vector<int64_t> made;
+    {
+      ag::NoGradGuard ng;
+      const auto got = ag::grouped_linear(Variable(in[0], false), made_from(in[1], chunk, &made), kOffsets)
+                           .value()
+                           .to_doubles();
+      const auto want = reference(in[0], in[1]);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-13) << chunk << " " << i;
+      const auto got_lora = ag::grouped_linear_lora(Variable(in[0], false), made_from(in[1], chunk), Variable(in[2], false),
+                                                    Variable(in[3], false), kScale, kOffsets)
+                                .value()
+                                .to_doubles();
+      const auto want_lora = reference(in[0], in[1], in[2], in[3]);
+      for (size_t i = 0; i < want_lora.size(); ++i) EXPECT_NEAR(got_lora[i], want_lora[i], 1e-13) << chunk << " " << i;
+    }
+    // Experts 0 and 2 have rows: chunks of 1 make those two, chunks of 2 and 3 make both of theirs
+    // ({0, 1} and {2, 3}; {0, 1, 2} and {3} has none), and 0 makes all four at once.
+    const std::vector<int64_t> want_made = chunk == 1 || chunk == 2 ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{0};
+    EXPECT_EQ(made, want_made) << "chunk " << chunk;
+    gradcheck([&](const V& v) { return ag::grouped_linear(v[0], made_from(in[1], chunk), kOffsets); }, {in[0]});
+    auto lora = [&](const V& v) {
+      return ag::grouped_linear_lora(v[0], made_from(in[1], chunk), v[1], v[2], kScale, kOffsets);
+    };
+    gradcheck(lora, {in[0], in[2], in[3]});
+    gradcheck(lora, {in[0], in[2], in[3]}, {false, true, true});  // the first layer: no input gradient
   }
 }
 

@@ -1,6 +1,7 @@
-// DequantScratch hands its kept buffer out again only when nothing else holds it, keeps one per
-// shape and dtype, and a model's NF4 experts dequantise into it with the same values as without; a
-// checkpoint's recomputation keeps its dequantised experts for backward.
+// DequantScratch hands its kept buffer out again only when nothing else holds it, one per device for
+// any shape and dtype that fits, and a model's NF4 experts dequantise into it with the same values as
+// without; a checkpoint's recomputation keeps its dequantised experts for backward; experts dequantised
+// a chunk at a time give the product of all at once.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -33,22 +34,28 @@ TEST(DequantScratch, ReusesABufferNobodyHolds) {
   {
     Tensor a = s.take({2, 3, 4}, DType::f32, Device::cpu());
     first = a.data_ptr();
-    // Held: the same kind again is a new buffer, not kept.
+    // Held: another take is a new buffer, not kept.
     Tensor b = s.take({2, 3, 4}, DType::f32, Device::cpu());
     EXPECT_NE(b.data_ptr(), first);
     EXPECT_EQ(s.kept_bytes(), 2 * 3 * 4 * 4);
   }
-  // Let go: the kept one comes back.
+  // Let go: the kept one comes back, for any shape and dtype that fits in it.
   EXPECT_EQ(s.take({2, 3, 4}, DType::f32, Device::cpu()).data_ptr(), first);
-  // Another shape or dtype is a buffer of its own, kept beside the first.
-  Tensor c = s.take({2, 4, 3}, DType::f32, Device::cpu());
-  Tensor d = s.take({2, 3, 4}, DType::bf16, Device::cpu());
-  EXPECT_NE(c.data_ptr(), first);
-  EXPECT_NE(d.data_ptr(), first);
-  EXPECT_EQ(s.kept_bytes(), 2 * 3 * 4 * 4 + 2 * 4 * 3 * 4 + 2 * 3 * 4 * 2);
-  // A view keeps the storage: still held.
-  Tensor view = c.narrow(0, 1, 1);
-  EXPECT_NE(s.take({2, 4, 3}, DType::f32, Device::cpu()).data_ptr(), c.data_ptr());
+  {
+    const Tensor c = s.take({4, 2, 3}, DType::bf16, Device::cpu());
+    EXPECT_EQ(c.data_ptr(), first);
+    EXPECT_EQ(c.shape(), Shape({4, 2, 3}));
+    EXPECT_EQ(c.dtype(), DType::bf16);
+    // A view keeps the storage: still held.
+    const Tensor view = c.narrow(0, 1, 1);
+    EXPECT_NE(s.take({2, 3, 4}, DType::f32, Device::cpu()).data_ptr(), first);
+  }
+  EXPECT_EQ(s.kept_bytes(), 2 * 3 * 4 * 4);
+  // Larger than the kept buffer: it grows, and stays one buffer.
+  const Tensor d = s.take({5, 3, 4}, DType::f32, Device::cpu());
+  EXPECT_EQ(d.numel(), 5 * 3 * 4);
+  EXPECT_EQ(s.kept_bytes(), 5 * 3 * 4 * 4);
+  EXPECT_EQ(s.taken(), 6);
 }
 
 TEST(DequantScratch, ExpertsDequantiseAsWithoutIt) {
@@ -88,6 +95,45 @@ TEST(DequantScratch, RecomputationKeepsItsWeightForBackward) {
   ag::backward(ag::sum(ag::checkpoint(fn, {ck_in})[0]));
   EXPECT_EQ(x.scratch->taken(), 4);  // forward, recomputation (kept for backward)
   EXPECT_EQ(ck_in.grad().to_doubles(), plain_in.grad().to_doubles());
+}
+
+// Dequantised a chunk of experts at a time (one here, as Mixtral's are), an expert product gives the
+// same output and input gradient as with every expert at once, and holds one expert's weight at most.
+// A chunk without rows is skipped: the middle expert has none, so 2 of 3 are dequantised each time.
+TEST(DequantScratch, ChunksOfExpertsGiveTheWholeProduct) {
+  ExpertLinear x;
+  nf4_experts(x);
+  const std::vector<int64_t> offsets = {0, 2, 2, 5};
+  const Tensor xs = random({5, 64}, 8);
+  ag::Variable whole_in(xs, true);
+  const ag::Variable whole = x.forward(whole_in, offsets);
+  ag::backward(ag::sum(whole));
+
+  x.scratch = std::make_shared<DequantScratch>();
+  x.dequant_chunk = 1;
+  EXPECT_EQ(x.chunk_experts(DType::f32), 1);
+  ag::Variable in(xs, true);
+  const ag::Variable chunked = x.forward(in, offsets);
+  EXPECT_EQ(x.scratch->taken(), 2);
+  ag::backward(ag::sum(chunked));
+  EXPECT_EQ(x.scratch->taken(), 4);
+  EXPECT_EQ(x.scratch->kept_bytes(), 8 * 64 * 4);  // one expert [8, 64] in f32
+  EXPECT_EQ(chunked.value().to_doubles(), whole.value().to_doubles());
+  EXPECT_EQ(in.grad().to_doubles(), whole_in.grad().to_doubles());
+}
+
+// The chunk by default: as few chunks of at most kDequantChunkBytes as can be, as even as can be.
+TEST(DequantScratch, ChunksAreAsFewAndEvenAsTheBudgetAllows) {
+  ExpertLinear qwen3_gate_up, qwen3_down, mixtral_gate_up, small;
+  qwen3_gate_up.experts = 128, qwen3_gate_up.out = 1536, qwen3_gate_up.in = 2048;  // 6.3 MB an expert in bf16
+  qwen3_down.experts = 128, qwen3_down.out = 2048, qwen3_down.in = 768;
+  mixtral_gate_up.experts = 8, mixtral_gate_up.out = 28672, mixtral_gate_up.in = 4096;  // 235 MB an expert
+  small.experts = 3, small.out = 8, small.in = 64;
+  EXPECT_EQ(qwen3_gate_up.chunk_experts(DType::bf16), 32);  // 42 fit: 4 chunks
+  EXPECT_EQ(qwen3_down.chunk_experts(DType::bf16), 64);     // 85 fit: 2 chunks
+  EXPECT_EQ(qwen3_gate_up.chunk_experts(DType::f32), 19);   // 21 fit: 7 chunks, 6 of 19 and one of 14
+  EXPECT_EQ(mixtral_gate_up.chunk_experts(DType::bf16), 1);
+  EXPECT_EQ(small.chunk_experts(DType::bf16), 3);  // all at once
 }
 
 }  // namespace
