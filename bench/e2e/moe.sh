@@ -48,7 +48,11 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-moe-out}
 mkdir -p "$out"
 results="$out/moe.jsonl"
-if [ -n "${LOOM_MOE_PREVIOUS:-}" ]; then cp "$LOOM_MOE_PREVIOUS" "$results" || exit 1; else : > "$results"; fi
+if [ -n "${LOOM_MOE_PREVIOUS:-}" ]; then  # (this call's own file: its lines stay, the new ones follow)
+  [ "$LOOM_MOE_PREVIOUS" -ef "$results" ] || cp "$LOOM_MOE_PREVIOUS" "$results" || exit 1
+else
+  : > "$results"
+fi
 loom=${LOOM_BIN:-build-gpu/tools/loom}
 steps=${LOOM_MOE_STEPS:-12}
 seq=${LOOM_MOE_SEQ:-2048}
