@@ -71,7 +71,10 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
   if (cell.is_leaf) {
     // A leaf owns its gradient: a node may hand the same tensor to several inputs (add), and leaf
     // gradients are later accumulated and reduced in place (grad accumulation, data parallelism).
-    if (!cell.grad.defined()) cell.grad = g.clone();
+    if (!cell.grad.defined()) {
+      const LongLivedPoolScope held_until_the_step;  // out of the activations' pool (engine/memory.h)
+      cell.grad = g.clone();
+    }
     else ops::add_(cell.grad, g);
   } else {
     // Intermediates are never modified in place, so they may share storage; sums are new tensors.

@@ -65,7 +65,57 @@ std::string out_of_memory_message(Device device, size_t nbytes, const char* cuda
 }
 #endif
 
+thread_local bool t_long_lived_pool = false;
+
+#if LOOM_WITH_CUDA
+// The device's pool for long-lived tensors (LongLivedPoolScope): created on first use, never
+// destroyed (its tensors may be freed during exit), freed blocks kept as in the default pool.
+cudaMemPool_t long_lived_pool(int device) {
+  static std::mutex mu;
+  static std::array<cudaMemPool_t, kMaxCudaDevices> pools{};
+  std::lock_guard<std::mutex> lock(mu);
+  LOOM_CHECK(device >= 0 && device < kMaxCudaDevices, "device index out of range: ", device);
+  if (pools[device] == nullptr) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    LOOM_CUDA_CHECK(cudaMemPoolCreate(&pools[device], &props));
+    uint64_t threshold = UINT64_MAX;
+    LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  return pools[device];
+}
+
+// The device's pools: the default one, and the long-lived pool once it exists (else null).
+struct DevicePools {
+  cudaMemPool_t main = nullptr, long_lived = nullptr;
+  template <class F>
+  void each(const F& f) const {
+    f(main);
+    if (long_lived) f(long_lived);
+  }
+};
+DevicePools pools_of(int device, bool make_long_lived_pool = false) {
+  static std::array<std::atomic<cudaMemPool_t>, kMaxCudaDevices> defaults{};
+  static std::array<std::atomic<bool>, kMaxCudaDevices> made{};
+  LOOM_CHECK(device >= 0 && device < kMaxCudaDevices, "device index out of range: ", device);
+  DevicePools p;
+  p.main = defaults[device].load();
+  if (p.main == nullptr) {
+    LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p.main, device));
+    defaults[device] = p.main;
+  }
+  if (make_long_lived_pool) made[device] = true;
+  if (made[device]) p.long_lived = long_lived_pool(device);
+  return p;
+}
+#endif
+
 }  // namespace
+
+LongLivedPoolScope::LongLivedPoolScope() : previous_(t_long_lived_pool) { t_long_lived_pool = true; }
+LongLivedPoolScope::~LongLivedPoolScope() { t_long_lived_pool = previous_; }
 
 std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
   if (device.is_cpu()) {
@@ -84,15 +134,16 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
   CudaDeviceGuard guard(device.index);
   void* p = nullptr;
   if (nbytes > 0) {
-    cudaError_t err = cudaMallocAsync(&p, nbytes, ctx.stream);
+    const DevicePools pools = pools_of(device.index, t_long_lived_pool);
+    cudaMemPool_t from = t_long_lived_pool ? pools.long_lived : pools.main;
+    cudaError_t err = cudaMallocFromPoolAsync(&p, nbytes, from, ctx.stream);
     if (err == cudaErrorMemoryAllocation) {
-      // The pool keeps freed blocks (a high release threshold): hand them back to the driver once
+      // The pools keep freed blocks (a high release threshold): hand them back to the driver once
       // and retry before giving up, so fragmentation alone never ends a run.
       cudaGetLastError();
-      cudaMemPool_t pool;
-      if (cudaStreamSynchronize(ctx.stream) == cudaSuccess &&
-          cudaDeviceGetDefaultMemPool(&pool, device.index) == cudaSuccess && cudaMemPoolTrimTo(pool, 0) == cudaSuccess)
-        err = cudaMallocAsync(&p, nbytes, ctx.stream);
+      bool trimmed = cudaStreamSynchronize(ctx.stream) == cudaSuccess;
+      pools.each([&](cudaMemPool_t pool) { trimmed = trimmed && cudaMemPoolTrimTo(pool, 0) == cudaSuccess; });
+      if (trimmed) err = cudaMallocFromPoolAsync(&p, nbytes, from, ctx.stream);
     }
     if (err != cudaSuccess) {
       cudaGetLastError();
@@ -235,12 +286,14 @@ int64_t device_available_bytes(Device device) {
   CudaDeviceGuard guard(device.index);
   size_t free_bytes = 0, total = 0;
   LOOM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
-  cudaMemPool_t pool;
-  LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
-  uint64_t reserved = 0, used = 0;
-  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
-  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
-  return static_cast<int64_t>(free_bytes) + static_cast<int64_t>(reserved - std::min(used, reserved));
+  int64_t cached = 0;  // held by the pools, used by no tensor
+  pools_of(device.index).each([&](cudaMemPool_t pool) {
+    uint64_t reserved = 0, used = 0;
+    LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    cached += static_cast<int64_t>(reserved - std::min(used, reserved));
+  });
+  return static_cast<int64_t>(free_bytes) + cached;
 #else
   return 0;
 #endif
@@ -250,14 +303,33 @@ int64_t pool_reserved_peak_bytes(Device device) {
   if (device.is_cpu()) return -1;
 #if LOOM_WITH_CUDA
   CudaDeviceGuard guard(device.index);
-  cudaMemPool_t pool;
-  LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
-  uint64_t high = 0;
-  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high));
-  return static_cast<int64_t>(high);
+  int64_t high = 0;
+  pools_of(device.index).each([&](cudaMemPool_t pool) {
+    uint64_t h = 0;
+    LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &h));
+    high += static_cast<int64_t>(h);
+  });
+  return high;
 #else
   return -1;
 #endif
+}
+
+PoolBytes long_lived_pool_bytes(Device device) {
+  PoolBytes b;
+#if LOOM_WITH_CUDA
+  if (device.is_cpu()) return b;
+  CudaDeviceGuard guard(device.index);
+  const cudaMemPool_t pool = pools_of(device.index).long_lived;
+  if (pool == nullptr) return b;
+  uint64_t used = 0, reserved = 0;
+  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  LOOM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  b.used = static_cast<int64_t>(used), b.reserved = static_cast<int64_t>(reserved);
+#else
+  (void)device;
+#endif
+  return b;
 }
 
 void reset_peak_memory(Device device) {
@@ -266,10 +338,10 @@ void reset_peak_memory(Device device) {
 #if LOOM_WITH_CUDA
   if (device.is_cuda()) {
     CudaDeviceGuard guard(device.index);
-    cudaMemPool_t pool;
-    LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device.index));
-    uint64_t zero = 0;  // the high-water mark restarts from what the pool holds now
-    LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
+    pools_of(device.index).each([&](cudaMemPool_t pool) {
+      uint64_t zero = 0;  // the high-water mark restarts from what the pool holds now
+      LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
+    });
   }
 #endif
 }

@@ -1,0 +1,41 @@
+// The long-lived pool (engine/memory.h): allocations in a LongLivedPoolScope come from it, others from
+// the default pool, and its freed blocks come back for the same sizes without asking the driver again.
+#include <gtest/gtest.h>
+
+#include "engine/memory.h"
+#include "engine/tensor.h"
+
+namespace loom {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+TEST(LongLivedPool, ScopedAllocationsComeFromIt) {
+  const Device gpu = Device::cuda(0);
+  const PoolBytes before = long_lived_pool_bytes(gpu);
+  {
+    Tensor outside = Tensor::empty({16 * kMiB}, DType::f32, gpu);  // 64 MiB from the default pool
+    EXPECT_EQ(long_lived_pool_bytes(gpu).used, before.used);
+    Tensor inside;
+    {
+      const LongLivedPoolScope scope;
+      inside = Tensor::empty({8 * kMiB}, DType::f32, gpu);  // 32 MiB
+    }
+    EXPECT_EQ(long_lived_pool_bytes(gpu).used, before.used + 32 * kMiB);
+    Tensor after_scope = Tensor::empty({8 * kMiB}, DType::f32, gpu);  // the scope ended: default pool again
+    EXPECT_EQ(long_lived_pool_bytes(gpu).used, before.used + 32 * kMiB);
+  }
+  EXPECT_EQ(long_lived_pool_bytes(gpu).used, before.used);
+  const int64_t reserved = long_lived_pool_bytes(gpu).reserved;
+  EXPECT_GE(reserved, 32 * kMiB);
+  {
+    const LongLivedPoolScope scope;  // the same size again: the kept block, nothing new from the driver
+    const Tensor again = Tensor::empty({8 * kMiB}, DType::f32, gpu);
+    EXPECT_EQ(long_lived_pool_bytes(gpu).reserved, reserved);
+  }
+  // Both pools count in the reserved high-water mark.
+  EXPECT_GE(pool_reserved_peak_bytes(gpu), 64 * kMiB + 32 * kMiB);
+}
+
+}  // namespace
+}  // namespace loom
