@@ -51,6 +51,15 @@ class CheckpointNode final : public Node {
   std::weak_ptr<Saved> previous_;
 };
 
+// A kept input as a copy in the long-lived pool (engine/memory.h): the previous layer's output it
+// copies is freed as the forward moves on, and the copy, held until backward, is not left among the
+// next layers' activations, where the recomputed ones could not use the space around it.
+Tensor kept_copy(const Tensor& t) {
+  if (!t.is_cuda()) return t;
+  const LongLivedPoolScope scope;
+  return t.clone();
+}
+
 }  // namespace
 
 std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Variable>& inputs,
@@ -62,7 +71,8 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
   auto saved = std::make_shared<Saved>();
   if (recording) {
     for (const auto& v : inputs)
-      saved->push_back(options.offload ? OffloadedTensor::offload(v.value()) : OffloadedTensor::keep(v.value()));
+      saved->push_back(options.offload ? OffloadedTensor::offload(v.value())
+                                       : OffloadedTensor::keep(kept_copy(v.value())));
   }
   std::vector<Variable> outs;
   {

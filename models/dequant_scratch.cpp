@@ -1,6 +1,15 @@
 #include "models/dequant_scratch.h"
 
 namespace loom {
+namespace {
+
+// A buffer to keep: in the long-lived pool (engine/memory.h), not among the activations.
+std::shared_ptr<Storage> kept_buffer(int64_t bytes, Device device) {
+  const LongLivedPoolScope scope;
+  return Tensor::empty({bytes}, DType::u8, device).storage();
+}
+
+}  // namespace
 
 Tensor DequantScratch::take(const Shape& shape, DType dtype, Device device) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -16,11 +25,11 @@ Tensor DequantScratch::take(const Shape& shape, DType dtype, Device device) {
     small = &s;
   }
   if (small) {  // grown: the smaller one goes back to the allocator
-    *small = Tensor::empty({need}, DType::u8, device).storage();
+    *small = kept_buffer(need, device);
     return Tensor::from_storage(*small, shape, dtype);
   }
   if (kept_here) return Tensor::empty(shape, dtype, device);  // every kept one held: a one-off, not kept
-  kept_.push_back(Tensor::empty({need}, DType::u8, device).storage());
+  kept_.push_back(kept_buffer(need, device));
   return Tensor::from_storage(kept_.back(), shape, dtype);
 }
 
