@@ -8,6 +8,8 @@
 # Writes ctest.txt, moe.jsonl, moe_table.md and grouped.txt under $OUT (default gpu-moe-out); with
 # LOOM_MOE_PROFILE=1 also profile_none.txt and profile_qlora_offload.txt, tools/gpu/kernel_profile.sh's
 # per-kernel table of 3 steps of the LoRA none and QLoRA offload rows (about 45 s each).
+# LOOM_MOE_SHAPE (default qwen3moe_smoke) picks moe.sh's shape for Loom's rows: qwen3moe30b with
+# LOOM_MOE_LAYERS=24 is the 24-layer table's (about 15-18 s a row).
 #   tools/gpu/gpu_moe_check.sh      (about 2 minutes after a cold build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,14 +17,17 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-moe-out}
 mkdir -p "$out"
 tests="kernels_test_grouped_gemm_cuda engine_test_grouped_matmul_cuda engine_test_ops_moe_cuda models_test_moe_mlp_cuda
-  models_test_moe_families_cuda kernels_test_nf4_cuda kernels_test_attention_cuda"
+  models_test_moe_families_cuda kernels_test_nf4_cuda kernels_test_attention_cuda engine_test_memory_cuda
+  autograd_test_long_lived_pool_cuda autograd_test_fn_grouped models_test_dequant_scratch"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null || exit 1
 cmake --build build-gpu -j"$(nproc)" --target loom loom_bench $tests > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu -L cuda -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels" -j4 --timeout 300 --output-on-failure \
+ctest --test-dir build-gpu -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels|LongLivedPool|LeafGradients|CheckpointInputs|DequantScratch" \
+  -j4 --timeout 300 --output-on-failure \
   > "$out/ctest.txt" 2>&1
 tail -4 "$out/ctest.txt"
 LOOM_MOE_PEERS=${LOOM_MOE_PEERS- } LOOM_MOE_MODES=${LOOM_MOE_MODES-none recompute} \
-  LOOM_MOE_QLORA_MODES=${LOOM_MOE_QLORA_MODES-offload} OUT="$out" bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
+  LOOM_MOE_QLORA_MODES=${LOOM_MOE_QLORA_MODES-offload} OUT="$out" bash bench/e2e/moe.sh "${LOOM_MOE_SHAPE:-qwen3moe_smoke}" \
+  > /dev/null 2>&1
 cat "$out/moe_table.md" 2> /dev/null | grep '^|'
 if [ "${LOOM_MOE_PROFILE:-0}" = 1 ]; then
   prof=$(mktemp)  # a LOOM_BIN that profiles the loom run it is given into $prof_out
