@@ -17,7 +17,8 @@
 #                     ("qwen3moe30b=24 mixtral8x7b=12"); default the shape's own depth. The folder Loom reads
 #                     is bf16 on disk: 61 GB for the 48-layer Qwen3 shape, 93 GB for Mixtral's 32 layers,
 #                     against the GPU machine's 64 GiB disk; moe_model.py refuses what does not fit (after the
-#                     cache's other random-init folders, MoE and dense, are removed to make room). Tokens/s and memory then stand for
+#                     cache's other random-init folders, MoE and dense, are removed to make room, then /dev/shm is
+#                     tried when it has room: untried on the GPU machine so far). Tokens/s and memory then stand for
 #                     that many layers; the table says how many of the shape's ran.
 #   LOOM_MOE_MODES    Loom's bf16 LoRA --checkpointing modes (default "none recompute offload")
 #   LOOM_MOE_QLORA_MODES  the same with --qlora (default "none offload")
@@ -97,6 +98,15 @@ moe_dir() {  # shape layers -> a random-init bf16 Hugging Face folder (kept in $
     rc=$?
     if [ $rc = 3 ]; then  # no room: the cache's other random-init folders go (remade when asked for), then once more
       find "$cache" -maxdepth 1 -name 'model-*' ! -name "model-moe-$shape-L$layers" -exec rm -rf {} +
+      python3 bench/e2e/moe_model.py "$shape" "$d" --layers "$layers" --device "$device" > /dev/null 2> "$work/init.log"
+      rc=$?
+    fi
+    local shm=/dev/shm/loom-e2e
+    if [ $rc = 3 ] && [ -d /dev/shm ] && [ "$cache" != "$shm" ]; then
+      # Still no room (the 48-layer Qwen3 folder is 61 GB, the GPU machine's disk 64 GiB): a RAM disk with
+      # room for it, if the machine has one (moe_model.py checks its free space as it does the disk's).
+      mkdir -p "$shm" && d="$shm/model-moe-$1-L$2"
+      [ -f "$d/config.json" ] && [ -n "$(ls "$d"/*.safetensors 2>/dev/null)" ] && { echo "$d"; return; }
       python3 bench/e2e/moe_model.py "$shape" "$d" --layers "$layers" --device "$device" > /dev/null 2> "$work/init.log"
       rc=$?
     fi
