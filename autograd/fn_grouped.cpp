@@ -44,13 +44,17 @@ struct Weight {
   Tensor whole;       // [E, out, in], or undefined
   ExpertWeightFn fn;  // when whole is undefined
   const Shape& shape() const { return whole.defined() ? whole.shape() : fn.shape; }
-  // body(w [n, out, in] in dtype, chunk) for every chunk of experts with rows, in order; the chunk's
-  // weight is let go before the next is made.
+  // body(w [n, out, in] in dtype, chunk) for every chunk of experts with rows, in order (backward:
+  // in reverse, so that its first chunk is the one its forward made last, which a maker may still
+  // hold); the chunk's weight is let go before the next is made.
   template <class Body>
-  void each_chunk(const char* op, DType dtype, const std::vector<int64_t>& offsets, const Body& body) const {
+  void each_chunk(const char* op, DType dtype, const std::vector<int64_t>& offsets, bool reverse,
+                  const Body& body) const {
     const int64_t experts = shape()[0];
     const int64_t step = whole.defined() || fn.chunk <= 0 ? experts : std::min(fn.chunk, experts);
-    for (int64_t first = 0; first < experts; first += step) {
+    const int64_t chunks = (experts + step - 1) / step;
+    for (int64_t i = 0; i < chunks; ++i) {
+      const int64_t first = (reverse ? chunks - 1 - i : i) * step;
       Chunk c;
       c.first = first, c.n = std::min(step, experts - first), c.experts = experts, c.row0 = offsets[first];
       c.rows = offsets[first + c.n] - c.row0;
@@ -75,21 +79,27 @@ Weight weight_of(const ExpertWeightFn& w) {
   return Weight{Tensor(), w};
 }
 
-// y[rows_e] = x[rows_e] w[e]^T (trans_b) or dy[rows_e] w[e] (!trans_b), into out.
+enum class Pass { kForward, kBackward };
+
+// Forward y[rows_e] = x[rows_e] w[e]^T, backward dx[rows_e] = dy[rows_e] w[e], into out.
 void product(const char* op, const Weight& w, const Tensor& x, Tensor& out, const std::vector<int64_t>& offsets,
-             bool trans_b) {
-  w.each_chunk(op, x.dtype(), offsets, [&](const Tensor& wc, const Chunk& c) {
+             Pass pass) {
+  const bool backward = pass == Pass::kBackward;
+  w.each_chunk(op, x.dtype(), offsets, backward, [&](const Tensor& wc, const Chunk& c) {
     Tensor oc = c.rows_of(out);
-    ops::grouped_matmul_into(c.rows_of(x), wc, oc, c.offsets, trans_b);
+    ops::grouped_matmul_into(c.rows_of(x), wc, oc, c.offsets, /*trans_b=*/!backward);
   });
 }
 
-// out[rows_e] = x[rows_e] op(w[e]) + x2[rows_e] op(w2[e]) (ops::grouped_matmul_dual_into); w2 [E, ...].
+// product's plus a second term in the same accumulation (ops::grouped_matmul_dual_into): forward
+// x[rows_e] w[e]^T + x2[rows_e] w2[e]^T, backward dy[rows_e] w[e] + x2[rows_e] w2[e]; w2 [E, ...].
 void dual_product(const char* op, const Weight& w, const Tensor& x, const Tensor& x2, const Tensor& w2, Tensor& out,
-                  const std::vector<int64_t>& offsets, bool trans_b) {
-  w.each_chunk(op, x.dtype(), offsets, [&](const Tensor& wc, const Chunk& c) {
+                  const std::vector<int64_t>& offsets, Pass pass) {
+  const bool backward = pass == Pass::kBackward;
+  w.each_chunk(op, x.dtype(), offsets, backward, [&](const Tensor& wc, const Chunk& c) {
     Tensor oc = c.rows_of(out);
-    ops::grouped_matmul_dual_into(c.rows_of(x), wc, c.rows_of(x2), c.experts_of(w2), oc, c.offsets, trans_b);
+    ops::grouped_matmul_dual_into(c.rows_of(x), wc, c.rows_of(x2), c.experts_of(w2), oc, c.offsets,
+                                  /*trans_b=*/!backward);
   });
 }
 
@@ -100,7 +110,7 @@ Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weig
   const Tensor x = xs.value();
   check_shapes(op, x, w.shape(), offsets);
   Tensor y = Tensor::empty({x.size(0), w.shape()[1]}, x.dtype(), x.device());
-  product(op, w, x, y, offsets, true);  // [n_e, in] x [out, in]^T
+  product(op, w, x, y, offsets, Pass::kForward);  // [n_e, in] x [out, in]^T
   // dx needs w (a kept one cast again in backward rather than kept twice, or made again), dw needs x.
   const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
   const Weight keep_w = xs.requires_grad() ? w : Weight{};
@@ -111,7 +121,7 @@ Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weig
     Tensor dx, dw;
     if (n.needs_grad(0)) {  // [n_e, out] x [out, in]
       dx = Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
-      product(op, keep_w, dy, dx, offsets, false);
+      product(op, keep_w, dy, dx, offsets, Pass::kBackward);
     }
     if (has_w && n.needs_grad(1)) {  // [out, n_e] x [n_e, in], in w's dtype (f32 for an f32 master)
       dw = Tensor::empty(wshape, wdtype, dy.device());
@@ -143,7 +153,7 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
   Tensor t = Tensor::empty({rows, r}, cdt, x.device());
   ops::grouped_matmul_into(x, ac, t, offsets, true, scale, 0.f);  // scale [n_e, in] x [r, in]^T
   Tensor y = Tensor::empty({rows, out}, cdt, x.device());
-  dual_product(op, w, x, t, bc, y, offsets, true);  // [n_e, in] x [out, in]^T + [n_e, r] x [out, r]^T
+  dual_product(op, w, x, t, bc, y, offsets, Pass::kForward);  // [n_e, in] x [out, in]^T + [n_e, r] x [out, r]^T
 
   const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
   const bool need_x = xs.requires_grad(), need_a = a.requires_grad();
@@ -175,7 +185,7 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
       if (n.needs_grad(ia)) da = master_grad(dt, keep_x, a_shape, a_dtype);  // da[e] = dt^T x
       if (n.needs_grad(0)) {  // dx = dy w_e + dt a_e: [n_e, out] x [out, in] + [n_e, r] x [r, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
-        dual_product(op, keep_w, dy, dt, keep_a, dx, offsets, false);
+        dual_product(op, keep_w, dy, dt, keep_a, dx, offsets, Pass::kBackward);
       }
     }
     if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x

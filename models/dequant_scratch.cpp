@@ -12,31 +12,43 @@ std::shared_ptr<Storage> kept_buffer(int64_t bytes, Device device) {
 }  // namespace
 
 Tensor DequantScratch::take(const Shape& shape, DType dtype, Device device) {
+  bool ready = false;
+  return take(shape, dtype, device, Contents{}, &ready);
+}
+
+Tensor DequantScratch::take(const Shape& shape, DType dtype, Device device, const Contents& contents, bool* ready) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++taken_;
+  *ready = false;
   const int64_t need = bytes_for(dtype, numel_of(shape));
-  std::shared_ptr<Storage>* small = nullptr;  // a kept buffer nobody holds, too small for this
+  Kept* small = nullptr;  // a kept buffer nobody holds, too small for this
   bool kept_here = false;
-  for (std::shared_ptr<Storage>& s : kept_) {
-    if (!(s->device() == device)) continue;
+  for (Kept& k : kept_) {
+    if (!(k.storage->device() == device)) continue;
     kept_here = true;
-    if (s.use_count() != 1) continue;  // held: whoever had it has not let it go
-    if (static_cast<int64_t>(s->nbytes()) >= need) return Tensor::from_storage(s, shape, dtype);
-    small = &s;
+    if (k.storage.use_count() != 1) continue;  // held: whoever had it has not let it go
+    if (static_cast<int64_t>(k.storage->nbytes()) < need) {
+      small = &k;
+      continue;
+    }
+    *ready = contents.source != nullptr && k.contents == contents && k.shape == shape && k.dtype == dtype;
+    if (!*ready) ++taken_;
+    k.contents = contents, k.shape = shape, k.dtype = dtype;
+    return Tensor::from_storage(k.storage, shape, dtype);
   }
+  ++taken_;
   if (small) {  // grown: the smaller one goes back to the allocator
-    *small = kept_buffer(need, device);
-    return Tensor::from_storage(*small, shape, dtype);
+    *small = Kept{kept_buffer(need, device), contents, shape, dtype};
+    return Tensor::from_storage(small->storage, shape, dtype);
   }
   if (kept_here) return Tensor::empty(shape, dtype, device);  // every kept one held: a one-off, not kept
-  kept_.push_back(kept_buffer(need, device));
-  return Tensor::from_storage(kept_.back(), shape, dtype);
+  kept_.push_back(Kept{kept_buffer(need, device), contents, shape, dtype});
+  return Tensor::from_storage(kept_.back().storage, shape, dtype);
 }
 
 int64_t DequantScratch::kept_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   int64_t bytes = 0;
-  for (const std::shared_ptr<Storage>& s : kept_) bytes += static_cast<int64_t>(s->nbytes());
+  for (const Kept& k : kept_) bytes += static_cast<int64_t>(k.storage->nbytes());
   return bytes;
 }
 

@@ -5,6 +5,7 @@
 // One buffer per device, made in the long-lived pool (engine/memory.h) and handed out again, whatever
 // the shape and dtype, whenever nothing else holds it.
 #pragma once
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -14,19 +15,38 @@ namespace loom {
 
 class DequantScratch {
  public:
+  // What a taker writes into the buffer: `count` experts from `source` (the first one's NF4 weight,
+  // held here so that no other object takes its address while the buffer names it), in the shape and
+  // dtype it took.
+  struct Contents {
+    std::shared_ptr<const void> source;
+    int64_t count = 0;
+    bool operator==(const Contents& o) const { return source == o.source && count == o.count; }
+  };
   // An uninitialised [shape] tensor of dtype on device: a view of the device's kept buffer when no
   // tensor outside this scratch shares it (the last product that read it was queued before on the
   // device's compute stream, where the caller writes it: in stream order), grown first if it is too
   // small; a new tensor, not kept, when it is held. The caller overwrites every element.
   Tensor take(const Shape& shape, DType dtype, Device device);
+  // The same, for a caller that writes `contents`. *ready is set when the kept buffer already holds
+  // them in this shape and dtype (its last taker wrote them, and nothing has taken it since): the
+  // caller need not write them again. A product's backward that walks its chunks of experts in the
+  // reverse order of its forward finds the last one there.
+  Tensor take(const Shape& shape, DType dtype, Device device, const Contents& contents, bool* ready);
   // Bytes the kept buffers hold.
   int64_t kept_bytes() const;
-  // take() calls so far (tests: how many dequantisations a step makes).
+  // Buffers handed out to be written so far (tests: how many dequantisations a step makes).
   int64_t taken() const;
 
  private:
+  struct Kept {
+    std::shared_ptr<Storage> storage;
+    Contents contents;  // what its last taker wrote (source null: unknown)
+    Shape shape;
+    DType dtype = DType::bf16;
+  };
   mutable std::mutex mu_;
-  std::vector<std::shared_ptr<Storage>> kept_;  // one per device
+  std::vector<Kept> kept_;  // one per device
   int64_t taken_ = 0;
 };
 

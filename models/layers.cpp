@@ -59,13 +59,25 @@ Tensor ExpertLinear::dense_weight(DType dtype, int64_t first, int64_t count) con
   LOOM_CHECK(first >= 0 && count >= 0 && first + count <= experts, name, ": experts [", first, ", ", first + count,
              ") of ", experts);
   if (!quantized()) return weight.value().narrow(0, first, count).to(dtype);
-  Tensor w = scratch ? scratch->take({count, out, in}, dtype, nf4[0]->device())
-                     : Tensor::empty({count, out, in}, dtype, nf4[0]->device());
+  if (!scratch || count == 0) {
+    Tensor w = Tensor::empty({count, out, in}, dtype, nf4[0]->device());
+    dequantize_into(w, first);
+    return w;
+  }
+  // The kept buffer may still hold them: a backward's first chunk is its forward's last one.
+  bool ready = false;
+  Tensor w = scratch->take({count, out, in}, dtype, nf4[0]->device(), {nf4[static_cast<size_t>(first)], count}, &ready);
+  if (!ready) dequantize_into(w, first);
+  return w;
+}
+
+void ExpertLinear::dequantize_into(Tensor& w, int64_t first) const {
+  const int64_t count = w.size(0);
+  if (count == 0) return;
   // The experts in one batched dequantisation (on CUDA a launch per 64 experts, not one each).
   std::vector<ops::Nf4Parts> parts;
   for (int64_t e = first; e < first + count; ++e) parts.push_back(nf4[static_cast<size_t>(e)]->parts());
   ops::nf4_dequantize_experts_into(parts, w);
-  return w;
 }
 
 int64_t ExpertLinear::chunk_experts(DType dtype) const {

@@ -103,6 +103,8 @@ struct ExpertLinear {
   Tensor dense_weight(DType dtype, int64_t first = 0, int64_t count = -1) const;
   // How many NF4 experts a product dequantises at once.
   int64_t chunk_experts(DType dtype) const;
+  // w [count, out, in] <- NF4 experts [first, first + count) dequantised.
+  void dequantize_into(Tensor& w, int64_t first) const;
   // Rows [offsets[e], offsets[e + 1]) of xs [N, in] through expert e: [N, out].
   ag::Variable forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const;
 };

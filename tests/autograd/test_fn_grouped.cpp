@@ -141,6 +141,13 @@ TEST(GroupedLinear, AWeightMadeAChunkAtATimeIsTheWholeProduct) {
     // ({0, 1} and {2, 3}; {0, 1, 2} and {3} has none), and 0 makes all four at once.
     const std::vector<int64_t> want_made = chunk == 1 || chunk == 2 ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{0};
     EXPECT_EQ(made, want_made) << "chunk " << chunk;
+    // The input gradient makes them again, last chunk first (a maker may still hold it).
+    made.clear();
+    Variable x(in[0], true);
+    ag::backward(ag::sum(ag::grouped_linear(x, made_from(in[1], chunk, &made), kOffsets)));
+    std::vector<int64_t> want_again = want_made;
+    want_again.insert(want_again.end(), want_made.rbegin(), want_made.rend());
+    EXPECT_EQ(made, want_again) << "chunk " << chunk;
     gradcheck([&](const V& v) { return ag::grouped_linear(v[0], made_from(in[1], chunk), kOffsets); }, {in[0]});
     auto lora = [&](const V& v) {
       return ag::grouped_linear_lora(v[0], made_from(in[1], chunk), v[1], v[2], kScale, kOffsets);

@@ -1,7 +1,7 @@
 // DequantScratch hands its kept buffer out again only when nothing else holds it, one per device for
 // any shape and dtype that fits, and a model's NF4 experts dequantise into it with the same values as
 // without; a checkpoint's recomputation keeps its dequantised experts for backward; experts dequantised
-// a chunk at a time give the product of all at once.
+// a chunk at a time give the product of all at once; the scratch knows what its buffer holds.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -69,37 +69,91 @@ TEST(DequantScratch, ExpertsDequantiseAsWithoutIt) {
     kept = first.data_ptr();
     EXPECT_EQ(first.to_doubles(), plain.to_doubles());
   }
-  const Tensor again = x.dense_weight(DType::f32);  // into the same buffer, overwritten whole
-  EXPECT_EQ(again.data_ptr(), kept);
-  EXPECT_EQ(again.to_doubles(), plain.to_doubles());
+  {
+    Tensor other = x.scratch->take({3, 8, 64}, DType::f32, Device::cpu());  // another taker writes it
+    ops::fill_(other, 7.f);
+  }
+  {
+    const Tensor again = x.dense_weight(DType::f32);  // into the same buffer, dequantised again
+    EXPECT_EQ(again.data_ptr(), kept);
+    EXPECT_EQ(again.to_doubles(), plain.to_doubles());
+    EXPECT_EQ(x.scratch->taken(), 3);
+  }
+  const Tensor held_still = x.dense_weight(DType::f32);  // let go, nothing took it since: not dequantised again
+  EXPECT_EQ(held_still.to_doubles(), plain.to_doubles());
+  EXPECT_EQ(x.scratch->taken(), 3);
 }
 
-// A checkpointed expert product dequantises twice a step, as one without checkpointing does: once in
-// forward and once in the recomputation, whose weight backward keeps (with a scratch, the kept buffer
-// is allocated either way), where it used to dequantise a third time. The input gradient is the same.
+// A checkpointed expert product whose experts are one chunk dequantises twice a step, as one without
+// checkpointing does: once in forward and once in the recomputation, whose weight backward keeps (with
+// a scratch, the kept buffer is allocated either way). Here another product takes the scratch after
+// each expert product (as a layer's down projection does after its gate_up): a weight not kept would be
+// dequantised a third time. The input gradient is the same.
 TEST(DequantScratch, RecomputationKeepsItsWeightForBackward) {
   ExpertLinear x;
   nf4_experts(x);
   x.scratch = std::make_shared<DequantScratch>();
   const std::vector<int64_t> offsets = {0, 2, 2, 5};
   const Tensor xs = random({5, 64}, 8);
+  auto then_another = [&](const ag::Variable& in) {
+    ag::Variable y = x.forward(in, offsets);
+    x.scratch->take({4, 4}, DType::f32, Device::cpu());  // another product's weight
+    return y;
+  };
 
   ag::Variable plain_in(xs, true);
-  ag::backward(ag::sum(x.forward(plain_in, offsets)));
-  EXPECT_EQ(x.scratch->taken(), 2);  // forward, backward
+  ag::backward(ag::sum(then_another(plain_in)));
+  EXPECT_EQ(x.scratch->taken(), 3);  // forward, the other, backward
 
+  x.scratch->take({4, 4}, DType::f32, Device::cpu());  // other layers between the two steps
+  const int64_t before = x.scratch->taken();
   ag::Variable ck_in(xs, true);
   const ag::CheckpointFn fn = [&](const std::vector<ag::Variable>& in) {
-    return std::vector<ag::Variable>{x.forward(in[0], offsets)};
+    return std::vector<ag::Variable>{then_another(in[0])};
   };
   ag::backward(ag::sum(ag::checkpoint(fn, {ck_in})[0]));
-  EXPECT_EQ(x.scratch->taken(), 4);  // forward, recomputation (kept for backward)
+  // Forward and the other; the recomputation (kept for backward) and the other (a one-off beside it).
+  EXPECT_EQ(x.scratch->taken() - before, 4);
   EXPECT_EQ(ck_in.grad().to_doubles(), plain_in.grad().to_doubles());
+}
+
+// A taker naming what it writes finds it still there when nothing else took the buffer since, in
+// the same shape and dtype; anything else must write it.
+TEST(DequantScratch, KnowsWhatItsBufferHolds) {
+  DequantScratch s;
+  const auto a = std::make_shared<int>(1), b = std::make_shared<int>(2);
+  const Device cpu = Device::cpu();
+  bool ready = true;
+  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
+  EXPECT_FALSE(ready);  // new
+  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
+  EXPECT_TRUE(ready);
+  s.take({2, 3}, DType::bf16, cpu, {a, 2}, &ready);
+  EXPECT_FALSE(ready);  // another dtype
+  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
+  EXPECT_FALSE(ready);  // the bf16 taker overwrote it
+  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
+  EXPECT_TRUE(ready);
+  s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
+  EXPECT_FALSE(ready);  // other contents
+  s.take({2, 3}, DType::f32, cpu);  // a plain take: contents unknown
+  s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
+  EXPECT_FALSE(ready);
+  {
+    const Tensor held = s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
+    EXPECT_TRUE(ready);
+    const Tensor one_off = s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
+    EXPECT_FALSE(ready);  // the buffer is held: a new tensor, to be written
+    EXPECT_NE(one_off.data_ptr(), held.data_ptr());
+  }
+  EXPECT_EQ(s.taken(), 7);  // the takes that were not ready
 }
 
 // Dequantised a chunk of experts at a time (one here, as Mixtral's are), an expert product gives the
 // same output and input gradient as with every expert at once, and holds one expert's weight at most.
-// A chunk without rows is skipped: the middle expert has none, so 2 of 3 are dequantised each time.
+// A chunk without rows is skipped: the middle expert has none, so forward dequantises 2 of 3. Backward
+// walks the chunks in reverse: the last expert forward made is still in the buffer, and only the first
+// is dequantised again.
 TEST(DequantScratch, ChunksOfExpertsGiveTheWholeProduct) {
   ExpertLinear x;
   nf4_experts(x);
@@ -116,7 +170,7 @@ TEST(DequantScratch, ChunksOfExpertsGiveTheWholeProduct) {
   const ag::Variable chunked = x.forward(in, offsets);
   EXPECT_EQ(x.scratch->taken(), 2);
   ag::backward(ag::sum(chunked));
-  EXPECT_EQ(x.scratch->taken(), 4);
+  EXPECT_EQ(x.scratch->taken(), 3);
   EXPECT_EQ(x.scratch->kept_bytes(), 8 * 64 * 4);  // one expert [8, 64] in f32
   EXPECT_EQ(chunked.value().to_doubles(), whole.value().to_doubles());
   EXPECT_EQ(in.grad().to_doubles(), whole_in.grad().to_doubles());
