@@ -3,6 +3,7 @@
 // ahead of need); backward re-runs fn on a fresh tape and back-propagates through it.
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
+#include "autograd/short_lived_leaves.h"
 #include "engine/offload.h"
 
 namespace loom::ag {
@@ -28,6 +29,10 @@ class CheckpointNode final : public Node {
     std::vector<Variable> ins;
     for (size_t i = 0; i < saved_->size(); ++i) ins.emplace_back((*saved_)[i]->fetch(), needs_grad(i));
     saved_.reset();  // the device copies above are all we need now
+    std::vector<const GradCell*> cells;  // their gradients go on to the layer before at once
+    for (const Variable& v : ins)
+      if (v.cell()) cells.push_back(v.cell().get());
+    const detail::ShortLivedLeaves short_lived(std::move(cells));
     std::vector<Variable> outs = fn_(ins);
     LOOM_CHECK(outs.size() == grad_outputs.size(), "checkpoint: recomputation returned ", outs.size(),
                " outputs, forward returned ", grad_outputs.size());

@@ -51,6 +51,7 @@ struct Weight {
   void each_chunk(const char* op, DType dtype, const std::vector<int64_t>& offsets, bool reverse,
                   const Body& body) const {
     const int64_t experts = shape()[0];
+    if (experts == 0) return;
     const int64_t step = whole.defined() || fn.chunk <= 0 ? experts : std::min(fn.chunk, experts);
     const int64_t chunks = (experts + step - 1) / step;
     for (int64_t i = 0; i < chunks; ++i) {

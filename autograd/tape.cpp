@@ -1,9 +1,12 @@
 // The tape and backward() (see tape.h).
 #include "autograd/tape.h"
 
+#include <algorithm>
+
 #include <unordered_map>
 #include <utility>
 
+#include "autograd/short_lived_leaves.h"
 #include "engine/ops.h"
 
 namespace loom::ag {
@@ -63,6 +66,20 @@ Variable record1(std::shared_ptr<Node> node, const std::vector<const Variable*>&
   return std::move(record(std::move(node), inputs, std::move(outs))[0]);
 }
 
+namespace detail {
+namespace {
+thread_local std::vector<const GradCell*> t_short_lived;
+}  // namespace
+
+ShortLivedLeaves::ShortLivedLeaves(std::vector<const GradCell*> cells) : previous_size_(t_short_lived.size()) {
+  t_short_lived.insert(t_short_lived.end(), cells.begin(), cells.end());
+}
+ShortLivedLeaves::~ShortLivedLeaves() { t_short_lived.resize(previous_size_); }
+bool ShortLivedLeaves::contains(const GradCell* cell) {
+  return std::find(t_short_lived.begin(), t_short_lived.end(), cell) != t_short_lived.end();
+}
+}  // namespace detail
+
 void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
   LOOM_CHECK(g.shape() == cell.shape, "backward of ", from, ": gradient ", g.str(), " does not match the shape ",
              shape_str(cell.shape), " of its input");
@@ -71,11 +88,14 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
   if (cell.is_leaf) {
     // A leaf owns its gradient: a node may hand the same tensor to several inputs (add), and leaf
     // gradients are later accumulated and reduced in place (grad accumulation, data parallelism).
-    if (!cell.grad.defined()) {
+    if (cell.grad.defined()) {
+      ops::add_(cell.grad, g);
+    } else if (detail::ShortLivedLeaves::contains(&cell)) {
+      cell.grad = g.clone();
+    } else {
       const LongLivedPoolScope held_until_the_step;  // out of the activations' pool (engine/memory.h)
       cell.grad = g.clone();
     }
-    else ops::add_(cell.grad, g);
   } else {
     // Intermediates are never modified in place, so they may share storage; sums are new tensors.
     cell.grad = cell.grad.defined() ? ops::add(cell.grad, g) : g.contiguous();

@@ -97,8 +97,7 @@ struct DevicePools {
   }
 };
 DevicePools pools_of(int device, bool make_long_lived_pool = false) {
-  static std::array<std::atomic<cudaMemPool_t>, kMaxCudaDevices> defaults{};
-  static std::array<std::atomic<bool>, kMaxCudaDevices> made{};
+  static std::array<std::atomic<cudaMemPool_t>, kMaxCudaDevices> defaults{}, long_lived{};
   LOOM_CHECK(device >= 0 && device < kMaxCudaDevices, "device index out of range: ", device);
   DevicePools p;
   p.main = defaults[device].load();
@@ -106,8 +105,11 @@ DevicePools pools_of(int device, bool make_long_lived_pool = false) {
     LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p.main, device));
     defaults[device] = p.main;
   }
-  if (make_long_lived_pool) made[device] = true;
-  if (made[device]) p.long_lived = long_lived_pool(device);
+  p.long_lived = long_lived[device].load();  // no lock on the allocation path once it exists
+  if (p.long_lived == nullptr && make_long_lived_pool) {
+    p.long_lived = long_lived_pool(device);
+    long_lived[device] = p.long_lived;
+  }
   return p;
 }
 #endif

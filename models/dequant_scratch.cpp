@@ -31,18 +31,26 @@ Tensor DequantScratch::take(const Shape& shape, DType dtype, Device device, cons
       continue;
     }
     *ready = contents.source != nullptr && k.contents == contents && k.shape == shape && k.dtype == dtype;
-    if (!*ready) ++taken_;
-    k.contents = contents, k.shape = shape, k.dtype = dtype;
+    if (!*ready) {  // to be written: unknown until filled()
+      ++taken_;
+      k.contents = Contents{};
+    }
     return Tensor::from_storage(k.storage, shape, dtype);
   }
   ++taken_;
   if (small) {  // grown: the smaller one goes back to the allocator
-    *small = Kept{kept_buffer(need, device), contents, shape, dtype};
+    *small = Kept{kept_buffer(need, device), Contents{}, shape, dtype};
     return Tensor::from_storage(small->storage, shape, dtype);
   }
   if (kept_here) return Tensor::empty(shape, dtype, device);  // every kept one held: a one-off, not kept
-  kept_.push_back(Kept{kept_buffer(need, device), contents, shape, dtype});
+  kept_.push_back(Kept{kept_buffer(need, device), Contents{}, shape, dtype});
   return Tensor::from_storage(kept_.back().storage, shape, dtype);
+}
+
+void DequantScratch::filled(const Tensor& t, const Contents& contents) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Kept& k : kept_)
+    if (k.storage == t.storage()) k.contents = contents, k.shape = t.shape(), k.dtype = t.dtype();
 }
 
 int64_t DequantScratch::kept_bytes() const {

@@ -29,10 +29,14 @@ class DequantScratch {
   // small; a new tensor, not kept, when it is held. The caller overwrites every element.
   Tensor take(const Shape& shape, DType dtype, Device device);
   // The same, for a caller that writes `contents`. *ready is set when the kept buffer already holds
-  // them in this shape and dtype (its last taker wrote them, and nothing has taken it since): the
-  // caller need not write them again. A product's backward that walks its chunks of experts in the
-  // reverse order of its forward finds the last one there.
+  // them in this shape and dtype (a taker wrote them and said so with filled(), and nothing has taken
+  // it since): the caller need not write them again. A product's backward that walks its chunks of
+  // experts in the reverse order of its forward finds the last one there.
   Tensor take(const Shape& shape, DType dtype, Device device, const Contents& contents, bool* ready);
+  // After the caller wrote `contents` into t, a tensor take() gave it (no-op for a one-off). Until
+  // then, and after any other take, the buffer's contents are unknown: a write that failed midway, or
+  // a taker that changes the values afterwards (it must not say filled), is never taken for them.
+  void filled(const Tensor& t, const Contents& contents);
   // Bytes the kept buffers hold.
   int64_t kept_bytes() const;
   // Buffers handed out to be written so far (tests: how many dequantisations a step makes).

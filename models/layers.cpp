@@ -65,9 +65,13 @@ Tensor ExpertLinear::dense_weight(DType dtype, int64_t first, int64_t count) con
     return w;
   }
   // The kept buffer may still hold them: a backward's first chunk is its forward's last one.
+  const DequantScratch::Contents contents{nf4[static_cast<size_t>(first)], count};
   bool ready = false;
-  Tensor w = scratch->take({count, out, in}, dtype, nf4[0]->device(), {nf4[static_cast<size_t>(first)], count}, &ready);
-  if (!ready) dequantize_into(w, first);
+  Tensor w = scratch->take({count, out, in}, dtype, nf4[0]->device(), contents, &ready);
+  if (!ready) {
+    dequantize_into(w, first);
+    scratch->filled(w, contents);
+  }
   return w;
 }
 
@@ -81,6 +85,7 @@ void ExpertLinear::dequantize_into(Tensor& w, int64_t first) const {
 }
 
 int64_t ExpertLinear::chunk_experts(DType dtype) const {
+  if (experts == 0) return 0;
   if (dequant_chunk > 0) return std::min(dequant_chunk, experts);
   const int64_t per_expert = std::max<int64_t>(1, bytes_for(dtype, out * in));
   const int64_t fit = std::max<int64_t>(1, kDequantChunkBytes / per_expert);

@@ -104,6 +104,7 @@ void merge_expert_lora(CausalLM& model) {
   for (ExpertLinear* p : model.expert_linears()) {
     if (!p->lora && !p->quantized()) continue;
     const DType dtype = p->quantized() ? model.dtype() : p->weight.dtype();
+    p->scratch.reset();  // w is changed and kept below: a tensor of its own, not the shared buffer
     Tensor w = p->dense_weight(DType::f32);
     p->nf4.clear();
     if (p->lora) {

@@ -42,12 +42,15 @@ TEST(DequantScratch, ReusesABufferNobodyHolds) {
   // Let go: the kept one comes back, for any shape and dtype that fits in it.
   EXPECT_EQ(s.take({2, 3, 4}, DType::f32, Device::cpu()).data_ptr(), first);
   {
-    const Tensor c = s.take({4, 2, 3}, DType::bf16, Device::cpu());
-    EXPECT_EQ(c.data_ptr(), first);
-    EXPECT_EQ(c.shape(), Shape({4, 2, 3}));
-    EXPECT_EQ(c.dtype(), DType::bf16);
-    // A view keeps the storage: still held.
-    const Tensor view = c.narrow(0, 1, 1);
+    Tensor view;
+    {
+      const Tensor c = s.take({4, 2, 3}, DType::bf16, Device::cpu());
+      EXPECT_EQ(c.data_ptr(), first);
+      EXPECT_EQ(c.shape(), Shape({4, 2, 3}));
+      EXPECT_EQ(c.dtype(), DType::bf16);
+      view = c.narrow(0, 1, 1);
+    }
+    // c is gone, but a view of it keeps the storage: still held.
     EXPECT_NE(s.take({2, 3, 4}, DType::f32, Device::cpu()).data_ptr(), first);
   }
   EXPECT_EQ(s.kept_bytes(), 2 * 3 * 4 * 4);
@@ -117,36 +120,41 @@ TEST(DequantScratch, RecomputationKeepsItsWeightForBackward) {
   EXPECT_EQ(ck_in.grad().to_doubles(), plain_in.grad().to_doubles());
 }
 
-// A taker naming what it writes finds it still there when nothing else took the buffer since, in
-// the same shape and dtype; anything else must write it.
+// A taker naming what it wrote (filled) finds it still there when nothing else took the buffer since,
+// in the same shape and dtype; anything else must write it, and so must a taker after one that did not
+// say it filled the buffer (a write that failed midway).
 TEST(DequantScratch, KnowsWhatItsBufferHolds) {
   DequantScratch s;
-  const auto a = std::make_shared<int>(1), b = std::make_shared<int>(2);
+  const DequantScratch::Contents a{std::make_shared<int>(1), 2}, b{std::make_shared<int>(2), 2};
   const Device cpu = Device::cpu();
   bool ready = true;
-  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
-  EXPECT_FALSE(ready);  // new
-  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
-  EXPECT_TRUE(ready);
-  s.take({2, 3}, DType::bf16, cpu, {a, 2}, &ready);
-  EXPECT_FALSE(ready);  // another dtype
-  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
-  EXPECT_FALSE(ready);  // the bf16 taker overwrote it
-  s.take({2, 3}, DType::f32, cpu, {a, 2}, &ready);
-  EXPECT_TRUE(ready);
-  s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
-  EXPECT_FALSE(ready);  // other contents
-  s.take({2, 3}, DType::f32, cpu);  // a plain take: contents unknown
-  s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
+  // Takes and, when not ready, writes; whether it was ready.
+  auto take = [&](DType dtype, const DequantScratch::Contents& c) {
+    const Tensor t = s.take({2, 3}, dtype, cpu, c, &ready);
+    if (!ready) s.filled(t, c);
+    return ready;
+  };
+  EXPECT_FALSE(take(DType::f32, a));   // new
+  EXPECT_TRUE(take(DType::f32, a));
+  EXPECT_FALSE(take(DType::bf16, a));  // another dtype
+  EXPECT_FALSE(take(DType::f32, a));   // the bf16 taker overwrote it
+  EXPECT_TRUE(take(DType::f32, a));
+  EXPECT_FALSE(take(DType::f32, b));   // other contents
+  s.take({2, 3}, DType::f32, cpu);     // a plain take: contents unknown
+  EXPECT_FALSE(take(DType::f32, b));
+  s.take({2, 3}, DType::f32, cpu, a, &ready);  // not said filled: as if its write had failed
   EXPECT_FALSE(ready);
+  EXPECT_FALSE(take(DType::f32, a));
   {
-    const Tensor held = s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
+    const Tensor held = s.take({2, 3}, DType::f32, cpu, a, &ready);
     EXPECT_TRUE(ready);
-    const Tensor one_off = s.take({2, 3}, DType::f32, cpu, {b, 2}, &ready);
+    const Tensor one_off = s.take({2, 3}, DType::f32, cpu, a, &ready);
     EXPECT_FALSE(ready);  // the buffer is held: a new tensor, to be written
     EXPECT_NE(one_off.data_ptr(), held.data_ptr());
+    s.filled(one_off, b);  // a one-off is not the buffer: nothing changes
   }
-  EXPECT_EQ(s.taken(), 7);  // the takes that were not ready
+  EXPECT_TRUE(take(DType::f32, a));
+  EXPECT_EQ(s.taken(), 9);  // the takes that were not ready
 }
 
 // Dequantised a chunk of experts at a time (one here, as Mixtral's are), an expert product gives the
