@@ -68,26 +68,8 @@ std::string out_of_memory_message(Device device, size_t nbytes, const char* cuda
 thread_local bool t_long_lived_pool = false;
 
 #if LOOM_WITH_CUDA
-// The device's pool for long-lived tensors (LongLivedPoolScope): created on first use, never
-// destroyed (its tensors may be freed during exit), freed blocks kept as in the default pool.
-cudaMemPool_t long_lived_pool(int device) {
-  static std::mutex mu;
-  static std::array<cudaMemPool_t, kMaxCudaDevices> pools{};
-  std::lock_guard<std::mutex> lock(mu);
-  LOOM_CHECK(device >= 0 && device < kMaxCudaDevices, "device index out of range: ", device);
-  if (pools[device] == nullptr) {
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    LOOM_CUDA_CHECK(cudaMemPoolCreate(&pools[device], &props));
-    uint64_t threshold = UINT64_MAX;
-    LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &threshold));
-  }
-  return pools[device];
-}
-
-// The device's pools: the default one, and the long-lived pool once it exists (else null).
+// The device's pools: the default one, and the long-lived pool (LongLivedPoolScope) once it exists
+// (else null).
 struct DevicePools {
   cudaMemPool_t main = nullptr, long_lived = nullptr;
   template <class F>
@@ -96,8 +78,11 @@ struct DevicePools {
     if (long_lived) f(long_lived);
   }
 };
+// The long-lived pool is created on first use (under a lock, once) and never destroyed (its tensors
+// may be freed during exit), freed blocks kept as in the default pool; looked up without a lock.
 DevicePools pools_of(int device, bool make_long_lived_pool = false) {
   static std::array<std::atomic<cudaMemPool_t>, kMaxCudaDevices> defaults{}, long_lived{};
+  static std::mutex create;
   LOOM_CHECK(device >= 0 && device < kMaxCudaDevices, "device index out of range: ", device);
   DevicePools p;
   p.main = defaults[device].load();
@@ -105,10 +90,20 @@ DevicePools pools_of(int device, bool make_long_lived_pool = false) {
     LOOM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p.main, device));
     defaults[device] = p.main;
   }
-  p.long_lived = long_lived[device].load();  // no lock on the allocation path once it exists
+  p.long_lived = long_lived[device].load();
   if (p.long_lived == nullptr && make_long_lived_pool) {
-    p.long_lived = long_lived_pool(device);
-    long_lived[device] = p.long_lived;
+    std::lock_guard<std::mutex> lock(create);
+    p.long_lived = long_lived[device].load();
+    if (p.long_lived == nullptr) {
+      cudaMemPoolProps props = {};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = device;
+      LOOM_CUDA_CHECK(cudaMemPoolCreate(&p.long_lived, &props));
+      uint64_t threshold = UINT64_MAX;
+      LOOM_CUDA_CHECK(cudaMemPoolSetAttribute(p.long_lived, cudaMemPoolAttrReleaseThreshold, &threshold));
+      long_lived[device] = p.long_lived;
+    }
   }
   return p;
 }

@@ -94,25 +94,23 @@ int64_t ExpertLinear::chunk_experts(DType dtype) const {
 }
 
 ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const {
-  if (!quantized()) {
-    if (!lora || !lora->enabled) return ag::grouped_linear(xs, weight, offsets);
-    return ag::grouped_linear_lora(xs, weight, lora->A, lora->B, lora->scale, offsets);
-  }
+  // The product with w (a Variable, or an ExpertWeightFn made on demand), with the adapter when enabled.
+  auto through = [&](const auto& w) {
+    if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets);
+    return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets);
+  };
+  if (!quantized()) return through(weight);
   // NF4 experts are dequantised for each product, a chunk of experts at a time (forward, and the
   // input gradient in backward), so a layer never holds more than a chunk of them in the compute dtype.
   const int64_t chunk = chunk_experts(xs.dtype());
   if (scratch && ag::recomputing() && chunk >= experts) {
     // In a checkpoint's recomputation backward follows at once: when the whole weight is one chunk the
     // product keeps it (the scratch's buffer, allocated either way) rather than dequantise a third time.
-    const ag::Variable w(dense_weight(xs.dtype()), false);
-    if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets);
-    return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets);
+    return through(ag::Variable(dense_weight(xs.dtype()), false));
   }
-  const ag::ExpertWeightFn w{{experts, out, in}, chunk, [this](int64_t first, int64_t count, DType dtype) {
-                               return dense_weight(dtype, first, count);
-                             }};
-  if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets);
-  return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets);
+  return through(ag::ExpertWeightFn{{experts, out, in}, chunk, [this](int64_t first, int64_t count, DType dtype) {
+                                       return dense_weight(dtype, first, count);
+                                     }});
 }
 
 ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out) const {
