@@ -50,11 +50,11 @@ void backward_mma(const AttentionParams& p, const bf16* q, const bf16* k, const 
 // Hopper kernels: sm90_ready() says whether the current device is compute capability 9.0 and the
 // binary holds sm_90a machine code for them (asked once, with a synchronous probe launch).
 bool sm90_ready();
-// Two warpgroups of 64 query rows per block; 128 keys per step (32 at head_dim 256).
+// Two warpgroups of 64 query rows per block; 128 keys per step (64 at head_dim 256).
 void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
                   Stream s);
 // Warp-specialised forward: a TMA producer warpgroup and two ping-ponging consumer warpgroups.
-// sm90_ws_supported: plain causal attention (no soft-cap, window or segments) at head_dim 64 to 128.
+// sm90_ws_supported: plain causal attention (no soft-cap, window or segments) at head_dim 64 to 256.
 bool sm90_ws_supported(const AttentionParams& p);
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
                      Stream s);

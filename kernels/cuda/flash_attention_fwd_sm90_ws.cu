@@ -1,6 +1,6 @@
 // Flash attention forward on Hopper, warp-specialised (Kernel::kSm90Ws, the default where it applies).
 // The FlashAttention-3 scheme, written for Loom's layouts; plain causal attention only (no window,
-// soft-cap or segments: the dispatcher sends those to the sm90 kernel), head_dim <= 128.
+// soft-cap or segments: the dispatcher sends those to the sm90 kernel), head_dim 64 to 256.
 //
 // Block = 3 warpgroups (384 threads) per (128 query rows, head, batch row); grid and row order as
 // the sm90 kernel (flash_attention_fwd_sm90.cu), so out and lse are written exactly as there.
@@ -14,7 +14,9 @@
 //     tensor cores within a warpgroup.
 // Pipeline: kStages = 2 stages of K and V tiles of 128 keys. Shared memory at head_dim 128: Q 32 KB
 // + 2 x (K 32 KB + V 32 KB) = 160 KB (+ 1 KB alignment slack; 3 stages, 225 KB, would fit too);
-// at head_dim 64 half that.
+// at head_dim 64 half that. Head dims 129 to 256 run the 256-wide kernel (the TMA boxes past the
+// row read zeros) with key tiles of 80, FlashAttention-3's choice there: Q 64 KB + 2 x (K 40 KB +
+// V 40 KB) = 224 KB, and a consumer thread holds O (128 registers), S (40) and P (20).
 // Barrier protocol:
 //   full_k[s], full_v[s] (count 1): the producer's arrive.expect_tx(tile bytes); TMA completes the
 //     transactions. Tile t uses stage t % kStages and phase parity (t / kStages) & 1.
@@ -231,14 +233,15 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
 // Rows at least one 64-column TMA box wide: a box wider than the tensor's row is not a shape the
 // kernel has been run with (head_dim 32 and below go to the sm90 kernel).
 bool sm90_ws_supported(const AttentionParams& p) {
-  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 &&
+  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 256 &&
          p.head_dim % 8 == 0;
 }
 
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
                      Stream s) {
   if (p.head_dim <= 64) launch_ws<64, 128, 2>(p, q, k, v, out, lse, s);
-  else launch_ws<128, 128, 2>(p, q, k, v, out, lse, s);
+  else if (p.head_dim <= 128) launch_ws<128, 128, 2>(p, q, k, v, out, lse, s);
+  else launch_ws<256, 80, 2>(p, q, k, v, out, lse, s);
 }
 
 }  // namespace loom::cuda::flash

@@ -5,7 +5,7 @@ accumulator operands, too many to write by hand.
     python3 tools/codegen/make_wgmma_header.py > kernels/cuda/wgmma_ops.cuh
 """
 
-NS = (32, 64, 128, 256)
+NS = (32, 64, 80, 128, 256)
 
 
 def regs(first, count):
