@@ -16,6 +16,21 @@
 
 namespace loom::cuda {
 
+// Lets kKernel launch with `bytes` of dynamic shared memory (over the default 48 KB) on the
+// current device. The allowance belongs to the kernel's instance on one device, so it is set once
+// for each device the process launches on (a --device-map over several GPUs runs the same kernels
+// on each), not once per process.
+template <auto kKernel>
+void allow_dynamic_smem(size_t bytes) {
+  static std::atomic<uint64_t> devices{0};  // bit d: set on device d (devices past 63 set it every time)
+  int dev = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit != 0 && (devices.load(std::memory_order_acquire) & bit) != 0) return;
+  LOOM_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  devices.fetch_or(bit, std::memory_order_release);
+}
+
 __device__ __forceinline__ float load(const float* p) { return *p; }
 __device__ __forceinline__ float load(const bf16* p) {
   return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));

@@ -254,11 +254,7 @@ void launch_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
                 const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
   using C = BwdConfig<kD, kBc, kWarps>;
   auto* kernel = flash_bwd_kernel<kD, kBc, kWarps, kMT>;
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<flash_bwd_kernel<kD, kBc, kWarps, kMT>>(C::kSmem);
   const dim3 grid(unsigned((p.seq + kBc - 1) / kBc), unsigned(p.kv_heads), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmem, s>>>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();

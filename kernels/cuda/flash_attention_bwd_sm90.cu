@@ -74,17 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t h = t.head(), q0 = t.q_start();
 
     // S^T and dP^T for this warpgroup's 64 keys x the 64 queries.
-    {
-      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(t.sV, 16);
-      const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
-      wgmma::fence();
-      sm90::mma_rows<kD, kBc, kBr, kBr>(st, dK, dQ, 64 * wg, 0);
-      sm90::mma_rows<kD, kBc, kBr, kBr>(dpt, dV, ddO, 64 * wg, 0);
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_regs(st);
-      wgmma::fence_regs(dpt);
-    }
+    sm90::scores_t<kD, kBc, kBr, kBr>(st, dpt, sK, t.sV, cQ, cdO, 64 * wg, 0);
 
     // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, per element.
     uint32_t bits[2] = {~0u, ~0u};
@@ -108,30 +98,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // every warpgroup's dS^T is in shared memory
 
-    // dQ (64 queries x kNq columns from n0) = dS K over keys [kk0 * 16, ...).
+    // dQ (64 queries x kNq columns from n0) = dS K: at head_dim 128 this warpgroup's 64 columns over
+    // all keys, at 64 all columns over its own keys.
     {
-      constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
-      const int kk0 = kSplitK ? 4 * wg : 0, n0 = kSplitK ? 0 : 64 * wg;
-      const uint64_t ddS = wgmma::tile_desc(sdS, kBc * 128);
-      const uint64_t dKn = wgmma::tile_desc(sK, kBc * 128) + uint64_t(((n0 >> 6) * kBc * 128) >> 4);
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk)
-        Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk),
-                                      wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
-      wgmma::commit();
-      wgmma::wait<0>();  // dV, dK and dQ
-      wgmma::fence_regs(dqa);
-      wgmma::fence_regs(dva);
-      wgmma::fence_regs(dka);
+      const int n0 = sm90::issue_dq<kBc, kNq, kSplitK>(dqa, sdS, sK, wg);
+      wgmma::wait_regs<0>(dqa, dva, dka);  // dV, dK and dQ
       sm90::add_dq_atomic<kNq>(dqa, dq_acc, p, b, h, q0, n0, warp, lane);
     }
     t.advance(next, next_kind);
   }
   flash::cp_async_wait<0>();
-  wgmma::wait<0>();
-  wgmma::fence_regs(dva);
-  wgmma::fence_regs(dka);
+  wgmma::wait_regs<0>(dva, dka);
   sm90::store_dkv<kD>(dka, dva, p, b, t.g, k0 + jl, 0, col0, dk, dv);
 #else
   __trap();  // built without sm_90a; backward_sm90 is never called then (sm90_ready())
@@ -143,11 +120,7 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
             const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
   auto* kernel = flash_bwd_sm90_kernel<kD>;
   constexpr size_t kSmem = sm90_bwd_smem<kD>();
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<flash_bwd_sm90_kernel<kD>>(kSmem);
   const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
   kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();

@@ -88,17 +88,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t h = t.head(), q0 = t.q_start();
 
     // S^T and dP^T: the 64 keys x this warpgroup's 32 queries, over all of head_dim.
-    {
-      const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(t.sV, 16);
-      const uint64_t dQ = wgmma::tile_desc(cQ, 16), ddO = wgmma::tile_desc(cdO, 16);
-      wgmma::fence();
-      sm90::mma_rows<kD, kBc, kBr, kQn>(st, dK, dQ, 0, qc0);
-      sm90::mma_rows<kD, kBc, kBr, kQn>(dpt, dV, ddO, 0, qc0);
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_regs(st);
-      wgmma::fence_regs(dpt);
-    }
+    sm90::scores_t<kD, kBc, kBr, kQn>(st, dpt, sK, t.sV, cQ, cdO, 0, qc0);
 
     // P^T = exp(S^T - lse) (0 where not visible) and dS^T = P^T (dP^T - D) dcap, then both to
     // shared memory (this warpgroup's 32 columns of each).
@@ -133,10 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBc / 16; ++kk)
         Wgmma<kDn>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk), wgmma::desc_mn_major<kBc>(dKn, kk), kk > 0);
       wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_regs(dqa);
-      wgmma::fence_regs(dva);
-      wgmma::fence_regs(dka);
+      wgmma::wait_regs<0>(dqa, dva, dka);
     }
     sm90::add_dq_atomic<kDn>(dqa, dq_acc, p, b, h, q0, dc0, warp, lane);
     t.advance(next, next_kind);
@@ -155,11 +142,7 @@ void backward_sm90_d256(const AttentionParams& p, const bf16* q, const bf16* k, 
   LOOM_CHECK(p.head_dim > 128 && p.head_dim <= kD && p.head_dim % 8 == 0,
              "flash backward_sm90_d256: head_dim ", p.head_dim, " is not a multiple of 8 in 129..256");
   auto* kernel = flash_bwd_sm90_d256_kernel;
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<flash_bwd_sm90_d256_kernel>(kSmem);
   const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
   kernel<<<grid, kThreads, kSmem, s>>>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();

@@ -235,8 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::commit();
       sm90::mma_rows<kD, kBc, kBr, kBr>(dpt, dV, ddO, 64 * cw, 0);
       wgmma::commit();
-      wgmma::wait<1>();  // S^T; dP^T may still run
-      wgmma::fence_regs(st);
+      wgmma::wait_regs<1>(st);  // S^T; dP^T may still run
     }
     // P^T = exp(S^T - lse), 0 where not visible.
     if (masked) {
@@ -257,8 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e)
           st[4 * nn + e] = fast_exp2(fmaf(st[4 * nn + e], scale_log2, -cStat[8 * nn + col0 + (e & 1)]));
     }
-    wgmma::wait<0>();
-    wgmma::fence_regs(dpt);
+    wgmma::wait_regs<0>(dpt);
     // dS^T = P^T (dP^T - D).
 #pragma unroll
     for (int nn = 0; nn < kBr / 8; ++nn)
@@ -297,28 +295,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::named_sync(kCrossBar + 2 * (1 - cw) + (n & 1), 256);
     }
 
-    // dQ (64 queries x kNq columns from n0) = dS K over keys [16 kk0, ...).
+    // dQ (64 queries x kNq columns) = dS K, as in the sm90 kernel.
     float dqa[kNq / 2];
-    {
-      constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
-      const int kk0 = kSplitK ? 4 * cw : 0, n0 = kSplitK ? 0 : 64 * cw;
-      const uint64_t ddS = wgmma::tile_desc(cdS, kBc * 128);
-      const uint64_t dKn = wgmma::tile_desc(sK, kBc * 128) + uint64_t(((n0 >> 6) * kBc * 128) >> 4);
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk)
-        Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk),
-                                      wgmma::desc_mn_major<kBc>(dKn, kk0 + kk), kk > 0);
-      wgmma::commit();
-    }
-    wgmma::wait<1>();  // dV and dK: this item's Q and dO stage is no longer read (dQ reads dS^T, K)
-    wgmma::fence_regs(dva);
-    wgmma::fence_regs(dka);
-    wgmma::fence_regs(pt);
+    sm90::issue_dq<kBc, kNq, kSplitK>(dqa, cdS, sK, cw);
+    wgmma::wait_regs<1>(dva, dka, pt);  // dV and dK: this item's Q and dO stage is no longer read (dQ reads dS^T, K)
     __syncwarp();
     if (lane == 0) tma::mbar_arrive(&empty_q[s]);
-    wgmma::wait<0>();
-    wgmma::fence_regs(dqa);
+    wgmma::wait_regs<0>(dqa);
 
     // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
     tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
@@ -350,11 +333,7 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
                    const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
   auto* kernel = flash_bwd_sm90_ws_kernel<kD>;
   constexpr size_t kSmem = ws_bwd_smem<kD>();
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<flash_bwd_sm90_ws_kernel<kD>>(kSmem);
   const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kBr);
   const CUtensorMap mdo = tma::make_bshd_map(dout, p.batch, p.seq, p.heads, p.head_dim, kBr);
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);

@@ -29,25 +29,19 @@ __global__ void __launch_bounds__(32 * kWarps)
 
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
   const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kBr;  // the longest rows start first
-  const int64_t h = blockIdx.y, b = blockIdx.z, g = h / (p.heads / p.kv_heads);
-  const int hd = int(p.head_dim);
-  const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
-  const bf16* qb = q + (b * p.seq * p.heads + h) * p.head_dim;
-  const bf16* kb = k + (b * p.seq * p.kv_heads + g) * p.head_dim;
-  const bf16* vb = v + (b * p.seq * p.kv_heads + g) * p.head_dim;
-  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
-  const Visibility vis{p.seq, p.window, seg};
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  const HeadRows rows(p, q, k, v, b, h);
 
   const int64_t k_end = q0 + kBr < p.seq ? q0 + kBr : p.seq;  // keys [k_begin, k_end) can be seen
   const int64_t k_begin = p.window > 0 && q0 - p.window + 1 > 0 ? q0 - p.window + 1 : 0;
   const int t_end = int((k_end + kBc - 1) / kBc);
   int32_t qs_lo = 0, qs_hi = 0;
-  if (seg) warp_seg_range(seg, q0, kBr, p.seq, lane, &qs_lo, &qs_hi);
+  if (rows.seg) warp_seg_range(rows.seg, q0, kBr, p.seq, lane, &qs_lo, &qs_hi);
 
-  load_tile<kBr, kD, kThreads>(sQ, qb, q_stride, q0, p.seq, hd);
+  load_tile<kBr, kD, kThreads>(sQ, rows.q, rows.q_stride, q0, p.seq, rows.hd);
   TileKind kind = TileKind::kSkip;
-  int t = next_key_tile<kBr, kBc>(p, seg, int(k_begin / kBc), t_end, q0, qs_lo, qs_hi, lane, &kind);
-  if (t < t_end) load_tile<kBc, kD, kThreads>(sK, kb, kv_stride, int64_t(t) * kBc, p.seq, hd);
+  int t = next_key_tile<kBr, kBc>(p, rows.seg, int(k_begin / kBc), t_end, q0, qs_lo, qs_hi, lane, &kind);
+  if (t < t_end) load_tile<kBc, kD, kThreads>(sK, rows.k, rows.kv_stride, int64_t(t) * kBc, p.seq, rows.hd);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -68,7 +62,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 
   while (t < t_end) {
     const int64_t k0 = int64_t(t) * kBc;
-    load_tile<kBc, kD, kThreads>(sV, vb, kv_stride, k0, p.seq, hd);
+    load_tile<kBc, kD, kThreads>(sV, rows.v, rows.kv_stride, k0, p.seq, rows.hd);
     cp_async_commit();
     cp_async_wait<1>();  // Q and this K tile have landed
     __syncthreads();
@@ -109,8 +103,8 @@ __global__ void __launch_bounds__(32 * kWarps)
     }
     __syncthreads();  // every warp is done with sK
     TileKind next_kind = TileKind::kSkip;
-    const int t_next = next_key_tile<kBr, kBc>(p, seg, t + 1, t_end, q0, qs_lo, qs_hi, lane, &next_kind);
-    if (t_next < t_end) load_tile<kBc, kD, kThreads>(sK, kb, kv_stride, int64_t(t_next) * kBc, p.seq, hd);
+    const int t_next = next_key_tile<kBr, kBc>(p, rows.seg, t + 1, t_end, q0, qs_lo, qs_hi, lane, &next_kind);
+    if (t_next < t_end) load_tile<kBc, kD, kThreads>(sK, rows.k, rows.kv_stride, int64_t(t_next) * kBc, p.seq, rows.hd);
     cp_async_commit();
 
     // Soft-cap and mask in dot-product units (scale > 0, so maxima commute with the scaling), then
@@ -133,7 +127,7 @@ __global__ void __launch_bounds__(32 * kWarps)
         for (int n = 0; n < kNt; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (!vis(row_of(mt, e >> 1), k0 + n * 8 + 2 * (lane & 3) + (e & 1))) s[mt][n][e] = -INFINITY;
+            if (!rows.vis(row_of(mt, e >> 1), k0 + n * 8 + 2 * (lane & 3) + (e & 1))) s[mt][n][e] = -INFINITY;
     }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -208,11 +202,11 @@ __global__ void __launch_bounds__(32 * kWarps)
       const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
       const int64_t i = row_of(mt, r);
       if (i >= p.seq) continue;
-      bf16* orow = out + (b * p.seq + i) * q_stride + h * p.head_dim;
+      bf16* orow = out + (b * p.seq + i) * rows.q_stride + h * p.head_dim;
 #pragma unroll
       for (int n = 0; n < kDt; ++n) {
         const int col = n * 8 + col0;
-        if (col < hd)
+        if (col < rows.hd)
           *reinterpret_cast<__nv_bfloat162*>(orow + col) =
               __floats2bfloat162_rn(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
       }
@@ -227,11 +221,7 @@ void launch_fwd(const AttentionParams& p, const bf16* q, const bf16* k, const bf
                 Stream s) {
   using C = FwdConfig<kD, kWarps, kBc, kMT>;
   auto* kernel = flash_fwd_kernel<kD, kWarps, kBc, kMT>;
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<flash_fwd_kernel<kD, kWarps, kBc, kMT>>(C::kSmem);
   const dim3 grid(unsigned((p.seq + C::kBr - 1) / C::kBr), unsigned(p.heads), unsigned(p.batch));
   kernel<<<grid, C::kThreads, C::kSmem, s>>>(p, q, k, v, out, lse);
   LOOM_CUDA_LAUNCH_CHECK();

@@ -41,24 +41,18 @@ __global__ void __launch_bounds__(128 * kWG, 1)
   // Query tiles are the slowest grid dimension, last tile first: the longest causal rows of every
   // head start before any shorter ones.
   const int64_t q0 = int64_t(gridDim.z - 1 - blockIdx.z) * kBr;
-  const int64_t h = blockIdx.x, b = blockIdx.y, g = h / (p.heads / p.kv_heads);
-  const int hd = int(p.head_dim);
-  const int64_t q_stride = p.heads * p.head_dim, kv_stride = p.kv_heads * p.head_dim;
-  const bf16* qb = q + (b * p.seq * p.heads + h) * p.head_dim;
-  const bf16* kb = k + (b * p.seq * p.kv_heads + g) * p.head_dim;
-  const bf16* vb = v + (b * p.seq * p.kv_heads + g) * p.head_dim;
-  const int32_t* seg = p.segment_ids ? p.segment_ids + b * p.seq : nullptr;
-  const Visibility vis{p.seq, p.window, seg};
+  const int64_t h = blockIdx.x, b = blockIdx.y;
+  const HeadRows rows(p, q, k, v, b, h);
 
-  const QueryTileKeys<kBr, kBc> keys(p, seg, q0, lane);
+  const QueryTileKeys<kBr, kBc> keys(p, rows.seg, q0, lane);
   const int t_end = keys.t_end;
-  auto next_tile = [&](int t, TileKind* kind) { return t < t_end ? keys.next(p, seg, t, lane, kind) : t_end; };
+  auto next_tile = [&](int t, TileKind* kind) { return t < t_end ? keys.next(p, rows.seg, t, lane, kind) : t_end; };
   const wgmma::TileLoader<kBc, kD, kThreads> kv_loader(tid);
   auto load_k = [&](int t, int stage) {
-    kv_loader.load(sK0 + stage * kBc * kD, kb, kv_stride, int64_t(t) * kBc, p.seq, hd);
+    kv_loader.load(sK0 + stage * kBc * kD, rows.k, rows.kv_stride, int64_t(t) * kBc, p.seq, rows.hd);
   };
   auto load_v = [&](int t, int stage) {
-    kv_loader.load(sV0 + stage * kBc * kD, vb, kv_stride, int64_t(t) * kBc, p.seq, hd);
+    kv_loader.load(sV0 + stage * kBc * kD, rows.v, rows.kv_stride, int64_t(t) * kBc, p.seq, rows.hd);
   };
   // S = Q K^T for this warpgroup's 64 rows against the K tile in `stage` (issued, not waited for).
   float sacc[kBc / 2];
@@ -69,7 +63,7 @@ __global__ void __launch_bounds__(128 * kWG, 1)
   // Prologue: Q and K(t0) (group 0); V(t0) and K(t1) (group 1); S(t0).
   TileKind kind = TileKind::kSkip, kind_n = TileKind::kSkip;
   int t = next_tile(int(keys.k_begin / kBc), &kind);
-  wgmma::load_tile_sw128<kBr, kD, kThreads>(sQ, qb, q_stride, q0, p.seq, hd, tid);
+  wgmma::load_tile_sw128<kBr, kD, kThreads>(sQ, rows.q, rows.q_stride, q0, p.seq, rows.hd, tid);
   if (t < t_end) load_k(t, 0);
   flash::cp_async_commit();
   int tn = next_tile(t + 1, &kind_n);
@@ -84,13 +78,12 @@ __global__ void __launch_bounds__(128 * kWG, 1)
   // Unconditional (a branch around it makes ptxas serialize every wgmma): with no visible tile, it
   // reads a stage nothing loaded and the loop below never uses the result.
   issue_s(0);
-  wgmma::wait<0>();
-  wgmma::fence_regs(sacc);
+  wgmma::wait_regs<0>(sacc);
 
   const float scale_log2 = p.scale * kLog2e;
   const int64_t row0 = q0 + 64 * wg + 16 * (warp & 3) + (lane >> 2);  // this thread's rows: row0, row0 + 8
   const int col0 = 2 * (lane & 3);
-  const bool causal_only = p.window <= 0 && seg == nullptr;
+  const bool causal_only = p.window <= 0 && rows.seg == nullptr;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float oacc[kD / 2];
 #pragma unroll
@@ -113,7 +106,7 @@ __global__ void __launch_bounds__(128 * kWG, 1)
         mask_causal<kNs>(sacc, int(row0 - k0) - col0);
       } else {  // window or documents: a bit per (row, column) first
         uint32_t bits[2];
-        fragment_bits<kBc>(bits, col0, [&](int r, int col) { return vis(row0 + 8 * r, k0 + col); });
+        fragment_bits<kBc>(bits, col0, [&](int r, int col) { return rows.vis(row0 + 8 * r, k0 + col); });
         mask_bits<kNs>(sacc, bits);
       }
     }
@@ -121,8 +114,7 @@ __global__ void __launch_bounds__(128 * kWG, 1)
     sm90::online_softmax<kNs>(sacc, m, l, corr, scale_log2);
 
     // (b) O += P(t-1) V(t-1) has finished: its registers (O, P) may be written again.
-    wgmma::wait<0>();
-    wgmma::fence_regs(oacc);
+    wgmma::wait_regs<0>(oacc);
     sm90::pack_p<kNs>(pf, sacc);
     sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
 
@@ -144,16 +136,14 @@ __global__ void __launch_bounds__(128 * kWG, 1)
     for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<kD>::template rs<1>(oacc, pf[kk], wgmma::desc_mn_major<kBc>(dv, kk), 1);
     wgmma::commit();
     // (g) S(tn) is ready (the older group; a no-op when there is none); O += P(t) V(t) may still run.
-    wgmma::wait<1>();
-    wgmma::fence_regs(sacc);
+    wgmma::wait_regs<1>(sacc);
     t = tn;
     kind = kind_n;
     tn = tnn;
     kind_n = kind_nn;
     st ^= 1;
   }
-  wgmma::wait<0>();
-  wgmma::fence_regs(oacc);
+  wgmma::wait_regs<0>(oacc);
   flash::cp_async_wait<0>();
 
   sm90::store_rows<kNo>(p, oacc, m, l, b, h, row0, col0, lane, out, lse);
@@ -167,11 +157,7 @@ void launch(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* 
   auto* kernel = flash_fwd_sm90_kernel<kD, kBc>;
   constexpr size_t kSmem = sm90_fwd_smem<kD, kBc>();
   constexpr int kBr = 64 * kWG;
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<flash_fwd_sm90_kernel<kD, kBc>>(kSmem);
   const dim3 grid(unsigned(p.heads), unsigned(p.batch), unsigned((p.seq + kBr - 1) / kBr));
   kernel<<<grid, 128 * kWG, kSmem, s>>>(p, q, k, v, out, lse);
   LOOM_CUDA_LAUNCH_CHECK();

@@ -143,8 +143,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
   for (int i = 0; i < kBc / 2; ++i) sacc[i] = 0.f;
   issue_s(0);
-  wgmma::wait<0>();
-  wgmma::fence_regs(sacc);
+  wgmma::wait_regs<0>(sacc);
   release(&empty_k[0]);
 
   const float scale_log2 = p.scale * kLog2e;
@@ -174,8 +173,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     if (tn < t_end) tma::mbar_wait(&full_k[tn % kStages], parity(tn));
     tma::mbar_wait(&full_v[st], parity(t));
     // (c) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
-    wgmma::wait<0>();
-    wgmma::fence_regs(oacc);
+    wgmma::wait_regs<0>(oacc);
     if (t > 0) release(&empty_v[(t - 1) % kStages]);
     sm90::pack_p<kNs>(pf, sacc);
     sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
@@ -193,15 +191,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     tma::named_arrive(other_turn, 256);
     // (f) S(t+1) is ready (the older group; a no-op when there is none) and K(t+1)'s stage is free;
     // O += P(t) V(t) may still run.
-    wgmma::wait<1>();
-    wgmma::fence_regs(sacc);
+    wgmma::wait_regs<1>(sacc);
     if (tn < t_end) {
       release(&empty_k[tn % kStages]);
       is_masked = masked(tn);
     }
   }
-  wgmma::wait<0>();
-  wgmma::fence_regs(oacc);
+  wgmma::wait_regs<0>(oacc);
   if (cw == 0) tma::named_sync(kTurnBar0, 256);  // consumer 1's arrival after its last batch
 
   sm90::store_rows<kNo>(p, oacc, m, l, b, h, row0, col0, lane, out, lse);
@@ -215,11 +211,7 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
                Stream s) {
   auto* kernel = flash_fwd_sm90_ws_kernel<kD, kBc, kStages>;
   constexpr size_t kSmem = ws_smem<kD, kBc, kStages>();
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<flash_fwd_sm90_ws_kernel<kD, kBc, kStages>>(kSmem);
   const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kWsBr);
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);

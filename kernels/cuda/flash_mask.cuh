@@ -20,6 +20,23 @@ struct Visibility {
   }
 };
 
+// A forward block's rows: query head h of batch row b and its kv head, as [seq, stride] matrices
+// of head_dim (hd) valid columns, and which keys each of its queries sees.
+struct HeadRows {
+  const bf16 *q, *k, *v;
+  int64_t q_stride, kv_stride;
+  int hd;
+  const int32_t* seg;  // the batch row's segment ids or null
+  Visibility vis;
+  __device__ __forceinline__ HeadRows(const AttentionParams& p, const bf16* q_, const bf16* k_, const bf16* v_,
+                                      int64_t b, int64_t h)
+      : q(q_ + (b * p.seq * p.heads + h) * p.head_dim),
+        k(k_ + (b * p.seq * p.kv_heads + h / (p.heads / p.kv_heads)) * p.head_dim),
+        v(v_ + (b * p.seq * p.kv_heads + h / (p.heads / p.kv_heads)) * p.head_dim),
+        q_stride(p.heads * p.head_dim), kv_stride(p.kv_heads * p.head_dim), hd(int(p.head_dim)),
+        seg(p.segment_ids ? p.segment_ids + b * p.seq : nullptr), vis{p.seq, p.window, seg} {}
+};
+
 // How a (query tile, key tile) pair must be treated.
 enum class TileKind { kSkip, kFull, kMasked };
 

@@ -39,6 +39,40 @@ __device__ __forceinline__ void issue_qk(float (&sacc)[kBc / 2], const bf16* sQ,
 
 // ---- backward ----
 
+// S^T = K Q^T and dP^T = V dO^T, the backward's first two products: the 64 keys from k_row0 of
+// kRowsK-row K and V tiles against kN queries from q_row0 of kRowsQ-row Q and dO tiles, over kD
+// (all four K-major): issued, committed and waited for.
+template <int kD, int kRowsK, int kRowsQ, int kN>
+__device__ __forceinline__ void scores_t(float (&st)[kN / 2], float (&dpt)[kN / 2], const bf16* sK, const bf16* sV,
+                                         const bf16* sQ, const bf16* sdO, int k_row0, int q_row0) {
+  const uint64_t dK = wgmma::tile_desc(sK, 16), dV = wgmma::tile_desc(sV, 16);
+  const uint64_t dQ = wgmma::tile_desc(sQ, 16), ddO = wgmma::tile_desc(sdO, 16);
+  wgmma::fence();
+  mma_rows<kD, kRowsK, kRowsQ, kN>(st, dK, dQ, k_row0, q_row0);
+  mma_rows<kD, kRowsK, kRowsQ, kN>(dpt, dV, ddO, k_row0, q_row0);
+  wgmma::commit();
+  wgmma::wait_regs<0>(st, dpt);
+}
+
+// dQ (64 queries x kNq columns) = dS K, dS^T (kBc keys x 64 queries) read M-major and K (kBc
+// keys) N-major, for warpgroup `part` of two: with kSplitK its own 64 keys and all kNq columns,
+// else all kBc keys and columns 64 part ..; issued and committed, not waited for. Returns the
+// first column.
+template <int kBc, int kNq, bool kSplitK>
+__device__ __forceinline__ int issue_dq(float (&dqa)[kNq / 2], const bf16* sdS, const bf16* sK, int part) {
+  constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
+  const int kk0 = kSplitK ? 4 * part : 0, n0 = kSplitK ? 0 : 64 * part;
+  const uint64_t ddS = wgmma::tile_desc(sdS, kBc * 128);
+  const uint64_t dKn = wgmma::tile_desc(sK, kBc * 128) + uint64_t(((n0 >> 6) * kBc * 128) >> 4);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk)
+    Wgmma<kNq>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk0 + kk), wgmma::desc_mn_major<kBc>(dKn, kk0 + kk),
+                                  kk > 0);
+  wgmma::commit();
+  return n0;
+}
+
 // One backward item's stage through cp.async: Q and dO rows [q0, q0 + kBr) of query head h
 // (swizzled; zeros past seq and head_dim) and those rows' lse and D (zeros past seq) into
 // stat[0, kBr) and stat[kBr, 2 kBr). Every thread of the block (kThreads) takes part.

@@ -309,11 +309,7 @@ template <bool kTransA, bool kTransB, class TC, int kBN>
 void launch(const Problem* problems, int count, int64_t tiles, int sm_count, float alpha, float beta, Stream s) {
   auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN>;
   constexpr size_t kSmemBytes = Shape<kBN>::kSmemBytes;
-  static bool attr_set = [&] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem<grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN>>(kSmemBytes);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, sm_count));
   kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, count, alpha, beta);
   LOOM_CUDA_LAUNCH_CHECK();

@@ -133,5 +133,11 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[kN][4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
 }
+// wait<kN>(), then fence_regs of each accumulator or fragment the completed products wrote.
+template <int kN, class... Regs>
+__device__ __forceinline__ void wait_regs(Regs&... regs) {
+  wait<kN>();
+  (fence_regs(regs), ...);
+}
 
 }  // namespace loom::cuda::wgmma

@@ -236,6 +236,30 @@ TEST(FlashKernels, DispatchByArchitectureAndShape) {
   EXPECT_EQ(cuda::flash::backward_kernel(params(192, 30.f, 40)), sm90);
 }
 
+// A process that runs the flash kernels on a second GPU after the first (a --device-map over two
+// GPUs): their shared-memory allowance (over 48 KB) is set per device, so they must launch there too.
+TEST(FlashKernels, RunOnASecondDevice) {
+  LOOM_REQUIRE_GPU();
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "one GPU";
+  int previous = 0;
+  ASSERT_EQ(cudaGetDevice(&previous), cudaSuccess);
+  const Case c{2, 200, 4, 2, 128, 0.f, 0, false};
+  for (int dev : {0, 1}) {
+    ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
+    const std::string what = "device " + std::to_string(dev) + ": ";
+    check_forward<bf16>(c, 900, what, [](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                                         float* lse) { cuda::flash::forward(pp, q, k, v, out, lse, nullptr); });
+    check_backward<bf16>(c, 900, what,
+                         [](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                            const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* ws) {
+                           cuda::flash::backward(pp, q, k, v, out, dout, lse, dq, dk, dv, ws, nullptr);
+                         });
+  }
+  ASSERT_EQ(cudaSetDevice(previous), cudaSuccess);
+}
+
 TEST(AttentionCudaChecks, RejectsHeadDimOver256) {
   AttentionParams p;
   p.batch = 1; p.seq = 1; p.heads = 1; p.kv_heads = 1; p.head_dim = 320;
