@@ -116,7 +116,7 @@ void register_attention_case(const AttnShape& a, bool with_backward) {
 // forward), for the kernels that can run the shape on this GPU.
 void register_flash_kernel_cases(const AttnShape& a) {
   using cuda::flash::Kernel;
-  for (Kernel kernel : {Kernel::kMma, Kernel::kSm90, Kernel::kSm90Ws}) {
+  for (Kernel kernel : {Kernel::kMma, Kernel::kSm90, Kernel::kSm90Ws, Kernel::kSm90WsPersistent}) {
     const std::string tag = std::string("/") + cuda::flash::kernel_name(kernel);
     add("flash_fwd" + tag + a.name(), [=](benchmark::State& st) {
       AttnBuffers b(a);

@@ -66,6 +66,7 @@ const char* kernel_name(Kernel kernel) {
     case Kernel::kMma: return "mma";
     case Kernel::kSm90: return "sm90";
     case Kernel::kSm90Ws: return "sm90_ws";
+    case Kernel::kSm90WsPersistent: return "sm90_ws_persistent";
   }
   return "?";
 }
@@ -76,6 +77,7 @@ bool runs(Kernel kernel, const AttentionParams& p, bool backward) {
     case Kernel::kMma: return true;
     case Kernel::kSm90: return sm90_ready();  // head_dim <= 256 (supported()); the backward in two kernels
     case Kernel::kSm90Ws: return sm90_ready() && (backward ? sm90_ws_bwd_supported(p) : sm90_ws_supported(p));
+    case Kernel::kSm90WsPersistent: return sm90_ready() && !backward && sm90_ws_supported(p);
   }
   return false;
 }
@@ -85,7 +87,8 @@ bool runs(Kernel kernel, const AttentionParams& p, bool backward) {
 // 196). sm90_ws covers plain causal at head_dim 64..128; soft-capping, windows, packed documents
 // and the other head dims run sm90; mma off sm_90a. Head_dim 129..256 stays on sm90 (400 us at b4
 // s2048 h16/8, session 32; SDPA 268) until sm90_ws's 256-wide instance (key tiles of 80) has been
-// measured against it: flash_fwd/(sm90|sm90_ws)/bf16/b4_s2048_h16_kv8_d256.
+// measured against it: flash_fwd/(sm90|sm90_ws)/bf16/b4_s2048_h16_kv8_d256. sm90_ws_persistent
+// (the same kernel, one block per SM walking the query tiles) awaits its first measurement too.
 Kernel forward_kernel(const AttentionParams& p) {
   if (!sm90_ready()) return Kernel::kMma;
   return sm90_ws_supported(p) && p.head_dim <= 128 ? Kernel::kSm90Ws : Kernel::kSm90;
@@ -110,6 +113,7 @@ void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16*
              " softcap ", p.softcap, " window ", p.window, p.segment_ids ? " with segments" : "", " on this device");
   switch (kernel) {
     case Kernel::kSm90Ws: return forward_sm90_ws(p, q, k, v, out, lse, s);
+    case Kernel::kSm90WsPersistent: return forward_sm90_ws(p, q, k, v, out, lse, s, sm_count());
     case Kernel::kSm90: return forward_sm90(p, q, k, v, out, lse, s);
     default: return forward_mma(p, q, k, v, out, lse, s);
   }

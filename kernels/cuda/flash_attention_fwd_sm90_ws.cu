@@ -1,13 +1,19 @@
-// Flash attention forward on Hopper, warp-specialised (Kernel::kSm90Ws, the default where it applies).
-// The FlashAttention-3 scheme, written for Loom's layouts; plain causal attention only (no window,
-// soft-cap or segments: the dispatcher sends those to the sm90 kernel), head_dim 64 to 256.
+// Flash attention forward on Hopper, warp-specialised (Kernel::kSm90Ws, the default where it applies;
+// Kernel::kSm90WsPersistent, the same kernel launched persistent). The FlashAttention-3 scheme,
+// written for Loom's layouts; plain causal attention only (no window, soft-cap or segments: the
+// dispatcher sends those to the sm90 kernel), head_dim 64 to 256.
 //
-// Block = 3 warpgroups (384 threads) per (128 query rows, head, batch row); grid and row order as
-// the sm90 kernel (flash_attention_fwd_sm90.cu), so out and lse are written exactly as there.
+// Work item = (128 query rows, head, batch row), numbered with heads fastest, then batch rows, then
+// query tiles from the last (the longest causal rows first), so out and lse are written exactly
+// as the sm90 kernel (flash_attention_fwd_sm90.cu) writes them. A block of 3 warpgroups (384
+// threads) takes items blockIdx.x, blockIdx.x + gridDim.x, ...: one each when the grid has a block
+// per item (sm90_ws), or one block per SM walking them (sm90_ws_persistent: the producer loads the
+// next item's first keys and Q while the consumers finish the last one's products and write it,
+// instead of a new block starting cold).
 //   warpgroup 0, producer: setmaxnreg down to 24 registers; one thread issues TMA tensor copies
-//     (128-byte swizzle, the wgmma::sw128 layout) of Q once, then the key tiles' K and V (K one
-//     tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand,
-//     each stage guarded by a full and an empty mbarrier.
+//     (128-byte swizzle, the wgmma::sw128 layout) of each item's Q, then its key tiles' K and V (K
+//     one tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand,
+//     each stage guarded by a full and an empty mbarrier. The ring runs on across items.
 //   warpgroups 1 and 2, consumers (64 query rows each): setmaxnreg up to 240; S = Q K^T and
 //     O += P V with wgmma (Q, K, V from shared memory, P from registers), online softmax as in
 //     the sm90 kernel, S(t+1) issued together with P(t) V(t) so that the softmax of tile t overlaps the
@@ -17,19 +23,24 @@
 // at head_dim 64 half that. Head dims 129 to 256 run the 256-wide kernel (the TMA boxes past the
 // row read zeros) with key tiles of 80, FlashAttention-3's choice there: Q 64 KB + 2 x (K 40 KB +
 // V 40 KB) = 224 KB, and a consumer thread holds O (128 registers), S (40) and P (20).
-// Barrier protocol:
+// Barrier protocol (key tile n counts the block's key tiles over all its items):
 //   full_k[s], full_v[s] (count 1): the producer's arrive.expect_tx(tile bytes); TMA completes the
-//     transactions. Tile t uses stage t % kStages and phase parity (t / kStages) & 1.
+//     transactions. Key tile n uses stage n % kStages and phase parity (n / kStages) & 1.
 //   empty_k[s], empty_v[s] (count 8: one arrival per consumer warp) once the wgmma reading the stage
 //     has completed (K after S(t) is waited for, V after P(t) V(t) is). The producer waits on them
 //     with the opposite parity, so its first pass through the ring does not wait.
-//   bar_q (count 1): Q landed.
+//   bar_q (count 1): item i's Q landed (parity i & 1). empty_q (count 8): the consumers' last
+//     S = Q K^T of item i has completed; the producer waits for it (parity (i & 1) ^ 1) before
+//     loading item i + 1's Q over it.
 //   Named barriers 1 and 2 (256 threads): consumer 0's and consumer 1's turn to issue its wgmma
 //     batch. A consumer syncs on its own barrier, issues, then arrives on the other's; consumer 1
 //     arrives once on consumer 0's at the start (0 goes first) and consumer 0 syncs once more at the
-//     end (consuming 1's last arrival). So one warpgroup's softmax runs while the other's products
-//     occupy the tensor cores (ping-pong).
+//     end (consuming 1's last arrival). Both take the same items and key tiles, so the turns
+//     alternate across items too. One warpgroup's softmax runs while the other's products occupy
+//     the tensor cores (ping-pong).
 #include <cudaTypedefs.h>
+
+#include <algorithm>
 
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
@@ -62,9 +73,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   constexpr int kBr = kWsBr, kNs = kBc / 8, kNo = kD / 8, kBlocks = kD / 64;  // 64-column blocks per row
   constexpr uint32_t kTileBytes = kBc * kD * sizeof(bf16), kQBytes = kBr * kD * sizeof(bf16);
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t bars[1 + 4 * kStages];
+  __shared__ __align__(8) uint64_t bars[2 + 4 * kStages];
   uint64_t* bar_q = bars;
-  uint64_t* full_k = bars + 1;
+  uint64_t* empty_q = bars + 1;
+  uint64_t* full_k = bars + 2;
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
@@ -73,13 +85,26 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   bf16* sV0 = sK0 + kStages * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int64_t q0 = int64_t(gridDim.z - 1 - blockIdx.z) * kBr;  // the longest causal rows first
-  const int h = int(blockIdx.x), b = int(blockIdx.y), g = h / int(p.heads / p.kv_heads);
-  const int64_t k_end = q0 + kBr < p.seq ? q0 + kBr : p.seq;  // keys [0, k_end) can be seen; q0 < seq
-  const int t_end = int((k_end + kBc - 1) / kBc);               // >= 1
+  const int q_tiles = int((p.seq + kBr - 1) / kBr), heads = int(p.heads), group = int(p.heads / p.kv_heads);
+  const int items = q_tiles * heads * int(p.batch);
+  struct Item {
+    int h, b;
+    int64_t q0;
+    int t_end;  // key tiles [0, t_end) can be seen (>= 1)
+  };
+  auto item_at = [&](int i) {
+    Item it;
+    it.h = i % heads;
+    it.b = (i / heads) % int(p.batch);
+    it.q0 = int64_t(q_tiles - 1 - i / (heads * int(p.batch))) * kBr;  // the longest causal rows first
+    const int64_t k_end = it.q0 + kBr < p.seq ? it.q0 + kBr : p.seq;  // keys [0, k_end); q0 < seq
+    it.t_end = int((k_end + kBc - 1) / kBc);
+    return it;
+  };
 
   if (tid == 0) {
     tma::mbar_init(bar_q, 1);
+    tma::mbar_init(empty_q, 8);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       tma::mbar_init(&full_k[s], 1);
@@ -97,23 +122,31 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       tma::prefetch_tensormap(&map_q);
       tma::prefetch_tensormap(&map_k);
       tma::prefetch_tensormap(&map_v);
-      tma::mbar_arrive_expect_tx(bar_q, kQBytes);
-#pragma unroll
-      for (int c = 0; c < kBlocks; ++c) tma::copy_4d(sQ + c * kBr * 64, &map_q, bar_q, 64 * c, h, int(q0), b);
-      // K runs one tile ahead of V (K(0), then K(t + 1) before V(t)): the consumers need K(t + 1)
-      // and V(t) at the same step, and K(t + 1)'s stage is freed a step earlier than V(t)'s.
-      auto load = [&](const CUtensorMap* map, bf16* tiles, uint64_t* full, uint64_t* empty, int t) {
-        const int s = t % kStages;
-        tma::mbar_wait(&empty[s], uint32_t((t / kStages) & 1) ^ 1u);  // a fresh barrier passes parity 1
+      auto load = [&](const CUtensorMap* map, bf16* tiles, uint64_t* full, uint64_t* empty, int n, int t, int g, int b) {
+        const int s = n % kStages;
+        tma::mbar_wait(&empty[s], uint32_t((n / kStages) & 1) ^ 1u);  // a fresh barrier passes parity 1
         tma::mbar_arrive_expect_tx(&full[s], kTileBytes);
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c)
           tma::copy_4d(tiles + s * kBc * kD + c * kBc * 64, map, &full[s], 64 * c, g, t * kBc, b);
       };
-      load(&map_k, sK0, full_k, empty_k, 0);
-      for (int t = 0; t < t_end; ++t) {
-        if (t + 1 < t_end) load(&map_k, sK0, full_k, empty_k, t + 1);
-        load(&map_v, sV0, full_v, empty_v, t);
+      int n0 = 0;  // the item's first key tile in the block's count
+      for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
+        const Item it = item_at(i);
+        const int g = it.h / group;
+        // K(0) first: its stage frees while the consumers still read the last item's Q.
+        load(&map_k, sK0, full_k, empty_k, n0, 0, g, it.b);
+        tma::mbar_wait(empty_q, uint32_t(pass & 1) ^ 1u);
+        tma::mbar_arrive_expect_tx(bar_q, kQBytes);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c) tma::copy_4d(sQ + c * kBr * 64, &map_q, bar_q, 64 * c, it.h, int(it.q0), it.b);
+        // K runs one tile ahead of V (K(t + 1) before V(t)): the consumers need K(t + 1) and V(t)
+        // at the same step, and K(t + 1)'s stage is freed a step earlier than V(t)'s.
+        for (int t = 0; t < it.t_end; ++t) {
+          if (t + 1 < it.t_end) load(&map_k, sK0, full_k, empty_k, n0 + t + 1, t + 1, g, it.b);
+          load(&map_v, sV0, full_v, empty_v, n0 + t, t, g, it.b);
+        }
+        n0 += it.t_end;
       }
     }
     return;  // the copies complete on the full barriers, which the consumers wait for before exiting
@@ -127,80 +160,90 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     __syncwarp();
     if (lane == 0) tma::mbar_arrive(bar);
   };
-  auto parity = [](int t) { return uint32_t((t / kStages) & 1); };
-  float sacc[kBc / 2];
-  auto issue_s = [&](int stage) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
-    sm90::issue_qk<kD, kBr, kBc>(sacc, sQ, sK0 + stage * kBc * kD, 64 * cw);
-  };
-  auto masked = [&](int t) {  // causal only: tiles that reach past the block's first row or past seq
-    return classify(p, q0, kBr, int64_t(t) * kBc, kBc, 0, 0, 0, 0) == TileKind::kMasked;
-  };
+  auto parity = [](int n) { return uint32_t((n / kStages) & 1); };
+  const float scale_log2 = p.scale * kLog2e;
+  const int col0 = 2 * (lane & 3);
+  float sacc[kBc / 2], oacc[kD / 2];
+  uint32_t pf[kBc / 16][4];
 
   if (cw == 1) tma::named_arrive(kTurnBar0, 256);  // consumer 0 issues first
-  // Prologue: S(0).
-  tma::mbar_wait(bar_q, 0);
-  tma::mbar_wait(&full_k[0], 0);
+  int n0 = 0;  // as the producer's
+#pragma unroll 1
+  for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
+    const Item it = item_at(i);
+    const int64_t q0 = it.q0;
+    const int t_end = it.t_end;
+    auto issue_s = [&](int n) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
+      sm90::issue_qk<kD, kBr, kBc>(sacc, sQ, sK0 + (n % kStages) * kBc * kD, 64 * cw);
+    };
+    auto masked = [&](int t) {  // causal only: tiles that reach past the block's first row or past seq
+      return classify(p, q0, kBr, int64_t(t) * kBc, kBc, 0, 0, 0, 0) == TileKind::kMasked;
+    };
+    // Prologue: S(0).
+    tma::mbar_wait(bar_q, uint32_t(pass & 1));
+    tma::mbar_wait(&full_k[n0 % kStages], parity(n0));
 #pragma unroll
-  for (int i = 0; i < kBc / 2; ++i) sacc[i] = 0.f;
-  issue_s(0);
-  wgmma::wait_regs<0>(sacc);
-  release(&empty_k[0]);
+    for (int j = 0; j < kBc / 2; ++j) sacc[j] = 0.f;
+    issue_s(n0);
+    wgmma::wait_regs<0>(sacc);
+    release(&empty_k[n0 % kStages]);
 
-  const float scale_log2 = p.scale * kLog2e;
-  const int64_t row0 = q0 + 64 * cw + 16 * (warp & 3) + (lane >> 2);  // this thread's rows: row0, row0 + 8
-  const int col0 = 2 * (lane & 3);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float oacc[kD / 2];
+    const int64_t row0 = q0 + 64 * cw + 16 * (warp & 3) + (lane >> 2);  // this thread's rows: row0, row0 + 8
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) oacc[i] = 0.f;
-  uint32_t pf[kBc / 16][4];
-  bool is_masked = masked(0);
+    for (int j = 0; j < kD / 2; ++j) oacc[j] = 0.f;
+    bool is_masked = masked(0);
 
 #pragma unroll 1
-  for (int t = 0; t < t_end; ++t) {
-    const int64_t k0 = int64_t(t) * kBc;
-    const int st = t % kStages, tn = t + 1;
-    // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
-    if (is_masked) {  // rows past seq are never written, and a valid row's key j <= i < seq
-      mask_causal<kNs>(sacc, int(row0 - k0) - col0);
-    }
-    float corr[2];
-    sm90::online_softmax<kNs>(sacc, m, l, corr, scale_log2);
+    for (int t = 0; t < t_end; ++t) {
+      const int64_t k0 = int64_t(t) * kBc;
+      const int n = n0 + t, tn = t + 1;
+      // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
+      if (is_masked) {  // rows past seq are never written, and a valid row's key j <= i < seq
+        mask_causal<kNs>(sacc, int(row0 - k0) - col0);
+      }
+      float corr[2];
+      sm90::online_softmax<kNs>(sacc, m, l, corr, scale_log2);
 
-    // (b) K(t+1) and V(t) have landed. These waits are spin loops, so they also end the basic block
-    // of the softmax: without one here ptxas hoists the wait for O += P(t-1) V(t-1) below above
-    // the exponentials, and the softmax no longer overlaps that product.
-    if (tn < t_end) tma::mbar_wait(&full_k[tn % kStages], parity(tn));
-    tma::mbar_wait(&full_v[st], parity(t));
-    // (c) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
-    wgmma::wait_regs<0>(oacc);
-    if (t > 0) release(&empty_v[(t - 1) % kStages]);
-    sm90::pack_p<kNs>(pf, sacc);
-    sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
+      // (b) K(t+1) and V(t) have landed. These waits are spin loops, so they also end the basic block
+      // of the softmax: without one here ptxas hoists the wait for O += P(t-1) V(t-1) below above
+      // the exponentials, and the softmax no longer overlaps that product.
+      if (tn < t_end) tma::mbar_wait(&full_k[(n + 1) % kStages], parity(n + 1));
+      tma::mbar_wait(&full_v[n % kStages], parity(n));
+      // (c) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
+      wgmma::wait_regs<0>(oacc);
+      if (t > 0) release(&empty_v[(n - 1) % kStages]);
+      sm90::pack_p<kNs>(pf, sacc);
+      sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
 
-    // This warpgroup's turn at the tensor cores.
-    tma::named_sync(my_turn, 256);
-    // (d) S(t+1) = Q K(t+1)^T, then (e) O += P(t) V(t): both in flight at once; the other
-    // consumer's turn.
-    if (tn < t_end) issue_s(tn % kStages);
-    const uint64_t dv = wgmma::tile_desc(sV0 + st * kBc * kD, kBc * 128);
-    wgmma::fence();
+      // This warpgroup's turn at the tensor cores.
+      tma::named_sync(my_turn, 256);
+      // (d) S(t+1) = Q K(t+1)^T, then (e) O += P(t) V(t): both in flight at once; the other
+      // consumer's turn.
+      if (tn < t_end) issue_s(n + 1);
+      const uint64_t dv = wgmma::tile_desc(sV0 + (n % kStages) * kBc * kD, kBc * 128);
+      wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<kD>::template rs<1>(oacc, pf[kk], wgmma::desc_mn_major<kBc>(dv, kk), 1);
-    wgmma::commit();
-    tma::named_arrive(other_turn, 256);
-    // (f) S(t+1) is ready (the older group; a no-op when there is none) and K(t+1)'s stage is free;
-    // O += P(t) V(t) may still run.
-    wgmma::wait_regs<1>(sacc);
-    if (tn < t_end) {
-      release(&empty_k[tn % kStages]);
-      is_masked = masked(tn);
+      for (int kk = 0; kk < kBc / 16; ++kk) Wgmma<kD>::template rs<1>(oacc, pf[kk], wgmma::desc_mn_major<kBc>(dv, kk), 1);
+      wgmma::commit();
+      tma::named_arrive(other_turn, 256);
+      // (f) S(t+1) is ready (the older group; a no-op when there is none) and K(t+1)'s stage is free;
+      // O += P(t) V(t) may still run.
+      wgmma::wait_regs<1>(sacc);
+      if (tn < t_end) {
+        release(&empty_k[(n + 1) % kStages]);
+        is_masked = masked(tn);
+      }
     }
+    // The last S has completed (Q is free for the next item) and, once this wait returns, the last
+    // P V too (its V stage is free).
+    release(empty_q);
+    wgmma::wait_regs<0>(oacc);
+    release(&empty_v[(n0 + t_end - 1) % kStages]);
+    sm90::store_rows<kNo>(p, oacc, m, l, it.b, it.h, row0, col0, lane, out, lse);
+    n0 += t_end;
   }
-  wgmma::wait_regs<0>(oacc);
   if (cw == 0) tma::named_sync(kTurnBar0, 256);  // consumer 1's arrival after its last batch
-
-  sm90::store_rows<kNo>(p, oacc, m, l, b, h, row0, col0, lane, out, lse);
 #else
   __trap();  // built without sm_90a; forward_sm90_ws is never called then (sm90_ready())
 #endif
@@ -208,15 +251,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
 template <int kD, int kBc, int kStages>
 void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-               Stream s) {
+               int64_t blocks, Stream s) {
   auto* kernel = flash_fwd_sm90_ws_kernel<kD, kBc, kStages>;
   constexpr size_t kSmem = ws_smem<kD, kBc, kStages>();
   allow_dynamic_smem<flash_fwd_sm90_ws_kernel<kD, kBc, kStages>>(kSmem);
   const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kWsBr);
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
-  const dim3 grid(unsigned(p.heads), unsigned(p.batch), unsigned((p.seq + kWsBr - 1) / kWsBr));
-  kernel<<<grid, kWsThreads, kSmem, s>>>(mq, mk, mv, p, out, lse);
+  const int64_t items = (p.seq + kWsBr - 1) / kWsBr * p.heads * p.batch;
+  LOOM_CHECK(items < (int64_t(1) << 31), "flash forward_sm90_ws: ", items, " query tiles do not fit an int");
+  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), kWsThreads, kSmem, s>>>(mq, mk, mv, p, out, lse);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -230,10 +274,10 @@ bool sm90_ws_supported(const AttentionParams& p) {
 }
 
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                     Stream s) {
-  if (p.head_dim <= 64) launch_ws<64, 128, 2>(p, q, k, v, out, lse, s);
-  else if (p.head_dim <= 128) launch_ws<128, 128, 2>(p, q, k, v, out, lse, s);
-  else launch_ws<256, 80, 2>(p, q, k, v, out, lse, s);
+                     Stream s, int64_t blocks) {
+  if (p.head_dim <= 64) launch_ws<64, 128, 2>(p, q, k, v, out, lse, blocks, s);
+  else if (p.head_dim <= 128) launch_ws<128, 128, 2>(p, q, k, v, out, lse, blocks, s);
+  else launch_ws<256, 80, 2>(p, q, k, v, out, lse, blocks, s);
 }
 
 }  // namespace loom::cuda::flash

@@ -181,7 +181,7 @@ TYPED_TEST(AttentionCuda, BackwardMatchesCpu) {
 TEST(FlashKernels, EachMatchesCpu) {
   LOOM_REQUIRE_GPU();
   using cuda::flash::Kernel;
-  for (Kernel kernel : {Kernel::kMma, Kernel::kSm90, Kernel::kSm90Ws}) {
+  for (Kernel kernel : {Kernel::kMma, Kernel::kSm90, Kernel::kSm90Ws, Kernel::kSm90WsPersistent}) {
     const std::string what = std::string("kernel ") + cuda::flash::kernel_name(kernel) + ": ";
     int forwards = 0, backwards = 0;
     uint32_t seed = 300;
@@ -207,6 +207,26 @@ TEST(FlashKernels, EachMatchesCpu) {
     std::printf("flash kernel %s: %d forward and %d backward cases\n", cuda::flash::kernel_name(kernel), forwards, backwards);
     if (kernel == Kernel::kMma) {
       EXPECT_GT(backwards, 0);  // runs on every GPU
+    }
+  }
+}
+
+// The warp-specialised forward with fewer blocks than query tiles, so that each block walks many
+// (the persistent launch has one block per SM; these cases have fewer tiles than an H200 has SMs):
+// the key-tile ring and Q's barriers run on across tiles of different lengths, and the two
+// consumers' turns alternate across them. Block counts that divide the tiles and that do not.
+TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
+  LOOM_REQUIRE_GPU();
+  if (!cuda::flash::sm90_ready()) GTEST_SKIP() << "no sm_90a";
+  const Case cases[] = {{2, 400, 4, 2, 128, 0.f, 0, false}, {1, 333, 8, 2, 64, 0.f, 0, false},
+                        {1, 300, 4, 2, 256, 0.f, 0, false}, {2, 97, 2, 1, 136, 0.f, 0, false}};
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    for (int64_t blocks : {1, 3, 7}) {
+      seed += 4;
+      check_forward<bf16>(c, seed, "sm90_ws over " + std::to_string(blocks) + " blocks: ",
+                          [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                              float* lse) { cuda::flash::forward_sm90_ws(pp, q, k, v, out, lse, nullptr, blocks); });
     }
   }
 }
