@@ -141,10 +141,13 @@ void register_attention_cases() {
   register_attention_case({1, 32768, H, KV, 128}, true);
   register_attention_case({1, 8192, H, KV, 128, 4096}, true);  // Mistral's sliding window
   register_attention_case({B, S, H, KV, 128, 0, 512}, true);   // packed documents of 512 tokens
+  register_attention_case({B, S, 8, 4, 256, 1024}, true);      // Gemma 3's sliding layers (4B: 8/4 heads)
   register_flash_kernel_cases({B, S, H, KV, 128});
   register_flash_kernel_cases({B, S, H, KV, 64});
   register_flash_kernel_cases({B, S, 16, 8, 256});
   register_flash_kernel_cases({B, S, H, KV, 128, 0, 512});
+  register_flash_kernel_cases({1, 8192, H, KV, 128, 4096});
+  register_flash_kernel_cases({B, S, 8, 4, 256, 1024});
   // Memory grows linearly with the sequence: one forward + backward at 128k tokens, timed once
   // (a run takes seconds; run_timed's warm-up and batching would triple that).
   add("attention_fwdbwd" + AttnShape{1, 131072, H, KV, 128}.name(), [](benchmark::State& st) {

@@ -315,6 +315,7 @@ def attention_cases():
     yield from cases(1, 32768, H, KV, 128, variants=(("enable_gqa", False),))
     yield from cases(1, 8192, H, KV, 128, window=4096, variants=(("repeat_kv", True),))
     yield from cases(4, 2048, H, KV, 128, doc=512, variants=(("repeat_kv", True),))
+    yield from cases(4, 2048, 8, 4, 256, window=1024, variants=(("repeat_kv", True),))  # Gemma 3's sliding layers
 
     def once_128k():
         """One forward + backward at 128k tokens, timed once, with its peak memory."""

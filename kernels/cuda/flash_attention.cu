@@ -87,11 +87,12 @@ bool runs(Kernel kernel, const AttentionParams& p, bool backward) {
 // 196). sm90_ws covers plain causal at head_dim 64..128; soft-capping, windows, packed documents
 // and the other head dims run sm90; mma off sm_90a. Head_dim 129..256 stays on sm90 (400 us at b4
 // s2048 h16/8, session 32; SDPA 268) until sm90_ws's 256-wide instance (key tiles of 80) has been
-// measured against it: flash_fwd/(sm90|sm90_ws)/bf16/b4_s2048_h16_kv8_d256. sm90_ws_persistent
-// (the same kernel, one block per SM walking the query tiles) awaits its first measurement too.
+// measured against it: flash_fwd/(sm90|sm90_ws)/bf16/b4_s2048_h16_kv8_d256. So do windows, which
+// sm90_ws now runs too (b1_s8192_h32_kv8_d128_w4096), and sm90_ws_persistent (the same kernel, one
+// block per SM walking the query tiles).
 Kernel forward_kernel(const AttentionParams& p) {
   if (!sm90_ready()) return Kernel::kMma;
-  return sm90_ws_supported(p) && p.head_dim <= 128 ? Kernel::kSm90Ws : Kernel::kSm90;
+  return sm90_ws_supported(p) && p.head_dim <= 128 && p.window <= 0 ? Kernel::kSm90Ws : Kernel::kSm90;
 }
 
 // Backward. H200, b4 s2048 h32/8 causal (2026-12-02, SDPA in the same run): head_dim 128 sm90_ws

@@ -20,8 +20,8 @@ enum class Kernel {
   kMma,     // mma.sync m16n8k16 (flash_attention_{fwd,bwd}.cu): sm_80 and up, every supported shape
   kSm90,    // wgmma, every thread loads (flash_attention_{fwd,bwd}_sm90*.cu): sm_90a, every feature;
             // the backward at head_dim <= 128 (and 129..256 in flash_attention_bwd_sm90_d256.cu)
-  kSm90Ws,  // warp-specialised TMA + wgmma (*_sm90_ws.cu): sm_90a, plain causal, head_dim 64..256
-            // forward, 64..128 backward
+  kSm90Ws,  // warp-specialised TMA + wgmma (*_sm90_ws.cu): sm_90a; forward causal with or without
+            // a window at head_dim 64..256, backward plain causal at 64..128
   kSm90WsPersistent,  // the sm90_ws forward launched with one block per SM walking the query
                       // tiles (FlashAttention-3's persistent schedule); forward only
 };
@@ -57,7 +57,7 @@ bool sm90_ready();
 void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
                   Stream s);
 // Warp-specialised forward: a TMA producer warpgroup and two ping-ponging consumer warpgroups.
-// sm90_ws_supported: plain causal attention (no soft-cap, window or segments) at head_dim 64 to 256.
+// sm90_ws_supported: causal attention, windowed or not (no soft-cap or segments), head_dim 64 to 256.
 bool sm90_ws_supported(const AttentionParams& p);
 // blocks: 0 for a block per query tile; else that many blocks (at most one per tile), each walking
 // the tiles (kSm90WsPersistent: one per SM; the tests take fewer, so that each block walks many).

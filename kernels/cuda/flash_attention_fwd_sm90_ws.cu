@@ -1,7 +1,8 @@
 // Flash attention forward on Hopper, warp-specialised (Kernel::kSm90Ws, the default where it applies;
 // Kernel::kSm90WsPersistent, the same kernel launched persistent). The FlashAttention-3 scheme,
-// written for Loom's layouts; plain causal attention only (no window, soft-cap or segments: the
-// dispatcher sends those to the sm90 kernel), head_dim 64 to 256.
+// written for Loom's layouts; causal attention with or without a window (no soft-cap or segments:
+// the dispatcher sends those to the sm90 kernel), head_dim 64 to 256. A window starts each query
+// tile's keys at the tile holding its first row's first visible key.
 //
 // Work item = (128 query rows, head, batch row), numbered with heads fastest, then batch rows, then
 // query tiles from the last (the longest causal rows first), so out and lse are written exactly
@@ -90,14 +91,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   struct Item {
     int h, b;
     int64_t q0;
-    int t_end;  // key tiles [0, t_end) can be seen (>= 1)
+    int t_begin, t_end;  // key tiles [t_begin, t_end) can be seen (t_end > t_begin)
   };
   auto item_at = [&](int i) {
     Item it;
     it.h = i % heads;
     it.b = (i / heads) % int(p.batch);
     it.q0 = int64_t(q_tiles - 1 - i / (heads * int(p.batch))) * kBr;  // the longest causal rows first
-    const int64_t k_end = it.q0 + kBr < p.seq ? it.q0 + kBr : p.seq;  // keys [0, k_end); q0 < seq
+    const int64_t k_end = it.q0 + kBr < p.seq ? it.q0 + kBr : p.seq;  // keys [k_begin, k_end); q0 < seq
+    const int64_t k_begin = p.window > 0 && it.q0 - p.window + 1 > 0 ? it.q0 - p.window + 1 : 0;
+    it.t_begin = int(k_begin / kBc);
     it.t_end = int((k_end + kBc - 1) / kBc);
     return it;
   };
@@ -134,19 +137,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
         const Item it = item_at(i);
         const int g = it.h / group;
-        // K(0) first: its stage frees while the consumers still read the last item's Q.
-        load(&map_k, sK0, full_k, empty_k, n0, 0, g, it.b);
+        // K(t_begin) first: its stage frees while the consumers still read the last item's Q.
+        load(&map_k, sK0, full_k, empty_k, n0, it.t_begin, g, it.b);
         tma::mbar_wait(empty_q, uint32_t(pass & 1) ^ 1u);
         tma::mbar_arrive_expect_tx(bar_q, kQBytes);
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c) tma::copy_4d(sQ + c * kBr * 64, &map_q, bar_q, 64 * c, it.h, int(it.q0), it.b);
         // K runs one tile ahead of V (K(t + 1) before V(t)): the consumers need K(t + 1) and V(t)
         // at the same step, and K(t + 1)'s stage is freed a step earlier than V(t)'s.
-        for (int t = 0; t < it.t_end; ++t) {
-          if (t + 1 < it.t_end) load(&map_k, sK0, full_k, empty_k, n0 + t + 1, t + 1, g, it.b);
-          load(&map_v, sV0, full_v, empty_v, n0 + t, t, g, it.b);
+        for (int t = it.t_begin; t < it.t_end; ++t) {
+          const int n = n0 + t - it.t_begin;
+          if (t + 1 < it.t_end) load(&map_k, sK0, full_k, empty_k, n + 1, t + 1, g, it.b);
+          load(&map_v, sV0, full_v, empty_v, n, t, g, it.b);
         }
-        n0 += it.t_end;
+        n0 += it.t_end - it.t_begin;
       }
     }
     return;  // the copies complete on the full barriers, which the consumers wait for before exiting
@@ -172,14 +176,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
     const Item it = item_at(i);
     const int64_t q0 = it.q0;
-    const int t_end = it.t_end;
+    const int t_begin = it.t_begin, t_end = it.t_end;
     auto issue_s = [&](int n) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
       sm90::issue_qk<kD, kBr, kBc>(sacc, sQ, sK0 + (n % kStages) * kBc * kD, 64 * cw);
     };
-    auto masked = [&](int t) {  // causal only: tiles that reach past the block's first row or past seq
+    auto masked = [&](int t) {  // tiles that reach past the block's first row, past seq or out of the window
       return classify(p, q0, kBr, int64_t(t) * kBc, kBc, 0, 0, 0, 0) == TileKind::kMasked;
     };
-    // Prologue: S(0).
+    // Prologue: S(t_begin).
     tma::mbar_wait(bar_q, uint32_t(pass & 1));
     tma::mbar_wait(&full_k[n0 % kStages], parity(n0));
 #pragma unroll
@@ -192,15 +196,16 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < kD / 2; ++j) oacc[j] = 0.f;
-    bool is_masked = masked(0);
+    bool is_masked = masked(t_begin);
 
 #pragma unroll 1
-    for (int t = 0; t < t_end; ++t) {
+    for (int t = t_begin; t < t_end; ++t) {
       const int64_t k0 = int64_t(t) * kBc;
-      const int n = n0 + t, tn = t + 1;
+      const int n = n0 + t - t_begin, tn = t + 1;
       // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
       if (is_masked) {  // rows past seq are never written, and a valid row's key j <= i < seq
-        mask_causal<kNs>(sacc, int(row0 - k0) - col0);
+        if (p.window > 0) mask_causal_window<kNs>(sacc, int(row0 - k0) - col0, int(p.window));
+        else mask_causal<kNs>(sacc, int(row0 - k0) - col0);
       }
       float corr[2];
       sm90::online_softmax<kNs>(sacc, m, l, corr, scale_log2);
@@ -212,7 +217,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       tma::mbar_wait(&full_v[n % kStages], parity(n));
       // (c) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
       wgmma::wait_regs<0>(oacc);
-      if (t > 0) release(&empty_v[(n - 1) % kStages]);
+      if (t > t_begin) release(&empty_v[(n - 1) % kStages]);
       sm90::pack_p<kNs>(pf, sacc);
       sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
 
@@ -239,9 +244,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // P V too (its V stage is free).
     release(empty_q);
     wgmma::wait_regs<0>(oacc);
-    release(&empty_v[(n0 + t_end - 1) % kStages]);
+    release(&empty_v[(n0 + t_end - t_begin - 1) % kStages]);
     sm90::store_rows<kNo>(p, oacc, m, l, it.b, it.h, row0, col0, lane, out, lse);
-    n0 += t_end;
+    n0 += t_end - t_begin;
   }
   if (cw == 0) tma::named_sync(kTurnBar0, 256);  // consumer 1's arrival after its last batch
 #else
@@ -269,8 +274,8 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
 // Rows at least one 64-column TMA box wide: a box wider than the tensor's row is not a shape the
 // kernel has been run with (head_dim 32 and below go to the sm90 kernel).
 bool sm90_ws_supported(const AttentionParams& p) {
-  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 256 &&
-         p.head_dim % 8 == 0;
+  return p.softcap <= 0.f && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 256 &&
+         p.head_dim % 8 == 0 && p.window < (int64_t(1) << 30);
 }
 
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,

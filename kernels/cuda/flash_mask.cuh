@@ -200,6 +200,19 @@ __device__ __forceinline__ void mask_causal(float (&sacc)[4 * kNs], int d0) {
       if (n * 8 + (e & 1) > d0 + 8 * (e >> 1)) sacc[4 * n + e] = -INFINITY;
 }
 
+// mask_causal with a window as well (window > 0): key offset c of element e is visible while
+// d0 + 8 (e / 2) - window < c <= d0 + 8 (e / 2).
+template <int kNs>
+__device__ __forceinline__ void mask_causal_window(float (&sacc)[4 * kNs], int d0, int window) {
+#pragma unroll
+  for (int n = 0; n < kNs; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = n * 8 + (e & 1), last = d0 + 8 * (e >> 1);
+      if (c > last || c <= last - window) sacc[4 * n + e] = -INFINITY;
+    }
+}
+
 // Soft-capping in the units of the raw q.k dot product, so that the kernels keep multiplying by
 // scale * log2(e) afterwards: returns dot' with scale * dot' = softcap * tanh(scale * dot / softcap)
 // and sets *dcap = d(capped) / d(scaled) = 1 - tanh^2. Without a cap: dot unchanged, dcap = 1.

@@ -45,6 +45,9 @@ const Case kCases[] = {
     // Plain causal at the padded widths (the warp-specialised forward's 256-wide kernel with key
     // tiles of 80: TMA boxes past the row, tails inside a key tile).
     {1, 150, 4, 2, 192, 0.f, 0, false}, {2, 97, 2, 1, 136, 0.f, 0, false},
+    // Windows wider than a key tile and not a multiple of one (the warp-specialised forward starts
+    // each query tile's keys inside the window's first tile).
+    {1, 700, 4, 2, 128, 0.f, 300, false}, {1, 500, 4, 2, 256, 0.f, 200, false},
 };
 
 std::string name_of(const Case& c) {
@@ -213,13 +216,15 @@ TEST(FlashKernels, EachMatchesCpu) {
 
 // The warp-specialised forward with fewer blocks than query tiles, so that each block walks many
 // (the persistent launch has one block per SM; these cases have fewer tiles than an H200 has SMs):
-// the key-tile ring and Q's barriers run on across tiles of different lengths, and the two
-// consumers' turns alternate across them. Block counts that divide the tiles and that do not.
+// the key-tile ring and Q's barriers run on across tiles of different lengths (and, with a window,
+// different first key tiles), and the two consumers' turns alternate across them. Block counts
+// that divide the tiles and that do not.
 TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
   LOOM_REQUIRE_GPU();
   if (!cuda::flash::sm90_ready()) GTEST_SKIP() << "no sm_90a";
   const Case cases[] = {{2, 400, 4, 2, 128, 0.f, 0, false}, {1, 333, 8, 2, 64, 0.f, 0, false},
-                        {1, 300, 4, 2, 256, 0.f, 0, false}, {2, 97, 2, 1, 136, 0.f, 0, false}};
+                        {1, 300, 4, 2, 256, 0.f, 0, false}, {2, 97, 2, 1, 136, 0.f, 0, false},
+                        {1, 700, 4, 2, 128, 0.f, 300, false}, {2, 129, 4, 1, 256, 0.f, 70, false}};
   uint32_t seed = 700;
   for (const Case& c : cases) {
     for (int64_t blocks : {1, 3, 7}) {
@@ -248,6 +253,7 @@ TEST(FlashKernels, DispatchByArchitectureAndShape) {
   EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 0)), ws);
   EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 0)), ws);
   EXPECT_EQ(cuda::flash::forward_kernel(params(64, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 30)), sm90);  // until sm90_ws is measured with windows
   EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 30)), sm90);
   EXPECT_EQ(cuda::flash::backward_kernel(params(96, 20.f, 0)), sm90);
   EXPECT_EQ(cuda::flash::backward_kernel(params(32, 0.f, 0)), sm90);

@@ -2,7 +2,8 @@
 # On the GPU machine: builds only the attention tests and loom_bench, runs the CUDA attention tests
 # (the dispatcher's kernels and every flash kernel by name), then times each flash kernel by name
 # (flash_fwd/<kernel>, flash_bwd/<kernel>) and the dispatcher's choice on the issue's shapes (b4
-# s2048, 32/8 heads at head_dim 64 and 128, 16/8 at 256) beside PyTorch SDPA.
+# s2048, 32/8 heads at head_dim 64 and 128, 16/8 at 256; windows: b1 s8192 d128 w4096 and Gemma 3's
+# sliding layers, b4 s2048 8/4 heads d256 w1024) beside PyTorch SDPA.
 # Logs and JSON go to ${OUT:-gpu-out}; the last lines printed are the comparison tables.
 #   tools/gpu/gpu_attn_check.sh
 set -uo pipefail
@@ -35,7 +36,7 @@ grep -E "Failure|kernel|Expected" "$out/test_nan.log" | head -12
 
 # Timing: the PyTorch peer once, then Loom: the dispatcher's kernels under the peer's names, and
 # each kernel by name (compare.py lists those without a peer).
-shapes='b4_s2048_h32_kv8_d(64|128)(/|$)|b4_s2048_h16_kv8_d256(/|$)'  # not _doc512; loom's names end in /manual_time
+shapes='b4_s2048_h32_kv8_d(64|128)(/|$)|b4_s2048_h16_kv8_d256(/|$)|b1_s8192_h32_kv8_d128_w4096|b4_s2048_h8_kv4_d256_w1024'  # not _doc512; loom's names end in /manual_time
 python3 bench/peer_torch.py --out "$out/torch.json" --filter "attention_(fwd|bwd|fwdbwd)/bf16/($shapes)" \
   > "$out/torch.log" 2>&1
 echo "peer: exit $?"
