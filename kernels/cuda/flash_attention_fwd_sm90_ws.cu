@@ -30,9 +30,9 @@
 //   empty_k[s], empty_v[s] (count 8: one arrival per consumer warp) once the wgmma reading the stage
 //     has completed (K after S(t) is waited for, V after P(t) V(t) is). The producer waits on them
 //     with the opposite parity, so its first pass through the ring does not wait.
-//   bar_q (count 1): item i's Q landed (parity i & 1). empty_q (count 8): the consumers' last
-//     S = Q K^T of item i has completed; the producer waits for it (parity (i & 1) ^ 1) before
-//     loading item i + 1's Q over it.
+//   bar_q (count 1): the block's k-th item's Q landed (parity k & 1). empty_q (count 8): the
+//     consumers' last S = Q K^T of its k-th item has completed; the producer waits for it (parity
+//     (k & 1) ^ 1) before loading the next item's Q over it.
 //   Named barriers 1 and 2 (256 threads): consumer 0's and consumer 1's turn to issue its wgmma
 //     batch. A consumer syncs on its own barrier, issues, then arrives on the other's; consumer 1
 //     arrives once on consumer 0's at the start (0 goes first) and consumer 0 syncs once more at the
@@ -275,7 +275,7 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
 // kernel has been run with (head_dim 32 and below go to the sm90 kernel).
 bool sm90_ws_supported(const AttentionParams& p) {
   return p.softcap <= 0.f && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 256 &&
-         p.head_dim % 8 == 0 && p.window < (int64_t(1) << 30);
+         p.head_dim % 8 == 0 && p.window < (int64_t(1) << 30) && p.seq < (int64_t(1) << 30);  // int positions
 }
 
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,

@@ -180,7 +180,8 @@ TYPED_TEST(AttentionCuda, BackwardMatchesCpu) {
 
 // Every flash kernel by name on every case it applies to (bf16, head_dim % 8 == 0): the ones the
 // dispatcher does not pick on this GPU are still the path elsewhere (mma.sync off sm_90a) or for
-// other shapes, and bench/ compares them.
+// other shapes, and bench/ compares them. (These cases have fewer query tiles than an H200 has SMs,
+// so sm90_ws_persistent runs a tile a block here: WarpSpecialisedForwardWalksTiles walks them.)
 TEST(FlashKernels, EachMatchesCpu) {
   LOOM_REQUIRE_GPU();
   using cuda::flash::Kernel;
@@ -222,12 +223,16 @@ TEST(FlashKernels, EachMatchesCpu) {
 TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
   LOOM_REQUIRE_GPU();
   if (!cuda::flash::sm90_ready()) GTEST_SKIP() << "no sm_90a";
-  const Case cases[] = {{2, 400, 4, 2, 128, 0.f, 0, false}, {1, 333, 8, 2, 64, 0.f, 0, false},
-                        {1, 300, 4, 2, 256, 0.f, 0, false}, {2, 97, 2, 1, 136, 0.f, 0, false},
-                        {1, 700, 4, 2, 128, 0.f, 300, false}, {2, 129, 4, 1, 256, 0.f, 70, false}};
+  // A kv head per query head in half of them: consecutive items then read different keys, so a
+  // stage read before its new tile landed would show (with shared kv heads it can hold the same
+  // bytes). Windows whose first key tile moves along the rows, at both widths.
+  const Case cases[] = {{2, 400, 4, 2, 128, 0.f, 0, false},   {2, 400, 4, 4, 128, 0.f, 0, false},
+                        {1, 333, 8, 8, 64, 0.f, 0, false},    {1, 300, 4, 2, 256, 0.f, 0, false},
+                        {2, 97, 2, 2, 136, 0.f, 0, false},    {1, 700, 4, 2, 128, 0.f, 300, false},
+                        {1, 500, 4, 4, 256, 0.f, 200, false}, {2, 129, 4, 1, 256, 0.f, 70, false}};
   uint32_t seed = 700;
   for (const Case& c : cases) {
-    for (int64_t blocks : {1, 3, 7}) {
+    for (int64_t blocks : {1, 3, 7, 1}) {  // twice on one block: a race need not show the first time
       seed += 4;
       check_forward<bf16>(c, seed, "sm90_ws over " + std::to_string(blocks) + " blocks: ",
                           [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, bf16* out,
@@ -266,24 +271,36 @@ TEST(FlashKernels, DispatchByArchitectureAndShape) {
 // GPUs): their shared-memory allowance (over 48 KB) is set per device, so they must launch there too.
 TEST(FlashKernels, RunOnASecondDevice) {
   LOOM_REQUIRE_GPU();
+  using cuda::flash::Kernel;
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   if (devices < 2) GTEST_SKIP() << "one GPU";
-  int previous = 0;
-  ASSERT_EQ(cudaGetDevice(&previous), cudaSuccess);
-  const Case c{2, 200, 4, 2, 128, 0.f, 0, false};
+  struct Restore {  // the current device again however the test ends
+    int device = 0;
+    Restore() { cudaGetDevice(&device); }
+    ~Restore() { cudaSetDevice(device); }
+  } restore;
+  // Every kernel by name, at both head-dim widths of each (the 256-wide ones are other kernels).
+  const Case cases[] = {{2, 200, 4, 2, 128, 0.f, 0, false}, {1, 130, 4, 2, 256, 0.f, 0, false}};
   for (int dev : {0, 1}) {
     ASSERT_EQ(cudaSetDevice(dev), cudaSuccess);
-    const std::string what = "device " + std::to_string(dev) + ": ";
-    check_forward<bf16>(c, 900, what, [](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, bf16* out,
-                                         float* lse) { cuda::flash::forward(pp, q, k, v, out, lse, nullptr); });
-    check_backward<bf16>(c, 900, what,
-                         [](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
-                            const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* ws) {
-                           cuda::flash::backward(pp, q, k, v, out, dout, lse, dq, dk, dv, ws, nullptr);
-                         });
+    for (Kernel kernel : {Kernel::kMma, Kernel::kSm90, Kernel::kSm90Ws, Kernel::kSm90WsPersistent})
+      for (const Case& c : cases) {
+        const AttentionParams ps = params_of(c, nullptr);
+        const std::string what = "device " + std::to_string(dev) + " kernel " + cuda::flash::kernel_name(kernel) + ": ";
+        if (cuda::flash::runs(kernel, ps, false))
+          check_forward<bf16>(c, 900, what, [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v,
+                                                bf16* out, float* lse) {
+            cuda::flash::forward(pp, q, k, v, out, lse, nullptr, kernel);
+          });
+        if (cuda::flash::runs(kernel, ps, true))
+          check_backward<bf16>(c, 900, what,
+                               [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                                   const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* ws) {
+                                 cuda::flash::backward(pp, q, k, v, out, dout, lse, dq, dk, dv, ws, nullptr, kernel);
+                               });
+      }
   }
-  ASSERT_EQ(cudaSetDevice(previous), cudaSuccess);
 }
 
 TEST(AttentionCudaChecks, RejectsHeadDimOver256) {

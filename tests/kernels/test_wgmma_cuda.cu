@@ -149,28 +149,40 @@ void launch(K kernel, size_t smem, const bf16* a, const bf16* b, float* c) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-TEST(WgmmaCuda, SharedKMajor) {
-  if (!sm90()) GTEST_SKIP() << "needs sm_90a";
-  constexpr int kN = 128, kK = 128;
-  auto a = random_vec<bf16>(kM * kK, 1), b = random_vec<bf16>(kN * kK, 2);
+// S = Q K^T's product (both K-major) for an N-row B over kK columns.
+template <int kN, int kK>
+void check_shared_k_major(uint32_t seed) {
+  auto a = random_vec<bf16>(kM * kK, seed), b = random_vec<bf16>(kN * kK, seed + 1);
   auto ref = matmul(kM, kN, kK, [&](int i, int x) { return to_acc(a[i * kK + x]); },
                     [&](int x, int j) { return to_acc(b[j * kK + x]); });
   DeviceBuffer<bf16> da(a), db(b);
   DeviceBuffer<float> dc(ref.size());
   launch(ss_k_major_kernel<kN, kK>, size_t(kM + kN) * kK * 2 + 1024, da.get(), db.get(), dc.get());
-  EXPECT_LT(rel_error(dc.to_host(), ref), 1e-5);
+  EXPECT_LT(rel_error(dc.to_host(), ref), 1e-5) << "n " << kN << " k " << kK;
 }
 
-TEST(WgmmaCuda, RegistersTimesNMajor) {
-  if (!sm90()) GTEST_SKIP() << "needs sm_90a";
-  constexpr int kN = 128, kK = 128;
-  auto a = random_vec<bf16>(kM * kK, 3), b = random_vec<bf16>(kK * kN, 4);
+// O += P V's product (A from registers, B N-major) for kN columns over kK rows of B.
+template <int kN, int kK>
+void check_registers_times_n_major(uint32_t seed) {
+  auto a = random_vec<bf16>(kM * kK, seed), b = random_vec<bf16>(kK * kN, seed + 1);
   auto ref = matmul(kM, kN, kK, [&](int i, int x) { return to_acc(a[i * kK + x]); },
                     [&](int x, int j) { return to_acc(b[x * kN + j]); });
   DeviceBuffer<bf16> da(a), db(b);
   DeviceBuffer<float> dc(ref.size());
   launch(rs_n_major_kernel<kN, kK>, size_t(kK) * kN * 2 + 1024, da.get(), db.get(), dc.get());
-  EXPECT_LT(rel_error(dc.to_host(), ref), 1e-5);
+  EXPECT_LT(rel_error(dc.to_host(), ref), 1e-5) << "n " << kN << " k " << kK;
+}
+
+TEST(WgmmaCuda, SharedKMajor) {
+  if (!sm90()) GTEST_SKIP() << "needs sm_90a";
+  check_shared_k_major<128, 128>(1);
+  check_shared_k_major<80, 256>(11);  // the 256-wide forward's S: key tiles of 80 (column blocks 10 KB apart)
+}
+
+TEST(WgmmaCuda, RegistersTimesNMajor) {
+  if (!sm90()) GTEST_SKIP() << "needs sm_90a";
+  check_registers_times_n_major<128, 128>(3);
+  check_registers_times_n_major<256, 80>(13);  // its O += P V: 80 keys, V's column blocks 10 KB apart
 }
 
 TEST(WgmmaCuda, SharedMMajorTimesNMajorAtBlockOffset) {
