@@ -5,9 +5,13 @@
 namespace loom::ag {
 using detail::node_of;
 
-Variable add(const Variable& a, const Variable& b) {
+Variable add(const Variable& a, const Variable& b, OutputUse use) {
+  LOOM_CHECK(use == OutputUse::kRead || a.value().shape() == b.value().shape(), "add: an unread sum of ",
+             a.value().str(), " and ", b.value().str(), " (no broadcasting there)");
+  Tensor sum = use == OutputUse::kRead ? ops::add(a.value(), b.value())
+                                       : Tensor::empty(a.value().shape(), a.dtype(), a.value().device());
   return record1(node_of("add", [](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], g[0]}; }),
-                 {&a, &b}, ops::add(a.value(), b.value()));
+                 {&a, &b}, std::move(sum));
 }
 
 Variable sub(const Variable& a, const Variable& b) {

@@ -7,7 +7,20 @@ namespace loom::ag {
 using detail::Grads;
 using detail::node_of;
 
-Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
+namespace {
+
+// The shape ops::matmul(a, b, ta, tb) returns: a's leading dims, op(a)'s rows, op(b)'s columns.
+Shape product_shape(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  LOOM_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: ", a.str(), " x ", b.str(), " (2-D or more each)");
+  Shape s = a.dim() >= b.dim() ? a.shape() : b.shape();
+  s[s.size() - 2] = ta ? a.size(-1) : a.size(-2);
+  s.back() = tb ? b.size(-2) : b.size(-1);
+  return s;
+}
+
+}  // namespace
+
+Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb, OutputUse use) {
   const bool shared_b = b.value().dim() == 2 && a.value().dim() > 2;
   LOOM_CHECK(!(shared_b && ta && b.requires_grad()), "matmul: the gradient of a shared 2-D b with trans_a is not ",
              "supported; reshape a to 2-D first");
@@ -32,11 +45,15 @@ Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb) {
     }
     return Grads{da, db};
   };
-  return record1(node_of("matmul", backward), {&a, &b}, ops::matmul(a.value(), b.value(), ta, tb));
+  Tensor c = use == OutputUse::kRead
+                 ? ops::matmul(a.value(), b.value(), ta, tb)
+                 : Tensor::empty(product_shape(a.value(), b.value(), ta, tb), a.dtype(), a.value().device());
+  return record1(node_of("matmul", backward), {&a, &b}, std::move(c));
 }
 
-Variable linear(const Variable& x, const Variable& w, const Variable* bias) {
-  Variable y = matmul(x, w, false, true);
+Variable linear(const Variable& x, const Variable& w, const Variable* bias, OutputUse use) {
+  // An unread output with a bias: the product's value is read by the bias's add.
+  Variable y = matmul(x, w, false, true, bias ? OutputUse::kRead : use);
   return bias ? add_bias(y, *bias) : y;
 }
 

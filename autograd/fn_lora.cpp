@@ -45,7 +45,8 @@ Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
 }  // namespace
 
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
-                     const Variable* bias, const WeightFn& rematerialize, const InputFn& recompute_x) {
+                     const Variable* bias, const WeightFn& rematerialize, const InputFn& recompute_x,
+                     OutputUse use) {
   LOOM_CHECK(!rematerialize || !w.requires_grad(), "lora_linear: a re-materialised weight must be frozen");
   const Tensor& xv = x.value();
   LOOM_CHECK(w.value().dim() == 2 && a.value().dim() == 2 && b.value().dim() == 2 && xv.dim() >= 1, "lora_linear: ",
@@ -62,8 +63,11 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   const Tensor x2 = xv.reshape({-1, in});
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
   const bool first = split && !bias;  // the adapter's product first: see the top of the file
+  const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
   Tensor y;
-  if (!first) {
+  if (!read) {
+    y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
+  } else if (!first) {
     y = ops::matmul(x2, w.value(), false, true);    // [n, in] x [out, in]^T -> [n, out]
     if (bias) y = ops::add_bias(y, bias->value());  // the base layer's output, rounded, as PEFT adds to it
   }
@@ -80,9 +84,9 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
     // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
     const Tensor b_hhl = ops::bf16_split(b.value().to(DType::f32), "hhl");  // [out, 3r]
-    if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-    ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);
-    if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
+    if (read && first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
+    if (read) ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);
+    if (read && first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
     t_keep = t_parts[1];                                                        // [n, 2r]
     b_keep = b_hhl.narrow(1, r, 2 * r);  // [out, 2r], row stride 3r (GEMMs take it as it is)
     if (x.requires_grad()) a_keep = a_hhl;                                      // [3r, in]
@@ -90,7 +94,7 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
     const Tensor ac = a.value().to(cdt);
     b_keep = b.value().to(cdt);
     t_keep = ops::matmul(xd, ac, false, true);                     // [n, in] x [r, in]^T -> [n, r]
-    ops::matmul_into(t_keep, b_keep, y, false, true, lora.scale, 1.f);  // y += scale * [n, r] x [out, r]^T
+    if (read) ops::matmul_into(t_keep, b_keep, y, false, true, lora.scale, 1.f);  // y += scale * [n, r] x [out, r]^T
     if (x.requires_grad()) a_keep = ac;
   }
 
@@ -176,15 +180,21 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   return record1(node_of("lora_linear", backward), {&x, &w, &a, &b, bias}, y.view(out_shape));
 }
 
-Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias) {
+Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias,
+                       OutputUse use) {
   LOOM_CHECK(!w.requires_grad(), "frozen_linear: the weight must be frozen, got one that requires grad");
   const Tensor& xv = x.value();
   LOOM_CHECK(w.value().dim() == 2 && xv.size(-1) == w.size(1), "frozen_linear: x ", xv.str(), " and weight ",
              w.value().str(), " do not match as [.., in] x [out, in]^T");
   Shape out_shape = xv.shape();
   out_shape.back() = w.size(0);
-  Tensor y = ops::matmul(xv.reshape({-1, w.size(1)}), w.value(), false, true);
-  if (bias) y = ops::add_bias(y, bias->value());
+  Tensor y;
+  if (use == OutputUse::kRead) {
+    y = ops::matmul(xv.reshape({-1, w.size(1)}), w.value(), false, true);
+    if (bias) y = ops::add_bias(y, bias->value());
+  } else {
+    y = Tensor::empty({xv.numel() / w.size(1), w.size(0)}, xv.dtype(), xv.device());
+  }
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
   const DType bias_dtype = bias ? bias->dtype() : DType::f32;
   auto backward = [keep_w, rematerialize, bias_dtype, xshape = xv.shape()](Node& n, const Grads& g) {

@@ -10,8 +10,15 @@
 
 namespace loom::ag {
 
+// Whether anything reads a function's output value. kRootOnly: only gradients start from it, as
+// from a checkpointed layer's output while backward recomputes the layer (its value came from the
+// first run). The functions that take it record their node as usual but leave the value
+// uninitialised (a tensor of its shape and dtype) instead of computing it; their backward never
+// reads it.
+enum class OutputUse { kRead, kRootOnly };
+
 // ---- elementwise and shape (fn_elementwise.cpp) ----
-Variable add(const Variable& a, const Variable& b);
+Variable add(const Variable& a, const Variable& b, OutputUse use = OutputUse::kRead);
 Variable sub(const Variable& a, const Variable& b);
 Variable mul(const Variable& a, const Variable& b);
 Variable scale(const Variable& a, float s);
@@ -38,9 +45,10 @@ Variable dropout(const Variable& a, float p, uint64_t seed, uint64_t offset);
 
 // ---- matrix products (fn_linalg.cpp) ----
 // a [..., m, k] x b [k, n] (2-D, shared) or batched like a; transposes as in ops::matmul.
-Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool trans_b = false);
+Variable matmul(const Variable& a, const Variable& b, bool trans_a = false, bool trans_b = false,
+                OutputUse use = OutputUse::kRead);
 // x [..., in] x w [out, in]^T (+ bias [out]).
-Variable linear(const Variable& x, const Variable& w, const Variable* bias = nullptr);
+Variable linear(const Variable& x, const Variable& w, const Variable* bias = nullptr, OutputUse use = OutputUse::kRead);
 
 // ---- LoRA (fn_lora.cpp) ----
 struct LoraArgs {
@@ -60,9 +68,10 @@ using WeightFn = std::function<Tensor()>;
 using InputFn = std::function<Tensor()>;
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
                      const Variable* bias = nullptr, const WeightFn& rematerialize = {},
-                     const InputFn& recompute_x = {});
+                     const InputFn& recompute_x = {}, OutputUse use = OutputUse::kRead);
 // x W^T (+ bias) with W frozen (no gradient) and re-materialised by `rematerialize` for backward.
-Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr);
+Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr,
+                       OutputUse use = OutputUse::kRead);
 
 // ---- normalization, position, activation, lookup (fn_nn.cpp) ----
 Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one = false);

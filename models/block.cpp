@@ -56,6 +56,10 @@ ag::Variable prenorm_block(const DecoderLayer& L, const ag::Variable& x, const L
   // The attention's residual add and the MLP's norm in one pass (forward and backward).
   auto [h, normed] =
       L.post_attention_layernorm.forward_residual(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
+  if (ctx.output_unread && !L.moe) {  // about a quarter of a recomputed layer's products
+    const ag::OutputUse use = ag::OutputUse::kRootOnly;
+    return ag::add(h, L.mlp.forward(normed, use), use);
+  }
   return ag::add(h, mlp(L, normed, ctx));
 }
 

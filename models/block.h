@@ -21,6 +21,9 @@ struct LayerContext {
   int64_t cache_start = 0;
   // Mixture-of-experts layers append what their router chose (for the load-balancing loss) when set.
   std::vector<RouterOutput>* routers = nullptr;
+  // Nothing reads the block's output value, only its gradient starts there: backward's
+  // recomputation of a checkpointed layer. A block may then skip the work that only makes it.
+  bool output_unread = false;
 };
 
 // The layer's MLP on h [batch, seq, hidden]: the dense one, or the mixture of experts (which
@@ -34,6 +37,8 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
 
 // The pre-norm block (Llama, and every family built on it):
 //   x = x + attention(input_layernorm(x));  x = x + mlp(post_attention_layernorm(x))
+// With ctx.output_unread a dense MLP's down_proj and the last residual add are recorded for
+// backward without being computed (nothing after them needs their values).
 ag::Variable prenorm_block(const DecoderLayer& layer, const ag::Variable& x, const LayerContext& ctx);
 // The "sandwich" block (Gemma 2): attention and MLP each between two norms:
 //   x = x + post_attention_layernorm(attention(input_layernorm(x)))

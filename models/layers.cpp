@@ -7,19 +7,21 @@ namespace loom {
 
 Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dtype) : weight.value().to(dtype); }
 
-ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute_x) const {
+ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute_x, ag::OutputUse use) const {
   const ag::Variable* b = bias.defined() ? &bias : nullptr;
   ag::WeightFn rematerialize;
   ag::Variable w = weight;
-  if (nf4) {  // dequantised in the compute dtype for this product; again in backward
+  if (nf4) {  // dequantised in the compute dtype for this product (unless nothing reads it); again in backward
     rematerialize = [q = nf4, dtype = x.dtype()] { return q->dequantize(dtype); };
-    w = ag::Variable(rematerialize(), false);
+    w = ag::Variable(use == ag::OutputUse::kRead ? rematerialize() : Tensor::empty(nf4->shape, x.dtype(), nf4->device()),
+                     false);
   }
-  if (!lora || !lora->enabled) return nf4 ? ag::frozen_linear(x, w, rematerialize, b) : ag::linear(x, weight, b);
+  if (!lora || !lora->enabled)
+    return nf4 ? ag::frozen_linear(x, w, rematerialize, b, use) : ag::linear(x, weight, b, use);
   // One fused function: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
   // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
   ag::LoraArgs args{lora->scale, lora->training ? lora->dropout : 0.f, lora->dropout_seed, lora->dropout_offset};
-  return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize, recompute_x);
+  return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize, recompute_x, use);
 }
 
 std::vector<Linear*> Attention::linears() {
@@ -36,7 +38,7 @@ std::vector<Linear*> Mlp::linears() {
   return out;
 }
 
-ag::Variable Mlp::forward(const ag::Variable& x) const {
+ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use) const {
   ag::Variable gate, up;
   if (present(gate_up_proj)) {  // transformers' Phi3MLP: gate, up = gate_up_proj(x).chunk(2, dim=-1)
     const int64_t inter = gate_up_proj.out_features() / 2;
@@ -51,7 +53,7 @@ ag::Variable Mlp::forward(const ag::Variable& x) const {
   ag::InputFn again;
   if (gate.requires_grad() || up.requires_grad())
     again = [g = gate.value(), u = up.value(), gelu = gelu] { return gelu ? ops::geglu(g, u) : ops::swiglu(g, u); };
-  return down_proj.forward(h, again);
+  return down_proj.forward(h, again, use);
 }
 
 Tensor ExpertLinear::dense_weight(DType dtype, int64_t first, int64_t count) const {

@@ -41,7 +41,9 @@ struct Linear {
   // The base weight [out, in] as a dense tensor of dtype (dequantised when NF4).
   Tensor dense_weight(DType dtype) const;
   // recompute_x: how backward gets x again instead of keeping it (used by the LoRA path only).
-  ag::Variable forward(const ag::Variable& x, const ag::InputFn& recompute_x = {}) const;
+  // use: kRootOnly skips the product (and an NF4 weight's dequantisation) when nothing reads it.
+  ag::Variable forward(const ag::Variable& x, const ag::InputFn& recompute_x = {},
+                       ag::OutputUse use = ag::OutputUse::kRead) const;
 };
 
 struct RmsNorm {
@@ -73,7 +75,8 @@ struct Mlp {
   Linear gate_proj, up_proj, down_proj;
   Linear gate_up_proj;  // Phi-3: gate and up fused (rows gate, then up) in place of the two
   bool gelu = false;  // gelu_pytorch_tanh (Gemma) instead of SiLU
-  ag::Variable forward(const ag::Variable& x) const;
+  // use: whether anything reads the output (down_proj's product is skipped when not).
+  ag::Variable forward(const ag::Variable& x, ag::OutputUse use = ag::OutputUse::kRead) const;
   std::vector<Linear*> linears();  // present ones, in checkpoint order
 };
 
