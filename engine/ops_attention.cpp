@@ -33,7 +33,7 @@ AttentionParams attention_params(const char* op, const Tensor& q, const Tensor& 
   p.head_dim = q.size(3);
   p.scale = opt.scale != 0.f ? opt.scale : 1.f / std::sqrt(static_cast<float>(p.head_dim));
   p.softcap = opt.softcap;
-  p.window = opt.window;
+  p.window = effective_window(opt.window, p.seq);
   if (opt.segment_ids.defined()) {
     same_device(op, q, opt.segment_ids);
     expect_dtype(op, opt.segment_ids, DType::i32, "segment_ids");

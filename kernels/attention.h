@@ -22,6 +22,12 @@ struct AttentionParams {
   const int32_t* segment_ids = nullptr;  // [batch, seq] or null; same memory space as the tensors
 };
 
+// A window no shorter than the sequence hides nothing (i - j < seq <= window for every causal pair):
+// the same attention without one, which the fastest kernels take (Phi-3.5's 262,144-token window,
+// Mistral's 4096 over rows of 2048).
+// (A negative window is left for check_attention_params to refuse.)
+inline int64_t effective_window(int64_t window, int64_t seq) { return window >= seq && window > 0 ? 0 : window; }
+
 // Throws loom::Error naming op and the offending field when p cannot describe an attention.
 inline void check_attention_params(const AttentionParams& p, const char* op) {
   LOOM_CHECK(p.batch >= 0 && p.seq >= 0 && p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0, op,

@@ -103,7 +103,7 @@ Kernel forward_kernel(const AttentionParams& p) {
 // them); mma off sm_90a.
 Kernel backward_kernel(const AttentionParams& p) {
   if (!sm90_ready()) return Kernel::kMma;
-  return sm90_ws_bwd_supported(p) ? Kernel::kSm90Ws : Kernel::kSm90;
+  return sm90_ws_bwd_supported(p) && p.window <= 0 ? Kernel::kSm90Ws : Kernel::kSm90;  // windows: until measured
 }
 
 void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s,

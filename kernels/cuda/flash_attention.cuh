@@ -20,8 +20,8 @@ enum class Kernel {
   kMma,     // mma.sync m16n8k16 (flash_attention_{fwd,bwd}.cu): sm_80 and up, every supported shape
   kSm90,    // wgmma, every thread loads (flash_attention_{fwd,bwd}_sm90*.cu): sm_90a, every feature;
             // the backward at head_dim <= 128 (and 129..256 in flash_attention_bwd_sm90_d256.cu)
-  kSm90Ws,  // warp-specialised TMA + wgmma (*_sm90_ws.cu): sm_90a; forward causal with or without
-            // a window at head_dim 64..256, backward plain causal at 64..128
+  kSm90Ws,  // warp-specialised TMA + wgmma (*_sm90_ws.cu): sm_90a; causal with or without a
+            // window (no soft-cap or segments), forward at head_dim 64..256, backward at 64..128
   kSm90WsPersistent,  // the sm90_ws forward launched with one block per SM walking the query
                       // tiles (FlashAttention-3's persistent schedule); forward only
 };
@@ -71,8 +71,8 @@ void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const
 void backward_sm90_d256(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                         const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
 // Warp-specialised backward (flash_attention_bwd_sm90_ws.cu): a TMA producer warp, a dQ-writer warp
-// (tensor reductions) and two wgmma consumer warpgroups. sm90_ws_bwd_supported: plain causal
-// attention at head_dim 64 to 128.
+// (tensor reductions) and two wgmma consumer warpgroups. sm90_ws_bwd_supported: causal,
+// windowed or not, at head_dim 64 to 128.
 bool sm90_ws_bwd_supported(const AttentionParams& p);
 void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                       const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);

@@ -1,10 +1,10 @@
 // Flash attention backward on Hopper, warp-specialised (Kernel::kSm90Ws): the FlashAttention-3
-// scheme for Loom's layouts; plain causal attention only (no window, soft-cap or segments: backward()
-// sends those to the sm90 kernel), head_dim <= 128 (a multiple of 8).
+// scheme for Loom's layouts; causal attention with or without a window (no soft-cap or segments:
+// backward() sends those to the sm90 kernel), head_dim <= 128 (a multiple of 8).
 //
 // Block = 3 warpgroups (384 threads) per (128 keys, kv head, batch row); grid and key order as
 // the sm90 kernel (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
-// the keys (from tile k0 / 64 on), for every query head of the group in turn.
+// the keys (from tile k0 / 64 to the window's reach or seq), for every query head of the group in turn.
 //   warpgroup 0: setmaxnreg down to 24 registers.
 //     warp 0, producer: K and V of the block once (TMA), then per item Q and dO (TMA, 128-byte
 //       swizzle = the wgmma::sw128 layout) into a ring of kStages stages, with lse (times log2 e;
@@ -107,7 +107,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
   const int group = int(p.heads / p.kv_heads), seq = int(p.seq), hd = int(p.head_dim);
-  const int qt0 = k0 / kBr, nqt = (seq + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
+  const int window = int(p.window);
+  // Queries [k0, q_end) can see some of the keys: up to the last key's window, or seq.
+  const int q_end = window > 0 && k0 + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
+  const int qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
   const int n_items = group * nqt;
   auto q_head = [&](int item) { return g * group + item / nqt; };
   auto q_start = [&](int item) { return (qt0 + item % nqt) * kBr; };
@@ -219,8 +222,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bf16* cdO = sdO0 + s * kBr * kD;
     const float* cStat = sStat0 + s * 2 * kBr;
     bf16* cdS = sdS0 + (n & 1) * kBc * kBr;
-    // Tiles on the diagonal or past seq need the mask (causal only: query i sees key j <= i < seq).
-    const bool masked = q0 < k0 + kBc - 1 || q0 + kBr > seq;
+    // Tiles on the diagonal, past seq or reaching out of the window need the mask (query i sees
+    // key j <= i < seq, and i - j < window with one).
+    const bool masked = q0 < k0 + kBc - 1 || q0 + kBr > seq || (window > 0 && q0 + kBr - 1 - k0 >= window);
     tma::mbar_wait(&full_q[s], uint32_t((n / kStages) & 1));
 
     // S^T and dP^T for this consumer's 64 keys x the 64 queries.
@@ -246,8 +250,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int i = q0 + 8 * nn + col0 + (e & 1);
           const float lse2 = cStat[8 * nn + col0 + (e & 1)];
-          st[4 * nn + e] =
-              j + 8 * (e >> 1) <= i && i < seq ? fast_exp2(fmaf(st[4 * nn + e], scale_log2, -lse2)) : 0.f;
+          const int jj = j + 8 * (e >> 1);
+          st[4 * nn + e] = jj <= i && i < seq && (window <= 0 || i - jj < window)
+                               ? fast_exp2(fmaf(st[4 * nn + e], scale_log2, -lse2))
+                               : 0.f;
         }
     } else {
 #pragma unroll
@@ -348,13 +354,13 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
 
 // As the forward's: rows at least one 64-column box wide (narrower ones run the sm90 kernel).
 bool sm90_ws_bwd_supported(const AttentionParams& p) {
-  return p.softcap <= 0.f && p.window <= 0 && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 &&
-         p.head_dim % 8 == 0 && p.seq < (int64_t(1) << 30);
+  return p.softcap <= 0.f && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 && p.head_dim % 8 == 0 &&
+         p.seq < (int64_t(1) << 30) && p.window < (int64_t(1) << 30);
 }
 
 void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                       const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
-  LOOM_CHECK(sm90_ws_bwd_supported(p), "flash backward_sm90_ws: unsupported attention (soft-cap, window, segments "
+  LOOM_CHECK(sm90_ws_bwd_supported(p), "flash backward_sm90_ws: unsupported attention (soft-cap, segments "
                                        "or head_dim ", p.head_dim, ")");
   if (p.head_dim <= 64) launch_ws_bwd<64>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
   else launch_ws_bwd<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);

@@ -193,6 +193,29 @@ TEST(AttentionCpuMask, MaskedKeysDoNotLeak) {
     }
 }
 
+// A window no shorter than the sequence hides nothing: effective_window drops it (so that the
+// kernels for plain causal attention take it), and the reference gives the same bits with and
+// without it; a shorter one stays, and a negative one is left for the checks to refuse.
+TEST(AttentionCpuMask, AWindowAsLongAsTheSequenceIsNone) {
+  EXPECT_EQ(effective_window(262144, 2048), 0);
+  EXPECT_EQ(effective_window(2048, 2048), 0);
+  EXPECT_EQ(effective_window(2047, 2048), 2047);
+  EXPECT_EQ(effective_window(0, 2048), 0);
+  EXPECT_EQ(effective_window(-1, 2048), -1);
+  const Case c{"window", 2, 33, 4, 2, 8, 0.f, 0.f, 0, false};
+  AttentionParams p = params_of(c, {});
+  auto q = random_vec<float>(2 * 33 * 4 * 8, 41), k = random_vec<float>(2 * 33 * 2 * 8, 42);
+  auto v = random_vec<float>(k.size(), 43);
+  std::vector<float> none(q.size()), windowed(q.size()), lse(2 * 4 * 33);
+  cpu::attention_forward(p, q.data(), k.data(), v.data(), none.data(), lse.data());
+  p.window = 33;
+  cpu::attention_forward(p, q.data(), k.data(), v.data(), windowed.data(), lse.data());
+  EXPECT_EQ(none, windowed);
+  p.window = 32;  // the last row no longer sees key 0
+  cpu::attention_forward(p, q.data(), k.data(), v.data(), windowed.data(), lse.data());
+  EXPECT_NE(none, windowed);
+}
+
 TEST(AttentionCpuMask, RejectsBadParams) {
   AttentionParams p;
   p.batch = 1; p.seq = 4; p.heads = 3; p.kv_heads = 2; p.head_dim = 8;
