@@ -6,8 +6,9 @@ namespace loom::ag {
 using detail::node_of;
 
 Variable add(const Variable& a, const Variable& b, OutputUse use) {
-  LOOM_CHECK(use == OutputUse::kRead || a.value().shape() == b.value().shape(), "add: an unread sum of ",
-             a.value().str(), " and ", b.value().str(), " (no broadcasting there)");
+  LOOM_CHECK(use == OutputUse::kRead || (a.value().shape() == b.value().shape() && a.dtype() == b.dtype() &&
+                                         a.value().device() == b.value().device()),
+             "add: ", a.value().str(), " and ", b.value().str(), " differ in shape, dtype or device");
   Tensor sum = use == OutputUse::kRead ? ops::add(a.value(), b.value())
                                        : Tensor::empty(a.value().shape(), a.dtype(), a.value().device());
   return record1(node_of("add", [](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], g[0]}; }),

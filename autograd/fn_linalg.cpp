@@ -9,10 +9,14 @@ using detail::node_of;
 
 namespace {
 
-// The shape ops::matmul(a, b, ta, tb) returns: a's leading dims, op(a)'s rows, op(b)'s columns.
+// The shape ops::matmul(a, b, ta, tb) returns (a's leading dims, op(a)'s rows, op(b)'s columns),
+// after the checks an unread product still needs: matrices of one dtype on one device whose inner
+// dimensions agree (ops::matmul checks the batch dims when it computes).
 Shape product_shape(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  LOOM_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: ", a.str(), " x ", b.str(), " (2-D or more each)");
-  Shape s = a.dim() >= b.dim() ? a.shape() : b.shape();
+  LOOM_CHECK(a.dim() >= 2 && b.dim() >= 2 && a.dtype() == b.dtype() && a.device() == b.device() &&
+                 (ta ? a.size(-2) : a.size(-1)) == (tb ? b.size(-1) : b.size(-2)),
+             "matmul: ", a.str(), (ta ? "^T" : ""), " x ", b.str(), (tb ? "^T" : ""), " is not a product");
+  Shape s = a.shape();
   s[s.size() - 2] = ta ? a.size(-1) : a.size(-2);
   s.back() = tb ? b.size(-2) : b.size(-1);
   return s;

@@ -437,7 +437,7 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
         c.routers = report ? &routers : nullptr;
         // Run again in backward, the layer's output is only where its gradients start: the forward's
         // value (the first run's) is what the layers above read.
-        c.output_unread = ag::recomputing();
+        c.output_unread = ag::recomputing() && ag::grad_enabled();  // the first run is without grad
         std::vector<ag::Variable> out{block(*L, in[0], c)};
         if (report) {
           out.push_back(routers.at(0).logits);

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = int(p.heads / p.kv_heads), seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
   // Queries [k0, q_end) can see some of the keys: up to the last key's window, or seq.
-  const int q_end = window > 0 && k0 + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
+  const int q_end = window > 0 && int64_t(k0) + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
   const int qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
   const int n_items = group * nqt;
   auto q_head = [&](int item) { return g * group + item / nqt; };

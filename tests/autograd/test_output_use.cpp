@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,9 @@ using ag::Variable;
 using Fn = std::function<Variable(const std::vector<Variable>&, OutputUse)>;
 
 // fn's inputs (all requiring grad unless frozen[i]) under each use, backward from dy: the
-// gradients must be equal bit for bit, and the outputs alike in shape and dtype.
+// gradients must be equal bit for bit, and the outputs alike in shape and dtype. The unread output
+// is filled with NaN before backward (a fresh buffer may hold the computed run's values), so a
+// backward that read it would show.
 void expect_same_gradients(const std::string& what, const Fn& fn, const std::vector<Tensor>& inputs,
                            const std::vector<bool>& frozen, uint32_t seed) {
   std::vector<Tensor> grads[2];
@@ -30,6 +33,10 @@ void expect_same_gradients(const std::string& what, const Fn& fn, const std::vec
     std::vector<Variable> vars;
     for (size_t i = 0; i < inputs.size(); ++i) vars.emplace_back(inputs[i].clone(), !frozen[i]);
     const Variable y = fn(vars, u == 0 ? OutputUse::kRead : OutputUse::kRootOnly);
+    if (u == 1) {
+      Tensor unread = y.value();
+      ops::fill_(unread, std::numeric_limits<float>::quiet_NaN());
+    }
     shapes[u] = y.value().shape();
     dtypes[u] = y.dtype();
     if (!dy.defined()) dy = bf16_values(y.value().shape(), seed, 1.0).to(y.dtype());
@@ -54,6 +61,21 @@ TEST(OutputUse, LoraLinearGradientsDoNotDependOnTheValue) {
     expect_same_gradients(what, [&](const std::vector<Variable>& v, OutputUse use) {
       return ag::lora_linear(v[0], v[1], v[2], v[3], args, nullptr, {}, {}, use);
     }, {x, w, a, b}, {false, true, false, false}, 5);
+    // With a bias (the base product first), and with dropout on the adapter's input.
+    const Tensor bias = bf16_values({20}, 7, 0.1).to(dt);
+    expect_same_gradients(what + " with a bias", [&](const std::vector<Variable>& v, OutputUse use) {
+      return ag::lora_linear(v[0], v[1], v[2], v[3], args, &v[4], {}, {}, use);
+    }, {x, w, a, b, bias}, {false, true, false, false, false}, 8);
+    const ag::LoraArgs dropped{2.f, 0.25f, 3, 5};
+    expect_same_gradients(what + " with dropout", [&](const std::vector<Variable>& v, OutputUse use) {
+      return ag::lora_linear(v[0], v[1], v[2], v[3], dropped, nullptr, {}, {}, use);
+    }, {x, w, a, b}, {false, true, false, false}, 9);
+    // QLoRA's way: backward makes the frozen weight again, so the unread run gets a weight of NaN
+    // (Linear::forward passes an uninitialised one) and must not use it.
+    expect_same_gradients(what + " with the weight made again", [&](const std::vector<Variable>& v, OutputUse use) {
+      const Variable shown(use == OutputUse::kRead ? w : ops::scale(w, std::numeric_limits<float>::quiet_NaN()), false);
+      return ag::lora_linear(v[0], shown, v[2], v[3], args, nullptr, [w] { return w; }, {}, use);
+    }, {x, w, a, b}, {false, true, false, false}, 10);
     // The weight trained too (full fine-tuning with an adapter), and x computed again in backward.
     expect_same_gradients(what + " with dW and x recomputed", [&](const std::vector<Variable>& v, OutputUse use) {
       const Tensor again = v[0].value();
@@ -66,7 +88,8 @@ TEST(OutputUse, FrozenLinearMatmulLinearAndAdd) {
   const Tensor x = random_f64({3, 5, 8}, 11), w = random_f64({6, 8}, 12), bias = random_f64({6}, 13);
   const Tensor w_remat = w.clone();
   expect_same_gradients("frozen_linear", [&](const std::vector<Variable>& v, OutputUse use) {
-    return ag::frozen_linear(v[0], v[1], [w_remat] { return w_remat; }, nullptr, use);
+    const Variable shown(use == OutputUse::kRead ? w : ops::scale(w, std::numeric_limits<float>::quiet_NaN()), false);
+    return ag::frozen_linear(v[0], shown, [w_remat] { return w_remat; }, nullptr, use);
   }, {x, w}, {false, true}, 14);
   expect_same_gradients("linear", [](const std::vector<Variable>& v, OutputUse use) {
     return ag::linear(v[0], v[1], nullptr, use);

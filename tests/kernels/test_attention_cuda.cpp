@@ -46,8 +46,11 @@ const Case kCases[] = {
     // tiles of 80: TMA boxes past the row, tails inside a key tile).
     {1, 150, 4, 2, 192, 0.f, 0, false}, {2, 97, 2, 1, 136, 0.f, 0, false},
     // Windows wider than a key tile and not a multiple of one (the warp-specialised forward starts
-    // each query tile's keys inside the window's first tile).
+    // each query tile's keys inside the window's first tile), and on the ws backward's boundaries:
+    // 130 ends its query tiles one row into a new one, 191 makes a tile's farthest pair exactly one
+    // past the window.
     {1, 700, 4, 2, 128, 0.f, 300, false}, {1, 500, 4, 2, 256, 0.f, 200, false},
+    {1, 700, 4, 2, 128, 0.f, 130, false}, {1, 700, 4, 2, 64, 0.f, 191, false},
 };
 
 std::string name_of(const Case& c) {
