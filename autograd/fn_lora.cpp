@@ -67,6 +67,7 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   Tensor y;
   if (!read) {
     y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
+    detail::count_unread_output();
   } else if (!first) {
     y = ops::matmul(x2, w.value(), false, true);    // [n, in] x [out, in]^T -> [n, out]
     if (bias) y = ops::add_bias(y, bias->value());  // the base layer's output, rounded, as PEFT adds to it
@@ -194,6 +195,7 @@ Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rem
     if (bias) y = ops::add_bias(y, bias->value());
   } else {
     y = Tensor::empty({xv.numel() / w.size(1), w.size(0)}, xv.dtype(), xv.device());
+    detail::count_unread_output();
   }
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
   const DType bias_dtype = bias ? bias->dtype() : DType::f32;

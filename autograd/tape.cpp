@@ -32,6 +32,12 @@ TapeScope::~TapeScope() { t_tapes.pop_back(); }
 
 bool recomputing() { return t_tapes.size() > 1; }
 
+namespace {
+thread_local int64_t t_unread_outputs = 0;
+}  // namespace
+int64_t unread_outputs() { return t_unread_outputs; }
+void detail::count_unread_output() { ++t_unread_outputs; }
+
 size_t tape_size() { return current().nodes.size(); }
 void clear_tape() { current().nodes.clear(); }
 

@@ -64,6 +64,13 @@ class TapeScope {
 // held only through that one checkpoint's backward.
 bool recomputing();
 
+// Outputs this thread has recorded unread (OutputUse::kRootOnly, autograd/functions.h) so far:
+// what tests count to see that a recomputation skips the work.
+int64_t unread_outputs();
+namespace detail {
+void count_unread_output();
+}  // namespace detail
+
 // Number of nodes on the current tape (tests, diagnostics).
 size_t tape_size();
 // Drops everything recorded (e.g. after an evaluation forward with grads on).

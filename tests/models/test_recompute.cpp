@@ -1,0 +1,58 @@
+// --checkpointing recompute on the CPU, for every family fixture with its PEFT adapter: the rerun in
+// backward skips what nothing reads (a pre-norm layer's down_proj and last residual add, recorded
+// with OutputUse::kRootOnly: two unread outputs a layer, none for Gemma 2/3's sandwich layers, whose
+// post-feedforward norm reads down_proj's output), and the loss and every LoRA gradient are those of
+// keeping everything, bit for bit (f32, the same kernels in the same order).
+#include <map>
+
+#include "autograd/tape.h"
+#include "models/causal_lm.h"
+#include "models/lora.h"
+#include "tests/models/fixtures.h"
+
+namespace loom::test {
+namespace {
+
+struct StepRun {
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;
+  int64_t unread = 0;  // outputs the step recorded unread
+  int64_t layers = 0;
+};
+
+StepRun train_step(const std::string& variant, Checkpointing mode) {
+  StepRun out;
+  auto model = CausalLM::load(fixture_dir(variant), {DType::f32, Device::cpu()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return out;
+  EXPECT_TRUE(load_adapter(**model, fixture_dir(variant) + "/adapter").ok());
+  (*model)->set_checkpointing(mode);
+  out.layers = (*model)->config().num_hidden_layers;
+  auto in = read_all(fixture_dir(variant) + "/inputs.safetensors");
+  const int64_t before = ag::unread_outputs();
+  ag::Variable loss = (*model)->loss(in["input_ids"], in["labels"]);
+  out.loss = loss.value().to_doubles()[0];
+  ag::backward(loss);
+  out.unread = ag::unread_outputs() - before;
+  for (auto& [name, v] : lora_parameters(**model)) out.grads[name] = v->grad().to_doubles();
+  return out;
+}
+
+class Recompute : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Recompute, SkipsWhatNothingReadsWithTheSameGradients) {
+  const StepRun none = train_step(GetParam(), Checkpointing::kNone);
+  const StepRun rerun = train_step(GetParam(), Checkpointing::kRecompute);
+  ASSERT_FALSE(none.grads.empty());
+  EXPECT_EQ(none.unread, 0) << "without checkpointing every output is read";
+  const bool sandwich = GetParam().rfind("gemma2", 0) == 0 || GetParam().rfind("gemma3", 0) == 0;
+  EXPECT_EQ(rerun.unread, sandwich ? 0 : 2 * rerun.layers) << "down_proj and the residual add of each layer";
+  EXPECT_EQ(rerun.loss, none.loss);
+  for (const auto& [param, g] : none.grads) EXPECT_EQ(rerun.grads.at(param), g) << param;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Recompute, ::testing::ValuesIn(fixture_variants()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace loom::test
