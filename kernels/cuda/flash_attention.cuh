@@ -51,7 +51,7 @@ void backward_mma(const AttentionParams& p, const bf16* q, const bf16* k, const 
                   const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
 
 // Hopper kernels: sm90_ready() says whether the current device is compute capability 9.0 and the
-// binary holds sm_90a machine code for them (asked once, with a synchronous probe launch).
+// binary holds sm_90a machine code for them (asked once per device, with a synchronous probe launch).
 bool sm90_ready();
 // Two warpgroups of 64 query rows per block; 128 keys per step (64 at head_dim 256).
 void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,

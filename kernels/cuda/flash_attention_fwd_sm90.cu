@@ -173,24 +173,37 @@ __global__ void sm90_probe_kernel(int* flag) {
 #endif
 }
 
+// Whether device dev is compute capability 9.0 and runs this binary's sm_90a code (a probe launch
+// and a synchronous copy).
+bool probe_sm90(int dev) {
+  int major = 0, minor = 0;
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0) return false;
+  int* flag = nullptr;
+  int host = 0;
+  LOOM_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+  sm90_probe_kernel<<<1, 1>>>(flag);
+  LOOM_CUDA_LAUNCH_CHECK();
+  LOOM_CUDA_CHECK(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
+  LOOM_CUDA_CHECK(cudaFree(flag));
+  return host == 1;
+}
+
 }  // namespace
 
+// Asked once for each device: a process may drive GPUs of different kinds.
 bool sm90_ready() {
-  static const bool ready = [] {
-    int dev = 0, major = 0, minor = 0;
-    LOOM_CUDA_CHECK(cudaGetDevice(&dev));
-    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0) return false;
-    int* flag = nullptr;
-    int host = 0;
-    LOOM_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
-    sm90_probe_kernel<<<1, 1>>>(flag);
-    LOOM_CUDA_LAUNCH_CHECK();
-    LOOM_CUDA_CHECK(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
-    LOOM_CUDA_CHECK(cudaFree(flag));
-    return host == 1;
-  }();
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0: not asked yet, 1: no, 2: yes
+  int dev = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool cacheable = dev >= 0 && dev < kMaxDevices;
+  if (cacheable) {
+    if (const int k = known[dev].load(std::memory_order_relaxed); k != 0) return k == 2;
+  }
+  const bool ready = probe_sm90(dev);
+  if (cacheable) known[dev].store(ready ? 2 : 1, std::memory_order_relaxed);
   return ready;
 }
 
