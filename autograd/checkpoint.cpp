@@ -1,15 +1,24 @@
 // checkpoint(): recompute instead of store. Forward runs without recording and keeps only the
 // inputs (optionally offloaded to pinned host memory on a side stream, copied back one checkpoint
-// ahead of need); backward re-runs fn on a fresh tape and back-propagates through it.
+// ahead of need, with what the first run stashed for the rerun: autograd/stash.h); backward re-runs
+// fn on a fresh tape and back-propagates through it.
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 #include "autograd/short_lived_leaves.h"
+#include "autograd/stash.h"
 #include "engine/offload.h"
 
 namespace loom::ag {
 namespace {
 
-using Saved = std::vector<std::shared_ptr<OffloadedTensor>>;
+struct Saved {
+  std::vector<std::shared_ptr<OffloadedTensor>> inputs;
+  detail::Stash stash;  // empty unless the checkpoint stashes
+  void prefetch() {
+    for (auto& t : inputs) t->prefetch();
+    stash.prefetch();
+  }
+};
 
 // The inputs of the checkpoint recorded just before this one: its backward runs right after this
 // one's, so this one's backward starts their copy back (a weak link: nothing is kept alive by it).
@@ -22,18 +31,21 @@ class CheckpointNode final : public Node {
   const char* name() const override { return "checkpoint"; }
 
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override {
-    if (auto prev = previous_.lock())
-      for (auto& t : *prev) t->prefetch();
+    if (auto prev = previous_.lock()) prev->prefetch();
     GradModeGuard grad_on(true);
     TapeScope fresh;
     std::vector<Variable> ins;
-    for (size_t i = 0; i < saved_->size(); ++i) ins.emplace_back((*saved_)[i]->fetch(), needs_grad(i));
-    saved_.reset();  // the device copies above are all we need now
+    for (size_t i = 0; i < saved_->inputs.size(); ++i) ins.emplace_back(saved_->inputs[i]->fetch(), needs_grad(i));
     std::vector<const GradCell*> cells;  // their gradients go on to the layer before at once
     for (const Variable& v : ins)
       if (v.cell()) cells.push_back(v.cell().get());
     const detail::ShortLivedLeaves short_lived(std::move(cells));
-    std::vector<Variable> outs = fn_(ins);
+    std::vector<Variable> outs;
+    {
+      const detail::StashScope replay(&saved_->stash, /*replay=*/true);
+      outs = fn_(ins);
+    }
+    saved_.reset();  // the rerun's graph holds what it took from the inputs and the stash
     LOOM_CHECK(outs.size() == grad_outputs.size(), "checkpoint: recomputation returned ", outs.size(),
                " outputs, forward returned ", grad_outputs.size());
     std::vector<Variable> roots;
@@ -76,12 +88,13 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
   auto saved = std::make_shared<Saved>();
   if (recording) {
     for (const auto& v : inputs)
-      saved->push_back(options.offload ? OffloadedTensor::offload(v.value())
-                                       : OffloadedTensor::keep(kept_copy(v.value())));
+      saved->inputs.push_back(options.offload ? OffloadedTensor::offload(v.value())
+                                              : OffloadedTensor::keep(kept_copy(v.value())));
   }
   std::vector<Variable> outs;
   {
     NoGradGuard no_grad;
+    const detail::StashScope stash(recording && options.stash_attention ? &saved->stash : nullptr, /*replay=*/false);
     outs = fn(inputs);
   }
   if (!recording) return outs;

@@ -3,13 +3,25 @@
 
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
+#include "autograd/stash.h"
 
 namespace loom::ag {
 using detail::Grads;
 using detail::node_of;
 
 Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt) {
-  ops::AttentionOut r = ops::attention(q.value(), k.value(), v.value(), opt);
+  // A checkpoint's rerun takes what its first run stashed (the forward is deterministic: the same
+  // values); the first run stashes them.
+  ops::AttentionOut r;
+  std::optional<std::vector<Tensor>> stashed;
+  if (detail::Stash* s = detail::StashScope::reading()) stashed = s->take();
+  if (stashed) {
+    r.out = (*stashed)[0];
+    r.lse = (*stashed)[1];
+  } else {
+    r = ops::attention(q.value(), k.value(), v.value(), opt);
+  }
+  if (detail::Stash* s = detail::StashScope::writing()) s->put({r.out, r.lse});
   Tensor qv = q.value(), kv = k.value(), vv = v.value(), out = r.out, lse = r.lse;
   auto backward = [qv, kv, vv, out, lse, opt](Node&, const Grads& g) {
     ops::AttentionGrads d = ops::attention_backward(qv, kv, vv, out, g[0], lse, opt);

@@ -155,7 +155,13 @@ struct CheckpointOptions {
   // fn uses trainable Variables it captures (a layer's LoRA weights): record whenever grad mode is
   // on, also when no input requires grad.
   bool captures_trainable = false;
+  // Send each attention's output and log-sum-exp from fn's first run to its rerun through pinned
+  // host memory (autograd/stash.h, while half the pinned budget lasts), so that the rerun takes
+  // them instead of running the attention forward again. For offload, whose host copies it joins.
+  bool stash_attention = false;
 };
+// Attention outputs this thread's reruns took from a stash so far (tests count them).
+int64_t stash_hits();
 // Runs fn without recording; saves only its inputs; in backward re-runs fn with recording and
 // back-propagates through it. fn must be deterministic (seeded RNG) and may use Variables it
 // captures (weights): their gradients accumulate as usual.

@@ -53,7 +53,7 @@ std::shared_ptr<OffloadedTensor> OffloadedTensor::keep(const Tensor& t) {
   return o;
 }
 
-void set_offload_host_budget(int64_t bytes) { g_budget.store(std::max<int64_t>(bytes, 0)); }
+void set_offload_host_budget(int64_t bytes) { g_budget.store(bytes < 0 ? -1 : bytes); }
 OffloadStats offload_stats() { return {g_host_bytes.load(), g_peak_host_bytes.load(), g_kept.load()}; }
 void reset_offload_peak() { g_peak_host_bytes.store(g_host_bytes.load()); }
 
@@ -126,6 +126,13 @@ void defer(Tensor keep, std::shared_ptr<OffloadedTensor::Event> done) {
 
 }  // namespace
 
+std::shared_ptr<OffloadedTensor> OffloadedTensor::offload_if_room(const Tensor& t, double fraction) {
+  if (t.is_cuda() &&
+      g_host_bytes.load() + static_cast<int64_t>(t.nbytes()) > static_cast<int64_t>(double(budget()) * fraction))
+    return nullptr;
+  return offload(t);
+}
+
 std::shared_ptr<OffloadedTensor> OffloadedTensor::offload(const Tensor& t) {
   std::shared_ptr<OffloadedTensor> o(new OffloadedTensor());
   o->device_ = t;
@@ -187,6 +194,8 @@ OffloadedTensor::~OffloadedTensor() {
 #else  // CPU-only build: nothing leaves the host.
 
 struct OffloadedTensor::Event {};
+
+std::shared_ptr<OffloadedTensor> OffloadedTensor::offload_if_room(const Tensor& t, double) { return offload(t); }
 
 std::shared_ptr<OffloadedTensor> OffloadedTensor::offload(const Tensor& t) {
   std::shared_ptr<OffloadedTensor> o(new OffloadedTensor());

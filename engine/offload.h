@@ -15,6 +15,10 @@ class OffloadedTensor {
   // device's compute stream. When the pinned budget (set_offload_host_budget) is spent, t stays on
   // the GPU instead and fetch() returns it as it is. CPU tensors are kept as they are.
   static std::shared_ptr<OffloadedTensor> offload(const Tensor& t);
+  // As offload(), for a tensor that is only worth keeping off the GPU: null (nothing copied, nothing
+  // kept) unless the pinned bytes held with it stay within `fraction` of the budget, so that what
+  // must be offloaded (layer inputs) keeps the rest. CPU tensors are kept as they are.
+  static std::shared_ptr<OffloadedTensor> offload_if_room(const Tensor& t, double fraction);
   // Holds t where it is (fetch() returns it): the no-offload case behind the same interface.
   static std::shared_ptr<OffloadedTensor> keep(const Tensor& t);
   ~OffloadedTensor();
@@ -40,7 +44,8 @@ class OffloadedTensor {
 };
 
 // Pinned host bytes that offloaded tensors may hold at once (default: 80 % of MemAvailable at the
-// first offload). Beyond it tensors stay on the GPU ("where host memory is short").
+// first offload; a negative value restores it). Beyond it tensors stay on the GPU ("where host
+// memory is short").
 void set_offload_host_budget(int64_t bytes);
 struct OffloadStats {
   int64_t host_bytes = 0, peak_host_bytes = 0;  // pinned bytes held by offloaded tensors

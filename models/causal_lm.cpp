@@ -400,6 +400,7 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
   const bool training = !cache && ag::grad_enabled();
   ag::CheckpointOptions checkpoint_options;
   checkpoint_options.offload = checkpointing_ == Checkpointing::kOffload;
+  checkpoint_options.stash_attention = checkpoint_options.offload;  // the rerun skips the attention forward
   checkpoint_options.captures_trainable = true;  // the layer's LoRA (or full) weights
   Device at = device_;  // where x and ctx's tensors are
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -60,6 +60,27 @@ TEST_P(CheckpointingCuda, ModesGiveTheSameLossAndGradients) {
   EXPECT_EQ(offload_stats().host_bytes, 0) << "every offloaded layer input came back";
 }
 
+// Offload's attention stash: with pinned memory every layer's attention output goes to the host
+// and its rerun takes it back (one a layer); with too little for half of one output nothing is
+// stashed (the reruns compute the attention) and the layer inputs have the rest; the results are
+// the same either way.
+TEST_P(CheckpointingCuda, OffloadStashesAttentionWhileHalfThePinnedBudgetLasts) {
+  const ModeRun none = train_two_micro_batches(GetParam(), DType::f32, Checkpointing::kNone);
+  ASSERT_FALSE(none.grads.empty());
+  for (int64_t budget : {int64_t(1) << 40, int64_t(1)}) {
+    set_offload_host_budget(budget);
+    const int64_t hits = ag::stash_hits();
+    const ModeRun r = train_two_micro_batches(GetParam(), DType::f32, Checkpointing::kOffload);
+    const int64_t taken = ag::stash_hits() - hits;
+    if (budget > 1) EXPECT_GT(taken, 0) << "stashed with room";
+    else EXPECT_EQ(taken, 0) << "nothing stashed without room";
+    for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_NEAR(r.losses[i], none.losses[i], 1e-6 * std::abs(none.losses[i]));
+    for (auto& [param, g] : none.grads) EXPECT_LT(rel_err(r.grads.at(param), g), 1e-6) << param;
+  }
+  set_offload_host_budget(-1);  // back to the default
+  EXPECT_EQ(offload_stats().host_bytes, 0) << "every offloaded tensor came back";
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CheckpointingCuda, ::testing::ValuesIn(fixture_variants()),
                          [](const auto& info) { return info.param; });
 

@@ -1,10 +1,12 @@
-// --checkpointing recompute on the CPU, for every family fixture with its PEFT adapter: the rerun in
-// backward skips what nothing reads (a pre-norm layer's down_proj and last residual add, recorded
-// with OutputUse::kRootOnly: two unread outputs a layer, none for Gemma 2/3's sandwich layers, whose
-// post-feedforward norm reads down_proj's output), and the loss and every LoRA gradient are those of
-// keeping everything, bit for bit (f32, the same kernels in the same order).
+// --checkpointing recompute and offload on the CPU, for every family fixture with its PEFT adapter:
+// the rerun in backward skips what nothing reads (a pre-norm layer's down_proj and last residual
+// add, recorded with OutputUse::kRootOnly: two unread outputs a layer, none for Gemma 2/3's sandwich
+// layers, whose post-feedforward norm reads down_proj's output); under offload it also takes each
+// layer's attention output from the first run's stash (one a layer); and the loss and every LoRA
+// gradient are those of keeping everything, bit for bit (f32, the same kernels in the same order).
 #include <map>
 
+#include "autograd/functions.h"
 #include "autograd/tape.h"
 #include "models/causal_lm.h"
 #include "models/lora.h"
@@ -17,6 +19,7 @@ struct StepRun {
   double loss = 0;
   std::map<std::string, std::vector<double>> grads;
   int64_t unread = 0;  // outputs the step recorded unread
+  int64_t stashed = 0;  // attention outputs the reruns took from a stash
   int64_t layers = 0;
 };
 
@@ -29,11 +32,12 @@ StepRun train_step(const std::string& variant, Checkpointing mode) {
   (*model)->set_checkpointing(mode);
   out.layers = (*model)->config().num_hidden_layers;
   auto in = read_all(fixture_dir(variant) + "/inputs.safetensors");
-  const int64_t before = ag::unread_outputs();
+  const int64_t before = ag::unread_outputs(), hits = ag::stash_hits();
   ag::Variable loss = (*model)->loss(in["input_ids"], in["labels"]);
   out.loss = loss.value().to_doubles()[0];
   ag::backward(loss);
   out.unread = ag::unread_outputs() - before;
+  out.stashed = ag::stash_hits() - hits;
   for (auto& [name, v] : lora_parameters(**model)) out.grads[name] = v->grad().to_doubles();
   return out;
 }
@@ -42,13 +46,18 @@ class Recompute : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Recompute, SkipsWhatNothingReadsWithTheSameGradients) {
   const StepRun none = train_step(GetParam(), Checkpointing::kNone);
-  const StepRun rerun = train_step(GetParam(), Checkpointing::kRecompute);
   ASSERT_FALSE(none.grads.empty());
   EXPECT_EQ(none.unread, 0) << "without checkpointing every output is read";
+  EXPECT_EQ(none.stashed, 0);
   const bool sandwich = GetParam().rfind("gemma2", 0) == 0 || GetParam().rfind("gemma3", 0) == 0;
-  EXPECT_EQ(rerun.unread, sandwich ? 0 : 2 * rerun.layers) << "down_proj and the residual add of each layer";
-  EXPECT_EQ(rerun.loss, none.loss);
-  for (const auto& [param, g] : none.grads) EXPECT_EQ(rerun.grads.at(param), g) << param;
+  for (Checkpointing mode : {Checkpointing::kRecompute, Checkpointing::kOffload}) {
+    const StepRun rerun = train_step(GetParam(), mode);
+    const std::string what = checkpointing_name(mode);
+    EXPECT_EQ(rerun.unread, sandwich ? 0 : 2 * rerun.layers) << what << ": down_proj and the residual add of each layer";
+    EXPECT_EQ(rerun.stashed, mode == Checkpointing::kOffload ? rerun.layers : 0) << what << ": attention outputs stashed";
+    EXPECT_EQ(rerun.loss, none.loss) << what;
+    for (const auto& [param, g] : none.grads) EXPECT_EQ(rerun.grads.at(param), g) << what << " " << param;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Recompute, ::testing::ValuesIn(fixture_variants()),
