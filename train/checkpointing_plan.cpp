@@ -70,7 +70,7 @@ std::string out_of_memory_advice(const TrainConfig& cfg, std::optional<Checkpoin
   std::vector<std::string> tries;
   if (mode == Checkpointing::kNone)
     tries.push_back("--checkpointing recompute (each decoder layer keeps only its input and recomputes the rest in "
-                    "backward, about a third more time) or --checkpointing offload (those inputs in pinned host memory)");
+                    "backward, a quarter to a third more time) or --checkpointing offload (those inputs in pinned host memory)");
   if (mode == Checkpointing::kRecompute)
     tries.push_back("--checkpointing offload (the layer inputs go to pinned host memory, a few per cent more time)");
   if (mode && cfg.batch_size > 1)

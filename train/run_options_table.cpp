@@ -281,9 +281,10 @@ std::vector<RunOption> make_table() {
     RunOption o{"checkpointing", false, "auto",
                 "auto (the fastest of the three whose memory fits, estimated once the model is loaded), none (keep "
                 "every activation: fastest, most memory), recompute (keep each layer's input, recompute the layer in "
-                "backward: about a third more compute, activation memory of one layer), offload (as recompute, with "
-                "the layer inputs in pinned host memory, copied on a side stream: the least GPU memory; on the CPU the "
-                "same as recompute)",
+                "backward, less what nothing reads: a quarter to a third more compute, activation memory of one layer), "
+                "offload (as recompute, with the layer inputs in pinned host memory, copied on a side stream, and "
+                "the attention outputs too while they fit, so that backward does not run the attention again: the "
+                "least GPU memory; on the CPU recompute with each layer's attention output kept for the rerun)",
                 kFree};
     o.set = [](const std::string& t, C& c) -> absl::Status {
       if (t == "auto") {
