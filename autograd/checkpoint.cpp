@@ -94,7 +94,9 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
   std::vector<Variable> outs;
   {
     NoGradGuard no_grad;
-    const detail::StashScope stash(recording && options.stash_attention ? &saved->stash : nullptr, /*replay=*/false);
+    const bool stash = recording && options.stash_room;
+    const detail::StashScope scope(stash ? &saved->stash : nullptr, /*replay=*/false,
+                                   stash ? options.stash_room.get() : nullptr);
     outs = fn(inputs);
   }
   if (!recording) return outs;

@@ -1,7 +1,9 @@
 // Differentiable functions on Variables. Each records a Node only when an input requires grad;
 // forward and backward of each live side by side in autograd/fn_<family>.cpp.
 #pragma once
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -156,9 +158,10 @@ struct CheckpointOptions {
   // on, also when no input requires grad.
   bool captures_trainable = false;
   // Send each attention's output and log-sum-exp from fn's first run to its rerun through pinned
-  // host memory (autograd/stash.h, while half the pinned budget lasts), so that the rerun takes
-  // them instead of running the attention forward again. For offload, whose host copies it joins.
-  bool stash_attention = false;
+  // host memory (autograd/stash.h), so that the rerun takes them instead of running the attention
+  // forward again: the pinned bytes the checkpoints sharing it may still fill (null: none). For
+  // offload, whose host copies it joins.
+  std::shared_ptr<std::atomic<int64_t>> stash_room;
 };
 // Attention outputs this thread's reruns took from a stash so far (tests count them).
 int64_t stash_hits();

@@ -6,6 +6,7 @@ namespace loom::ag {
 namespace {
 thread_local detail::Stash* t_stash = nullptr;
 thread_local bool t_replay = false;
+thread_local detail::StashRoom* t_room = nullptr;
 thread_local int64_t t_stash_hits = 0;
 }  // namespace
 
@@ -13,19 +14,23 @@ int64_t stash_hits() { return t_stash_hits; }
 
 namespace detail {
 
-// Half the pinned budget: the rest is the layer inputs'.
-constexpr double kStashBudgetFraction = 0.5;
-
-void Stash::put(const std::vector<Tensor>& values) {
+void Stash::put(const std::vector<Tensor>& values, StashRoom& room) {
+  int64_t bytes = 0;  // pinned bytes the entry takes (CPU tensors are kept where they are)
+  for (const Tensor& v : values)
+    if (v.is_cuda()) bytes += static_cast<int64_t>(v.nbytes());
   std::vector<std::shared_ptr<OffloadedTensor>> entry;
-  for (const Tensor& v : values) {
-    std::shared_ptr<OffloadedTensor> o = OffloadedTensor::offload_if_room(v, kStashBudgetFraction);
-    if (!o) {  // no room: the entry is dropped whole (what was copied goes back to the cache)
-      entry.clear();
-      break;
+  const bool fits = bytes == 0 || room.fetch_sub(bytes) >= bytes;  // taken from the room when it fits
+  if (fits) {
+    for (const Tensor& v : values) {
+      std::shared_ptr<OffloadedTensor> o = OffloadedTensor::offload_or_drop(v);
+      if (!o) {  // the budget is spent after all: dropped whole (what was copied goes back to the cache)
+        entry.clear();
+        break;
+      }
+      entry.push_back(std::move(o));
     }
-    entry.push_back(std::move(o));
   }
+  if (bytes > 0 && entry.empty()) room.fetch_add(bytes);  // given back (also what a misfit took)
   entries_.push_back(std::move(entry));
 }
 
@@ -44,14 +49,19 @@ void Stash::prefetch() {
     for (auto& o : entries_[i]) o->prefetch();
 }
 
-StashScope::StashScope(Stash* stash, bool replay) : previous_(t_stash), previous_replay_(t_replay) {
+StashScope::StashScope(Stash* stash, bool replay, StashRoom* room)
+    : previous_(t_stash), previous_replay_(t_replay), previous_room_(t_room) {
+  LOOM_CHECK(stash == nullptr || replay || room != nullptr, "StashScope: a first run's stash needs its room");
   t_stash = stash;
   t_replay = replay;
+  t_room = room;
 }
 StashScope::~StashScope() {
   t_stash = previous_;
   t_replay = previous_replay_;
+  t_room = previous_room_;
 }
+StashRoom& StashScope::room() { return *t_room; }
 Stash* StashScope::writing() { return t_stash && !t_replay ? t_stash : nullptr; }
 Stash* StashScope::reading() { return t_stash && t_replay ? t_stash : nullptr; }
 

@@ -1,10 +1,12 @@
 // Internal to autograd (checkpoint.cpp, fn_attention.cpp): values a checkpoint's first run sends
 // ahead to its rerun in backward, so that the rerun takes them instead of computing them again.
 // Under offload checkpointing each attention's output and log-sum-exp go this way: to pinned host
-// memory with the layer's input, while at most half the pinned budget is held (the layer inputs,
-// which must leave the GPU, keep the rest); an entry that does not fit is dropped and its rerun
-// computes it. The rerun asks for the entries in the order the first run gave them.
+// memory with the layer's input, within the room the forward gave its checkpoints (what the layer
+// inputs, which must leave the GPU, leave of the pinned budget); an entry that does not fit is
+// dropped and its rerun computes it. The rerun asks for the entries in the order the first run
+// gave them.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -15,10 +17,13 @@
 
 namespace loom::ag::detail {
 
+// Pinned bytes the stashes of one forward may still fill, shared by its checkpoints.
+using StashRoom = std::atomic<int64_t>;
+
 class Stash {
  public:
-  // First run: offloads the values (all or none of them).
-  void put(const std::vector<Tensor>& values);
+  // First run: offloads the values, all or none of them (none when room has not their bytes).
+  void put(const std::vector<Tensor>& values, StashRoom& room);
   // Rerun: the next entry's values back on their device, or nullopt for a dropped one.
   std::optional<std::vector<Tensor>> take();
   // Starts copying every entry back (the checkpoint before this one's backward calls it).
@@ -33,16 +38,18 @@ class Stash {
 // while one lives; null outside a checkpoint that stashes.
 class StashScope {
  public:
-  StashScope(Stash* stash, bool replay);
+  StashScope(Stash* stash, bool replay, StashRoom* room = nullptr);
   ~StashScope();
   StashScope(const StashScope&) = delete;
   StashScope& operator=(const StashScope&) = delete;
   static Stash* writing();  // the first run's, or null
   static Stash* reading();  // the rerun's, or null
+  static StashRoom& room();  // the first run's room (writing() is not null)
 
  private:
   Stash* previous_;
   bool previous_replay_;
+  StashRoom* previous_room_;
 };
 
 }  // namespace loom::ag::detail

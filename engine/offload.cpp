@@ -54,6 +54,7 @@ std::shared_ptr<OffloadedTensor> OffloadedTensor::keep(const Tensor& t) {
 }
 
 void set_offload_host_budget(int64_t bytes) { g_budget.store(bytes < 0 ? -1 : bytes); }
+int64_t offload_host_room() { return std::max<int64_t>(budget() - g_host_bytes.load(), 0); }
 OffloadStats offload_stats() { return {g_host_bytes.load(), g_peak_host_bytes.load(), g_kept.load()}; }
 void reset_offload_peak() { g_peak_host_bytes.store(g_host_bytes.load()); }
 
@@ -126,21 +127,20 @@ void defer(Tensor keep, std::shared_ptr<OffloadedTensor::Event> done) {
 
 }  // namespace
 
-std::shared_ptr<OffloadedTensor> OffloadedTensor::offload_if_room(const Tensor& t, double fraction) {
-  if (t.is_cuda() &&
-      g_host_bytes.load() + static_cast<int64_t>(t.nbytes()) > static_cast<int64_t>(double(budget()) * fraction))
-    return nullptr;
-  return offload(t);
-}
+std::shared_ptr<OffloadedTensor> OffloadedTensor::offload(const Tensor& t) { return copy_down(t, false); }
 
-std::shared_ptr<OffloadedTensor> OffloadedTensor::offload(const Tensor& t) {
+std::shared_ptr<OffloadedTensor> OffloadedTensor::offload_or_drop(const Tensor& t) { return copy_down(t, true); }
+
+std::shared_ptr<OffloadedTensor> OffloadedTensor::copy_down(const Tensor& t, bool optional) {
   std::shared_ptr<OffloadedTensor> o(new OffloadedTensor());
   o->device_ = t;
   if (!t.is_cuda()) return o;
   // The previous layer's copy down has had this layer's forward to finish: order the compute
-  // stream after it and let its device block go.
-  reap(/*wait_for_device_blocks=*/true);
+  // stream after it and let its device block go. (Not for an optional copy mid-layer: the copies
+  // queued just before it, this layer's input's among them, cannot have finished.)
+  reap(/*wait_for_device_blocks=*/!optional);
   if (g_host_bytes.load() + static_cast<int64_t>(t.nbytes()) > budget()) {
+    if (optional) return nullptr;
     g_kept.fetch_add(1);
     return o;
   }
@@ -189,15 +189,18 @@ OffloadedTensor::~OffloadedTensor() {
   if (!host_.defined()) return;
   count_host(-host_.nbytes());
   if (up_ || down_) defer(host_, up_ ? up_ : down_);  // a copy may still use the block
+  // Copied back but never fetched (an exception between a prefetch and its use): the copy up may
+  // still write the device block.
+  if (fetching_ && device_.defined()) defer(device_, up_);
 }
 
 #else  // CPU-only build: nothing leaves the host.
 
 struct OffloadedTensor::Event {};
 
-std::shared_ptr<OffloadedTensor> OffloadedTensor::offload_if_room(const Tensor& t, double) { return offload(t); }
-
-std::shared_ptr<OffloadedTensor> OffloadedTensor::offload(const Tensor& t) {
+std::shared_ptr<OffloadedTensor> OffloadedTensor::offload(const Tensor& t) { return copy_down(t, false); }
+std::shared_ptr<OffloadedTensor> OffloadedTensor::offload_or_drop(const Tensor& t) { return copy_down(t, true); }
+std::shared_ptr<OffloadedTensor> OffloadedTensor::copy_down(const Tensor& t, bool) {
   std::shared_ptr<OffloadedTensor> o(new OffloadedTensor());
   o->device_ = t;
   return o;

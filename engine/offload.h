@@ -15,10 +15,11 @@ class OffloadedTensor {
   // device's compute stream. When the pinned budget (set_offload_host_budget) is spent, t stays on
   // the GPU instead and fetch() returns it as it is. CPU tensors are kept as they are.
   static std::shared_ptr<OffloadedTensor> offload(const Tensor& t);
-  // As offload(), for a tensor that is only worth keeping off the GPU: null (nothing copied, nothing
-  // kept) unless the pinned bytes held with it stay within `fraction` of the budget, so that what
-  // must be offloaded (layer inputs) keeps the rest. CPU tensors are kept as they are.
-  static std::shared_ptr<OffloadedTensor> offload_if_room(const Tensor& t, double fraction);
+  // As offload(), for a tensor sent to host memory mid-layer (the attention stash): null (nothing
+  // copied, nothing kept) when the pinned budget has no room for it, and the compute stream is not
+  // made to wait for earlier copies down (offload() does, to release their device blocks: the next
+  // layer input's offload does it for these). CPU tensors are kept as they are.
+  static std::shared_ptr<OffloadedTensor> offload_or_drop(const Tensor& t);
   // Holds t where it is (fetch() returns it): the no-offload case behind the same interface.
   static std::shared_ptr<OffloadedTensor> keep(const Tensor& t);
   ~OffloadedTensor();
@@ -36,6 +37,8 @@ class OffloadedTensor {
 
  private:
   OffloadedTensor() = default;
+  // offload() (optional = false) and offload_or_drop() (true).
+  static std::shared_ptr<OffloadedTensor> copy_down(const Tensor& t, bool optional);
   Tensor device_;  // a kept (not offloaded) tensor, or the copy back
   Tensor host_;    // pinned
   int device_index_ = -1;
@@ -47,6 +50,8 @@ class OffloadedTensor {
 // first offload; a negative value restores it). Beyond it tensors stay on the GPU ("where host
 // memory is short").
 void set_offload_host_budget(int64_t bytes);
+// The pinned bytes still free under the budget now.
+int64_t offload_host_room();
 struct OffloadStats {
   int64_t host_bytes = 0, peak_host_bytes = 0;  // pinned bytes held by offloaded tensors
   int64_t kept_on_device = 0;                   // tensors the budget kept on the GPU

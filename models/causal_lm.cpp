@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda_context.h"
 #include "engine/model_path.h"
+#include "engine/offload.h"
 #include "engine/status_macros.h"
 #include "models/bnb_checkpoint.h"
 #include "models/checkpoint.h"
@@ -400,7 +401,12 @@ ag::Variable CausalLM::hidden_states(const Tensor& input_ids, detail::LayerConte
   const bool training = !cache && ag::grad_enabled();
   ag::CheckpointOptions checkpoint_options;
   checkpoint_options.offload = checkpointing_ == Checkpointing::kOffload;
-  checkpoint_options.stash_attention = checkpoint_options.offload;  // the rerun skips the attention forward
+  if (training && checkpoint_options.offload) {
+    // The attention outputs may fill what the layer inputs (which must leave the GPU) leave of the
+    // pinned budget, less an eighth of theirs: backward's reruns then skip the attention forwards.
+    const int64_t inputs = static_cast<int64_t>(layers_.size()) * static_cast<int64_t>(x.value().nbytes());
+    checkpoint_options.stash_room = std::make_shared<std::atomic<int64_t>>(offload_host_room() - inputs - inputs / 8);
+  }
   checkpoint_options.captures_trainable = true;  // the layer's LoRA (or full) weights
   Device at = device_;  // where x and ctx's tensors are
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -38,7 +38,10 @@ CheckpointingNeeds estimate_checkpointing_needs(const ModelConfig& c, int64_t to
   CheckpointingNeeds n;
   n.none = all + kLossWorkspaceBytes + fixed_bytes;
   n.recompute = c.num_hidden_layers * input + std::max(kLossWorkspaceBytes, largest + kSlack) + fixed_bytes;
-  n.offload = std::max(kLossWorkspaceBytes, largest + 4 * input + kSlack) + fixed_bytes;
+  // Offload's attention stash (autograd/stash.h): the layer before's attention output and
+  // log-sum-exp come back with its input, one layer ahead of need.
+  const int64_t stashed = tokens * (c.q_dim() * bytes_for(act, 1) + c.num_attention_heads * 4);
+  n.offload = std::max(kLossWorkspaceBytes, largest + 4 * input + stashed + kSlack) + fixed_bytes;
   return n;
 }
 

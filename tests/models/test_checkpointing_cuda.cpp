@@ -60,20 +60,29 @@ TEST_P(CheckpointingCuda, ModesGiveTheSameLossAndGradients) {
   EXPECT_EQ(offload_stats().host_bytes, 0) << "every offloaded layer input came back";
 }
 
-// Offload's attention stash: with pinned memory every layer's attention output goes to the host
-// and its rerun takes it back (one a layer); with too little for half of one output nothing is
-// stashed (the reruns compute the attention) and the layer inputs have the rest; the results are
-// the same either way.
-TEST_P(CheckpointingCuda, OffloadStashesAttentionWhileHalfThePinnedBudgetLasts) {
+// Offload's attention stash: with room every layer's attention output goes to the host and its
+// rerun takes it back (one a layer and micro-batch); with a pinned budget just large enough for the
+// layer inputs nothing is stashed and no input is pushed back onto the GPU by it; with none at all
+// nothing is stashed either. The results are the same every time.
+TEST_P(CheckpointingCuda, OffloadStashesAttentionInWhatTheInputsLeave) {
   const ModeRun none = train_two_micro_batches(GetParam(), DType::f32, Checkpointing::kNone);
   ASSERT_FALSE(none.grads.empty());
-  for (int64_t budget : {int64_t(1) << 40, int64_t(1)}) {
-    set_offload_host_budget(budget);
-    const int64_t hits = ag::stash_hits();
+  auto model = CausalLM::load(fixture_dir(GetParam()), {DType::f32, Device::cpu()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config();
+  auto in = read_all(fixture_dir(GetParam()) + "/inputs.safetensors");
+  const int64_t inputs = c.num_hidden_layers * in["input_ids"].numel() * c.hidden_size * 4;  // f32 layer inputs
+  struct Budget {
+    int64_t bytes;
+    bool stashes;
+  } budgets[] = {{int64_t(1) << 40, true}, {inputs + inputs / 16, false}, {1, false}};
+  for (const Budget& b : budgets) {
+    set_offload_host_budget(b.bytes);
+    const int64_t hits = ag::stash_hits(), kept = offload_stats().kept_on_device;
     const ModeRun r = train_two_micro_batches(GetParam(), DType::f32, Checkpointing::kOffload);
     const int64_t taken = ag::stash_hits() - hits;
-    if (budget > 1) EXPECT_GT(taken, 0) << "stashed with room";
-    else EXPECT_EQ(taken, 0) << "nothing stashed without room";
+    EXPECT_EQ(taken, b.stashes ? 2 * c.num_hidden_layers : 0) << "budget " << b.bytes;
+    if (b.bytes > 1) EXPECT_EQ(offload_stats().kept_on_device, kept) << "budget " << b.bytes << ": inputs kept on the GPU";
     for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_NEAR(r.losses[i], none.losses[i], 1e-6 * std::abs(none.losses[i]));
     for (auto& [param, g] : none.grads) EXPECT_LT(rel_err(r.grads.at(param), g), 1e-6) << param;
   }
