@@ -86,6 +86,7 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
   const bool recording = options.captures_trainable ? grad_enabled() : should_record(in_ptrs);
   // Offloading starts before fn runs, so that the copy down overlaps this checkpoint's compute.
   auto saved = std::make_shared<Saved>();
+  if (recording && options.stash_room) saved->stash = detail::Stash(options.stash_room);
   if (recording) {
     for (const auto& v : inputs)
       saved->inputs.push_back(options.offload ? OffloadedTensor::offload(v.value())
@@ -94,9 +95,7 @@ std::vector<Variable> checkpoint(const CheckpointFn& fn, const std::vector<Varia
   std::vector<Variable> outs;
   {
     NoGradGuard no_grad;
-    const bool stash = recording && options.stash_room;
-    const detail::StashScope scope(stash ? &saved->stash : nullptr, /*replay=*/false,
-                                   stash ? options.stash_room.get() : nullptr);
+    const detail::StashScope scope(recording && options.stash_room ? &saved->stash : nullptr, /*replay=*/false);
     outs = fn(inputs);
   }
   if (!recording) return outs;

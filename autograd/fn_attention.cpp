@@ -21,7 +21,7 @@ Variable attention(const Variable& q, const Variable& k, const Variable& v, cons
   } else {
     r = ops::attention(q.value(), k.value(), v.value(), opt);
   }
-  if (detail::Stash* s = detail::StashScope::writing()) s->put({r.out, r.lse}, detail::StashScope::room());
+  if (detail::Stash* s = detail::StashScope::writing()) s->put({r.out, r.lse});
   Tensor qv = q.value(), kv = k.value(), vv = v.value(), out = r.out, lse = r.lse;
   auto backward = [qv, kv, vv, out, lse, opt](Node&, const Grads& g) {
     ops::AttentionGrads d = ops::attention_backward(qv, kv, vv, out, g[0], lse, opt);

@@ -9,13 +9,8 @@ Variable add(const Variable& a, const Variable& b, OutputUse use) {
   LOOM_CHECK(use == OutputUse::kRead || (a.value().shape() == b.value().shape() && a.dtype() == b.dtype() &&
                                          a.value().device() == b.value().device()),
              "add: ", a.value().str(), " and ", b.value().str(), " differ in shape, dtype or device");
-  Tensor sum;
-  if (use == OutputUse::kRead) {
-    sum = ops::add(a.value(), b.value());
-  } else {
-    sum = Tensor::empty(a.value().shape(), a.dtype(), a.value().device());
-    detail::count_unread_output();
-  }
+  Tensor sum = use == OutputUse::kRead ? ops::add(a.value(), b.value())
+                                       : detail::unread_value(a.value().shape(), a.dtype(), a.value().device());
   return record1(node_of("add", [](Node&, const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0], g[0]}; }),
                  {&a, &b}, std::move(sum));
 }

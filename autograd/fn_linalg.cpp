@@ -49,13 +49,9 @@ Variable matmul(const Variable& a, const Variable& b, bool ta, bool tb, OutputUs
     }
     return Grads{da, db};
   };
-  Tensor c;
-  if (use == OutputUse::kRead) {
-    c = ops::matmul(a.value(), b.value(), ta, tb);
-  } else {
-    c = Tensor::empty(product_shape(a.value(), b.value(), ta, tb), a.dtype(), a.value().device());
-    detail::count_unread_output();
-  }
+  Tensor c = use == OutputUse::kRead
+                 ? ops::matmul(a.value(), b.value(), ta, tb)
+                 : detail::unread_value(product_shape(a.value(), b.value(), ta, tb), a.dtype(), a.value().device());
   return record1(node_of("matmul", backward), {&a, &b}, std::move(c));
 }
 

@@ -66,8 +66,7 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
   Tensor y;
   if (!read) {
-    y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-    detail::count_unread_output();
+    y = detail::unread_value({x2.size(0), out}, cdt, xv.device());
   } else if (!first) {
     y = ops::matmul(x2, w.value(), false, true);    // [n, in] x [out, in]^T -> [n, out]
     if (bias) y = ops::add_bias(y, bias->value());  // the base layer's output, rounded, as PEFT adds to it
@@ -85,9 +84,11 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
     // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
     const Tensor b_hhl = ops::bf16_split(b.value().to(DType::f32), "hhl");  // [out, 3r]
-    if (read && first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-    if (read) ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);
-    if (read && first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
+    if (read) {
+      if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
+      ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);
+      if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
+    }
     t_keep = t_parts[1];                                                        // [n, 2r]
     b_keep = b_hhl.narrow(1, r, 2 * r);  // [out, 2r], row stride 3r (GEMMs take it as it is)
     if (x.requires_grad()) a_keep = a_hhl;                                      // [3r, in]
@@ -194,8 +195,7 @@ Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rem
     y = ops::matmul(xv.reshape({-1, w.size(1)}), w.value(), false, true);
     if (bias) y = ops::add_bias(y, bias->value());
   } else {
-    y = Tensor::empty({xv.numel() / w.size(1), w.size(0)}, xv.dtype(), xv.device());
-    detail::count_unread_output();
+    y = detail::unread_value({xv.numel() / w.size(1), w.size(0)}, xv.dtype(), xv.device());
   }
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
   const DType bias_dtype = bias ? bias->dtype() : DType::f32;

@@ -6,7 +6,6 @@ namespace loom::ag {
 namespace {
 thread_local detail::Stash* t_stash = nullptr;
 thread_local bool t_replay = false;
-thread_local detail::StashRoom* t_room = nullptr;
 thread_local int64_t t_stash_hits = 0;
 }  // namespace
 
@@ -14,7 +13,9 @@ int64_t stash_hits() { return t_stash_hits; }
 
 namespace detail {
 
-void Stash::put(const std::vector<Tensor>& values, StashRoom& room) {
+void Stash::put(const std::vector<Tensor>& values) {
+  if (!room_) return;
+  StashRoom& room = *room_;
   int64_t bytes = 0;  // pinned bytes the entry takes (CPU tensors are kept where they are)
   for (const Tensor& v : values)
     if (v.is_cuda()) bytes += static_cast<int64_t>(v.nbytes());
@@ -49,19 +50,14 @@ void Stash::prefetch() {
     for (auto& o : entries_[i]) o->prefetch();
 }
 
-StashScope::StashScope(Stash* stash, bool replay, StashRoom* room)
-    : previous_(t_stash), previous_replay_(t_replay), previous_room_(t_room) {
-  LOOM_CHECK(stash == nullptr || replay || room != nullptr, "StashScope: a first run's stash needs its room");
+StashScope::StashScope(Stash* stash, bool replay) : previous_(t_stash), previous_replay_(t_replay) {
   t_stash = stash;
   t_replay = replay;
-  t_room = room;
 }
 StashScope::~StashScope() {
   t_stash = previous_;
   t_replay = previous_replay_;
-  t_room = previous_room_;
 }
-StashRoom& StashScope::room() { return *t_room; }
 Stash* StashScope::writing() { return t_stash && !t_replay ? t_stash : nullptr; }
 Stash* StashScope::reading() { return t_stash && t_replay ? t_stash : nullptr; }
 

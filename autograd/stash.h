@@ -22,14 +22,18 @@ using StashRoom = std::atomic<int64_t>;
 
 class Stash {
  public:
-  // First run: offloads the values, all or none of them (none when room has not their bytes).
-  void put(const std::vector<Tensor>& values, StashRoom& room);
+  // A stash that puts nothing (the checkpoint does not stash), or one taking from room.
+  Stash() = default;
+  explicit Stash(std::shared_ptr<StashRoom> room) : room_(std::move(room)) {}
+  // First run: offloads the values, all or none of them (none when the room has not their bytes).
+  void put(const std::vector<Tensor>& values);
   // Rerun: the next entry's values back on their device, or nullopt for a dropped one.
   std::optional<std::vector<Tensor>> take();
   // Starts copying every entry back (the checkpoint before this one's backward calls it).
   void prefetch();
 
  private:
+  std::shared_ptr<StashRoom> room_;
   std::vector<std::vector<std::shared_ptr<OffloadedTensor>>> entries_;  // an empty one was dropped
   size_t next_ = 0;
 };
@@ -38,18 +42,16 @@ class Stash {
 // while one lives; null outside a checkpoint that stashes.
 class StashScope {
  public:
-  StashScope(Stash* stash, bool replay, StashRoom* room = nullptr);
+  StashScope(Stash* stash, bool replay);
   ~StashScope();
   StashScope(const StashScope&) = delete;
   StashScope& operator=(const StashScope&) = delete;
   static Stash* writing();  // the first run's, or null
   static Stash* reading();  // the rerun's, or null
-  static StashRoom& room();  // the first run's room (writing() is not null)
 
  private:
   Stash* previous_;
   bool previous_replay_;
-  StashRoom* previous_room_;
 };
 
 }  // namespace loom::ag::detail

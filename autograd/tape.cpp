@@ -36,7 +36,10 @@ namespace {
 thread_local int64_t t_unread_outputs = 0;
 }  // namespace
 int64_t unread_outputs() { return t_unread_outputs; }
-void detail::count_unread_output() { ++t_unread_outputs; }
+Tensor detail::unread_value(const Shape& shape, DType dtype, Device device) {
+  ++t_unread_outputs;
+  return Tensor::empty(shape, dtype, device);
+}
 
 size_t tape_size() { return current().nodes.size(); }
 void clear_tape() { current().nodes.clear(); }

@@ -68,7 +68,8 @@ bool recomputing();
 // what tests count to see that a recomputation skips the work.
 int64_t unread_outputs();
 namespace detail {
-void count_unread_output();
+// An unread output's value: uninitialised, of the shape and dtype the computed one would have.
+Tensor unread_value(const Shape& shape, DType dtype, Device device);
 }  // namespace detail
 
 // Number of nodes on the current tape (tests, diagnostics).
