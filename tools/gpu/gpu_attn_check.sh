@@ -13,12 +13,8 @@ mkdir -p "$out"
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/build.log"
 
-start=$(date +%s)
-{ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-    -DLOOM_BUILD_BENCH=ON && ninja -C build-gpu kernels_test_wgmma_cuda kernels_test_attention_cuda kernels_test_nan_propagation_cuda loom_bench; } >> "$out/build.log" 2>&1
-rc=$?
-echo "build: exit $rc in $(( $(date +%s) - start )) s"
-if [ $rc -ne 0 ]; then grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; fi
+BUILD_LOG="$out/build.log" tools/gpu/build.sh kernels_test_wgmma_cuda kernels_test_attention_cuda \
+  kernels_test_nan_propagation_cuda loom_bench || exit 1
 test_bin=$(find build-gpu -name kernels_test_attention_cuda -type f -perm -u+x | head -1)
 bench_bin=build-gpu/bench/loom_bench
 

@@ -16,11 +16,7 @@ stages=${LOOM_STAGES:-build test bench}
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/build.log"
 if [[ $stages == *build* ]]; then
-  start=$(date +%s)
-  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-      && timeout "${LOOM_BUILD_TIMEOUT:-360}" cmake --build build-gpu -j"$(nproc)"; } >> "$out/build.log" 2>&1
-  echo "build: exit $? in $(( $(date +%s) - start )) s" | tee -a "$out/build.log"
-  grep -E "error|FAILED" "$out/build.log" | head -20
+  BUILD_LOG="$out/build.log" tools/gpu/build.sh | tee -a "$out/build.log"
 fi
 if [[ $stages == *test* ]]; then
   timeout "${LOOM_TEST_TIMEOUT:-240}" ctest --test-dir build-gpu --output-on-failure -j8 --timeout 120 > "$out/ctest.log" 2>&1
@@ -111,8 +107,7 @@ if [[ $stages == *attn* ]]; then
     grep -E "^(test|== |peer|build|flash kernel)|/bf16/|Failure|rel_error|which is|b[0-9]+ s[0-9]+"
 fi
 if [[ $stages == *nf4* ]]; then
-  if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-           -DLOOM_BUILD_BENCH=ON && ninja -C build-gpu loom_bench kernels_test_nf4_cuda; } >> "$out/build.log" 2>&1; then
+  if ! BUILD_LOG="$out/build.log" tools/gpu/build.sh loom_bench kernels_test_nf4_cuda > /dev/null; then
     echo "nf4: build FAILED (see $out/build.log)"
     grep -E "error|FAILED" "$out/build.log" | tail -10
   fi

@@ -19,8 +19,8 @@ mkdir -p "$out"
 tests="kernels_test_grouped_gemm_cuda engine_test_grouped_matmul_cuda engine_test_ops_moe_cuda models_test_moe_mlp_cuda
   models_test_moe_families_cuda kernels_test_nf4_cuda kernels_test_attention_cuda engine_test_memory_cuda
   autograd_test_long_lived_pool_cuda autograd_test_fn_grouped models_test_dequant_scratch"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null || exit 1
-cmake --build build-gpu -j"$(nproc)" --target loom loom_bench $tests > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+# shellcheck disable=SC2086
+BUILD_LOG="$out/build.log" tools/gpu/build.sh loom loom_bench $tests || { tail -30 "$out/build.log"; exit 1; }
 ctest --test-dir build-gpu -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels|LongLivedPool|LeafGradients|CheckpointInputs|DequantScratch" \
   -j4 --timeout 300 --output-on-failure \
   > "$out/ctest.txt" 2>&1
