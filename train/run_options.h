@@ -35,9 +35,9 @@ struct RunOption {
   bool is_path = false;       // stored absolute, so a resumed run finds it from another working directory
   // Parses `text` (a switch: "true"/"false"), checks its range and stores it in the config; errors
   // name the flag and say what was expected.
-  std::function<absl::Status(const std::string& text, TrainConfig& c)> set;
+  std::function<absl::Status(const std::string& text, TrainConfig& c)> set = nullptr;
   // The value in `c` as canonical text, the form set() accepts and stored settings hold.
-  std::function<std::string(const TrainConfig& c)> get;
+  std::function<std::string(const TrainConfig& c)> get = nullptr;
 };
 
 // The table, in the order --help lists it.
