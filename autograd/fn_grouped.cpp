@@ -106,12 +106,17 @@ void dual_product(const char* op, const Weight& w, const Tensor& x, const Tensor
 
 // grouped_linear with w's Variable (trained, or frozen and kept) or, when w_var is null, w made by its fn.
 Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weight& w,
-                           const std::vector<int64_t>& offsets) {
+                           const std::vector<int64_t>& offsets, OutputUse use) {
   const char* op = "grouped_linear";
   const Tensor x = xs.value();
   check_shapes(op, x, w.shape(), offsets);
-  Tensor y = Tensor::empty({x.size(0), w.shape()[1]}, x.dtype(), x.device());
-  product(op, w, x, y, offsets, Pass::kForward);  // [n_e, in] x [out, in]^T
+  Tensor y;
+  if (use == OutputUse::kRead) {
+    y = Tensor::empty({x.size(0), w.shape()[1]}, x.dtype(), x.device());
+    product(op, w, x, y, offsets, Pass::kForward);  // [n_e, in] x [out, in]^T
+  } else {
+    y = detail::unread_value({x.size(0), w.shape()[1]}, x.dtype(), x.device());
+  }
   // dx needs w (a kept one cast again in backward rather than kept twice, or made again), dw needs x.
   const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
   const Weight keep_w = xs.requires_grad() ? w : Weight{};
@@ -139,7 +144,7 @@ Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weig
 // y rounded once). Backward, with dt = scale * dy b_e [N, r]:  db[e] = dy^T t,  da[e] = dt^T x,
 // dx = dy w_e + dt a_e (dual again),  dw[e] = dy^T x. w as in grouped_linear_of.
 Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const Weight& w, const Variable& a,
-                                const Variable& b, float scale, const std::vector<int64_t>& offsets) {
+                                const Variable& b, float scale, const std::vector<int64_t>& offsets, OutputUse use) {
   const char* op = "grouped_linear_lora";
   const Tensor x = xs.value();
   check_shapes(op, x, w.shape(), offsets);
@@ -153,8 +158,13 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
   const int64_t rows = x.size(0);
   Tensor t = Tensor::empty({rows, r}, cdt, x.device());
   ops::grouped_matmul_into(x, ac, t, offsets, true, scale, 0.f);  // scale [n_e, in] x [r, in]^T
-  Tensor y = Tensor::empty({rows, out}, cdt, x.device());
-  dual_product(op, w, x, t, bc, y, offsets, Pass::kForward);  // [n_e, in] x [out, in]^T + [n_e, r] x [out, r]^T
+  Tensor y;
+  if (use == OutputUse::kRead) {
+    y = Tensor::empty({rows, out}, cdt, x.device());
+    dual_product(op, w, x, t, bc, y, offsets, Pass::kForward);  // [n_e, in] x [out, in]^T + [n_e, r] x [out, r]^T
+  } else {
+    y = detail::unread_value({rows, out}, cdt, x.device());
+  }
 
   const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
   const bool need_x = xs.requires_grad(), need_a = a.requires_grad();
@@ -201,22 +211,23 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
 
 }  // namespace
 
-Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets) {
-  return grouped_linear_of(xs, &w, weight_of(w), offsets);
+Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets, OutputUse use) {
+  return grouped_linear_of(xs, &w, weight_of(w), offsets, use);
 }
 
-Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets) {
-  return grouped_linear_of(xs, nullptr, weight_of(w), offsets);
+Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets,
+                        OutputUse use) {
+  return grouped_linear_of(xs, nullptr, weight_of(w), offsets, use);
 }
 
 Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
-                             const std::vector<int64_t>& offsets) {
-  return grouped_linear_lora_of(xs, &w, weight_of(w), a, b, scale, offsets);
+                             const std::vector<int64_t>& offsets, OutputUse use) {
+  return grouped_linear_lora_of(xs, &w, weight_of(w), a, b, scale, offsets, use);
 }
 
 Variable grouped_linear_lora(const Variable& xs, const ExpertWeightFn& w, const Variable& a, const Variable& b,
-                             float scale, const std::vector<int64_t>& offsets) {
-  return grouped_linear_lora_of(xs, nullptr, weight_of(w), a, b, scale, offsets);
+                             float scale, const std::vector<int64_t>& offsets, OutputUse use) {
+  return grouped_linear_lora_of(xs, nullptr, weight_of(w), a, b, scale, offsets, use);
 }
 
 }  // namespace loom::ag

@@ -48,4 +48,35 @@ Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& 
   return record1(node_of("moe_combine", backward), {&ys, &weights}, ops::moe_combine(y, row_of, w));
 }
 
+Variable moe_sum(const Variable& ys, const ops::MoeDispatch& d, int64_t k, OutputUse use) {
+  const Device dev = ys.value().device();
+  const Tensor tokens = d.token_of_row.to(dev), rows = d.row_of.to(dev);
+  LOOM_CHECK(k >= 1 && ys.value().dim() == 2 && ys.size(0) == rows.numel() && rows.numel() % k == 0,
+             "moe_sum: ys ", ys.value().str(), " for ", rows.numel(), " rows of ", k, " per token");
+  const int64_t t = rows.numel() / k;
+  Tensor y;
+  if (use == OutputUse::kRead) {
+    Tensor ones = Tensor::empty({t, k}, ops::acc_dtype(ys.dtype()), dev);
+    ops::fill_(ones, 1.f);
+    y = ops::moe_combine(ys.value(), rows, ones);
+  } else {
+    y = detail::unread_value({t, ys.size(1)}, ys.dtype(), dev);
+  }
+  auto backward = [tokens](Node&, const Grads& g) { return Grads{ops::embedding(tokens, g[0])}; };
+  return record1(node_of("moe_sum", backward), {&ys}, y);
+}
+
+Variable moe_row_weights(const Variable& weights, const ops::MoeDispatch& d) {
+  const Tensor w = weights.value();
+  const Tensor rows = d.row_of.to(w.device());
+  LOOM_CHECK(w.dim() == 2 && w.numel() == rows.numel() && (w.dtype() == DType::f32 || w.dtype() == DType::f64),
+             "moe_row_weights: weights ", w.str(), " for ", rows.numel(), " rows (f32 or f64 [T, K])");
+  // A scatter through the permutation row_of (one write per row, so exact) and, backward, its gather.
+  Tensor wr = Tensor::zeros({rows.numel(), 1}, w.dtype(), w.device());
+  ops::embedding_backward(rows, w.contiguous().reshape({rows.numel(), 1}), wr);
+  const Shape shape = w.shape();
+  auto backward = [rows, shape](Node&, const Grads& g) { return Grads{ops::embedding(rows, g[0]).reshape(shape)}; };
+  return record1(node_of("moe_row_weights", backward), {&weights}, wr);
+}
+
 }  // namespace loom::ag

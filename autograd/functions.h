@@ -106,14 +106,22 @@ Variable moe_aux_loss(const Variable& logits, const Tensor& ids);
 // x [T, H] -> xs [T K, H]: row r is token d.token_of_row[r]'s (its rows grouped by expert); backward
 // sums each token's K rows back (ops::moe_combine with unit weights: deterministic, no atomics).
 Variable moe_gather(const Variable& x, const ops::MoeDispatch& d, int64_t k);
-// y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]: gradients to ys and weights.
+// y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]: gradients to ys and weights (which
+// keeps ys for the weights' gradient). With row_of = d.rows and weights [T K, 1]: each row scaled.
 Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of);
+// y [T, H] = the sum of each token's K rows of ys [T K, H] (unit weights, as moe_gather's
+// backward); backward hands each row its token's gradient (a gather), so ys is not kept.
+Variable moe_sum(const Variable& ys, const ops::MoeDispatch& d, int64_t k, OutputUse use = OutputUse::kRead);
+// weights [T, K] -> [T K, 1] in row order: row d.row_of[t K + j] gets weights[t, j].
+Variable moe_row_weights(const Variable& weights, const ops::MoeDispatch& d);
 
 // ---- grouped expert products (fn_grouped.cpp) ----
 // Rows [offsets[e], offsets[e + 1]) of xs [N, in] times expert e's w[e] [out, in] transposed, for every
 // expert: [N, out] in xs's dtype, through ops::grouped_matmul_into (one grouped GEMM on CUDA). w has
 // xs's dtype, or is an f32 master used in bf16 (cast for the products; its gradient comes back in f32).
-Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets);
+// With use kRootOnly the product is recorded and not computed (its backward needs nothing of it).
+Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets,
+                        OutputUse use = OutputUse::kRead);
 // A frozen expert weight [E, out, in] made when a product needs it instead of kept (QLoRA experts,
 // dequantised from NF4): make(first, count, dtype) gives experts [first, first + count) as
 // [count, out, in] in dtype, which the product uses before it calls make again. The products with it
@@ -124,14 +132,16 @@ struct ExpertWeightFn {
   int64_t chunk = 0;  // experts per make(); 0 (or E and more): all at once
   std::function<Tensor(int64_t first, int64_t count, DType dtype)> make;
 };
-Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets);
+Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets,
+                        OutputUse use = OutputUse::kRead);
 // Per-expert LoRA: xs w[e]^T + scale * (xs a[e]^T) b[e]^T for expert e's rows; w [E, out, in] (frozen
 // as a rule, bf16 or f32 as in grouped_linear), a [E, r, in] and b [E, out, r] (f32 masters, used in
 // xs's dtype; their gradients come back in their own). One node: five grouped GEMMs backward at most.
+// With use kRootOnly only the adapter's xs a[e]^T (backward's) is computed, not the output.
 Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
-                             const std::vector<int64_t>& offsets);
+                             const std::vector<int64_t>& offsets, OutputUse use = OutputUse::kRead);
 Variable grouped_linear_lora(const Variable& xs, const ExpertWeightFn& w, const Variable& a, const Variable& b,
-                             float scale, const std::vector<int64_t>& offsets);
+                             float scale, const std::vector<int64_t>& offsets, OutputUse use = OutputUse::kRead);
 
 // ---- attention and loss (fn_attention.cpp) ----
 Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt);

@@ -143,10 +143,13 @@ Tensor moe_route_backward(const Tensor& logits, const MoeRoute& route, const Ten
 // [offsets[e], offsets[e + 1]); device_offsets, the same as i64 [E + 1] on the ids' device. CUDA
 // computes it all on the device and reads back only the offsets (one small copy, a sync); the
 // same bits as the CPU.
+// rows: i32 [T K] 0, 1, ..., T K - 1 on the ids' device (the identity row_of of a per-row combine;
+// made once per size and device).
 struct MoeDispatch {
   Tensor token_of_row, row_of;
   std::vector<int64_t> offsets;
   Tensor device_offsets;
+  Tensor rows;
 };
 MoeDispatch moe_dispatch(const Tensor& ids, int64_t experts);
 // transformers' load-balancing loss of the router's logits f32 (f64 on the CPU) [N, E] and their

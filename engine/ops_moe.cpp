@@ -3,6 +3,10 @@
 // is read back but the dispatch's offsets, which the per-expert GEMMs need on the host.
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <string>
 
 #include "engine/dispatch.h"
 #include "engine/ops.h"
@@ -118,6 +122,27 @@ Tensor moe_aux_loss_backward(const Tensor& logits, const Tensor& ids, const Tens
   return aux_loss(op, logits, ids, &dloss);
 }
 
+namespace {
+
+// 0, 1, ..., n - 1 as i32 on `device`, kept per size and device (the same sizes come back every
+// layer and step; on CUDA each new one is an upload).
+Tensor row_ids(int64_t n, Device device) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::pair<int64_t, std::string>, Tensor>();  // never destroyed: outlives callers
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(n, device.str());
+  if (auto it = cache->find(key); it != cache->end()) return it->second;
+  if (cache->size() >= 16) cache->clear();
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  Tensor t = Tensor::from_ints(v, {n});
+  if (!device.is_cpu()) t = t.to(device);
+  cache->emplace(key, t);
+  return t;
+}
+
+}  // namespace
+
 MoeDispatch moe_dispatch(const Tensor& ids_in, int64_t experts) {
   const char* op = "moe_dispatch";
   expect_dtype(op, ids_in, DType::i32, "ids");
@@ -139,6 +164,7 @@ MoeDispatch moe_dispatch(const Tensor& ids_in, int64_t experts) {
     d.offsets.assign(o, o + experts + 1);
     LOOM_CHECK(d.offsets[experts] == n, op, ": ", n - d.offsets[experts], " of the ", n,
                " choices name an expert outside [0, ", experts, ")");
+    d.rows = row_ids(n, ids_t.device());
     return d;
 #else
     LOOM_CHECK(false, op, ": Loom was built without CUDA (LOOM_CUDA=OFF)");
@@ -162,6 +188,7 @@ MoeDispatch moe_dispatch(const Tensor& ids_in, int64_t experts) {
   }
   d.device_offsets = Tensor::empty({experts + 1}, DType::i64);
   std::memcpy(d.device_offsets.data_ptr(), d.offsets.data(), d.offsets.size() * sizeof(int64_t));
+  d.rows = row_ids(n, Device::cpu());
   return d;
 }
 

@@ -44,10 +44,11 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
   return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));
 }
 
-ag::Variable mlp(const DecoderLayer& L, const ag::Variable& h, const LayerContext& ctx) {
-  if (!L.moe) return L.mlp.forward(h);
+ag::Variable mlp(const DecoderLayer& L, const ag::Variable& h, const LayerContext& ctx, ag::OutputUse use) {
+  if (!L.moe) return L.mlp.forward(h, use);
   RouterOutput r;
-  const ag::Variable y = L.moe->forward(ag::reshape(h, {ctx.batch * ctx.seq, h.size(-1)}), ctx.routers ? &r : nullptr);
+  const ag::Variable y =
+      L.moe->forward(ag::reshape(h, {ctx.batch * ctx.seq, h.size(-1)}), ctx.routers ? &r : nullptr, use);
   if (ctx.routers) ctx.routers->push_back(std::move(r));
   return ag::reshape(y, h.shape());
 }
@@ -56,11 +57,10 @@ ag::Variable prenorm_block(const DecoderLayer& L, const ag::Variable& x, const L
   // The attention's residual add and the MLP's norm in one pass (forward and backward).
   auto [h, normed] =
       L.post_attention_layernorm.forward_residual(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
-  if (ctx.output_unread && !L.moe) {  // about a quarter of a recomputed layer's products
-    const ag::OutputUse use = ag::OutputUse::kRootOnly;
-    return ag::add(h, L.mlp.forward(normed, use), use);
-  }
-  return ag::add(h, mlp(L, normed, ctx));
+  // In a checkpoint's rerun nothing reads the layer's output: down's product (about a quarter of a
+  // dense layer's products, a third of the experts') and the last add are recorded, not computed.
+  const ag::OutputUse use = ctx.output_unread ? ag::OutputUse::kRootOnly : ag::OutputUse::kRead;
+  return ag::add(h, mlp(L, normed, ctx, use), use);
 }
 
 ag::Variable sandwich_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {

@@ -28,7 +28,8 @@ struct LayerContext {
 
 // The layer's MLP on h [batch, seq, hidden]: the dense one, or the mixture of experts (which
 // reports its router to ctx.routers).
-ag::Variable mlp(const DecoderLayer& layer, const ag::Variable& h, const LayerContext& ctx);
+ag::Variable mlp(const DecoderLayer& layer, const ag::Variable& h, const LayerContext& ctx,
+                 ag::OutputUse use = ag::OutputUse::kRead);
 
 // Grouped-query self-attention with RoPE, and whatever optional parts the layer has: q/k norms
 // (present when the family's weight map lists them), the config's soft-cap and query scale, the
@@ -37,8 +38,9 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
 
 // The pre-norm block (Llama, and every family built on it):
 //   x = x + attention(input_layernorm(x));  x = x + mlp(post_attention_layernorm(x))
-// With ctx.output_unread a dense MLP's down_proj and the last residual add are recorded for
-// backward without being computed (nothing after them needs their values).
+// With ctx.output_unread the MLP's down projection (dense, or the experts' with their sum) and the
+// last residual add are recorded for backward without being computed (nothing after them needs
+// their values).
 ag::Variable prenorm_block(const DecoderLayer& layer, const ag::Variable& x, const LayerContext& ctx);
 // The "sandwich" block (Gemma 2): attention and MLP each between two norms:
 //   x = x + post_attention_layernorm(attention(input_layernorm(x)))

@@ -95,11 +95,12 @@ int64_t ExpertLinear::chunk_experts(DType dtype) const {
   return (experts + chunks - 1) / chunks;
 }
 
-ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const {
+ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets,
+                                   ag::OutputUse use) const {
   // The product with w (a Variable, or an ExpertWeightFn made on demand), with the adapter when enabled.
   auto through = [&](const auto& w) {
-    if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets);
-    return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets);
+    if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets, use);
+    return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets, use);
   };
   if (!quantized()) return through(weight);
   // NF4 experts are dequantised for each product, a chunk of experts at a time (forward, and the
@@ -115,7 +116,7 @@ ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int
                                      }});
 }
 
-ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out) const {
+ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out, ag::OutputUse use) const {
   const int64_t experts = gate_up.experts, inter = gate_up.out / 2;
   // transformers: F.linear(hidden, router.weight) in the model dtype, then softmax in f32.
   const ag::Variable logits = ag::cast(ag::linear(x, router), x.dtype() == DType::f64 ? DType::f64 : DType::f32);
@@ -124,13 +125,13 @@ ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out) const {
   const ops::MoeDispatch d = ops::moe_dispatch(r.route.ids, experts);
   const ag::Variable xs = ag::moe_gather(x, d, top_k);
   std::vector<ag::Variable> gu = ag::split(gate_up.forward(xs, d.offsets), {inter, inter});
-  const ag::Variable ys = down.forward(ag::swiglu(gu[0], gu[1]), d.offsets);
-  // The routing weights in the expert outputs' accumulation dtype (f32, or f64 in f64 runs);
-  // Qwen3-MoE rounds them to the model dtype first.
+  // The routing weights in the activations' accumulation dtype (f32, or f64 in f64 runs); Qwen3-MoE
+  // rounds them to the model dtype first. They scale each row before down (see the struct's comment).
   ag::Variable w = r.weights;
   if (round_weights && x.dtype() != w.dtype()) w = ag::cast(w, x.dtype());
-  if (ys.dtype() != DType::f64) w = ag::cast(w, DType::f32);
-  return ag::moe_combine(ys, w, d.row_of.to(x.device()));
+  if (x.dtype() != DType::f64) w = ag::cast(w, DType::f32);
+  const ag::Variable hw = ag::moe_combine(ag::swiglu(gu[0], gu[1]), ag::moe_row_weights(w, d), d.rows.to(x.device()));
+  return ag::moe_sum(down.forward(hw, d.offsets, use), d, top_k, use);
 }
 
 }  // namespace loom

@@ -108,8 +108,10 @@ struct ExpertLinear {
   int64_t chunk_experts(DType dtype) const;
   // w [count, out, in] <- NF4 experts [first, first + count) dequantised.
   void dequantize_into(Tensor& w, int64_t first) const;
-  // Rows [offsets[e], offsets[e + 1]) of xs [N, in] through expert e: [N, out].
-  ag::Variable forward(const ag::Variable& xs, const std::vector<int64_t>& offsets) const;
+  // Rows [offsets[e], offsets[e + 1]) of xs [N, in] through expert e: [N, out]; use kRootOnly: not
+  // computed (ag::grouped_linear's).
+  ag::Variable forward(const ag::Variable& xs, const std::vector<int64_t>& offsets,
+                       ag::OutputUse use = ag::OutputUse::kRead) const;
 };
 
 // What a MoE layer's router chose, for the load-balancing loss: its f32 logits [tokens, E] (on the
@@ -123,7 +125,10 @@ struct RouterOutput {
 // in the model dtype, then softmax in f32, top k, renormalised when the config says), and the
 // experts' SwiGLU: gate_up [E, 2 I, hidden] (each expert's gate rows, then its up rows) and down
 // [E, hidden, I]. Each token's rows go to its experts grouped by expert, and come back weighted by
-// the routing weights.
+// the routing weights. The weights scale each row's SwiGLU output, before down, rather than down's
+// output as transformers does: the product is linear, so y is the same (to rounding), and then
+// backward needs nothing of down's output [T K, hidden]: it is not kept, and a checkpoint's rerun
+// (use kRootOnly: nothing reads the layer's output) skips down's product, its NF4 experts included.
 struct MoeMlp {
   std::string name;      // "model.layers.0.mlp"
   ag::Variable router;   // [E, hidden] ("<name>.gate.weight")
@@ -133,7 +138,8 @@ struct MoeMlp {
   // Qwen3-MoE rounds the routing weights to the model dtype before they scale the experts' outputs.
   bool round_weights = false;
   // x [tokens, hidden] -> [tokens, hidden]; `router` (when not null) gets what the router chose.
-  ag::Variable forward(const ag::Variable& x, RouterOutput* router = nullptr) const;
+  ag::Variable forward(const ag::Variable& x, RouterOutput* router = nullptr,
+                       ag::OutputUse use = ag::OutputUse::kRead) const;
   std::vector<ExpertLinear*> experts() { return {&gate_up, &down}; }
 };
 

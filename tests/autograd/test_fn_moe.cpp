@@ -1,5 +1,6 @@
-// The mixture-of-experts functions (ag::moe_route, grouped_linear, moe_combine) composed into a
-// SwiGLU expert layer as Mixtral and Qwen3-MoE run it, against a per-token f64 loop written here
+// The mixture-of-experts functions (ag::moe_route, grouped_linear, moe_combine; moe_row_weights and
+// moe_sum for the weights applied before down) composed into a SwiGLU expert layer as Mixtral and
+// Qwen3-MoE run it, against a per-token f64 loop written here
 // from transformers' MixtralSparseMoeBlock (softmax in f32/f64, top k, renormalised or not, each
 // chosen expert's down(silu(gate x) * up x) weighted and summed), and f64 finite differences of
 // every input: the tokens, the router and the three stacked expert weights.
@@ -23,6 +24,18 @@ Variable moe_layer(const V& v, int64_t k, bool renorm) {
   const Variable xs = ag::embedding(d.token_of_row, x);
   const Variable act = ag::swiglu(ag::grouped_linear(xs, gate, d.offsets), ag::grouped_linear(xs, up, d.offsets));
   return ag::moe_combine(ag::grouped_linear(act, down, d.offsets), r.weights, d.row_of);
+}
+
+// The same layer as models/layers.cpp runs it: each row's routing weight scales its SwiGLU output
+// before down (moe_row_weights, moe_combine over d.rows), and moe_sum adds each token's rows.
+Variable moe_layer_weights_first(const V& v, int64_t k, bool renorm) {
+  const Variable &x = v[0], &router = v[1], &gate = v[2], &up = v[3], &down = v[4];
+  ag::MoeRouting r = ag::moe_route(ag::linear(x, router), k, renorm);
+  const ops::MoeDispatch d = ops::moe_dispatch(r.route.ids, router.shape()[0]);
+  const Variable xs = ag::moe_gather(x, d, k);
+  const Variable act = ag::swiglu(ag::grouped_linear(xs, gate, d.offsets), ag::grouped_linear(xs, up, d.offsets));
+  const Variable weighted = ag::moe_combine(act, ag::moe_row_weights(r.weights, d), d.rows);
+  return ag::moe_sum(ag::grouped_linear(weighted, down, d.offsets), d, k);
 }
 
 // The same, one token at a time.
@@ -67,20 +80,47 @@ std::vector<Tensor> inputs() {
           random_f64({kE, kI, kH}, 4), random_f64({kE, kH, kI}, 5)};
 }
 
+// Both compositions: the routing weights on down's output (as transformers), and before down (as
+// models/layers.cpp).
+using Layer = Variable (*)(const V&, int64_t, bool);
+const std::pair<const char*, Layer> kLayers[] = {{"weights after down", moe_layer},
+                                                 {"weights before down", moe_layer_weights_first}};
+
 TEST(MoeLayer, ForwardIsThePerTokenLoop) {
-  for (bool renorm : {true, false})
-    for (int64_t k : {1, 2, 4}) {
-      const std::vector<Tensor> in = inputs();
-      V v;
-      for (const Tensor& t : in) v.emplace_back(t, false);
-      const std::vector<double> got = moe_layer(v, k, renorm).value().to_doubles(), want = reference(in, k, renorm);
-      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << "k " << k << " renorm " << renorm;
-    }
+  for (const auto& [what, layer] : kLayers)
+    for (bool renorm : {true, false})
+      for (int64_t k : {1, 2, 4}) {
+        const std::vector<Tensor> in = inputs();
+        V v;
+        for (const Tensor& t : in) v.emplace_back(t, false);
+        const std::vector<double> got = layer(v, k, renorm).value().to_doubles(), want = reference(in, k, renorm);
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(got[i], want[i], 1e-12) << what << " k " << k << " renorm " << renorm;
+      }
 }
 
 TEST(MoeLayer, GradientsMatchFiniteDifferences) {
-  for (bool renorm : {true, false})
-    gradcheck([renorm](const V& v) { return moe_layer(v, 2, renorm); }, inputs());
+  for (const auto& [what, layer] : kLayers)
+    for (bool renorm : {true, false})
+      for (int64_t k : {1, 2, 3}) {
+        SCOPED_TRACE(testing::Message() << what << " k " << k << " renorm " << renorm);
+        gradcheck([l = layer, renorm, k](const V& v) { return l(v, k, renorm); }, inputs());
+      }
+}
+
+TEST(MoeSum, UnreadRecordsTheSameGradients) {
+  // kRootOnly computes nothing, yet backward gives the gradient of the read sum.
+  const std::vector<Tensor> in = inputs();
+  const Tensor ids = Tensor::from_ints({0, 2, 1, 2, 3, 0, 1, 1, 2, 0, 3, 3, 0, 1}, {kT, 2});
+  const ops::MoeDispatch d = ops::moe_dispatch(ids, kE);
+  const Tensor ys = random_f64({kT * 2, kH}, 9), dy = random_f64({kT, kH}, 10);
+  std::vector<std::vector<double>> grads;
+  for (ag::OutputUse use : {ag::OutputUse::kRead, ag::OutputUse::kRootOnly}) {
+    Variable v(ys, true);
+    ag::backward(ag::moe_sum(v, d, 2, use), dy);
+    grads.push_back(v.grad().to_doubles());
+  }
+  EXPECT_EQ(grads[0], grads[1]);
 }
 
 TEST(MoeLayer, F32IsTheF64Result) {

@@ -21,9 +21,11 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
   return ids;
 }
 
-// (n, vocab, dim): dim 1, 7 and 4099 take the scalar path, 64 and 4096 the 16-byte one.
+// (n, vocab, dim): dims below 32 take the thread-per-element path (dim 1 as a MoE layer's routing
+// weight per row), 4099 the scalar one, 32, 64 and 4096 the 16-byte one.
 const std::vector<std::tuple<int64_t, int64_t, int64_t>> kShapes = {
-    {1, 1, 1}, {5, 3, 7}, {300, 1000, 64}, {77, 50, 4099}, {513, 5000, 4096}};
+    {1, 1, 1}, {5, 3, 7}, {2048, 2048, 1}, {1000, 40, 31}, {1000, 40, 32},
+    {300, 1000, 64}, {77, 50, 4099}, {513, 5000, 4096}};
 
 TYPED_TEST(EmbeddingCuda, ForwardMatchesCpuExactly) {
   LOOM_REQUIRE_GPU();

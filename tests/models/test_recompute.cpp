@@ -1,6 +1,7 @@
-// --checkpointing recompute and offload on the CPU, for every family fixture with its PEFT adapter:
-// the rerun in backward skips what nothing reads (a pre-norm layer's down_proj and last residual
-// add, recorded with OutputUse::kRootOnly: two unread outputs a layer, none for Gemma 2/3's sandwich
+// --checkpointing recompute and offload on the CPU, for every family fixture with its PEFT adapter
+// (the MoE ones too): the rerun in backward skips what nothing reads (a pre-norm layer's down_proj
+// and last residual add, recorded with OutputUse::kRootOnly: two unread outputs a dense layer, three
+// a MoE layer, whose experts' down product and their sum go unread; none for Gemma 2/3's sandwich
 // layers, whose post-feedforward norm reads down_proj's output); under offload it also takes each
 // layer's attention output from the first run's stash (one a layer); and the loss and every LoRA
 // gradient are those of keeping everything, bit for bit (f32, the same kernels in the same order).
@@ -21,6 +22,7 @@ struct StepRun {
   int64_t unread = 0;  // outputs the step recorded unread
   int64_t stashed = 0;  // attention outputs the reruns took from a stash
   int64_t layers = 0;
+  int64_t moe_layers = 0;
 };
 
 StepRun train_step(const std::string& variant, Checkpointing mode) {
@@ -31,6 +33,7 @@ StepRun train_step(const std::string& variant, Checkpointing mode) {
   EXPECT_TRUE(load_adapter(**model, fixture_dir(variant) + "/adapter").ok());
   (*model)->set_checkpointing(mode);
   out.layers = (*model)->config().num_hidden_layers;
+  for (int64_t i = 0; i < out.layers; ++i) out.moe_layers += (*model)->config().is_moe_layer(i) ? 1 : 0;
   auto in = read_all(fixture_dir(variant) + "/inputs.safetensors");
   const int64_t before = ag::unread_outputs(), hits = ag::stash_hits();
   ag::Variable loss = (*model)->loss(in["input_ids"], in["labels"]);
@@ -53,7 +56,8 @@ TEST_P(Recompute, SkipsWhatNothingReadsWithTheSameGradients) {
   for (Checkpointing mode : {Checkpointing::kRecompute, Checkpointing::kOffload}) {
     const StepRun rerun = train_step(GetParam(), mode);
     const std::string what = checkpointing_name(mode);
-    EXPECT_EQ(rerun.unread, sandwich ? 0 : 2 * rerun.layers) << what << ": down_proj and the residual add of each layer";
+    EXPECT_EQ(rerun.unread, sandwich ? 0 : 2 * rerun.layers + rerun.moe_layers)
+        << what << ": down_proj (and a MoE layer's sum of its experts' rows) and the residual add of each layer";
     EXPECT_EQ(rerun.stashed, mode == Checkpointing::kOffload ? rerun.layers : 0) << what << ": attention outputs stashed";
     EXPECT_EQ(rerun.loss, none.loss) << what;
     for (const auto& [param, g] : none.grads) EXPECT_EQ(rerun.grads.at(param), g) << what << " " << param;
@@ -61,6 +65,9 @@ TEST_P(Recompute, SkipsWhatNothingReadsWithTheSameGradients) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Recompute, ::testing::ValuesIn(fixture_variants()),
+                         [](const auto& info) { return info.param; });
+// qwen3_moe_sparse has dense layers (mlp_only_layers) between its MoE ones.
+INSTANTIATE_TEST_SUITE_P(MoeFixtures, Recompute, ::testing::Values("mixtral", "qwen3_moe", "qwen3_moe_sparse"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
