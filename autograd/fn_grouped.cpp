@@ -106,7 +106,7 @@ void dual_product(const char* op, const Weight& w, const Tensor& x, const Tensor
 
 // grouped_linear with w's Variable (trained, or frozen and kept) or, when w_var is null, w made by its fn.
 Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weight& w,
-                           const std::vector<int64_t>& offsets, OutputUse use) {
+                           const std::vector<int64_t>& offsets, OutputUse use, const InputFn& recompute_x) {
   const char* op = "grouped_linear";
   const Tensor x = xs.value();
   check_shapes(op, x, w.shape(), offsets);
@@ -120,8 +120,8 @@ Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weig
   // dx needs w (a kept one cast again in backward rather than kept twice, or made again), dw needs x.
   const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
   const Weight keep_w = xs.requires_grad() ? w : Weight{};
-  const Tensor keep_x = train_w ? x : Tensor();
-  auto backward = [keep_x, keep_w, offsets, op, has_w, in = x.size(1), wshape = w.shape(),
+  const Tensor keep_x = train_w && !recompute_x ? x : Tensor();
+  auto backward = [keep_x, recompute_x, keep_w, offsets, op, has_w, in = x.size(1), wshape = w.shape(),
                    wdtype = w.whole.defined() ? w.whole.dtype() : x.dtype()](Node& n, const Grads& g) {
     const Tensor& dy = g[0];  // [N, out]
     Tensor dx, dw;
@@ -131,7 +131,7 @@ Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weig
     }
     if (has_w && n.needs_grad(1)) {  // [out, n_e] x [n_e, in], in w's dtype (f32 for an f32 master)
       dw = Tensor::empty(wshape, wdtype, dy.device());
-      ops::grouped_matmul_tn_into(dy, keep_x, dw, offsets);
+      ops::grouped_matmul_tn_into(dy, keep_x.defined() ? keep_x : recompute_x(), dw, offsets);
     }
     return has_w ? Grads{dx, dw} : Grads{dx};
   };
@@ -144,7 +144,8 @@ Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weig
 // y rounded once). Backward, with dt = scale * dy b_e [N, r]:  db[e] = dy^T t,  da[e] = dt^T x,
 // dx = dy w_e + dt a_e (dual again),  dw[e] = dy^T x. w as in grouped_linear_of.
 Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const Weight& w, const Variable& a,
-                                const Variable& b, float scale, const std::vector<int64_t>& offsets, OutputUse use) {
+                                const Variable& b, float scale, const std::vector<int64_t>& offsets, OutputUse use,
+                                const InputFn& recompute_x) {
   const char* op = "grouped_linear_lora";
   const Tensor x = xs.value();
   check_shapes(op, x, w.shape(), offsets);
@@ -168,12 +169,13 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
 
   const bool has_w = w_var != nullptr, train_w = has_w && w_var->requires_grad();
   const bool need_x = xs.requires_grad(), need_a = a.requires_grad();
-  const Tensor keep_x = need_a || train_w ? x : Tensor();
+  const Tensor keep_x = (need_a || train_w) && !recompute_x ? x : Tensor();
   const Tensor keep_t = b.requires_grad() ? t : Tensor();
   const Tensor keep_a = need_x ? ac : Tensor();
   const Tensor keep_b = need_x || need_a ? bc : Tensor();
   const Weight keep_w = need_x ? w : Weight{};
-  auto backward = [keep_x, keep_t, keep_a, keep_b, keep_w, offsets, op, scale, in, r, has_w, w_shape = w.shape(),
+  auto backward = [keep_x, recompute_x, keep_t, keep_a, keep_b, keep_w, offsets, op, scale, in, r, has_w,
+                   w_shape = w.shape(),
                    w_dtype = w.whole.defined() ? w.whole.dtype() : cdt, a_shape = a.shape(), a_dtype = a.dtype(),
                    b_shape = b.shape(), b_dtype = b.dtype()](Node& n, const Grads& g) {
     const Tensor& dy = g[0];  // [N, out]
@@ -181,6 +183,8 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
     // Inputs: xs, (w), a, b.
     const size_t ia = has_w ? 2 : 1, ib = ia + 1;
     Tensor dx, dw, da, db;
+    Tensor x = keep_x;  // made again here when the forward's was not kept
+    if (!x.defined() && recompute_x && (n.needs_grad(ia) || (has_w && n.needs_grad(1)))) x = recompute_x();
     // The adapters' gradients are products in the activations' dtype, cast to the masters' (cuBLAS's
     // grouped call has no bf16 -> f32; PEFT's expert LoRA, a bf16 product of bf16-cast factors, rounds
     // its factors' gradients to bf16 alike): one grouped GEMM instead of one GEMM per expert.
@@ -193,7 +197,7 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
     if (n.needs_grad(0) || n.needs_grad(ia)) {
       Tensor dt = Tensor::empty({rows, r}, dy.dtype(), dy.device());
       ops::grouped_matmul_into(dy, keep_b, dt, offsets, false, scale, 0.f);  // scale [n_e, out] x [out, r]
-      if (n.needs_grad(ia)) da = master_grad(dt, keep_x, a_shape, a_dtype);  // da[e] = dt^T x
+      if (n.needs_grad(ia)) da = master_grad(dt, x, a_shape, a_dtype);  // da[e] = dt^T x
       if (n.needs_grad(0)) {  // dx = dy w_e + dt a_e: [n_e, out] x [out, in] + [n_e, r] x [r, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
         dual_product(op, keep_w, dy, dt, keep_a, dx, offsets, Pass::kBackward);
@@ -201,7 +205,7 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
     }
     if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
       dw = Tensor::empty(w_shape, w_dtype, dy.device());
-      ops::grouped_matmul_tn_into(dy, keep_x, dw, offsets);
+      ops::grouped_matmul_tn_into(dy, x, dw, offsets);
     }
     return has_w ? Grads{dx, dw, da, db} : Grads{dx, da, db};
   };
@@ -211,23 +215,25 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
 
 }  // namespace
 
-Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets, OutputUse use) {
-  return grouped_linear_of(xs, &w, weight_of(w), offsets, use);
+Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets, OutputUse use,
+                        const InputFn& recompute_x) {
+  return grouped_linear_of(xs, &w, weight_of(w), offsets, use, recompute_x);
 }
 
 Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets,
-                        OutputUse use) {
-  return grouped_linear_of(xs, nullptr, weight_of(w), offsets, use);
+                        OutputUse use, const InputFn& recompute_x) {
+  return grouped_linear_of(xs, nullptr, weight_of(w), offsets, use, recompute_x);
 }
 
 Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
-                             const std::vector<int64_t>& offsets, OutputUse use) {
-  return grouped_linear_lora_of(xs, &w, weight_of(w), a, b, scale, offsets, use);
+                             const std::vector<int64_t>& offsets, OutputUse use, const InputFn& recompute_x) {
+  return grouped_linear_lora_of(xs, &w, weight_of(w), a, b, scale, offsets, use, recompute_x);
 }
 
 Variable grouped_linear_lora(const Variable& xs, const ExpertWeightFn& w, const Variable& a, const Variable& b,
-                             float scale, const std::vector<int64_t>& offsets, OutputUse use) {
-  return grouped_linear_lora_of(xs, nullptr, weight_of(w), a, b, scale, offsets, use);
+                             float scale, const std::vector<int64_t>& offsets, OutputUse use,
+                             const InputFn& recompute_x) {
+  return grouped_linear_lora_of(xs, nullptr, weight_of(w), a, b, scale, offsets, use, recompute_x);
 }
 
 }  // namespace loom::ag

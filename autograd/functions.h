@@ -119,9 +119,10 @@ Variable moe_row_weights(const Variable& weights, const ops::MoeDispatch& d);
 // Rows [offsets[e], offsets[e + 1]) of xs [N, in] times expert e's w[e] [out, in] transposed, for every
 // expert: [N, out] in xs's dtype, through ops::grouped_matmul_into (one grouped GEMM on CUDA). w has
 // xs's dtype, or is an f32 master used in bf16 (cast for the products; its gradient comes back in f32).
-// With use kRootOnly the product is recorded and not computed (its backward needs nothing of it).
+// With use kRootOnly the product is recorded and not computed (its backward needs nothing of it);
+// recompute_x (as lora_linear's) makes xs again in backward where it would otherwise be kept.
 Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector<int64_t>& offsets,
-                        OutputUse use = OutputUse::kRead);
+                        OutputUse use = OutputUse::kRead, const InputFn& recompute_x = {});
 // A frozen expert weight [E, out, in] made when a product needs it instead of kept (QLoRA experts,
 // dequantised from NF4): make(first, count, dtype) gives experts [first, first + count) as
 // [count, out, in] in dtype, which the product uses before it calls make again. The products with it
@@ -133,15 +134,17 @@ struct ExpertWeightFn {
   std::function<Tensor(int64_t first, int64_t count, DType dtype)> make;
 };
 Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets,
-                        OutputUse use = OutputUse::kRead);
+                        OutputUse use = OutputUse::kRead, const InputFn& recompute_x = {});
 // Per-expert LoRA: xs w[e]^T + scale * (xs a[e]^T) b[e]^T for expert e's rows; w [E, out, in] (frozen
 // as a rule, bf16 or f32 as in grouped_linear), a [E, r, in] and b [E, out, r] (f32 masters, used in
 // xs's dtype; their gradients come back in their own). One node: five grouped GEMMs backward at most.
 // With use kRootOnly only the adapter's xs a[e]^T (backward's) is computed, not the output.
 Variable grouped_linear_lora(const Variable& xs, const Variable& w, const Variable& a, const Variable& b, float scale,
-                             const std::vector<int64_t>& offsets, OutputUse use = OutputUse::kRead);
+                             const std::vector<int64_t>& offsets, OutputUse use = OutputUse::kRead,
+                             const InputFn& recompute_x = {});
 Variable grouped_linear_lora(const Variable& xs, const ExpertWeightFn& w, const Variable& a, const Variable& b,
-                             float scale, const std::vector<int64_t>& offsets, OutputUse use = OutputUse::kRead);
+                             float scale, const std::vector<int64_t>& offsets, OutputUse use = OutputUse::kRead,
+                             const InputFn& recompute_x = {});
 
 // ---- attention and loss (fn_attention.cpp) ----
 Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt);

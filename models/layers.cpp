@@ -95,12 +95,16 @@ int64_t ExpertLinear::chunk_experts(DType dtype) const {
   return (experts + chunks - 1) / chunks;
 }
 
-ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets,
-                                   ag::OutputUse use) const {
+bool ExpertLinear::keeps_input() const {
+  return (lora && lora->enabled && lora->A.requires_grad()) || (weight.defined() && weight.requires_grad());
+}
+
+ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int64_t>& offsets, ag::OutputUse use,
+                                   const ag::InputFn& recompute_x) const {
   // The product with w (a Variable, or an ExpertWeightFn made on demand), with the adapter when enabled.
   auto through = [&](const auto& w) {
-    if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets, use);
-    return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets, use);
+    if (!lora || !lora->enabled) return ag::grouped_linear(xs, w, offsets, use, recompute_x);
+    return ag::grouped_linear_lora(xs, w, lora->A, lora->B, lora->scale, offsets, use, recompute_x);
   };
   if (!quantized()) return through(weight);
   // NF4 experts are dequantised for each product, a chunk of experts at a time (forward, and the
@@ -124,14 +128,24 @@ ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out, ag::Outpu
   if (out) *out = RouterOutput{logits, r.route.ids};
   const ops::MoeDispatch d = ops::moe_dispatch(r.route.ids, experts);
   const ag::Variable xs = ag::moe_gather(x, d, top_k);
-  std::vector<ag::Variable> gu = ag::split(gate_up.forward(xs, d.offsets), {inter, inter});
+  // The gathered rows, made again from the tokens (k times smaller) where backward needs them.
+  ag::InputFn gathered_again;
+  if (gate_up.keeps_input())
+    gathered_again = [tokens = d.token_of_row.to(x.device()), xv = x.value()] { return ops::embedding(tokens, xv); };
+  std::vector<ag::Variable> gu = ag::split(gate_up.forward(xs, d.offsets, ag::OutputUse::kRead, gathered_again),
+                                           {inter, inter});
   // The routing weights in the activations' accumulation dtype (f32, or f64 in f64 runs); Qwen3-MoE
   // rounds them to the model dtype first. They scale each row before down (see the struct's comment).
   ag::Variable w = r.weights;
   if (round_weights && x.dtype() != w.dtype()) w = ag::cast(w, x.dtype());
   if (x.dtype() != DType::f64) w = ag::cast(w, DType::f32);
-  const ag::Variable hw = ag::moe_combine(ag::swiglu(gu[0], gu[1]), ag::moe_row_weights(w, d), d.rows.to(x.device()));
-  return ag::moe_sum(down.forward(hw, d.offsets, use), d, top_k, use);
+  const ag::Variable h = ag::swiglu(gu[0], gu[1]), w_rows = ag::moe_row_weights(w, d);
+  const Tensor rows = d.rows.to(x.device());
+  const ag::Variable hw = ag::moe_combine(h, w_rows, rows);  // keeps h for the weights' gradient
+  ag::InputFn weighted_again;
+  if (down.keeps_input())
+    weighted_again = [hv = h.value(), wv = w_rows.value(), rows] { return ops::moe_combine(hv, rows, wv); };
+  return ag::moe_sum(down.forward(hw, d.offsets, use, weighted_again), d, top_k, use);
 }
 
 }  // namespace loom

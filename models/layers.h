@@ -108,10 +108,12 @@ struct ExpertLinear {
   int64_t chunk_experts(DType dtype) const;
   // w [count, out, in] <- NF4 experts [first, first + count) dequantised.
   void dequantize_into(Tensor& w, int64_t first) const;
+  // Whether backward needs the input (for the adapter's or the weight's gradient).
+  bool keeps_input() const;
   // Rows [offsets[e], offsets[e + 1]) of xs [N, in] through expert e: [N, out]; use kRootOnly: not
-  // computed (ag::grouped_linear's).
+  // computed; recompute_x: xs made again in backward instead of kept (ag::grouped_linear's).
   ag::Variable forward(const ag::Variable& xs, const std::vector<int64_t>& offsets,
-                       ag::OutputUse use = ag::OutputUse::kRead) const;
+                       ag::OutputUse use = ag::OutputUse::kRead, const ag::InputFn& recompute_x = {}) const;
 };
 
 // What a MoE layer's router chose, for the load-balancing loss: its f32 logits [tokens, E] (on the
@@ -129,6 +131,9 @@ struct RouterOutput {
 // output as transformers does: the product is linear, so y is the same (to rounding), and then
 // backward needs nothing of down's output [T K, hidden]: it is not kept, and a checkpoint's rerun
 // (use kRootOnly: nothing reads the layer's output) skips down's product, its NF4 experts included.
+// The experts' inputs that their adapters' gradients need are made again in backward rather than
+// kept: the gathered rows [T K, hidden] from the tokens' [T, hidden], the weighted SwiGLU rows from
+// the unweighted ones (kept for the weights' gradient).
 struct MoeMlp {
   std::string name;      // "model.layers.0.mlp"
   ag::Variable router;   // [E, hidden] ("<name>.gate.weight")

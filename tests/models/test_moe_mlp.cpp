@@ -1,7 +1,9 @@
 // MoeMlp (models/layers.h) with transformers 5.x's expert layout: gate_up [E, 2I, H] holding each
 // expert's gate rows then its up rows, down [E, H, I]; against a per-token f64 loop of
 // MixtralSparseMoeBlock (router logits, softmax, top k, renormalised or not, the chosen experts'
-// down(silu(gate x) * up x) weighted and summed), in f64 and in f32.
+// down(silu(gate x) * up x) weighted and summed), in f64 and in f32; and full fine-tuning's gradients
+// (router, experts, input) against f64 finite differences, through the inputs that backward makes
+// again rather than keeps (the gathered rows, the weighted SwiGLU rows).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <random>
 
 #include "models/layers.h"
+#include "tests/autograd/gradcheck.h"
 
 namespace loom {
 namespace {
@@ -82,6 +85,23 @@ TEST(MoeMlp, IsTransformersSparseMoeBlock) {
       EXPECT_EQ(logits.shape(), (Shape{kT, kE}));
       EXPECT_EQ(choices.shape(), (Shape{kT, 2}));
     }
+}
+
+TEST(MoeMlp, FullFineTuningGradientsMatchFiniteDifferences) {
+  bool checked = false;  // the first call has the inputs needing gradients; the differences' calls do not
+  auto layer = [&checked](const std::vector<ag::Variable>& v) {
+    MoeMlp m;
+    m.router = v[1];
+    m.gate_up.weight = v[2];
+    m.gate_up.experts = kE, m.gate_up.out = 2 * kI, m.gate_up.in = kH;
+    m.down.weight = v[3];
+    m.down.experts = kE, m.down.out = kH, m.down.in = kI;
+    m.top_k = 2;
+    if (!checked) EXPECT_TRUE(m.gate_up.keeps_input() && m.down.keeps_input()) << "trained experts keep their inputs";
+    checked = true;
+    return m.forward(v[0]);
+  };
+  test::gradcheck(layer, {random({kT, kH}, 5), random({kE, kH}, 6), random({kE, 2 * kI, kH}, 7), random({kE, kH, kI}, 8)});
 }
 
 }  // namespace

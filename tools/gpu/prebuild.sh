@@ -14,6 +14,7 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-$(command -v ccache || true)}
 export CMAKE_CUDA_COMPILER_LAUNCHER=${CMAKE_CUDA_COMPILER_LAUNCHER:-$(command -v ccache || true)}
+hash=$(tools/gpu/source_hash.sh)  # checked again once packed: sources edited meanwhile void the archive
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DLOOM_BUILD_BENCH=ON -DLOOM_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DBUILD_SHARED_LIBS=ON -DLOOM_BUILD_EXAMPLES=OFF \
   "-DCMAKE_BUILD_RPATH=$root/build-gpu/extra-libs;/usr/local/cuda/lib64;/usr/local/cuda/targets/x86_64-linux/lib" > /dev/null
@@ -33,9 +34,14 @@ rm -rf .prebuilt/stage && mkdir -p .prebuilt/stage
     mkdir -p ".prebuilt/stage/$(dirname "$f")" && cp -p "build-gpu/$f" ".prebuilt/stage/$f"
   done
 find .prebuilt/stage -type f \( -perm -u+x -o -name '*.so*' \) ! -path '*/extra-libs/*' -exec strip --strip-unneeded {} +
-tools/gpu/source_hash.sh > .prebuilt/stage/SOURCE_HASH
+echo "$hash" > .prebuilt/stage/SOURCE_HASH
 echo "$root" > .prebuilt/stage/SOURCE_ROOT
 tar -C .prebuilt/stage -cf - SOURCE_HASH SOURCE_ROOT $(ls .prebuilt/stage | grep -v "^SOURCE_") | xz -T0 -9 > .prebuilt/build-gpu.tar.xz.tmp
+if [ "$(tools/gpu/source_hash.sh)" != "$hash" ]; then
+  echo "prebuild: the sources changed while building; run it again" >&2
+  rm -f .prebuilt/build-gpu.tar.xz.tmp .prebuilt/build-gpu.tar.xz
+  exit 1
+fi
 mv .prebuilt/build-gpu.tar.xz.tmp .prebuilt/build-gpu.tar.xz
 echo "prebuild: $(find .prebuilt/stage -type f | wc -l) files, $(du -h .prebuilt/build-gpu.tar.xz | cut -f1) packed" \
   "for $root (sources $(cat .prebuilt/stage/SOURCE_HASH))"
