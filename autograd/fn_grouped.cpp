@@ -125,13 +125,14 @@ Variable grouped_linear_of(const Variable& xs, const Variable* w_var, const Weig
                    wdtype = w.whole.defined() ? w.whole.dtype() : x.dtype()](Node& n, const Grads& g) {
     const Tensor& dy = g[0];  // [N, out]
     Tensor dx, dw;
+    if (has_w && n.needs_grad(1)) {  // [out, n_e] x [n_e, in], in w's dtype (f32 for an f32 master)
+      dw = Tensor::empty(wshape, wdtype, dy.device());
+      // (first: an input made again is let go before dx exists)
+      ops::grouped_matmul_tn_into(dy, keep_x.defined() ? keep_x : recompute_x(), dw, offsets);
+    }
     if (n.needs_grad(0)) {  // [n_e, out] x [out, in]
       dx = Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
       product(op, keep_w, dy, dx, offsets, Pass::kBackward);
-    }
-    if (has_w && n.needs_grad(1)) {  // [out, n_e] x [n_e, in], in w's dtype (f32 for an f32 master)
-      dw = Tensor::empty(wshape, wdtype, dy.device());
-      ops::grouped_matmul_tn_into(dy, keep_x.defined() ? keep_x : recompute_x(), dw, offsets);
     }
     return has_w ? Grads{dx, dw} : Grads{dx};
   };
@@ -198,12 +199,16 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
       Tensor dt = Tensor::empty({rows, r}, dy.dtype(), dy.device());
       ops::grouped_matmul_into(dy, keep_b, dt, offsets, false, scale, 0.f);  // scale [n_e, out] x [out, r]
       if (n.needs_grad(ia)) da = master_grad(dt, x, a_shape, a_dtype);  // da[e] = dt^T x
+      if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
+        dw = Tensor::empty(w_shape, w_dtype, dy.device());
+        ops::grouped_matmul_tn_into(dy, x, dw, offsets);
+      }
+      x = Tensor();  // one made again is let go before dx exists
       if (n.needs_grad(0)) {  // dx = dy w_e + dt a_e: [n_e, out] x [out, in] + [n_e, r] x [r, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
         dual_product(op, keep_w, dy, dt, keep_a, dx, offsets, Pass::kBackward);
       }
-    }
-    if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
+    } else if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
       dw = Tensor::empty(w_shape, w_dtype, dy.device());
       ops::grouped_matmul_tn_into(dy, x, dw, offsets);
     }

@@ -39,13 +39,15 @@ Variable moe_gather(const Variable& x, const ops::MoeDispatch& d, int64_t k) {
   return record1(node_of("moe_gather", backward), {&x}, ops::embedding(tokens, x.value()));
 }
 
-Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of) {
-  Tensor y = ys.value(), w = weights.value();
-  auto backward = [y, w, row_of](Node&, const Grads& g) {
-    auto [dys, dw] = ops::moe_combine_backward(y, row_of, w, g[0]);
+Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of, const InputFn& recompute_ys) {
+  const Tensor w = weights.value();
+  const Tensor y = ops::moe_combine(ys.value(), row_of, w);
+  const Tensor keep = recompute_ys ? Tensor() : ys.value();
+  auto backward = [keep, recompute_ys, w, row_of](Node&, const Grads& g) {
+    auto [dys, dw] = ops::moe_combine_backward(keep.defined() ? keep : recompute_ys(), row_of, w, g[0]);
     return Grads{dys, dw};
   };
-  return record1(node_of("moe_combine", backward), {&ys, &weights}, ops::moe_combine(y, row_of, w));
+  return record1(node_of("moe_combine", backward), {&ys, &weights}, y);
 }
 
 Variable moe_sum(const Variable& ys, const ops::MoeDispatch& d, int64_t k, OutputUse use) {

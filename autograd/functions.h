@@ -107,8 +107,9 @@ Variable moe_aux_loss(const Variable& logits, const Tensor& ids);
 // sums each token's K rows back (ops::moe_combine with unit weights: deterministic, no atomics).
 Variable moe_gather(const Variable& x, const ops::MoeDispatch& d, int64_t k);
 // y [T, H] = sum over j of weights[t, j] * ys[row_of[t K + j]]: gradients to ys and weights (which
-// keeps ys for the weights' gradient). With row_of = d.rows and weights [T K, 1]: each row scaled.
-Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of);
+// keeps ys for the weights' gradient, or makes it again with recompute_ys). With row_of = d.rows and
+// weights [T K, 1]: each row scaled.
+Variable moe_combine(const Variable& ys, const Variable& weights, const Tensor& row_of, const InputFn& recompute_ys = {});
 // y [T, H] = the sum of each token's K rows of ys [T K, H] (unit weights, as moe_gather's
 // backward); backward hands each row its token's gradient (a gather), so ys is not kept.
 Variable moe_sum(const Variable& ys, const ops::MoeDispatch& d, int64_t k, OutputUse use = OutputUse::kRead);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/dispatch.h"
+#include "engine/memory.h"
 #include "engine/ops.h"
 #include "kernels/moe.h"
 
@@ -136,7 +137,10 @@ Tensor row_ids(int64_t n, Device device) {
   std::vector<int32_t> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), 0);
   Tensor t = Tensor::from_ints(v, {n});
-  if (!device.is_cpu()) t = t.to(device);
+  if (!device.is_cpu()) {
+    const LongLivedPoolScope long_lived;  // kept for good: not among a step's activations
+    t = t.to(device);
+  }
   cache->emplace(key, t);
   return t;
 }

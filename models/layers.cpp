@@ -139,12 +139,15 @@ ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out, ag::Outpu
   ag::Variable w = r.weights;
   if (round_weights && x.dtype() != w.dtype()) w = ag::cast(w, x.dtype());
   if (x.dtype() != DType::f64) w = ag::cast(w, DType::f32);
-  const ag::Variable h = ag::swiglu(gu[0], gu[1]), w_rows = ag::moe_row_weights(w, d);
+  // The SwiGLU rows and their weighted copy, made again in backward from gate and up (which the
+  // activation's backward keeps anyway) where the weights' and the adapter's gradients read them.
+  const ag::Variable w_rows = ag::moe_row_weights(w, d);
   const Tensor rows = d.rows.to(x.device());
-  const ag::Variable hw = ag::moe_combine(h, w_rows, rows);  // keeps h for the weights' gradient
+  const ag::InputFn swiglu_again = [g = gu[0].value(), u = gu[1].value()] { return ops::swiglu(g, u); };
+  const ag::Variable hw = ag::moe_combine(ag::swiglu(gu[0], gu[1]), w_rows, rows, swiglu_again);
   ag::InputFn weighted_again;
   if (down.keeps_input())
-    weighted_again = [hv = h.value(), wv = w_rows.value(), rows] { return ops::moe_combine(hv, rows, wv); };
+    weighted_again = [swiglu_again, wv = w_rows.value(), rows] { return ops::moe_combine(swiglu_again(), rows, wv); };
   return ag::moe_sum(down.forward(hw, d.offsets, use, weighted_again), d, top_k, use);
 }
 

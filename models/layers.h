@@ -131,9 +131,9 @@ struct RouterOutput {
 // output as transformers does: the product is linear, so y is the same (to rounding), and then
 // backward needs nothing of down's output [T K, hidden]: it is not kept, and a checkpoint's rerun
 // (use kRootOnly: nothing reads the layer's output) skips down's product, its NF4 experts included.
-// The experts' inputs that their adapters' gradients need are made again in backward rather than
-// kept: the gathered rows [T K, hidden] from the tokens' [T, hidden], the weighted SwiGLU rows from
-// the unweighted ones (kept for the weights' gradient).
+// What backward reads beside gate and up is made again rather than kept: the gathered rows [T K,
+// hidden] (gate_up's adapter gradient) from the tokens' [T, hidden], the SwiGLU rows (the weights'
+// gradient) and their weighted copy (down's adapter gradient) from gate and up.
 struct MoeMlp {
   std::string name;      // "model.layers.0.mlp"
   ag::Variable router;   // [E, hidden] ("<name>.gate.weight")

@@ -18,11 +18,11 @@ int64_t with_margin(int64_t bytes) { return bytes + bytes / 10 + (512LL << 20); 
 int64_t layer_activation_bytes(const ModelConfig& c, int64_t layer, int64_t tokens, DType act) {
   // Quarter values a token: the attention's part (norms, q/k/v, attention output, residual) and the
   // MLP's (gate and up; down_proj's input is computed again from them), or k expert rows' of each
-  // (gate and up and the SwiGLU output; the gathered rows and the weighted SwiGLU rows are made again
-  // in backward, down's output is not needed) and the token's input they are gathered from.
+  // (gate and up, two tensors; the rest is made again in backward from them or from the token's
+  // input, kept once a token) and a hidden-wide row's worth of transients.
   int64_t quarters = 29 * c.hidden_size;
   if (c.is_moe_layer(layer))
-    quarters += c.moe.experts_per_token * (7 * c.moe.expert_intermediate + c.hidden_size) + 4 * c.hidden_size;
+    quarters += c.moe.experts_per_token * (8 * c.moe.expert_intermediate + 4 * c.hidden_size) + 4 * c.hidden_size;
   else
     quarters += 7 * c.intermediate_size;
   return tokens * quarters / 4 * bytes_for(act, 1);

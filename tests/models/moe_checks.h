@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include "autograd/tape.h"
 #include "models/causal_lm.h"
 #include "models/lora.h"
 #include "tests/models/fixtures.h"
@@ -106,20 +107,30 @@ inline void check_moe_lora(const std::string& variant, Device device, double tol
 }
 
 // bf16 against PEFT's bf16 model (made on the device its metadata names): the loss and every
-// gradient within bf16 rounding.
+// gradient within bf16 rounding, with each checkpointing mode (whose reruns record the MoE layers'
+// down products and sums unread).
 inline void check_moe_bf16(const std::string& variant, Device device) {
   const std::string dir = fixture_dir(variant);
-  auto model = load_moe(variant, DType::bf16, device);
-  ASSERT_TRUE(model);
-  ASSERT_TRUE(load_adapter(*model, dir + "/adapter").ok());
   auto in = read_all(dir + "/inputs.safetensors");
   auto ref = read_all(dir + "/reference_lora_bf16.safetensors");
-  const ag::Variable loss = model->loss(in["input_ids"], in["labels"]);
-  EXPECT_NEAR(loss.value().item(), ref["loss"].item(), 0.02);
-  ag::backward(loss);
-  for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
-    ASSERT_TRUE(ref.count("grad." + name)) << name;
-    EXPECT_LT(rel_err(g, ref["grad." + name]), 0.08) << name;
+  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kRecompute, Checkpointing::kOffload}) {
+    auto model = load_moe(variant, DType::bf16, device);
+    ASSERT_TRUE(model);
+    ASSERT_TRUE(load_adapter(*model, dir + "/adapter").ok());
+    model->set_checkpointing(mode);
+    const int64_t unread = ag::unread_outputs();
+    const ag::Variable loss = model->loss(in["input_ids"], in["labels"]);
+    EXPECT_NEAR(loss.value().item(), ref["loss"].item(), 0.02) << checkpointing_name(mode);
+    ag::backward(loss);
+    int64_t moe_layers = 0;
+    for (int64_t i = 0; i < model->config().num_hidden_layers; ++i) moe_layers += model->config().is_moe_layer(i);
+    EXPECT_EQ(ag::unread_outputs() - unread,
+              mode == Checkpointing::kNone ? 0 : 2 * model->config().num_hidden_layers + moe_layers)
+        << checkpointing_name(mode);
+    for (const auto& [name, g] : peft_adapter_tensors(*model, true)) {
+      ASSERT_TRUE(ref.count("grad." + name)) << name;
+      EXPECT_LT(rel_err(g, ref["grad." + name]), 0.08) << name << " " << checkpointing_name(mode);
+    }
   }
 }
 
