@@ -175,7 +175,7 @@ struct CheckpointOptions {
   // host memory (autograd/stash.h), so that the rerun takes them instead of running the attention
   // forward again: the pinned bytes the checkpoints sharing it may still fill (null: none). For
   // offload, whose host copies it joins.
-  std::shared_ptr<std::atomic<int64_t>> stash_room;
+  std::shared_ptr<std::atomic<int64_t>> stash_room = nullptr;
 };
 // Attention outputs this thread's reruns took from a stash so far (tests count them).
 int64_t stash_hits();

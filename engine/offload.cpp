@@ -38,7 +38,7 @@ int64_t budget() {
   return b;
 }
 
-void count_host(int64_t delta) {
+[[maybe_unused]] void count_host(int64_t delta) {  // (CUDA builds only)
   const int64_t now = g_host_bytes.fetch_add(delta) + delta;
   int64_t peak = g_peak_host_bytes.load();
   while (now > peak && !g_peak_host_bytes.compare_exchange_weak(peak, now)) {

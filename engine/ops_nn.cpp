@@ -164,14 +164,14 @@ std::pair<Tensor, Tensor> rope_pair(const Tensor& q_in, const Tensor& k_in, cons
     return {one(q_in), one(k_in)};
   }
   same_dtype(op, q_in, k_in);
-  const int64_t tokens = rope_tokens(op, q_in, positions, inv_freq);
+  [[maybe_unused]] const int64_t tokens = rope_tokens(op, q_in, positions, inv_freq);  // (unused without CUDA)
   rope_tokens(op, k_in, positions, inv_freq);  // as many as q's: the positions are shared
   LOOM_CHECK(k_in.size(-1) == q_in.size(-1), op, ": q ", q_in.str(), " and k ", k_in.str(), " differ in head_dim");
-  const int64_t head_dim = q_in.size(-1), q_heads = q_in.size(-2), k_heads = k_in.size(-2);
+  [[maybe_unused]] const int64_t head_dim = q_in.size(-1), q_heads = q_in.size(-2), k_heads = k_in.size(-2);
   Tensor q = q_in.contiguous(), k = k_in.contiguous(), pos = positions.contiguous(), f = inv_freq.contiguous();
   Tensor qo = Tensor::empty(q.shape(), q.dtype(), q.device()), ko = Tensor::empty(k.shape(), k.dtype(), k.device());
   dispatch_float(op, q.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+    using T [[maybe_unused]] = decltype(tag);
     LOOM_ON_CUDA(op, T, cuda::rope_pair(q.data<T>(), qo.data<T>(), q_heads, k.data<T>(), ko.data<T>(), k_heads,
                                         pos.data<int32_t>(), f.data<float>(), tokens, head_dim,
                                         2 * f.numel(), mscale, backward, stream_of(q)));

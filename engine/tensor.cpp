@@ -75,7 +75,7 @@ StridedLayout layout_of(const Tensor& t) {
   return l;
 }
 
-Stream stream_of(Device d) { return d.is_cuda() ? CudaContext::get(d.index).stream : nullptr; }
+[[maybe_unused]] Stream stream_of(Device d) { return d.is_cuda() ? CudaContext::get(d.index).stream : nullptr; }
 
 // dst (contiguous, same device and shape) = cast(src).
 void copy_same_device(const Tensor& src, Tensor& dst) {

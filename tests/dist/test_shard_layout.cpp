@@ -16,7 +16,9 @@ TEST(ShardLayout, EveryElementHasExactlyOneOwnerAndPiecesAreAligned) {
       int64_t used = 0;
       for (size_t i = 0; i < numels.size(); ++i) {
         EXPECT_EQ(l.offsets[i] % align, 0);
-        if (i > 0) EXPECT_GE(l.offsets[i], l.offsets[i - 1] + numels[i - 1]);
+        if (i > 0) {
+          EXPECT_GE(l.offsets[i], l.offsets[i - 1] + numels[i - 1]);
+        }
         used = l.offsets[i] + numels[i];
       }
       EXPECT_GE(l.total(), used);

@@ -82,9 +82,10 @@ TEST(MpiTrain, DdpAndZero2MatchOneProcessWithTheSameGlobalBatch) {
     expect_losses_near(metric_losses(out), want, what);
     expect_adapters_near(out, single);
     EXPECT_TRUE(fs::exists(out + "/loss.svg"));
-    if (std::string(run.mode) == "zero2")
+    if (std::string(run.mode) == "zero2") {
       for (int k = 1; k < run.np; ++k)
         EXPECT_TRUE(fs::exists(out + "/checkpoint-6/optimizer-rank" + std::to_string(k) + ".safetensors")) << what;
+    }
   }
 }
 

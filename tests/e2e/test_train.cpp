@@ -212,9 +212,10 @@ TEST(Train, BadInputIsAClearErrorWithNoCorruptCheckpoint) {
     EXPECT_NE(r.output.find(c.expect), std::string::npos) << c.what << ": message lacks '" << c.expect << "':\n" << r.output;
   }
   // Nothing half-written: no checkpoint folders, no temporary ones.
-  if (fs::exists(out))
+  if (fs::exists(out)) {
     for (const auto& e : fs::directory_iterator(out))
       EXPECT_EQ(e.path().filename().string().find("checkpoint"), std::string::npos) << e.path();
+  }
   // The other run's checkpoint is intact.
   EXPECT_TRUE(fs::exists(other + "/checkpoint-1/optimizer.safetensors"));
 }

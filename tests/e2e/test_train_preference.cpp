@@ -50,7 +50,9 @@ TEST(TrainPreference, ReferenceFreeObjectivesTrainToo) {
     const std::vector<double> margin = metric_values(out, "rewards/margins");
     ASSERT_EQ(margin.size(), 8u) << objective;
     EXPECT_GT(margin.back(), margin.front()) << objective;
-    if (std::string(objective) == "orpo") EXPECT_EQ(metric_values(out, "nll_loss").size(), 8u);
+    if (std::string(objective) == "orpo") {
+      EXPECT_EQ(metric_values(out, "nll_loss").size(), 8u);
+    }
   }
 }
 

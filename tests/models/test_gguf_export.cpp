@@ -147,8 +147,9 @@ TEST(GgufExport, ReadBackGivesTheSourceLogitsWithTheSameRounding) {
         EXPECT_EQ(back->config().rope.mscale(), src->config().rope.mscale());
         EXPECT_EQ(back->config().rope.scaling.factor, src->config().rope.scaling.factor);
         EXPECT_EQ(back->config().layer_is_sliding, src->config().layer_is_sliding);
-        if (back->config().rope_sliding.scaling.kind != RopeScaling::Kind::kLongRope)  // (factors compared above)
+        if (back->config().rope_sliding.scaling.kind != RopeScaling::Kind::kLongRope) {  // (factors compared above)
           EXPECT_TRUE(back->config().rope_sliding == src->config().rope_sliding);
+        }
         EXPECT_EQ(back->config().attention_scale(), src->config().attention_scale());
         EXPECT_EQ(back->config().final_logit_softcapping, src->config().final_logit_softcapping);
       }

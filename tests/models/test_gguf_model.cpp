@@ -54,7 +54,9 @@ void expect_matches_expected(const std::map<std::string, Tensor>& got, const std
       continue;
     }
     ++names;
-    if (!head) ASSERT_EQ(t.shape(), e.shape());
+    if (!head) {
+      ASSERT_EQ(t.shape(), e.shape());
+    }
     for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(p[i], e.data<float>()[i]) << "element " << i;
   }
   EXPECT_EQ(names, got.size());  // every tensor Loom produced is one the script made

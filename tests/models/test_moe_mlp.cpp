@@ -97,7 +97,9 @@ TEST(MoeMlp, FullFineTuningGradientsMatchFiniteDifferences) {
     m.down.weight = v[3];
     m.down.experts = kE, m.down.out = kH, m.down.in = kI;
     m.top_k = 2;
-    if (!checked) EXPECT_TRUE(m.gate_up.keeps_input() && m.down.keeps_input()) << "trained experts keep their inputs";
+    if (!checked) {
+      EXPECT_TRUE(m.gate_up.keeps_input() && m.down.keeps_input()) << "trained experts keep their inputs";
+    }
     checked = true;
     return m.forward(v[0]);
   };

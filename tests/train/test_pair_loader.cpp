@@ -59,11 +59,15 @@ void check_batch(const Batch& b, const std::vector<int64_t>& which, PairLayout l
   EXPECT_EQ(W, longest);
   EXPECT_EQ(b.tokens, tokens);
   for (int64_t i = 0; i < rows * W; ++i)
-    if (owner[i] < 0) EXPECT_EQ(labels[i], -100) << "padding at " << i;
+    if (owner[i] < 0) {
+      EXPECT_EQ(labels[i], -100) << "padding at " << i;
+    }
   if (layout == PairLayout::kPack) {
     // Neighbouring sequences of a row have different segments, and padding has its own.
     for (int64_t i = 1; i < rows * W; ++i)
-      if (i % W && owner[i] != owner[i - 1]) EXPECT_NE(seg[i], seg[i - 1]) << i;
+      if (i % W && owner[i] != owner[i - 1]) {
+        EXPECT_NE(seg[i], seg[i - 1]) << i;
+      }
   } else {
     EXPECT_EQ(rows, groups * 2 * ((P + groups - 1) / groups));
   }

@@ -25,7 +25,9 @@ GivenOptions parse(const std::vector<std::string>& argv) {
 TEST(RunOptions, EveryDefaultParsesAndRoundTrips) {
   for (const RunOption& o : run_options()) {
     TrainConfig a, b;
-    if (!o.default_text.empty()) ASSERT_TRUE(o.set(o.default_text, a).ok()) << o.name;
+    if (!o.default_text.empty()) {
+      ASSERT_TRUE(o.set(o.default_text, a).ok()) << o.name;
+    }
     ASSERT_TRUE(o.set(o.get(a), b).ok()) << o.name << " = " << o.get(a);
     EXPECT_EQ(o.get(a), o.get(b)) << o.name;
   }

@@ -18,10 +18,11 @@ out=${OUT:-gpu-moe-out}
 mkdir -p "$out"
 tests="kernels_test_grouped_gemm_cuda engine_test_grouped_matmul_cuda engine_test_ops_moe_cuda models_test_moe_mlp_cuda
   models_test_moe_families_cuda kernels_test_nf4_cuda kernels_test_attention_cuda engine_test_memory_cuda
-  autograd_test_long_lived_pool_cuda autograd_test_fn_grouped models_test_dequant_scratch"
+  autograd_test_long_lived_pool_cuda autograd_test_fn_grouped models_test_dequant_scratch kernels_test_embedding_cuda
+  autograd_test_fn_moe models_test_moe_mlp models_test_moe_families models_test_recompute"
 # shellcheck disable=SC2086
 BUILD_LOG="$out/build.log" tools/gpu/build.sh loom loom_bench $tests || { tail -30 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels|LongLivedPool|LeafGradients|CheckpointInputs|DequantScratch" \
+ctest --test-dir build-gpu -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels|LongLivedPool|LeafGradients|CheckpointInputs|DequantScratch|EmbeddingCuda" \
   -j4 --timeout 300 --output-on-failure \
   > "$out/ctest.txt" 2>&1
 tail -4 "$out/ctest.txt"
