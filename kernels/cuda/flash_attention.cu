@@ -82,28 +82,29 @@ bool runs(Kernel kernel, const AttentionParams& p, bool backward) {
   return false;
 }
 
-// Forward. H200, b4 s2048 h32/8 causal (2026-12-02, PyTorch SDPA 289 us in the same run), head_dim
-// 128: mma 574 us, sm90 425, sm90_ws 327 (0.88x SDPA); head_dim 64: sm90 312, sm90_ws 227 (SDPA
-// 196). sm90_ws covers plain causal at head_dim 64..128; soft-capping, windows, packed documents
-// and the other head dims run sm90; mma off sm_90a. Head_dim 129..256 stays on sm90 (400 us at b4
-// s2048 h16/8, session 32; SDPA 268) until sm90_ws's 256-wide instance (key tiles of 80) has been
-// measured against it: flash_fwd/(sm90|sm90_ws)/bf16/b4_s2048_h16_kv8_d256. So do windows, which
-// sm90_ws now runs too (b1_s8192_h32_kv8_d128_w4096), and sm90_ws_persistent (the same kernel, one
-// block per SM walking the query tiles).
+// Forward. H200, b4 s2048 h32/8 causal, PyTorch SDPA in the same run (2026-12-05, session 36,
+// bench/results/session36): head_dim 128 sm90_ws_persistent 305 us, sm90_ws 323, sm90 421, mma 571
+// (SDPA 290); head_dim 64: 215, 233, 311 (SDPA 191); head_dim 256 (h16/8): 304, 306, 398 (SDPA 270).
+// Windows: b1 s8192 d128 w4096 sm90_ws 781 us and persistent 780, sm90 1131 (SDPA with its mask
+// 3480); Gemma 3's sliding layer b4 s2048 h8/4 d256 w1024: sm90_ws 128 us, persistent 132, sm90
+// 186. So the warp-specialised kernel wherever it applies (head_dim 64..256, no soft-cap or
+// segments), launched persistent (one block per SM walking the query tiles, longest first) for
+// plain causal attention, one block per tile with a window (whose tiles are all about as long); sm90
+// for soft-capping, packed documents and head_dim below 64; mma off sm_90a.
 Kernel forward_kernel(const AttentionParams& p) {
   if (!sm90_ready()) return Kernel::kMma;
-  return sm90_ws_supported(p) && p.head_dim <= 128 && p.window <= 0 ? Kernel::kSm90Ws : Kernel::kSm90;
+  if (!sm90_ws_supported(p)) return Kernel::kSm90;
+  return p.window > 0 ? Kernel::kSm90Ws : Kernel::kSm90WsPersistent;
 }
 
-// Backward. H200, b4 s2048 h32/8 causal (2026-12-02, SDPA in the same run): head_dim 128 sm90_ws
-// 990 us, sm90 1448 (SDPA 998), mma 2567 (an earlier run); head_dim 64 sm90_ws 654, sm90 1193 (SDPA
-// 656). sm90_ws covers plain causal at head_dim 64..128, sm90 every feature (its head_dim 129..256
-// kernel, flash_attention_bwd_sm90_d256.cu, replaces mma there: mma took 2.77 ms at b4 s2048 h16/8
-// head_dim 256 against SDPA's 1.24; bench flash_bwd/(mma|sm90)/bf16/b4_s2048_h16_kv8_d256 compares
-// them); mma off sm_90a.
+// Backward. H200 (session 36, as above): b4 s2048 h32/8 head_dim 128 sm90_ws 1018 us, sm90 1411,
+// mma 2423 (SDPA 983); head_dim 64 sm90_ws 628, sm90 1148 (SDPA 640); b1 s8192 d128 w4096 sm90_ws
+// 2492 us, sm90 3718 (SDPA 9464). sm90_ws covers causal attention with or without a window at
+// head_dim 64..128; sm90 every feature, its head_dim 129..256 kernel (flash_attention_bwd_sm90_d256.cu:
+// 1648 us at b4 s2048 h16/8, SDPA 1230) in place of mma's 2762; mma off sm_90a.
 Kernel backward_kernel(const AttentionParams& p) {
   if (!sm90_ready()) return Kernel::kMma;
-  return sm90_ws_bwd_supported(p) && p.window <= 0 ? Kernel::kSm90Ws : Kernel::kSm90;  // windows: until measured
+  return sm90_ws_bwd_supported(p) ? Kernel::kSm90Ws : Kernel::kSm90;
 }
 
 void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s,

@@ -258,14 +258,21 @@ TEST(FlashKernels, DispatchByArchitectureAndShape) {
   };
   const bool hopper = cuda::flash::sm90_ready();
   const Kernel ws = hopper ? Kernel::kSm90Ws : Kernel::kMma, sm90 = hopper ? Kernel::kSm90 : Kernel::kMma;
-  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 0)), ws);
+  const Kernel persistent = hopper ? Kernel::kSm90WsPersistent : Kernel::kMma;
+  // Forward: warp-specialised at head_dim 64..256, persistent for plain causal, a block per tile
+  // with a window; sm90 for soft-capping and narrower heads.
+  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 0)), persistent);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(64, 0.f, 0)), persistent);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(256, 0.f, 0)), persistent);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 30)), ws);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(256, 0.f, 30)), ws);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 20.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::forward_kernel(params(32, 0.f, 0)), sm90);
+  // Backward: warp-specialised at head_dim 64..128 with or without a window; sm90 otherwise.
   EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 0)), ws);
-  EXPECT_EQ(cuda::flash::forward_kernel(params(64, 0.f, 0)), ws);
-  EXPECT_EQ(cuda::flash::forward_kernel(params(128, 0.f, 30)), sm90);  // until sm90_ws is measured with windows
-  EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 30)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 30)), ws);
   EXPECT_EQ(cuda::flash::backward_kernel(params(96, 20.f, 0)), sm90);
   EXPECT_EQ(cuda::flash::backward_kernel(params(32, 0.f, 0)), sm90);
-  EXPECT_EQ(cuda::flash::forward_kernel(params(256, 0.f, 0)), sm90);
   EXPECT_EQ(cuda::flash::backward_kernel(params(256, 0.f, 0)), sm90);
   EXPECT_EQ(cuda::flash::backward_kernel(params(192, 30.f, 40)), sm90);
 }
