@@ -22,6 +22,7 @@ namespace loom {
 namespace {
 
 std::atomic<int64_t> g_budget{-1};
+std::atomic<int> g_sharers{1};
 std::atomic<int64_t> g_host_bytes{0}, g_peak_host_bytes{0}, g_kept{0};
 
 int64_t mem_available_bytes() {
@@ -32,7 +33,7 @@ int64_t mem_available_bytes() {
 int64_t budget() {
   int64_t b = g_budget.load();
   if (b < 0) {
-    b = mem_available_bytes() / 5 * 4;
+    b = mem_available_bytes() / 5 * 4 / std::max(1, g_sharers.load());
     g_budget.store(b);
   }
   return b;
@@ -54,6 +55,10 @@ std::shared_ptr<OffloadedTensor> OffloadedTensor::keep(const Tensor& t) {
 }
 
 void set_offload_host_budget(int64_t bytes) { g_budget.store(bytes < 0 ? -1 : bytes); }
+void set_offload_host_sharers(int processes) {
+  g_sharers.store(std::max(1, processes));
+  g_budget.store(-1);  // the default again, made with the new share at the next offload
+}
 int64_t offload_host_room() { return std::max<int64_t>(budget() - g_host_bytes.load(), 0); }
 OffloadStats offload_stats() { return {g_host_bytes.load(), g_peak_host_bytes.load(), g_kept.load()}; }
 void reset_offload_peak() { g_peak_host_bytes.store(g_host_bytes.load()); }

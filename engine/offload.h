@@ -47,9 +47,12 @@ class OffloadedTensor {
 };
 
 // Pinned host bytes that offloaded tensors may hold at once (default: 80 % of MemAvailable at the
-// first offload; a negative value restores it). Beyond it tensors stay on the GPU ("where host
-// memory is short").
+// first offload, shared by the processes of this host that set_offload_host_sharers names; a
+// negative value restores it). Beyond it tensors stay on the GPU ("where host memory is short").
 void set_offload_host_budget(int64_t bytes);
+// The number of processes on this host that offload (the ranks of a distributed run on it; 1
+// alone): each one's default budget is its share, so that together they stay within MemAvailable.
+void set_offload_host_sharers(int processes);
 // The pinned bytes still free under the budget now.
 int64_t offload_host_room();
 struct OffloadStats {

@@ -33,6 +33,7 @@ class DistContext {
   int rank() const { return group_->rank(); }
   int world() const { return group_->world_size(); }
   bool root() const { return rank() == 0; }
+  int local_world() const { return group_->local_size(); }  // ranks on this host
   bool zero2() const { return mode_ == "zero2"; }
   Device device() const { return group_->device(); }
 

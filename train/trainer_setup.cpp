@@ -17,6 +17,7 @@
 #include "dist/launch_env.h"
 #include "engine/io_error.h"
 #include "engine/memory.h"
+#include "engine/offload.h"
 #include "engine/status_macros.h"
 #include "optim/adamw.h"
 #include "train/optimizer_memory.h"
@@ -57,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   if (!cfg.dist.empty()) {  // each rank takes cuda:<local rank>
     LOOM_ASSIGN_OR_RETURN(s->dist, DistContext::create(cfg.dist, cfg.dist_timeout, s->device.is_cuda()));
     s->device = s->dist->device();
+    set_offload_host_sharers(s->dist->local_world());  // the ranks on this host share its pinned budget
   }
   if (s->device.is_cuda() && s->device.index >= cuda_device_count())
     return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device.str(), ": no such CUDA device (",
