@@ -195,22 +195,19 @@ Variable grouped_linear_lora_of(const Variable& xs, const Variable* w_var, const
       return o.dtype() == dtype ? o : o.to(dtype);
     };
     if (n.needs_grad(ib)) db = master_grad(dy, keep_t, b_shape, b_dtype);  // db[e] = dy^T t
+    if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
+      dw = Tensor::empty(w_shape, w_dtype, dy.device());
+      ops::grouped_matmul_tn_into(dy, x, dw, offsets);
+    }
     if (n.needs_grad(0) || n.needs_grad(ia)) {
       Tensor dt = Tensor::empty({rows, r}, dy.dtype(), dy.device());
       ops::grouped_matmul_into(dy, keep_b, dt, offsets, false, scale, 0.f);  // scale [n_e, out] x [out, r]
       if (n.needs_grad(ia)) da = master_grad(dt, x, a_shape, a_dtype);  // da[e] = dt^T x
-      if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
-        dw = Tensor::empty(w_shape, w_dtype, dy.device());
-        ops::grouped_matmul_tn_into(dy, x, dw, offsets);
-      }
       x = Tensor();  // one made again is let go before dx exists
       if (n.needs_grad(0)) {  // dx = dy w_e + dt a_e: [n_e, out] x [out, in] + [n_e, r] x [r, in]
         dx = Tensor::empty({rows, in}, dy.dtype(), dy.device());
         dual_product(op, keep_w, dy, dt, keep_a, dx, offsets, Pass::kBackward);
       }
-    } else if (has_w && n.needs_grad(1)) {  // full fine-tuning beside the adapter: dw[e] = dy^T x
-      dw = Tensor::empty(w_shape, w_dtype, dy.device());
-      ops::grouped_matmul_tn_into(dy, x, dw, offsets);
     }
     return has_w ? Grads{dx, dw, da, db} : Grads{dx, da, db};
   };

@@ -8,6 +8,18 @@ namespace loom::ag {
 using detail::Grads;
 using detail::node_of;
 
+namespace {
+
+// y [T, H] = the sum of each token's K rows of ys [T K, H] (row_of: ops::MoeDispatch's), unit
+// weights through ops::moe_combine: deterministic, no atomics.
+Tensor sum_token_rows(const Tensor& ys, const Tensor& row_of, int64_t k) {
+  Tensor ones = Tensor::empty({row_of.numel() / k, k}, ops::acc_dtype(ys.dtype()), ys.device());
+  ops::fill_(ones, 1.f);
+  return ops::moe_combine(ys, row_of, ones);
+}
+
+}  // namespace
+
 MoeRouting moe_route(const Variable& logits, int64_t k, bool renorm) {
   MoeRouting r;
   r.route = ops::moe_route(logits.value(), k, renorm);
@@ -28,13 +40,8 @@ Variable moe_aux_loss(const Variable& logits, const Tensor& ids) {
 
 Variable moe_gather(const Variable& x, const ops::MoeDispatch& d, int64_t k) {
   const Tensor tokens = d.token_of_row.to(x.value().device()), rows = d.row_of.to(x.value().device());
-  const int64_t t = x.size(0);
-  const DType dtype = x.dtype();
-  auto backward = [rows, t, k, dtype](Node&, const Grads& g) {
-    // dx[t] = sum over j of dxs[row_of[t K + j]]: the combine with unit weights (no atomics).
-    Tensor ones = Tensor::empty({t, k}, ops::acc_dtype(dtype), g[0].device());
-    ops::fill_(ones, 1.f);
-    return Grads{ops::moe_combine(g[0], rows, ones)};
+  auto backward = [rows, k](Node&, const Grads& g) {
+    return Grads{sum_token_rows(g[0], rows, k)};  // dx[t] = sum over j of dxs[row_of[t K + j]]
   };
   return record1(node_of("moe_gather", backward), {&x}, ops::embedding(tokens, x.value()));
 }
@@ -56,14 +63,8 @@ Variable moe_sum(const Variable& ys, const ops::MoeDispatch& d, int64_t k, Outpu
   LOOM_CHECK(k >= 1 && ys.value().dim() == 2 && ys.size(0) == rows.numel() && rows.numel() % k == 0,
              "moe_sum: ys ", ys.value().str(), " for ", rows.numel(), " rows of ", k, " per token");
   const int64_t t = rows.numel() / k;
-  Tensor y;
-  if (use == OutputUse::kRead) {
-    Tensor ones = Tensor::empty({t, k}, ops::acc_dtype(ys.dtype()), dev);
-    ops::fill_(ones, 1.f);
-    y = ops::moe_combine(ys.value(), rows, ones);
-  } else {
-    y = detail::unread_value({t, ys.size(1)}, ys.dtype(), dev);
-  }
+  const Tensor y = use == OutputUse::kRead ? sum_token_rows(ys.value(), rows, k)
+                                           : detail::unread_value({t, ys.size(1)}, ys.dtype(), dev);
   auto backward = [tokens](Node&, const Grads& g) { return Grads{ops::embedding(tokens, g[0])}; };
   return record1(node_of("moe_sum", backward), {&ys}, y);
 }
