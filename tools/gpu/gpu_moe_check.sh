@@ -6,8 +6,9 @@
 # autograd/fn_grouped.cpp runs (base, accumulate, LoRA factors, dual), each variant, and the QLoRA experts'
 # batched NF4 dequantisation against one launch per expert.
 # Writes ctest.txt, moe.jsonl, moe_table.md and grouped.txt under $OUT (default gpu-moe-out); with
-# LOOM_MOE_PROFILE=1 also profile_none.txt and profile_qlora_offload.txt, tools/gpu/kernel_profile.sh's
-# per-kernel table of 3 steps of the LoRA none and QLoRA offload rows (about 45 s each).
+# LOOM_MOE_PROFILE=1 also profile_<row>.txt, tools/gpu/kernel_profile.sh's per-kernel table of steps 2-4
+# of each row of LOOM_MOE_PROFILE_ROWS (default "none qlora-offload": [qlora-]<checkpointing mode>) on
+# LOOM_MOE_SHAPE (about 45 s each at the smoke shape).
 # LOOM_MOE_SHAPE (default qwen3moe_smoke) picks moe.sh's shape for Loom's rows: qwen3moe30b with
 # LOOM_MOE_LAYERS=24 is the 24-layer table's (about 15-18 s a row).
 #   tools/gpu/gpu_moe_check.sh      (about 2 minutes after a cold build)
@@ -34,15 +35,17 @@ if [ "${LOOM_MOE_PROFILE:-0}" = 1 ]; then
   prof=$(mktemp)  # a LOOM_BIN that profiles the loom run it is given into $prof_out
   cat > "$prof" <<'SH'
 #!/usr/bin/env bash
-STEPS=3 TOP=40 tools/gpu/kernel_profile.sh "$prof_out.csv" build-gpu/tools/loom "$@" > "$prof_out" 2>&1
+STEPS=3 SKIP=1 TOP=40 tools/gpu/kernel_profile.sh "$prof_out.csv" build-gpu/tools/loom "$@" > "$prof_out" 2>&1
 SH
   chmod +x "$prof"
-  prof_out="$out/profile_none.txt" LOOM_BIN=$prof LOOM_MOE_STEPS=3 LOOM_MOE_PEERS=" " LOOM_MOE_MODES=none \
-    LOOM_MOE_QLORA_MODES=" " OUT=$(mktemp -d) bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
-  prof_out="$out/profile_qlora_offload.txt" LOOM_BIN=$prof LOOM_MOE_STEPS=3 LOOM_MOE_PEERS=" " LOOM_MOE_MODES=" " \
-    LOOM_MOE_QLORA_MODES=offload OUT=$(mktemp -d) bash bench/e2e/moe.sh qwen3moe_smoke > /dev/null 2>&1
+  for row in ${LOOM_MOE_PROFILE_ROWS:-none qlora-offload}; do  # [qlora-]mode: 4 steps, the first left out
+    mode=${row#qlora-} lora=" " qlora=" "
+    if [ "$row" = "$mode" ]; then lora=$mode; else qlora=$mode; fi
+    prof_out="$out/profile_${row//-/_}.txt" LOOM_BIN=$prof LOOM_MOE_STEPS=4 LOOM_MOE_PEERS=" " LOOM_MOE_MODES=$lora \
+      LOOM_MOE_QLORA_MODES=$qlora OUT=$(mktemp -d) bash bench/e2e/moe.sh "${LOOM_MOE_SHAPE:-qwen3moe_smoke}" > /dev/null 2>&1
+    head -14 "$out/profile_${row//-/_}.txt"
+  done
   rm -f "$out"/profile_*.txt.csv "$prof"
-  head -12 "$out/profile_none.txt" "$out/profile_qlora_offload.txt"
 fi
 build-gpu/bench/loom_bench --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/|nf4_dequantize_experts' \
   --benchmark_min_time=0.05s 2>&1 | grep manual_time | awk '{print $1, $2, $3}' \

@@ -5,7 +5,9 @@ each kernel's total time, launch count and share, largest first, then the total.
 
     tools/gpu/kernel_profile.py ncu.csv [--steps N] [--top 40]
 
---steps divides the totals by the number of training steps the run took (per-step figures).
+--steps divides the totals by the number of training steps the run took (per-step figures);
+--skip-steps N leaves out every launch up to the end of the N-th step's optimizer kernels (the load,
+NF4 quantisation and first-step warm-up), so that --steps then counts the steps that remain.
 Kernel names are shortened to the function name with its template arguments cut at 60 characters:
 cuBLASLt's nvjet kernels keep their tile-shape names, which tell the GEMMs apart. A second table
 sums the kernels by kind (KINDS: attention, GEMMs, the experts' grouped GEMMs, the LM head's loss,
@@ -57,22 +59,46 @@ def kind_of(name):
     return "other"
 
 
+def step_ends(launches, gap=4):
+    """Index of each step's last optimizer launch: the end of a run of optimizer kernels that no other
+    optimizer launch follows within `gap` launches (the clip's scale may sit between them)."""
+    ends, last = [], None
+    for i, (name, _) in enumerate(launches):
+        if kind_of(name) == "optimizer":
+            last = i
+        elif last is not None and i - last > gap:
+            ends.append(last)
+            last = None
+    if last is not None:
+        ends.append(last)
+    return ends
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--skip-steps", type=int, default=0)
     a = ap.parse_args()
     total = defaultdict(float)
     count = defaultdict(int)
     with open(a.csv, newline="") as f:
         lines = [l for l in f if l.startswith('"')]  # ncu's own messages (==PROF== ...) are not CSV
+    launches = []  # (short name, microseconds) in launch order
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
         value = float(row["Metric Value"].replace(",", ""))
-        us = value * UNITS.get(row.get("Metric Unit", "nsecond"), 1e-3)
-        k = short(row["Kernel Name"])
+        launches.append((short(row["Kernel Name"]), value * UNITS.get(row.get("Metric Unit", "nsecond"), 1e-3)))
+    ends = step_ends(launches)
+    if a.skip_steps:
+        if len(ends) < a.skip_steps:
+            sys.exit(f"{a.csv}: {len(ends)} optimizer steps found, fewer than --skip-steps {a.skip_steps}")
+        launches = launches[ends[a.skip_steps - 1] + 1:]
+        print(f"(left out: every launch up to the end of step {a.skip_steps}'s optimizer; "
+              f"{len(ends)} steps found in all)")
+    for k, us in launches:
         total[k] += us
         count[k] += 1
     if not total:
