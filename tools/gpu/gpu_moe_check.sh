@@ -11,6 +11,8 @@
 # LOOM_MOE_SHAPE (about 45 s each at the smoke shape).
 # LOOM_MOE_SHAPE (default qwen3moe_smoke) picks moe.sh's shape for Loom's rows: qwen3moe30b with
 # LOOM_MOE_LAYERS=24 is the 24-layer table's (about 15-18 s a row).
+# LOOM_MOE_TESTS=0 / LOOM_MOE_BENCH=0 skip the CUDA tests (about 3 minutes) / the micro-benchmarks. Profiles
+# at 24 layers take more than 5 minutes each under ncu: profile the smoke shape (the same layer).
 #   tools/gpu/gpu_moe_check.sh      (about 2 minutes after a cold build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,10 +25,10 @@ tests="kernels_test_grouped_gemm_cuda engine_test_grouped_matmul_cuda engine_tes
   autograd_test_fn_moe models_test_moe_mlp models_test_moe_families models_test_recompute"
 # shellcheck disable=SC2086
 BUILD_LOG="$out/build.log" tools/gpu/build.sh loom loom_bench $tests || { tail -30 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels|LongLivedPool|LeafGradients|CheckpointInputs|DequantScratch|EmbeddingCuda" \
+[ "${LOOM_MOE_TESTS:-1}" = 1 ] && ctest --test-dir build-gpu -R "Grouped|Moe|MoE|moe|Nf4|AttentionCuda|FlashKernels|LongLivedPool|LeafGradients|CheckpointInputs|DequantScratch|EmbeddingCuda" \
   -j4 --timeout 300 --output-on-failure \
   > "$out/ctest.txt" 2>&1
-tail -4 "$out/ctest.txt"
+[ "${LOOM_MOE_TESTS:-1}" = 1 ] && tail -4 "$out/ctest.txt"
 LOOM_MOE_PEERS=${LOOM_MOE_PEERS- } LOOM_MOE_MODES=${LOOM_MOE_MODES-none recompute} \
   LOOM_MOE_QLORA_MODES=${LOOM_MOE_QLORA_MODES-offload} OUT="$out" bash bench/e2e/moe.sh "${LOOM_MOE_SHAPE:-qwen3moe_smoke}" \
   > /dev/null 2>&1
@@ -47,6 +49,7 @@ SH
   done
   rm -f "$out"/profile_*.txt.csv "$prof"
 fi
+[ "${LOOM_MOE_BENCH:-1}" = 1 ] || exit 0
 build-gpu/bench/loom_bench --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/|nf4_dequantize_experts' \
   --benchmark_min_time=0.05s 2>&1 | grep manual_time | awk '{print $1, $2, $3}' \
   | sed 's#grouped_gemm/bf16/qwen3_30b_a3b/##; s#/manual_time##' > "$out/grouped.txt"
