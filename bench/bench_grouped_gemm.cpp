@@ -158,6 +158,40 @@ void add_dual(const MoeShape& s, const std::string& proj, int64_t in, int64_t ou
   });
 }
 
+// A projection whose expert weights are NF4 (QLoRA), multiplied by the Hopper kernel that dequantises
+// them as it loads its tiles (cuda::sm90_grouped_gemm_nf4): fwd y = x w_e^T and dgrad dx = dy w_e, as
+// add_grouped's; the values are arbitrary codes and scales (the time does not depend on them). Beside
+// the bf16 product of the same name, the difference is what dequantising in the kernel costs; the
+// unfused path pays nf4_dequantize_experts (bench_quant.cpp) on top of the bf16 product.
+void add_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p, GroupedGemmVariant v) {
+  add_variant(s, proj + "_" + product_name(p) + "_nf4", v, [=](benchmark::State& st, const Setup& u) {
+    const int64_t n = u.n, e_count = u.experts, per = out * in;
+    const bool fwd = p == Product::kFwd;
+    auto act = random_array<bf16>(size_t(n * (fwd ? in : out)));
+    DeviceArray<float> result(size_t(n * (fwd ? out : in)) / 2 + 1);  // bf16
+    DeviceArray<uint8_t> packed(size_t(e_count * per / 2)), qabsmax(size_t(e_count * nf4_blocks(per)));
+    LOOM_CUDA_CHECK(cudaMemset(packed.get(), 0x5a, size_t(e_count * per / 2)));
+    LOOM_CUDA_CHECK(cudaMemset(qabsmax.get(), 0x77, size_t(e_count * nf4_blocks(per))));
+    auto nested = random_array<float>(size_t(e_count * nf4_nested_blocks(per)), 0.01f, 0.02f);
+    auto code = random_array<float>(256);
+    std::vector<Nf4Operand> weights;
+    for (int64_t e = 0; e < e_count; ++e)
+      if (u.off[size_t(e) + 1] > u.off[size_t(e)])
+        weights.push_back({packed.get() + e * per / 2,
+                           Nf4State{nullptr, qabsmax.get() + e * nf4_blocks(per),
+                                    nested.get() + e * nf4_nested_blocks(per), code.get(), 0.01f}});
+    RowGroupedGemm g;
+    g.a = act.get(), g.lda = fwd ? in : out, g.b = nullptr, g.c = result.get();
+    g.k = fwd ? in : out, g.m = fwd ? out : in, g.trans_b = fwd;
+    g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
+    const int tile_n = v == GroupedGemmVariant::kSm90Wide ? 256 : 128;
+    run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute}, [&] {
+      cuda::sm90_grouped_gemm_nf4(row_grouped_problems(g, u.off), weights, u.c.sm_count, u.pointers.get(), u.c.stream,
+                                  nullptr, tile_n);
+    });
+  });
+}
+
 }  // namespace
 
 void register_grouped_gemm() {
@@ -189,6 +223,10 @@ void register_grouped_gemm() {
     if (v != GroupedGemmVariant::kCublasGrouped)  // cuBLAS's grouped call has no bf16 -> f32
       add_grouped(q, "lora_a_f32", q.hidden, 16, Product::kWgrad, v, GemmType::kF32);
   }
+  for (const MoeShape& s : kShapes)
+    for (auto [proj, in, out] : {std::tuple{"gate_up", s.hidden, 2 * s.width}, std::tuple{"down", s.width, s.hidden}})
+      for (Product p : {Product::kFwd, Product::kDgrad})
+        for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide}) add_nf4(s, proj, in, out, p, v);
 }
 
 }  // namespace loom::bench

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/ops.h"
 #include "engine/tensor.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/nf4.h"
 
 namespace loom::ops::detail {
 
@@ -17,5 +19,9 @@ void grouped_matmul_dual_into(const Tensor& a, const Tensor& b, const Tensor& a2
                               GroupedGemmVariant variant);
 void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
                             float alpha, float beta, GroupedGemmVariant variant);
+
+// The kernels' view of q for n elements beside `out` (its device), after checking q's tensors
+// (engine/ops_quant.cpp; op names the caller).
+Nf4State checked_state(const char* op, const Nf4Parts& q, int64_t n, const Tensor& out);
 
 }  // namespace loom::ops::detail

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/nf4.h"
 
 // cublas_api.h declares `typedef struct cublasContext* cublasHandle_t;` at global scope; the same
 // declaration here lets callers hold a handle without including CUDA headers.
@@ -85,6 +86,18 @@ const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems);
 // or lists that do not pair up), or nullptr.
 const char* sm90_dual_unsupported(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second);
 
+// A QLoRA expert's weight W [out, in] in NF4 (kernels/nf4.h: blocks of 64 along its rows), as the B
+// operand of cuda::sm90_grouped_gemm_nf4: the problem's B is W^T (trans_b: B = W as [N = out, K = in],
+// a forward y = x W^T) or W (B = W as [K = out, N = in], an input gradient dx = dy W), ldb = in.
+struct Nf4Operand {
+  const uint8_t* packed = nullptr;  // [out * in / 2], two codes a byte, the first in the high nibble
+  Nf4State state;
+};
+// Why the Hopper kernel cannot multiply by these NF4 weights (what sm90_grouped_unsupported asks of
+// bf16 operands, with each B's pointer being its packed codes; and: one weight per problem, A not
+// transposed, ldb (= in) a multiple of 64, packed codes 16-byte aligned, a complete state), or nullptr.
+const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights);
+
 // The one selection rule (kSm90Wide, kSm90, kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
 // its definition for the measurements behind it.
 GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
@@ -108,8 +121,9 @@ struct GroupedGemmContext {
   int sm_count = 0;
 };
 // Device entries a grouped launch needs in `pointers`: kCublasGrouped's A, B and C pointer arrays
-// (3 per problem), or kSm90's problem descriptors (80 bytes, 10 slots per problem).
-inline constexpr size_t kSm90SlotsPerProblem = 10;
+// (3 per problem), or kSm90's problem descriptors (80 bytes) and, for sm90_grouped_gemm_nf4, their NF4
+// weights' (48 bytes): 16 slots per problem.
+inline constexpr size_t kSm90SlotsPerProblem = 16;
 inline size_t grouped_gemm_pointer_slots(size_t problems) { return kSm90SlotsPerProblem * problems; }
 // Runs the problems (none may be batched; all share one type pair) on stream s. kCublasGrouped
 // writes its pointer arrays into `pointers` (device memory of grouped_gemm_pointer_slots entries,
@@ -135,4 +149,9 @@ bool sm90_grouped_gemm_ready();
 // output tiles' width, 128 (kSm90) or 256 (kSm90Wide).
 void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
                        const std::vector<GemmArgs>* second = nullptr, int tile_n = 128);
+// The same with B the problems' NF4 weights (sm90_nf4_unsupported; each problem's b is ignored),
+// dequantised by the kernel into its shared-memory tiles as it streams them: the products equal
+// nf4_dequantize then sm90_grouped_gemm bit for bit, without the bf16 copy of the weights.
+void sm90_grouped_gemm_nf4(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights, int sm_count,
+                           void** pointers, Stream s, const std::vector<GemmArgs>* second = nullptr, int tile_n = 128);
 }  // namespace loom::cuda

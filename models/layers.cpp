@@ -115,9 +115,11 @@ ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int
     // product keeps it (the scratch's buffer, allocated either way) rather than dequantise a third time.
     return through(ag::Variable(dense_weight(xs.dtype()), false));
   }
-  return through(ag::ExpertWeightFn{{experts, out, in}, chunk, [this](int64_t first, int64_t count, DType dtype) {
-                                       return dense_weight(dtype, first, count);
-                                     }});
+  ag::ExpertWeightFn fn{{experts, out, in}, chunk, [this](int64_t first, int64_t count, DType dtype) {
+                          return dense_weight(dtype, first, count);
+                        }, {}};
+  for (const auto& q : nf4) fn.nf4.push_back(q->parts());  // multiplied as they are where a kernel can
+  return through(fn);
 }
 
 ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out, ag::OutputUse use) const {

@@ -121,6 +121,24 @@ const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems) {
   return nullptr;
 }
 
+const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights) {
+  if (weights.size() != problems.size()) return "not one NF4 weight per problem";
+  std::vector<GemmArgs> as_bf16 = problems;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const GemmArgs& p = problems[i];
+    const Nf4Operand& w = weights[i];
+    if (p.trans_a) return "a transposed A (NF4 weights are the B of forward and input-gradient products)";
+    if (p.ldb % kNf4Block != 0) return "an ldb (the weight's row length) not a multiple of 64";
+    if (p.trans_b ? p.k > p.ldb : p.n > p.ldb) return "a product wider than the weight's rows";
+    if (w.packed == nullptr || reinterpret_cast<uintptr_t>(w.packed) % 16 != 0)
+      return "packed NF4 codes missing or not 16-byte aligned";
+    const Nf4State& st = w.state;
+    if (!st.absmax && !(st.qabsmax && st.nested_absmax && st.nested_code)) return "an incomplete NF4 state";
+    as_bf16[i].b = w.packed;
+  }
+  return sm90_grouped_unsupported(as_bf16);
+}
+
 const char* sm90_dual_unsupported(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second) {
   if (second.size() != problems.size()) return "a second list of another length";
   if (const char* why = sm90_grouped_unsupported(problems)) return why;

@@ -30,11 +30,13 @@
 //   outside the problem skipped; C = alpha acc + beta C (C not read when beta is 0).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/grouped_gemm_nf4.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/grouped_gemm.h"
 
@@ -75,7 +77,8 @@ struct Problem {
   int32_t k2, lda2, ldb2, unused;
 };
 static_assert(sizeof(Problem) == 80 && alignof(Problem) == 8, "10 pointer slots per problem");
-static_assert(sizeof(Problem) <= kSm90SlotsPerProblem * sizeof(void*), "grouped_gemm_pointer_slots covers it");
+static_assert(sizeof(Problem) + sizeof(nf4g::Nf4Problem) <= kSm90SlotsPerProblem * sizeof(void*),
+              "grouped_gemm_pointer_slots covers a problem and its NF4 weight");
 
 __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
 
@@ -132,10 +135,13 @@ struct Loaders {
 };
 
 // k-step `c.kt` of the cursor's tile into the stage's A and B tiles (rows/columns past the problem
-// are zeros).
-template <bool kTransA, bool kTransB, int kBN>
+// are zeros). With kNf4, B of the first product is the problem's NF4 weight: its loads are issued
+// into `pending` (nf4g::nf4_issue), to be converted into sB by nf4_store before the step is read.
+template <bool kTransA, bool kTransB, int kBN, bool kNf4 = false>
 __device__ __forceinline__ void load_step(const Cursor<kBN>& c, bf16* sA, bf16* sB, const Loaders<kBM>& la,
-                                          const Loaders<kBN>& lb) {
+                                          const Loaders<kBN>& lb, const nf4g::Nf4Problem* nf4s = nullptr,
+                                          const nf4g::Nf4Place<kBN, kTransB>* place = nullptr,
+                                          nf4g::Nf4Pending<kBN>* pending = nullptr) {
   const Problem& p = c.prob;
   // The first product's k-steps, then the second's (K = 0 with no second product: one step of zeros
   // from the first's operands).
@@ -147,6 +153,12 @@ __device__ __forceinline__ void load_step(const Cursor<kBN>& c, bf16* sA, bf16* 
   const int k0 = (first ? c.kt : c.kt - c.kt_first) * kBK;
   if constexpr (!kTransA) la.k_major.load(sA, a + k0, lda, c.m0, p.m, depth - k0);  // A [M, K]
   else la.mn_major.load(sA, a + c.m0, lda, k0, depth, p.m - c.m0);                  // A [K, M]
+  if constexpr (kNf4) {
+    if (first) {
+      nf4g::nf4_issue<kBN, kTransB>(nf4s[c.p], *place, c.n0, k0, p.n, depth, ldb, sB, *pending);
+      return;
+    }
+  }
   if constexpr (kTransB) lb.k_major.load(sB, b + k0, ldb, c.n0, p.n, depth - k0);   // B [N, K]
   else lb.mn_major.load(sB, b + c.n0, ldb, k0, depth, p.n - c.n0);                  // B [K, N]
 }
@@ -207,9 +219,10 @@ __device__ __forceinline__ void store_tile(const Cursor<kBN>& c, const float (&a
   }
 }
 
-template <bool kTransA, bool kTransB, class TC, int kBN>
+template <bool kTransA, bool kTransB, class TC, int kBN, bool kNf4>
 __global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, int count, float alpha, float beta) {
+    grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, const nf4g::Nf4Problem* __restrict__ nf4s, int count,
+                             float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Shape<kBN>;
   constexpr int kStages = S::kStages, kStageElems = S::kStageElems;
@@ -220,6 +233,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t stride = gridDim.x;
   const Loaders<kBM> la(tid);
   const Loaders<kBN> lb(tid);
+  // kNf4: the NF4 code book, this thread's place in a B tile and its loads not yet converted.
+  __shared__ float nf4_code[16];
+  const nf4g::Nf4Place<kBN, kTransB> place(tid);
+  nf4g::Nf4Pending<kBN> pending;
+  pending.dst = nullptr;
+  if constexpr (kNf4) {
+    if (tid < 16) nf4_code[tid] = nf4g::kNf4CodeBook[tid];
+    __syncthreads();
+  }
+  // Converts the NF4 loads issued by the previous load_step (their stage is not read before the
+  // next step's barrier).
+  auto flush = [&] {
+    if constexpr (kNf4) {
+      if (pending.dst) nf4g::nf4_store<kBN>(pending, place.part, nf4_code);
+      pending.dst = nullptr;
+    }
+  };
 
   Cursor<kBN> mma;
   mma.init(problems, count, blockIdx.x);
@@ -230,10 +260,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
     if (load.valid(count)) {
-      load_step<kTransA, kTransB>(load, smem + s * kStageElems, smem + s * kStageElems + S::kAElems, la, lb);
+      load_step<kTransA, kTransB, kBN, kNf4>(load, smem + s * kStageElems, smem + s * kStageElems + S::kAElems, la,
+                                             lb, nf4s, &place, &pending);
       load.advance(problems, count, stride);
     }
     flash::cp_async_commit();
+    flush();
   }
 
   float acc[kBN / 2];
@@ -268,9 +300,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
       // (c) Prefetch step j + kStages - 2 (of this tile or a later one) into the stage step j - 2 used.
+      flush();  // step j + kStages - 3's B, loaded by the previous iteration
       if (load.valid(count)) {
-        load_step<kTransA, kTransB>(load, smem + load_stage * kStageElems,
-                                    smem + load_stage * kStageElems + S::kAElems, la, lb);
+        load_step<kTransA, kTransB, kBN, kNf4>(load, smem + load_stage * kStageElems,
+                                               smem + load_stage * kStageElems + S::kAElems, la, lb, nf4s, &place,
+                                               &pending);
         load.advance(problems, count, stride);
       }
       flash::cp_async_commit();
@@ -305,13 +339,14 @@ __global__ void write_problems(ProblemChunk chunk, Problem* dst) {
   if (i < chunk.count) dst[i] = chunk.p[i];
 }
 
-template <bool kTransA, bool kTransB, class TC, int kBN>
-void launch(const Problem* problems, int count, int64_t tiles, int sm_count, float alpha, float beta, Stream s) {
-  auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN>;
+template <bool kTransA, bool kTransB, class TC, int kBN, bool kNf4 = false>
+void launch(const Problem* problems, const nf4g::Nf4Problem* nf4s, int count, int64_t tiles, int sm_count, float alpha,
+            float beta, Stream s) {
+  auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN, kNf4>;
   constexpr size_t kSmemBytes = Shape<kBN>::kSmemBytes;
-  allow_dynamic_smem<grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN>>(kSmemBytes);
+  allow_dynamic_smem<grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN, kNf4>>(kSmemBytes);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, sm_count));
-  kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, count, alpha, beta);
+  kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, nf4s, count, alpha, beta);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -327,33 +362,34 @@ void launch_layout(const GemmArgs& g, const Problem* dev, int n, int64_t tiles, 
   // trans_a / trans_b / C type: forward (false, true), input gradient (false, false), weight
   // gradient (true, false); (true, true) for completeness.
   if (!g.trans_a && g.trans_b) {
-    f32 ? launch<false, true, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<false, true, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<false, true, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, true, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
   } else if (!g.trans_a && !g.trans_b) {
-    f32 ? launch<false, false, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<false, false, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<false, false, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, false, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
   } else if (g.trans_a && !g.trans_b) {
-    f32 ? launch<true, false, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<true, false, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<true, false, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, false, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
   } else {
-    f32 ? launch<true, true, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<true, true, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<true, true, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, true, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
   }
 }
 }  // namespace
 
-void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
-                       const std::vector<GemmArgs>* second, int tile_n) {
+namespace {
+// Writes the problems' descriptors to `pointers` (checked for the kernel first) and returns their
+// output tiles.
+int64_t write_problem_list(const std::vector<GemmArgs>& problems, void** pointers, Stream s,
+                           const std::vector<GemmArgs>* second, int tile_n) {
   LOOM_CHECK(tile_n == 128 || tile_n == 256, "cuda grouped_gemm: the sm90 kernel's tiles are 128 or 256 wide, not ",
              tile_n);
-  if (problems.empty()) return;
   const char* why = second ? sm90_dual_unsupported(problems, *second) : sm90_grouped_unsupported(problems);
   LOOM_CHECK(why == nullptr, "cuda grouped_gemm: the sm90 kernel cannot run these problems: ", why);
   LOOM_CHECK(sm90_grouped_gemm_ready(), "cuda grouped_gemm: the sm90 kernel needs an sm_90 GPU and a build for sm_90a");
   LOOM_CHECK(pointers != nullptr && reinterpret_cast<uintptr_t>(pointers) % alignof(Problem) == 0,
              "cuda grouped_gemm: the problem list needs ", grouped_gemm_pointer_slots(problems.size()),
              " aligned device slots");
-  if (sm_count <= 0) sm_count = cuda::sm_count();
   const int n = static_cast<int>(problems.size());
   Problem* dev = reinterpret_cast<Problem*>(pointers);
   int64_t tiles = 0;
@@ -373,9 +409,73 @@ void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void
     write_problems<<<1, kChunk, 0, s>>>(chunk, dev + first);
     LOOM_CUDA_LAUNCH_CHECK();
   }
+  return tiles;
+}
+
+struct Nf4Chunk {
+  nf4g::Nf4Problem p[kChunk];
+  int count;
+};
+static_assert(sizeof(Nf4Chunk) < 4000, "kernel arguments are limited to 4 KiB");
+
+__global__ void write_nf4_problems(Nf4Chunk chunk, nf4g::Nf4Problem* dst) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < chunk.count) dst[i] = chunk.p[i];
+}
+}  // namespace
+
+void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
+                       const std::vector<GemmArgs>* second, int tile_n) {
+  if (problems.empty()) return;
+  const int64_t tiles = write_problem_list(problems, pointers, s, second, tile_n);
   if (tiles == 0) return;
+  if (sm_count <= 0) sm_count = cuda::sm_count();
+  const int n = static_cast<int>(problems.size());
+  const Problem* dev = reinterpret_cast<const Problem*>(pointers);
   if (tile_n == 256) launch_layout<256>(problems[0], dev, n, tiles, sm_count, s);
   else launch_layout<128>(problems[0], dev, n, tiles, sm_count, s);
+}
+
+void sm90_grouped_gemm_nf4(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights, int sm_count,
+                           void** pointers, Stream s, const std::vector<GemmArgs>* second, int tile_n) {
+  if (problems.empty()) return;
+  const char* why = sm90_nf4_unsupported(problems, weights);
+  LOOM_CHECK(why == nullptr, "cuda grouped_gemm (NF4 weights): the sm90 kernel cannot run these problems: ", why);
+  // The descriptors as for bf16 operands, each B naming its packed codes (never read as bf16).
+  std::vector<GemmArgs> as_bf16 = problems;
+  for (size_t i = 0; i < problems.size(); ++i) as_bf16[i].b = weights[i].packed;
+  const int64_t tiles = write_problem_list(as_bf16, pointers, s, second, tile_n);
+  const int n = static_cast<int>(problems.size());
+  auto* nf4s = reinterpret_cast<nf4g::Nf4Problem*>(reinterpret_cast<Problem*>(pointers) + n);
+  for (int first = 0; first < n; first += kChunk) {
+    Nf4Chunk chunk{};
+    chunk.count = std::min(kChunk, n - first);
+    for (int i = 0; i < chunk.count; ++i) {
+      const Nf4Operand& w = weights[size_t(first + i)];
+      chunk.p[i] = nf4g::Nf4Problem{w.packed, w.state.absmax, w.state.qabsmax, w.state.nested_absmax,
+                                    w.state.nested_code, w.state.offset, 0};
+    }
+    write_nf4_problems<<<1, kChunk, 0, s>>>(chunk, nf4s + first);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+  if (tiles == 0) return;
+  if (sm_count <= 0) sm_count = cuda::sm_count();
+  const Problem* dev = reinterpret_cast<const Problem*>(pointers);
+  const bool f32 = problems[0].c_type == GemmType::kF32, fwd = problems[0].trans_b;
+  const float alpha = problems[0].alpha, beta = problems[0].beta;
+  // Forward (B = W [out, in] K-major) or input gradient (B = W as [K = out, N = in]), bf16 or f32 C.
+  auto run = [&](auto wide) {
+    constexpr int kBN = decltype(wide)::value;
+    if (fwd) {
+      f32 ? launch<false, true, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s)
+          : launch<false, true, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s);
+    } else {
+      f32 ? launch<false, false, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s)
+          : launch<false, false, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s);
+    }
+  };
+  if (tile_n == 256) run(std::integral_constant<int, 256>{});
+  else run(std::integral_constant<int, 128>{});
 }
 
 }  // namespace loom::cuda

@@ -150,5 +150,49 @@ TEST(GroupedMatmulCuda, UnalignedRowsTakeTheLoop) {
                Error);
 }
 
+// NF4 experts (QLoRA): ops::grouped_matmul_nf4_into multiplies by the codes (the Hopper kernel takes
+// them at these shapes: it must say so) and gives what dequantising first then grouped_matmul_into
+// (and _dual_into with a LoRA term) gives, bit for bit: forward and input gradient, 24 experts of
+// W [1536, 2048] (Qwen3-30B-A3B's gate_up) and of W [2048, 768] (its down), uneven rows, some
+// experts without any.
+TEST(GroupedMatmulCuda, Nf4ExpertsEqualTheirDequantisation) {
+  LOOM_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const int64_t experts = 24, r = 16;
+  auto differing = [](const Tensor& a, const Tensor& b) {  // elements whose bf16 values differ
+    const std::vector<float> x = a.to(Device::cpu()).to(DType::f32).to_floats(), y = b.to(Device::cpu()).to(DType::f32).to_floats();
+    int64_t n = 0;
+    for (size_t i = 0; i < x.size(); ++i) n += !(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i])));
+    return n;
+  };
+  const std::vector<int64_t> off = uneven_offsets(experts, 6000, 9);
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{1536, 2048}, std::pair<int64_t, int64_t>{2048, 768}}) {
+    std::vector<ops::Nf4Parts> parts;
+    for (int64_t e = 0; e < experts; ++e)
+      parts.push_back(ops::nf4_quantize(ops::scale(bf16_exact({out, in}, 100 + uint32_t(e)).to(gpu, DType::bf16), 0.05f)));
+    Tensor dense = Tensor::empty({experts, out, in}, DType::bf16, gpu);
+    ops::nf4_dequantize_experts_into(parts, dense);
+    for (bool fwd : {true, false}) {
+      const int64_t k = fwd ? in : out, m = fwd ? out : in;
+      const std::string what = std::string(fwd ? "fwd " : "dgrad ") + std::to_string(out) + "x" + std::to_string(in);
+      const Tensor x = bf16_exact({off.back(), k}, 3).to(gpu, DType::bf16);
+      const Tensor x2 = bf16_exact({off.back(), r}, 4).to(gpu, DType::bf16);
+      const Tensor w2 = bf16_exact(fwd ? Shape{experts, m, r} : Shape{experts, r, m}, 5).to(gpu, DType::bf16);
+      Tensor want = Tensor::empty({off.back(), m}, DType::bf16, gpu), got = Tensor::empty({off.back(), m}, DType::bf16, gpu);
+      ops::grouped_matmul_into(x, dense, want, off, fwd);
+      ASSERT_TRUE(ops::grouped_matmul_nf4_into(x, parts, out, in, Tensor(), Tensor(), got, off, fwd)) << what;
+      EXPECT_EQ(differing(got, want), 0) << what;
+      ops::grouped_matmul_dual_into(x, dense, x2, w2, want, off, fwd);
+      ASSERT_TRUE(ops::grouped_matmul_nf4_into(x, parts, out, in, x2, w2, got, off, fwd)) << what << " dual";
+      EXPECT_EQ(differing(got, want), 0) << what << " dual";
+    }
+  }
+  // On the CPU it declines (the caller dequantises).
+  std::vector<ops::Nf4Parts> cpu_parts{ops::nf4_quantize(bf16_exact({128, 64}, 1))};
+  Tensor y = Tensor::empty({4, 128}, DType::f32);
+  EXPECT_FALSE(ops::grouped_matmul_nf4_into(bf16_exact({4, 64}, 2), cpu_parts, 128, 64, Tensor(), Tensor(), y, {0, 4},
+                                            true));
+}
+
 }  // namespace
 }  // namespace loom::test
