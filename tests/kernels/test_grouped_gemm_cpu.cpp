@@ -148,5 +148,43 @@ TEST(GroupedGemmRule, Sm90KernelSupport) {
   EXPECT_STREQ(grouped_gemm_variant_name(GroupedGemmVariant::kSm90Wide), "sm90_wide");
 }
 
+// What the Hopper kernel needs of NF4 weights beyond sm90_grouped_unsupported's: one weight per
+// problem, A not transposed, rows of a multiple of 64 (whole NF4 blocks), packed codes 16-byte
+// aligned, a complete state; each B's pointer is taken to be its codes.
+TEST(GroupedGemmRule, Sm90Nf4Support) {
+  const GemmType bf = GemmType::kBF16;
+  const float absmax = 1.f;
+  const uint8_t code = 0;
+  const float nested = 1.f, book = 0.f;
+  auto weights = [&](size_t n, bool nested_state) {
+    std::vector<Nf4Operand> w(n);
+    for (size_t i = 0; i < n; ++i) {
+      w[i].packed = reinterpret_cast<const uint8_t*>(base(0x400000 + 0x1000 * i));
+      if (nested_state) w[i].state = Nf4State{nullptr, &code, &nested, &book, 0.f};
+      else w[i].state.absmax = &absmax;
+    }
+    return w;
+  };
+  std::vector<GemmArgs> p = experts(4, 64, 2048, 1536, bf, bf);  // forward: B = W [1536, 2048], ldb 2048
+  EXPECT_EQ(sm90_nf4_unsupported(p, weights(4, true)), nullptr);
+  EXPECT_EQ(sm90_nf4_unsupported(p, weights(4, false)), nullptr);
+  EXPECT_NE(sm90_nf4_unsupported(p, weights(3, true)), nullptr);  // one weight per problem
+  std::vector<Nf4Operand> w = weights(4, true);
+  w[2].packed = reinterpret_cast<const uint8_t*>(base(0x400008));
+  EXPECT_NE(sm90_nf4_unsupported(p, w), nullptr);  // codes off 16 bytes
+  w = weights(4, true);
+  w[1].state.nested_code = nullptr;
+  EXPECT_NE(sm90_nf4_unsupported(p, w), nullptr);  // incomplete state
+  EXPECT_NE(sm90_nf4_unsupported(experts(4, 64, 72, 128, bf, bf), weights(4, true)), nullptr);  // rows of 72
+  std::vector<GemmArgs> t = p;
+  for (GemmArgs& q : t) q.trans_a = true;
+  EXPECT_NE(sm90_nf4_unsupported(t, weights(4, true)), nullptr);
+  // An input gradient: B = W as [K = out, N = in], ldb = in.
+  RowGroupedGemm g;
+  g.a = base(0x100000), g.lda = 1536, g.b = nullptr, g.c = const_cast<char*>(base(0x300000));
+  g.k = 1536, g.m = 2048, g.trans_b = false, g.ab_type = bf, g.c_type = bf;
+  EXPECT_EQ(sm90_nf4_unsupported(row_grouped_problems(g, {0, 64, 64, 200}), weights(2, true)), nullptr);
+}
+
 }  // namespace
 }  // namespace loom::test
