@@ -123,6 +123,7 @@ const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems) {
 
 const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights) {
   if (weights.size() != problems.size()) return "not one NF4 weight per problem";
+  if (problems.size() >= (size_t(1) << 16)) return "65536 problems or more";
   std::vector<GemmArgs> as_bf16 = problems;
   for (size_t i = 0; i < problems.size(); ++i) {
     const GemmArgs& p = problems[i];

@@ -41,19 +41,17 @@ struct Nf4Problem {
 };
 static_assert(sizeof(Nf4Problem) == 48, "6 pointer slots per problem");
 
-// What a thread loaded for one step: its packed bytes and block scale, and where they go.
+// What a thread loaded for one step: its packed codes and block scale, and where they go (kept small:
+// a thread holds several of these while their loads are in flight).
 template <int kBN>
 struct Nf4Pending {
   static constexpr int kElems = kBN / 4;      // elements of one block this thread converts
   static constexpr int kVecs = kElems / 32;   // 16-byte loads of packed codes (32 elements each)
   uint4 q[kVecs];
-  float scale;          // absmax, or the nested absmax (double quantisation)
-  const float* code;    // nested_code (null: scale is the absmax)
-  float offset;
-  uint32_t qcode;       // the block's absmax code (double quantisation)
-  bf16* dst;            // the first element of its run in the tile (null: nothing pending)
-  int key;              // the tile row's swizzle (row % 8)
-  bool zero;            // outside the problem: zeros
+  float scale;   // absmax, or the nested absmax (double quantisation)
+  int dst;       // the run's first element in the block's shared memory (-1: nothing pending)
+  uint32_t meta; // the tile row's swizzle (bits 0-2), zeros (bit 3), double-quantised (bit 4),
+                 // the block's absmax code (bits 8-15), the problem (bits 16-31)
 };
 
 // The thread's block and part of it within a tile: kBN blocks, 256 / kBN threads per block.
@@ -74,24 +72,23 @@ struct Nf4Place {
 
 // Issues the loads of this thread's part of one step's B tile (rows/columns past the problem or
 // the reduction depth become zeros): `n0`, `k0` the tile's origin, `n`, `depth` the problem's N and
-// K, `ld` = in (the weight's row length).
+// K, `ld` = in (the weight's row length); `b_off` the tile's first element in shared memory.
 template <int kBN, bool kTransB>
-__device__ __forceinline__ void nf4_issue(const Nf4Problem& w, const Nf4Place<kBN, kTransB>& pl, int n0, int k0, int n,
-                                          int depth, int64_t ld, bf16* sB, Nf4Pending<kBN>& out) {
+__device__ __forceinline__ void nf4_issue(const Nf4Problem& w, int problem, const Nf4Place<kBN, kTransB>& pl, int n0,
+                                          int k0, int n, int depth, int64_t ld, int b_off, Nf4Pending<kBN>& out) {
   using P = Nf4Pending<kBN>;
   int64_t row, col;
   bool ok;
   if constexpr (kTransB) {
     row = n0 + pl.row, col = k0;
     ok = row < n && k0 < depth;
-    out.dst = sB + pl.row * 64;
+    out.dst = b_off + pl.row * 64;
   } else {
     row = k0 + pl.row, col = n0 + 64 * pl.cblock;
     ok = row < depth && col < n;
-    out.dst = sB + pl.cblock * (64 * 64) + pl.row * 64;
+    out.dst = b_off + pl.cblock * (64 * 64) + pl.row * 64;
   }
-  out.key = pl.row & 7;
-  out.zero = !ok;
+  out.meta = uint32_t(pl.row & 7) | (ok ? 0u : 8u) | (uint32_t(problem) << 16);
   if (!ok) return;
   const int64_t first = row * ld + col + int64_t(pl.part) * P::kElems;  // element index in W
   const uint4* src = reinterpret_cast<const uint4*>(w.packed + first / 2);
@@ -100,29 +97,32 @@ __device__ __forceinline__ void nf4_issue(const Nf4Problem& w, const Nf4Place<kB
   const int64_t block = first / kNf4Block;
   if (w.absmax) {
     out.scale = __ldg(w.absmax + block);
-    out.code = nullptr;
   } else {
-    out.qcode = __ldg(w.qabsmax + block);
+    out.meta |= 16u | (uint32_t(__ldg(w.qabsmax + block)) << 8);
     out.scale = __ldg(w.nested_absmax + block / kNf4NestedBlock);
-    out.code = w.nested_code;
-    out.offset = w.offset;
   }
 }
 
-// Converts what nf4_issue loaded and stores it into the tile: 16-byte chunk c of the run goes to
-// chunk (c0 + c) ^ key of its 128-byte row (wgmma::sw128's swizzle).
+// Converts what nf4_issue loaded and stores it into shared memory at `smem`: 16-byte chunk c of the
+// run goes to chunk (c0 + c) ^ key of its 128-byte row (wgmma::sw128's swizzle).
 template <int kBN>
-__device__ __forceinline__ void nf4_store(const Nf4Pending<kBN>& p, int part, const float* __restrict__ nf4_code) {
+__device__ __forceinline__ void nf4_store(const Nf4Pending<kBN>& p, int part, const float* __restrict__ nf4_code,
+                                          const Nf4Problem* __restrict__ nf4s, bf16* smem) {
   using P = Nf4Pending<kBN>;
   constexpr int kChunks = P::kElems / 8;
-  const int c0 = part * kChunks;
-  if (p.zero) {
+  const int c0 = part * kChunks, key = int(p.meta & 7u);
+  bf16* dst = smem + p.dst;
+  if (p.meta & 8u) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint4*>(p.dst + (((c0 + c) ^ p.key) << 3)) = make_uint4(0, 0, 0, 0);
+    for (int c = 0; c < kChunks; ++c) *reinterpret_cast<uint4*>(dst + (((c0 + c) ^ key) << 3)) = make_uint4(0, 0, 0, 0);
     return;
   }
   // nf4_block_absmax's arithmetic: two roundings, nothing fused.
-  const float a = p.code ? __fadd_rn(__fmul_rn(__ldg(p.code + p.qcode), p.scale), p.offset) : p.scale;
+  float a = p.scale;
+  if (p.meta & 16u) {
+    const Nf4Problem& w = nf4s[p.meta >> 16];
+    a = __fadd_rn(__fmul_rn(__ldg(w.nested_code + ((p.meta >> 8) & 0xffu)), p.scale), w.offset);
+  }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const uint4 v = p.q[c / 4];
@@ -135,7 +135,7 @@ __device__ __forceinline__ void nf4_store(const Nf4Pending<kBN>& p, int part, co
           __floats2bfloat162_rn(__fmul_rn(nf4_code[byte >> 4], a), __fmul_rn(nf4_code[byte & 15u], a));
       out[b] = *reinterpret_cast<const uint32_t*>(&pair);
     }
-    *reinterpret_cast<uint4*>(p.dst + (((c0 + c) ^ p.key) << 3)) = make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(dst + (((c0 + c) ^ key) << 3)) = make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 

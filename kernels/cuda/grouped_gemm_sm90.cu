@@ -135,13 +135,11 @@ struct Loaders {
 };
 
 // k-step `c.kt` of the cursor's tile into the stage's A and B tiles (rows/columns past the problem
-// are zeros). With kNf4, B of the first product is the problem's NF4 weight: its loads are issued
-// into `pending` (nf4g::nf4_issue), to be converted into sB by nf4_store before the step is read.
+// are zeros). With kNf4, B of the first product is the problem's NF4 weight, which nf4_issue_step
+// loads and nf4g::nf4_store writes: here only A (and a second product's bf16 B) is loaded.
 template <bool kTransA, bool kTransB, int kBN, bool kNf4 = false>
 __device__ __forceinline__ void load_step(const Cursor<kBN>& c, bf16* sA, bf16* sB, const Loaders<kBM>& la,
-                                          const Loaders<kBN>& lb, const nf4g::Nf4Problem* nf4s = nullptr,
-                                          const nf4g::Nf4Place<kBN, kTransB>* place = nullptr,
-                                          nf4g::Nf4Pending<kBN>* pending = nullptr) {
+                                          const Loaders<kBN>& lb) {
   const Problem& p = c.prob;
   // The first product's k-steps, then the second's (K = 0 with no second product: one step of zeros
   // from the first's operands).
@@ -153,14 +151,23 @@ __device__ __forceinline__ void load_step(const Cursor<kBN>& c, bf16* sA, bf16* 
   const int k0 = (first ? c.kt : c.kt - c.kt_first) * kBK;
   if constexpr (!kTransA) la.k_major.load(sA, a + k0, lda, c.m0, p.m, depth - k0);  // A [M, K]
   else la.mn_major.load(sA, a + c.m0, lda, k0, depth, p.m - c.m0);                  // A [K, M]
-  if constexpr (kNf4) {
-    if (first) {
-      nf4g::nf4_issue<kBN, kTransB>(nf4s[c.p], *place, c.n0, k0, p.n, depth, ldb, sB, *pending);
-      return;
-    }
-  }
+  if (kNf4 && first) return;
   if constexpr (kTransB) lb.k_major.load(sB, b + k0, ldb, c.n0, p.n, depth - k0);   // B [N, K]
   else lb.mn_major.load(sB, b + c.n0, ldb, k0, depth, p.n - c.n0);                  // B [K, N]
+}
+
+// kNf4: issues the loads of the cursor's k-step's NF4 B tile (at element b_off of shared memory)
+// into `out`, or marks `out` empty for a second product's step (load_step's cp.async brings that B).
+template <bool kTransB, int kBN>
+__device__ __forceinline__ void nf4_issue_step(const Cursor<kBN>& c, int b_off, const nf4g::Nf4Problem* nf4s,
+                                               const nf4g::Nf4Place<kBN, kTransB>& place,
+                                               nf4g::Nf4Pending<kBN>& out) {
+  const Problem& p = c.prob;
+  if (!(c.kt < c.kt_first || p.k2 == 0)) {
+    out.dst = -1;
+    return;
+  }
+  nf4g::nf4_issue<kBN, kTransB>(nf4s[c.p], c.p, place, c.n0, c.kt * kBK, p.n, p.k, p.ldb, b_off, out);
 }
 
 __device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = {x, y}; }
@@ -233,39 +240,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t stride = gridDim.x;
   const Loaders<kBM> la(tid);
   const Loaders<kBN> lb(tid);
-  // kNf4: the NF4 code book, this thread's place in a B tile and its loads not yet converted.
+  // kNf4: the NF4 code book and this thread's place in a B tile. The codes of a step are loaded
+  // kDepth steps before they are converted (a ring of loads in flight, `bload` a cursor of its own
+  // ahead of `load`), so that a load's latency from memory has kDepth k-steps of wgmma to hide in.
   __shared__ float nf4_code[16];
   const nf4g::Nf4Place<kBN, kTransB> place(tid);
-  nf4g::Nf4Pending<kBN> pending;
-  pending.dst = nullptr;
+  constexpr int kDepth = kNf4 ? (kBN == 128 ? 3 : 2) : 1;
+  nf4g::Nf4Pending<kBN> ring[kDepth];
   if constexpr (kNf4) {
     if (tid < 16) nf4_code[tid] = nf4g::kNf4CodeBook[tid];
     __syncthreads();
   }
-  // Converts the NF4 loads issued by the previous load_step (their stage is not read before the
-  // next step's barrier).
-  auto flush = [&] {
-    if constexpr (kNf4) {
-      if (pending.dst) nf4g::nf4_store<kBN>(pending, place.part, nf4_code);
-      pending.dst = nullptr;
-    }
-  };
 
   Cursor<kBN> mma;
   mma.init(problems, count, blockIdx.x);
   if (!mma.valid(count)) return;  // the same for every thread of the block
   Cursor<kBN> load = mma;
 
-  // Prologue: k-steps 0 .. kStages - 3 into stages 0 .. kStages - 3.
+  // Prologue: k-steps 0 .. kStages - 3 into stages 0 .. kStages - 3 (NF4 codes converted at once).
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
     if (load.valid(count)) {
-      load_step<kTransA, kTransB, kBN, kNf4>(load, smem + s * kStageElems, smem + s * kStageElems + S::kAElems, la,
-                                             lb, nf4s, &place, &pending);
+      bf16* sB = smem + s * kStageElems + S::kAElems;
+      load_step<kTransA, kTransB, kBN, kNf4>(load, smem + s * kStageElems, sB, la, lb);
+      if constexpr (kNf4) {
+        nf4_issue_step<kTransB, kBN>(load, s * kStageElems + S::kAElems, nf4s, place, ring[0]);
+        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, nf4s, smem);
+      }
       load.advance(problems, count, stride);
     }
     flash::cp_async_commit();
-    flush();
+  }
+  // The ring: steps kStages - 2 .. kStages - 3 + kDepth (ring[i] holds step load + i).
+  Cursor<kBN> bload = load;
+  int bload_stage = kStages - 2;
+  if constexpr (kNf4) {
+#pragma unroll
+    for (int i = 0; i < kDepth; ++i) {
+      ring[i].dst = -1;
+      if (bload.valid(count)) {
+        nf4_issue_step<kTransB, kBN>(bload, bload_stage * kStageElems + S::kAElems, nf4s, place, ring[i]);
+        bload.advance(problems, count, stride);
+      }
+      bload_stage = bload_stage + 1 == kStages ? 0 : bload_stage + 1;
+    }
   }
 
   float acc[kBN / 2];
@@ -300,11 +318,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
       // (c) Prefetch step j + kStages - 2 (of this tile or a later one) into the stage step j - 2 used.
-      flush();  // step j + kStages - 3's B, loaded by the previous iteration
+      if constexpr (kNf4) {  // its NF4 B (loaded kDepth steps ago), then the loads of step j + kStages - 2 + kDepth
+        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, nf4s, smem);
+#pragma unroll
+        for (int i = 0; i + 1 < kDepth; ++i) ring[i] = ring[i + 1];
+        ring[kDepth - 1].dst = -1;
+        if (bload.valid(count)) {
+          nf4_issue_step<kTransB, kBN>(bload, bload_stage * kStageElems + S::kAElems, nf4s, place, ring[kDepth - 1]);
+          bload.advance(problems, count, stride);
+        }
+        bload_stage = bload_stage + 1 == kStages ? 0 : bload_stage + 1;
+      }
       if (load.valid(count)) {
         load_step<kTransA, kTransB, kBN, kNf4>(load, smem + load_stage * kStageElems,
-                                               smem + load_stage * kStageElems + S::kAElems, la, lb, nf4s, &place,
-                                               &pending);
+                                               smem + load_stage * kStageElems + S::kAElems, la, lb);
         load.advance(problems, count, stride);
       }
       flash::cp_async_commit();
