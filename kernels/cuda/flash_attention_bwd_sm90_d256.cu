@@ -112,20 +112,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t col_block = uint64_t(((dc0 >> 6) * kBr * 128) >> 4);  // kBr == kBc: one offset for all
       const uint64_t ddOn = wgmma::tile_desc(cdO, kBr * 128) + col_block, dQn = wgmma::tile_desc(cQ, kBr * 128) + col_block;
       const uint64_t ddS = wgmma::tile_desc(sdSt, kBc * 128), dKn = wgmma::tile_desc(sK, kBc * 128) + col_block;
+      // dQ first, a commit group of its own: its atomics then run while dV and dK are multiplied.
       wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk)
+        Wgmma<kDn>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk), wgmma::desc_mn_major<kBc>(dKn, kk), kk > 0);
+      wgmma::commit();
 #pragma unroll
       for (int kk = 0; kk < kBr / 16; ++kk)
         Wgmma<kDn>::template ss<0, 1>(dva, wgmma::desc_k_major<kBc>(dPt, 0, kk), wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
 #pragma unroll
       for (int kk = 0; kk < kBr / 16; ++kk)
         Wgmma<kDn>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSt, 0, kk), wgmma::desc_mn_major<kBr>(dQn, kk), 1);
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk)
-        Wgmma<kDn>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk), wgmma::desc_mn_major<kBc>(dKn, kk), kk > 0);
       wgmma::commit();
-      wgmma::wait_regs<0>(dqa, dva, dka);
+      wgmma::wait_regs<1>(dqa);
     }
     sm90::add_dq_atomic<kDn>(dqa, dq_acc, p, b, h, q0, dc0, warp, lane);
+    wgmma::wait_regs<0>(dva, dka);  // P^T, dS^T, Q and dO are read no more
     t.advance(next, next_kind);
   }
   flash::cp_async_wait<0>();
