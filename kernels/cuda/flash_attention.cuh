@@ -72,9 +72,13 @@ void backward_sm90_d256(const AttentionParams& p, const bf16* q, const bf16* k, 
                         const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
 // Warp-specialised backward (flash_attention_bwd_sm90_ws.cu): a TMA producer warp, a dQ-writer warp
 // (tensor reductions) and two wgmma consumer warpgroups. sm90_ws_bwd_supported: causal,
-// windowed or not, at head_dim 64 to 128.
+// windowed or not, at head_dim 64 to 256 (129..256: backward_sm90_ws_d256).
 bool sm90_ws_bwd_supported(const AttentionParams& p);
 void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                       const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
+// Its head_dim 129..256 kernel (flash_attention_bwd_sm90_ws_d256.cu): the consumers split head_dim
+// for dK, dV and dQ as backward_sm90_d256's warpgroups do, dQ leaves by tensor reductions.
+void backward_sm90_ws_d256(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                           const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);
 
 }  // namespace loom::cuda::flash

@@ -1,6 +1,7 @@
 // Flash attention backward on Hopper, warp-specialised (Kernel::kSm90Ws): the FlashAttention-3
 // scheme for Loom's layouts; causal attention with or without a window (no soft-cap or segments:
-// backward() sends those to the sm90 kernel), head_dim <= 128 (a multiple of 8).
+// backward() sends those to the sm90 kernel), head_dim <= 128 (a multiple of 8; 129..256 in
+// flash_attention_bwd_sm90_ws_d256.cu).
 //
 // Block = 3 warpgroups (384 threads) per (128 keys, kv head, batch row); grid and key order as
 // the sm90 kernel (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
@@ -352,9 +353,10 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
 
 }  // namespace
 
-// As the forward's: rows at least one 64-column box wide (narrower ones run the sm90 kernel).
+// As the forward's: rows at least one 64-column box wide (narrower ones run the sm90 kernel); head
+// dims 129..256 run flash_attention_bwd_sm90_ws_d256.cu's kernel.
 bool sm90_ws_bwd_supported(const AttentionParams& p) {
-  return p.softcap <= 0.f && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 128 && p.head_dim % 8 == 0 &&
+  return p.softcap <= 0.f && p.segment_ids == nullptr && p.head_dim >= 64 && p.head_dim <= 256 && p.head_dim % 8 == 0 &&
          p.seq < (int64_t(1) << 30) && p.window < (int64_t(1) << 30);
 }
 
@@ -363,7 +365,8 @@ void backward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, co
   LOOM_CHECK(sm90_ws_bwd_supported(p), "flash backward_sm90_ws: unsupported attention (soft-cap, segments "
                                        "or head_dim ", p.head_dim, ")");
   if (p.head_dim <= 64) launch_ws_bwd<64>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
-  else launch_ws_bwd<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else if (p.head_dim <= 128) launch_ws_bwd<128>(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
+  else backward_sm90_ws_d256(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s);
 }
 
 }  // namespace loom::cuda::flash

@@ -1,0 +1,284 @@
+// Flash attention backward on Hopper, warp-specialised, for head_dim 129..256 (Kernel::kSm90Ws at
+// those widths; causal, windowed or not, no soft-cap or segments): the d128 warp-specialised
+// kernel's scheme (flash_attention_bwd_sm90_ws.cu) with the d256 kernel's split of the work
+// (flash_attention_bwd_sm90_d256.cu), so that dQ leaves through shared memory and TMA reductions
+// instead of 16-byte atomics: the every-thread-loads d256 kernel is L2-bound (ncu, session 37: L2
+// 76 % busy, tensor pipe 24 %) with 64 KB of dQ atomics an item.
+//
+// Block = 3 warpgroups (384 threads) per (64 keys, kv head, batch row); grid and key order as the
+// other backward kernels. Items = the query tiles of kBr = 64 rows that can see the keys, for every
+// query head of the group in turn.
+//   warpgroup 0 (24 registers): warp 0 produces: K and V of the block once, then per item Q and dO
+//     (TMA, 128-byte swizzle, 4 boxes of 64 columns each) into the one stage, with lse (times log2 e;
+//     +inf past seq) and D written by its lanes; warp 1, lane 0, writes dQ: per item and consumer,
+//     four tensor reductions (boxes of 64 rows x 32 f32 columns) of the consumer's dQ tile.
+//   warpgroups 1 and 2 (240 registers), consumer c: S^T = K Q^T and dP^T = V dO^T for the 64 keys x
+//     queries 32 c .. 32 c + 31 (m64n32 over head_dim), P^T and dS^T in registers and to shared
+//     memory (its 32 columns of each, buffer n % 2); after the other consumer's half is there (named
+//     barriers by item parity, as the d128 kernel's), dV += P^T dO and dK += dS^T Q for the 64 keys x
+//     head_dim columns 128 c .. 128 c + 127, then dQ = dS K for the 64 queries x the same columns;
+//     the stage is released once dV and dK are done, dQ goes to the consumer's tile for the writer.
+// Shared memory: K, V 64 KB; Q, dO one stage 64 KB; P^T, dS^T 2 x 2 x 8 KB; dQ tiles 2 x 32 KB; lse,
+// D 0.5 KB: 224.5 KB (+ 1 KB alignment slack) of the 227 a block may have, so Q and dO have one stage:
+// the next item's load overlaps this one's dQ product, its write-out and the next scores' wait.
+// Barriers: bar_kv (count 1); full_q (count 32: the producer's lanes, lane 0 with expect_tx);
+// empty_q (count 8: each consumer warp once its dV and dK products are done); dq_full[c] (count
+// 128); dq_empty[c] (count 1), as in the d128 kernel, with one stage (item n: parity n & 1).
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/tma_mbarrier.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace loom::cuda::flash {
+namespace {
+
+using wgmma::Wgmma;
+
+constexpr int kBr = 64, kBc = 64, kD = 256, kThreads = 384;
+constexpr int kQn = kBr / 2;  // queries of S^T and dP^T per consumer
+constexpr int kDn = kD / 2;   // head_dim columns of dK, dV and dQ per consumer
+constexpr int kDqBox = 32;    // columns of a dQ reduction box (128 bytes of f32)
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
+constexpr int kCrossBar = 1;                            // kCrossBar + 2 c + (n & 1): consumer c's half of item n
+
+constexpr size_t kTileBytes = size_t(kBc) * kD * sizeof(bf16);     // K, V, Q or dO: 32 KB
+constexpr size_t kScoreBytes = size_t(kBc) * kBr * sizeof(bf16);   // P^T or dS^T: 8 KB
+constexpr size_t kDqBytes = size_t(kBr) * kDn * sizeof(float);     // a consumer's dQ tile: 32 KB
+constexpr size_t kSmem = 4 * kTileBytes + 4 * kScoreBytes + 2 * kDqBytes + 2 * kBr * sizeof(float) + 1024;
+static_assert(kSmem <= 227 * 1024, "over the 227 KB of shared memory a block may have on sm_90");
+
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_bwd_sm90_ws_d256_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                                  const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
+                                  const __grid_constant__ CUtensorMap map_dq, AttentionParams p,
+                                  const float* __restrict__ lse, const float* __restrict__ dsum, bf16* __restrict__ dk,
+                                  bf16* __restrict__ dv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBlocks = kD / 64;  // 64-column boxes of a row
+  constexpr uint32_t kKvBytes = 2 * kTileBytes, kQBytes = 2 * kTileBytes;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t bars[7];
+  uint64_t* bar_kv = bars;
+  uint64_t* full_q = bars + 1;
+  uint64_t* empty_q = bars + 2;
+  uint64_t* dq_full = bars + 3;
+  uint64_t* dq_empty = bars + 5;
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+  bf16* sV = sK + kBc * kD;
+  bf16* sQ = sV + kBc * kD;
+  bf16* sdO = sQ + kBr * kD;
+  bf16* sPt0 = sdO + kBr * kD;      // P^T [kBc keys][kBr queries], swizzled; buffer n % 2
+  bf16* sdSt0 = sPt0 + 2 * kBc * kBr;  // dS^T, likewise
+  float* sdQ = reinterpret_cast<float*>(sdSt0 + 2 * kBc * kBr);  // consumer c's at sdQ + c * kBr * kDn
+  float* sStat = sdQ + 2 * kBr * kDn;                             // lse * log2 e [kBr], then D [kBr]
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
+  const int group = int(p.heads / p.kv_heads), seq = int(p.seq), hd = int(p.head_dim);
+  const int window = int(p.window);
+  const int q_end = window > 0 && int64_t(k0) + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
+  const int qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
+  const int n_items = group * nqt;
+  auto q_head = [&](int item) { return g * group + item / nqt; };
+  auto q_start = [&](int item) { return (qt0 + item % nqt) * kBr; };
+
+  if (tid == 0) {
+    tma::mbar_init(bar_kv, 1);
+    tma::mbar_init(full_q, 32);
+    tma::mbar_init(empty_q, 8);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      tma::mbar_init(&dq_full[c], 128);
+      tma::mbar_init(&dq_empty[c], 1);
+    }
+    tma::mbar_init_fence();
+  }
+  __syncthreads();  // the last block-wide barrier
+
+  if (wg == 0) {
+    tma::regs_dec<kProducerRegs>();
+    if (warp == 0) {  // ---- producer ----
+      if (lane == 0) {
+        tma::prefetch_tensormap(&map_q);
+        tma::prefetch_tensormap(&map_do);
+        tma::mbar_arrive_expect_tx(bar_kv, kKvBytes);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c) {
+          tma::copy_4d(sK + c * kBc * 64, &map_k, bar_kv, 64 * c, g, k0, b);
+          tma::copy_4d(sV + c * kBc * 64, &map_v, bar_kv, 64 * c, g, k0, b);
+        }
+      }
+#pragma unroll 1
+      for (int n = 0; n < n_items; ++n) {
+        const int h = q_head(n), q0 = q_start(n);
+        const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
+        float l2[kBr / 32], dd[kBr / 32];
+#pragma unroll
+        for (int i = 0; i < kBr / 32; ++i) {
+          const int r = lane + 32 * i;
+          const bool ok = q0 + r < seq;
+          l2[i] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
+          dd[i] = ok ? dsum[row + q0 + r] : 0.f;
+        }
+        tma::mbar_wait(empty_q, uint32_t(n & 1) ^ 1u);
+#pragma unroll
+        for (int i = 0; i < kBr / 32; ++i) {
+          sStat[lane + 32 * i] = l2[i];
+          sStat[kBr + lane + 32 * i] = dd[i];
+        }
+        if (lane == 0) {
+          tma::mbar_arrive_expect_tx(full_q, kQBytes);
+#pragma unroll
+          for (int c = 0; c < kBlocks; ++c) {
+            tma::copy_4d(sQ + c * kBr * 64, &map_q, full_q, 64 * c, h, q0, b);
+            tma::copy_4d(sdO + c * kBr * 64, &map_do, full_q, 64 * c, h, q0, b);
+          }
+        } else {
+          tma::mbar_arrive(full_q);
+        }
+      }
+    } else if (warp == 1 && lane == 0) {  // ---- dQ writer ----
+      tma::prefetch_tensormap(&map_dq);
+#pragma unroll 1
+      for (int n = 0; n < n_items; ++n) {
+        const int h = q_head(n), q0 = q_start(n);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
+          const float* tile = sdQ + c * kBr * kDn;
+#pragma unroll
+          for (int x = 0; x < kDn / kDqBox; ++x) {  // columns past head_dim lie outside the map: skipped
+            const int col = kDn * c + kDqBox * x;
+            if (col < hd) tma::reduce_add_4d(&map_dq, tile + x * kBr * kDqBox, col, h, q0, b);
+          }
+          tma::bulk_commit();
+        }
+        tma::bulk_wait_read<1>();  // consumer 0's tile has been read
+        tma::mbar_arrive(&dq_empty[0]);
+        tma::bulk_wait_read<0>();
+        tma::mbar_arrive(&dq_empty[1]);
+      }
+      tma::bulk_wait_all<false>();
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  tma::regs_inc<kConsumerRegs>();
+  const int cw = wg - 1;
+  const int jl = 16 * (warp & 3) + (lane >> 2), col0 = 2 * (lane & 3);  // key rows jl, jl + 8 of the block
+  const int qc0 = kQn * cw, dc0 = kDn * cw;  // this consumer's queries of S^T and columns of dK, dV, dQ
+  const float scale_log2 = p.scale * kLog2e;
+  float dka[kDn / 2], dva[kDn / 2];
+#pragma unroll
+  for (int i = 0; i < kDn / 2; ++i) dka[i] = dva[i] = 0.f;
+  float* dq_tile = sdQ + cw * kBr * kDn;
+  const uint64_t col_block = uint64_t(((dc0 >> 6) * kBr * 128) >> 4);  // kBr == kBc: one offset for Q, dO and K
+
+  tma::mbar_wait(bar_kv, 0);
+#pragma unroll 1
+  for (int n = 0; n < n_items; ++n) {
+    const int q0 = q_start(n);
+    bf16* cPt = sPt0 + (n & 1) * kBc * kBr;
+    bf16* cdSt = sdSt0 + (n & 1) * kBc * kBr;
+    const bool masked = q0 < k0 + kBc - 1 || q0 + kBr > seq || (window > 0 && q0 + kBr - 1 - k0 >= window);
+    tma::mbar_wait(full_q, uint32_t(n & 1));
+
+    // S^T and dP^T: the 64 keys x this consumer's 32 queries, over all of head_dim.
+    float st[kQn / 2], dpt[kQn / 2];
+    sm90::scores_t<kD, kBc, kBr, kQn>(st, dpt, sK, sV, sQ, sdO, 0, qc0);
+    // P^T = exp(S^T - lse), 0 where not visible; dS^T = P^T (dP^T - D).
+    const int j = k0 + jl;
+#pragma unroll
+    for (int nn = 0; nn < kQn / 8; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = qc0 + 8 * nn + col0 + (e & 1), i = q0 + c, jj = j + 8 * (e >> 1);
+        const bool visible = !masked || (jj <= i && i < seq && (window <= 0 || i - jj < window));
+        const float pv = visible ? fast_exp2(fmaf(st[4 * nn + e], scale_log2, -sStat[c])) : 0.f;
+        st[4 * nn + e] = pv;
+        dpt[4 * nn + e] = pv * (dpt[4 * nn + e] - sStat[kBr + c]);
+      }
+    {
+      uint32_t pt[kQn / 16][4], dst[kQn / 16][4];
+      sm90::pack_p<kQn / 8>(pt, st);
+      sm90::pack_p<kQn / 8>(dst, dpt);
+      sm90::store_a<kBc>(cPt, pt, jl, qc0, col0);
+      sm90::store_a<kBc>(cdSt, dst, jl, qc0, col0);
+    }
+    wgmma::fence_proxy_async();
+    // This half is written; wait for the other consumer's (the d128 kernel's two barriers a direction).
+    tma::named_arrive(kCrossBar + 2 * cw + (n & 1), 256);
+    tma::named_sync(kCrossBar + 2 * (1 - cw) + (n & 1), 256);
+
+    // dV += P^T dO and dK += dS^T Q (64 keys x columns dc0 ..), then dQ = dS K (64 queries x the same).
+    float dqa[kDn / 2];
+    {
+      const uint64_t dPt = wgmma::tile_desc(cPt, 16), ddSt = wgmma::tile_desc(cdSt, 16);
+      const uint64_t ddOn = wgmma::tile_desc(sdO, kBr * 128) + col_block, dQn = wgmma::tile_desc(sQ, kBr * 128) + col_block;
+      const uint64_t ddS = wgmma::tile_desc(cdSt, kBc * 128), dKn = wgmma::tile_desc(sK, kBc * 128) + col_block;
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk)
+        Wgmma<kDn>::template ss<0, 1>(dva, wgmma::desc_k_major<kBc>(dPt, 0, kk), wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < kBr / 16; ++kk)
+        Wgmma<kDn>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSt, 0, kk), wgmma::desc_mn_major<kBr>(dQn, kk), 1);
+      wgmma::commit();
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk)
+        Wgmma<kDn>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk), wgmma::desc_mn_major<kBc>(dKn, kk), kk > 0);
+      wgmma::commit();
+    }
+    wgmma::wait_regs<1>(dva, dka);  // Q and dO are read no more (dQ reads dS^T and K)
+    __syncwarp();
+    if (lane == 0) tma::mbar_arrive(empty_q);
+    wgmma::wait_regs<0>(dqa);
+
+    // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
+    tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
+    {
+      // Row r0 (+ 8) of the tile, columns 8 nn + col0 (+ 1): box (8 nn) / 32, 16-byte chunk
+      // ((8 nn) % 32 + col0) / 4 swizzled with the row's low three bits (lane >> 2).
+      const int r0 = 16 * (warp & 3) + (lane >> 2), sw = lane >> 2;
+#pragma unroll
+      for (int nn = 0; nn < kDn / 8; ++nn) {
+        const int cc = (8 * nn) % kDqBox + col0;
+        float* box = dq_tile + (8 * nn / kDqBox) * (kBr * kDqBox) + ((((cc >> 2) ^ sw) << 2) | (cc & 3));
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<float2*>(box + (r0 + 8 * r) * kDqBox) = make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
+      }
+    }
+    wgmma::fence_proxy_async();
+    tma::mbar_arrive(&dq_full[cw]);
+  }
+
+  sm90::store_dkv<kDn>(dka, dva, p, b, g, k0 + jl, dc0, col0, dk, dv);
+#else
+  __trap();  // built without sm_90a; backward_sm90_ws is never called then (sm90_ready())
+#endif
+}
+
+}  // namespace
+
+void backward_sm90_ws_d256(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                           const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s) {
+  LOOM_CHECK(p.head_dim > 128 && p.head_dim <= kD && p.head_dim % 8 == 0 && sm90_ws_bwd_supported(p),
+             "flash backward_sm90_ws_d256: head_dim ", p.head_dim, " is not a multiple of 8 in 129..256, or soft-cap "
+             "or segments");
+  auto* kernel = flash_bwd_sm90_ws_d256_kernel;
+  allow_dynamic_smem<flash_bwd_sm90_ws_d256_kernel>(kSmem);
+  const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kBr);
+  const CUtensorMap mdo = tma::make_bshd_map(dout, p.batch, p.seq, p.heads, p.head_dim, kBr);
+  const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const CUtensorMap mdq = tma::make_bshd_map_f32(dq_acc, p.batch, p.seq, p.heads, p.head_dim, kBr);
+  const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
+  kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, mdo, mdq, p, lse, dsum, dk, dv);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda::flash
