@@ -130,7 +130,9 @@ const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const st
     const Nf4Operand& w = weights[i];
     if (p.trans_a) return "a transposed A (NF4 weights are the B of forward and input-gradient products)";
     if (p.ldb % kNf4Block != 0) return "an ldb (the weight's row length) not a multiple of 64";
-    if (p.trans_b ? p.k > p.ldb : p.n > p.ldb) return "a product wider than the weight's rows";
+    // (A forward reads whole rows: the kernel converts a row's codes past a shorter K where the bf16
+    // path loads zeros, which only matters for non-finite weights, but the bits must agree.)
+    if (p.trans_b ? p.k != p.ldb : p.n > p.ldb) return "a forward not over the weight's whole rows, or a wider product";
     if (w.packed == nullptr || reinterpret_cast<uintptr_t>(w.packed) % 16 != 0)
       return "packed NF4 codes missing or not 16-byte aligned";
     const Nf4State& st = w.state;

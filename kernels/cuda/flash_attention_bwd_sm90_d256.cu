@@ -19,7 +19,8 @@
 // Shared memory: K, V 2 x 32 KB; Q, dO 2 stages x 2 x 32 KB; P^T, dS^T 2 x 8 KB; lse, D 1 KB:
 // 209 KB (+ 1 KB alignment slack) of the 227 KB a block may have. dQ through shared memory and
 // tensor reductions (as the warp-specialised kernel does) would need 64 KB more for one 64 x 256
-// f32 tile: it does not fit beside double-buffered Q and dO.
+// f32 tile: it does not fit beside double-buffered Q and dO (flash_attention_bwd_sm90_ws_d256.cu
+// does it with one Q/dO stage).
 // dsum (D_i = dout_i . out_i) and the dq accumulator come from flash_attention.cu.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"

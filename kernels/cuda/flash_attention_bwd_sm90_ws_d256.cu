@@ -48,6 +48,8 @@ constexpr size_t kScoreBytes = size_t(kBc) * kBr * sizeof(bf16);   // P^T or dS^
 constexpr size_t kDqBytes = size_t(kBr) * kDn * sizeof(float);     // a consumer's dQ tile: 32 KB
 constexpr size_t kSmem = 4 * kTileBytes + 4 * kScoreBytes + 2 * kDqBytes + 2 * kBr * sizeof(float) + 1024;
 static_assert(kSmem <= 227 * 1024, "over the 227 KB of shared memory a block may have on sm_90");
+static_assert(kTileBytes % 1024 == 0 && kScoreBytes % 1024 == 0 && kDqBytes % 1024 == 0,
+              "each swizzled tile starts on 1024 bytes");
 
 __global__ void __launch_bounds__(kThreads, 1)
     flash_bwd_sm90_ws_d256_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,

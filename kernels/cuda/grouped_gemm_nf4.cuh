@@ -13,8 +13,10 @@
 //     (k0 ..) x kBN columns (n0 ..) are 64 x kBN / 64 blocks in kBN / 64 column blocks.
 // Each of the 256 threads takes kBN / 4 consecutive elements of one block (all 64 of a 256-wide
 // tile's block, half of a 128-wide one's): 32 or 16 packed bytes in one or two 16-byte loads,
-// issued a pipeline step before they are converted (Nf4Pending), so their latency hides behind a
-// step of wgmma.
+// issued 2-3 k-steps before they are converted (a ring of Nf4Pending in the kernel), so that their
+// latency hides behind that many steps of wgmma. Double-quantised scales look their code up in a
+// shared-memory copy of the nested code book when every problem shares one (Loom's quantiser makes
+// one per device), else in each weight's own (bitsandbytes checkpoints carry one a weight).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -104,10 +106,12 @@ __device__ __forceinline__ void nf4_issue(const Nf4Problem& w, int problem, cons
 }
 
 // Converts what nf4_issue loaded and stores it into shared memory at `smem`: 16-byte chunk c of the
-// run goes to chunk (c0 + c) ^ key of its 128-byte row (wgmma::sw128's swizzle).
+// run goes to chunk (c0 + c) ^ key of its 128-byte row (wgmma::sw128's swizzle). `book`: the nested
+// code book in shared memory when every problem shares it, else null (each weight's own is read).
+// With the book, a scale waits only on shared memory and on its descriptor's offset (in L1).
 template <int kBN>
 __device__ __forceinline__ void nf4_store(const Nf4Pending<kBN>& p, int part, const float* __restrict__ nf4_code,
-                                          const Nf4Problem* __restrict__ nf4s, bf16* smem) {
+                                          const float* book, const Nf4Problem* __restrict__ nf4s, bf16* smem) {
   using P = Nf4Pending<kBN>;
   constexpr int kChunks = P::kElems / 8;
   const int c0 = part * kChunks, key = int(p.meta & 7u);
@@ -120,8 +124,9 @@ __device__ __forceinline__ void nf4_store(const Nf4Pending<kBN>& p, int part, co
   // nf4_block_absmax's arithmetic: two roundings, nothing fused.
   float a = p.scale;
   if (p.meta & 16u) {
+    const uint32_t code = (p.meta >> 8) & 0xffu;
     const Nf4Problem& w = nf4s[p.meta >> 16];
-    a = __fadd_rn(__fmul_rn(__ldg(w.nested_code + ((p.meta >> 8) & 0xffu)), p.scale), w.offset);
+    a = __fadd_rn(__fmul_rn(book ? book[code] : __ldg(w.nested_code + code), p.scale), w.offset);
   }
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {

@@ -228,8 +228,8 @@ __device__ __forceinline__ void store_tile(const Cursor<kBN>& c, const float (&a
 
 template <bool kTransA, bool kTransB, class TC, int kBN, bool kNf4>
 __global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, const nf4g::Nf4Problem* __restrict__ nf4s, int count,
-                             float alpha, float beta) {
+    grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, const nf4g::Nf4Problem* __restrict__ nf4s,
+                             const float* __restrict__ nested_book, int count, float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Shape<kBN>;
   constexpr int kStages = S::kStages, kStageElems = S::kStageElems;
@@ -244,11 +244,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kDepth steps before they are converted (a ring of loads in flight, `bload` a cursor of its own
   // ahead of `load`), so that a load's latency from memory has kDepth k-steps of wgmma to hide in.
   __shared__ float nf4_code[16];
+  __shared__ float book_copy[256];  // nested_book (the problems' shared nested code book), or unused
+  const float* book = kNf4 && nested_book ? book_copy : nullptr;
   const nf4g::Nf4Place<kBN, kTransB> place(tid);
   constexpr int kDepth = kNf4 ? (kBN == 128 ? 3 : 2) : 1;
   nf4g::Nf4Pending<kBN> ring[kDepth];
   if constexpr (kNf4) {
     if (tid < 16) nf4_code[tid] = nf4g::kNf4CodeBook[tid];
+    static_assert(kThreads == 256, "a thread per nested code");
+    if (nested_book) book_copy[tid] = nested_book[tid];
     __syncthreads();
   }
 
@@ -265,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_step<kTransA, kTransB, kBN, kNf4>(load, smem + s * kStageElems, sB, la, lb);
       if constexpr (kNf4) {
         nf4_issue_step<kTransB, kBN>(load, s * kStageElems + S::kAElems, nf4s, place, ring[0]);
-        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, nf4s, smem);
+        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, book, nf4s, smem);
       }
       load.advance(problems, count, stride);
     }
@@ -319,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // (c) Prefetch step j + kStages - 2 (of this tile or a later one) into the stage step j - 2 used.
       if constexpr (kNf4) {  // its NF4 B (loaded kDepth steps ago), then the loads of step j + kStages - 2 + kDepth
-        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, nf4s, smem);
+        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, book, nf4s, smem);
 #pragma unroll
         for (int i = 0; i + 1 < kDepth; ++i) ring[i] = ring[i + 1];
         ring[kDepth - 1].dst = -1;
@@ -368,12 +372,12 @@ __global__ void write_problems(ProblemChunk chunk, Problem* dst) {
 
 template <bool kTransA, bool kTransB, class TC, int kBN, bool kNf4 = false>
 void launch(const Problem* problems, const nf4g::Nf4Problem* nf4s, int count, int64_t tiles, int sm_count, float alpha,
-            float beta, Stream s) {
+            float beta, Stream s, const float* nested_book = nullptr) {
   auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN, kNf4>;
   constexpr size_t kSmemBytes = Shape<kBN>::kSmemBytes;
   allow_dynamic_smem<grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN, kNf4>>(kSmemBytes);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, sm_count));
-  kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, nf4s, count, alpha, beta);
+  kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, nf4s, nested_book, count, alpha, beta);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -490,15 +494,20 @@ void sm90_grouped_gemm_nf4(const std::vector<GemmArgs>& problems, const std::vec
   const Problem* dev = reinterpret_cast<const Problem*>(pointers);
   const bool f32 = problems[0].c_type == GemmType::kF32, fwd = problems[0].trans_b;
   const float alpha = problems[0].alpha, beta = problems[0].beta;
+  // One nested code book for all (Loom's quantiser shares one a device): the kernel copies it to
+  // shared memory, so that a scale's lookup does not wait on memory.
+  const float* book = weights[0].state.absmax ? nullptr : weights[0].state.nested_code;
+  for (const Nf4Operand& w : weights)
+    if (w.state.absmax || w.state.nested_code != book) book = nullptr;
   // Forward (B = W [out, in] K-major) or input gradient (B = W as [K = out, N = in]), bf16 or f32 C.
   auto run = [&](auto wide) {
     constexpr int kBN = decltype(wide)::value;
     if (fwd) {
-      f32 ? launch<false, true, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s)
-          : launch<false, true, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s);
+      f32 ? launch<false, true, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book)
+          : launch<false, true, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book);
     } else {
-      f32 ? launch<false, false, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s)
-          : launch<false, false, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s);
+      f32 ? launch<false, false, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book)
+          : launch<false, false, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book);
     }
   };
   if (tile_n == 256) run(std::integral_constant<int, 256>{});
