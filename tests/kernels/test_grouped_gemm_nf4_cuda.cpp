@@ -3,7 +3,8 @@
 // cuda::sm90_grouped_gemm): the kernel writes the dequantised values into the tiles the bf16 path
 // loads, so the outputs must agree bit for bit. Forward (y = x W^T) and input gradient (dx = dy W),
 // both tile widths, bf16 and f32 outputs, beta 0 and 1, a LoRA term summed into the same output
-// (dual), double-quantised and plain absmax, experts without rows and row counts off the tile, and
+// (dual), double-quantised (one shared nested code book, or one a weight) and plain absmax, experts
+// without rows and row counts off the tile, and
 // widths off the tile (out = 200: partial tiles of W's rows).
 #include <cstring>
 #include <memory>
@@ -25,9 +26,13 @@ struct Nf4Experts {
   std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> packed, qabsmax;
   std::vector<std::unique_ptr<DeviceBuffer<float>>> absmax, nested_absmax;
   std::unique_ptr<DeviceBuffer<float>> code;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> own_codes;  // one book a weight (bitsandbytes checkpoints)
   std::vector<Nf4Operand> weights;
 
-  Nf4Experts(int64_t e, int64_t o, int64_t i, bool nested, uint32_t seed) : experts(e), out(o), in(i) {
+  // own_books: each weight gets a copy of the nested code book of its own (the kernel then reads each
+  // weight's; with one shared book it reads a shared-memory copy).
+  Nf4Experts(int64_t e, int64_t o, int64_t i, bool nested, uint32_t seed, bool own_books = false)
+      : experts(e), out(o), in(i) {
     const int64_t n = out * in, blocks = nf4_blocks(n), nblocks = nf4_nested_blocks(n);
     std::vector<float> book(256);
     dynamic_map(true, book.data());
@@ -46,7 +51,9 @@ struct Nf4Experts {
         qabsmax.push_back(std::make_unique<DeviceBuffer<uint8_t>>(q));
         nested_absmax.push_back(std::make_unique<DeviceBuffer<float>>(na));
         host = {nullptr, q.data(), na.data(), book.data(), offset};
-        dev = {nullptr, qabsmax.back()->get(), nested_absmax.back()->get(), code->get(), offset};
+        if (own_books) own_codes.push_back(std::make_unique<DeviceBuffer<float>>(book));
+        dev = {nullptr, qabsmax.back()->get(), nested_absmax.back()->get(),
+               own_books ? own_codes.back()->get() : code->get(), offset};
       } else {
         absmax.push_back(std::make_unique<DeviceBuffer<float>>(a));
         host.absmax = a.data();
@@ -67,20 +74,21 @@ struct Case {
   int64_t k2 = 0;  // a LoRA term's depth (dual list), 0: none
   bool nested = true;
   int tile_n = 128;
+  bool own_books = false;
 };
 
 std::string describe(const Case& c) {
   return std::string(c.forward ? "fwd" : "dgrad") + " E=" + std::to_string(c.offsets.size() - 1) +
          " N=" + std::to_string(c.offsets.back()) + " out=" + std::to_string(c.out) + " in=" + std::to_string(c.in) +
          " C=" + gemm_type_name(c.c_type) + " beta=" + std::to_string(c.beta) + " k2=" + std::to_string(c.k2) +
-         (c.nested ? " nested" : " plain") + " tile_n=" + std::to_string(c.tile_n);
+         (c.nested ? " nested" : " plain") + (c.own_books ? " own books" : "") + " tile_n=" + std::to_string(c.tile_n);
 }
 
 template <class TC>
 void check(const Case& c) {
   const std::string what = describe(c);
   const int64_t experts = int64_t(c.offsets.size()) - 1, rows = c.offsets.back();
-  const Nf4Experts w(experts, c.out, c.in, c.nested, 40);
+  const Nf4Experts w(experts, c.out, c.in, c.nested, 40, c.own_books);
   const int64_t k = c.forward ? c.in : c.out, m = c.forward ? c.out : c.in;
   const std::vector<bf16> a = random_vec<bf16>(size_t(std::max<int64_t>(rows * k, 1)), 7);
   const std::vector<bf16> a2 = random_vec<bf16>(size_t(std::max<int64_t>(rows * c.k2, 1)), 8);
@@ -145,6 +153,9 @@ TEST_F(GroupedGemmNf4Cuda, MatchesDequantisedProducts) {
       for (float beta : {0.f, 1.f})
         for (int tile_n : {128, 256})
           for (bool nested : {true, false}) run({forward, off, 200, 192, ct, beta, 0, nested, tile_n});
+  // Double-quantised weights each with a nested code book of its own.
+  for (bool forward : {true, false})
+    for (int tile_n : {128, 256}) run({forward, off, 200, 192, GemmType::kBF16, 0.f, 0, true, tile_n, true});
 }
 
 // A LoRA term in the same launch (its depth 16: a quarter of a k-step), forward and input gradient.
