@@ -23,7 +23,8 @@ void check_group_offsets(const char* op, const std::vector<int64_t>& offsets, in
 // Row-grouped (a layer's forward, and its input gradient): for each expert e with rows,
 //   C[rows_e] (n_e x m) = alpha * A[rows_e] (n_e x k) op(B[e]) + beta * C[rows_e]
 // A [N, k] with row stride lda; B [E, k, m] (or [E, m, k] when trans_b), contiguous; C [N, m]
-// contiguous. Experts without rows have no problem.
+// contiguous. Experts without rows have no problem. A null b (NF4 weights, given to
+// cuda::sm90_grouped_gemm_nf4 apart) leaves every problem's b null.
 struct RowGroupedGemm {
   const void* a = nullptr;
   int64_t lda = 0;

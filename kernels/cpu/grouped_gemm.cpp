@@ -7,7 +7,9 @@
 namespace loom {
 namespace {
 
+// Element `elems` of an operand at p; a null operand (an NF4 product's B) stays null.
 const char* at(const void* p, int64_t elems, GemmType t) {
+  if (p == nullptr) return nullptr;
   return static_cast<const char*>(p) + elems * static_cast<int64_t>(gemm_type_size(t));
 }
 
