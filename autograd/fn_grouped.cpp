@@ -82,19 +82,10 @@ Weight weight_of(const ExpertWeightFn& w) {
 
 enum class Pass { kForward, kBackward };
 
-// NF4 experts multiplied as they are where the backend can (ops::grouped_matmul_nf4_into): whether it did.
-bool nf4_product(const Weight& w, const Tensor& x, const Tensor& x2, const Tensor& w2, Tensor& out,
-                 const std::vector<int64_t>& offsets, Pass pass) {
-  if (w.whole.defined() || w.fn.nf4.empty()) return false;
-  return ops::grouped_matmul_nf4_into(x, w.fn.nf4, w.shape()[1], w.shape()[2], x2, w2, out, offsets,
-                                      /*trans_b=*/pass == Pass::kForward);
-}
-
 // Forward y[rows_e] = x[rows_e] w[e]^T, backward dx[rows_e] = dy[rows_e] w[e], into out.
 void product(const char* op, const Weight& w, const Tensor& x, Tensor& out, const std::vector<int64_t>& offsets,
              Pass pass) {
   const bool backward = pass == Pass::kBackward;
-  if (nf4_product(w, x, Tensor(), Tensor(), out, offsets, pass)) return;
   w.each_chunk(op, x.dtype(), offsets, backward, [&](const Tensor& wc, const Chunk& c) {
     Tensor oc = c.rows_of(out);
     ops::grouped_matmul_into(c.rows_of(x), wc, oc, c.offsets, /*trans_b=*/!backward);
@@ -106,7 +97,6 @@ void product(const char* op, const Weight& w, const Tensor& x, Tensor& out, cons
 void dual_product(const char* op, const Weight& w, const Tensor& x, const Tensor& x2, const Tensor& w2, Tensor& out,
                   const std::vector<int64_t>& offsets, Pass pass) {
   const bool backward = pass == Pass::kBackward;
-  if (nf4_product(w, x, x2, w2, out, offsets, pass)) return;
   w.each_chunk(op, x.dtype(), offsets, backward, [&](const Tensor& wc, const Chunk& c) {
     Tensor oc = c.rows_of(out);
     ops::grouped_matmul_dual_into(c.rows_of(x), wc, c.rows_of(x2), c.experts_of(w2), oc, c.offsets,

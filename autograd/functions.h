@@ -129,14 +129,10 @@ Variable grouped_linear(const Variable& xs, const Variable& w, const std::vector
 // [count, out, in] in dtype, which the product uses before it calls make again. The products with it
 // (forward, and the input gradient in backward) run `chunk` experts at a time, skipping chunks without
 // rows, so no more than [chunk, out, in] of it exists at once.
-// With `nf4` (each expert's NF4 parts, the ones make() dequantises) a product first asks
-// ops::grouped_matmul_nf4_into to multiply by the codes directly (on Hopper: no dequantised copy at
-// all, the same bits) and calls make only where that backend says no.
 struct ExpertWeightFn {
   Shape shape;        // [E, out, in]
   int64_t chunk = 0;  // experts per make(); 0 (or E and more): all at once
   std::function<Tensor(int64_t first, int64_t count, DType dtype)> make;
-  std::vector<ops::Nf4Parts> nf4;  // [E] or empty
 };
 Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets,
                         OutputUse use = OutputUse::kRead, const InputFn& recompute_x = {});

@@ -140,7 +140,7 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
   g.a = a.data_ptr(), g.lda = lda, g.b = nullptr, g.c = c.data_ptr();
   g.k = k, g.m = m, g.trans_b = trans_b;
   g.ab_type = GemmType::kBF16, g.c_type = gemm_type(op, c.dtype());
-  std::vector<GemmArgs> problems = row_grouped_problems(g, offsets);
+  const std::vector<GemmArgs> problems = row_grouped_problems(g, offsets);  // B null: the weights go apart
   if (problems.empty()) return true;
   std::vector<GemmArgs> second;
   Tensor a2, b2;
@@ -160,7 +160,6 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
   for (size_t e = 0; e < w.size(); ++e)
     if (offsets[e + 1] > offsets[e])
       weights.push_back(Nf4Operand{w[e].packed.data<uint8_t>(), checked_state(op, w[e], out * in, c)});
-  for (size_t i = 0; i < problems.size(); ++i) problems[i].b = weights[i].packed;  // (never read as bf16)
   // The Hopper kernel where the rule gives bf16 weights to it, at its tile width.
   CudaContext& ctx = CudaContext::get(c.device().index);
   const GroupedGemmVariant pick = choose_grouped_gemm(problems, ctx.sm_count);
@@ -174,7 +173,6 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
                               second.empty() ? nullptr : &second, pick == GroupedGemmVariant::kSm90Wide ? 256 : 128);
   return true;
 #else
-  (void)a2_in, (void)b2_in, (void)trans_b;
   return false;
 #endif
 }

@@ -115,14 +115,12 @@ ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int
     // product keeps it (the scratch's buffer, allocated either way) rather than dequantise a third time.
     return through(ag::Variable(dense_weight(xs.dtype()), false));
   }
-  ag::ExpertWeightFn fn{{experts, out, in}, chunk, [this](int64_t first, int64_t count, DType dtype) {
-                          return dense_weight(dtype, first, count);
-                        }, {}};
-  // fn.nf4 stays empty: the Hopper kernel that multiplies by the codes (ops::grouped_matmul_nf4_into,
-  // the same bits) ran the 24-layer Qwen3-30B-A3B QLoRA recompute row at 20,262 tokens/s against
-  // 23,445 dequantising first (H200, session 37: its threads convert the codes between their own
-  // wgmmas; a warp-specialised producer is the next step). It saves the 256 MB scratch (0.16 GiB).
-  return through(fn);
+  // (ops::grouped_matmul_nf4_into multiplies by the codes themselves, the same bits, without the
+  // scratch; its first version ran the 24-layer Qwen3-30B-A3B QLoRA recompute row at 20,262 tokens/s
+  // against 23,445 dequantising first: H200, session 37. Not used until it wins.)
+  return through(ag::ExpertWeightFn{{experts, out, in}, chunk, [this](int64_t first, int64_t count, DType dtype) {
+                                       return dense_weight(dtype, first, count);
+                                     }});
 }
 
 ag::Variable MoeMlp::forward(const ag::Variable& x, RouterOutput* out, ag::OutputUse use) const {

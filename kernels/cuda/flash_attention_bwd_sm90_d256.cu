@@ -107,27 +107,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::fence_proxy_async();
     __syncthreads();  // both warpgroups' halves of P^T and dS^T are in shared memory
 
-    // dV += P^T dO and dK += dS^T Q (64 keys x columns dc0..), dQ = dS K (64 queries x columns dc0..).
-    {
-      const uint64_t dPt = wgmma::tile_desc(sPt, 16), ddSt = wgmma::tile_desc(sdSt, 16);
-      const uint64_t col_block = uint64_t(((dc0 >> 6) * kBr * 128) >> 4);  // kBr == kBc: one offset for all
-      const uint64_t ddOn = wgmma::tile_desc(cdO, kBr * 128) + col_block, dQn = wgmma::tile_desc(cQ, kBr * 128) + col_block;
-      const uint64_t ddS = wgmma::tile_desc(sdSt, kBc * 128), dKn = wgmma::tile_desc(sK, kBc * 128) + col_block;
-      // dQ first, a commit group of its own: its atomics then run while dV and dK are multiplied.
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk)
-        Wgmma<kDn>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk), wgmma::desc_mn_major<kBc>(dKn, kk), kk > 0);
-      wgmma::commit();
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk)
-        Wgmma<kDn>::template ss<0, 1>(dva, wgmma::desc_k_major<kBc>(dPt, 0, kk), wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk)
-        Wgmma<kDn>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSt, 0, kk), wgmma::desc_mn_major<kBr>(dQn, kk), 1);
-      wgmma::commit();
-      wgmma::wait_regs<1>(dqa);
-    }
+    // dQ = dS K (64 queries x columns dc0..) first, a commit group of its own: its atomics then run
+    // while dV += P^T dO and dK += dS^T Q (64 keys x columns dc0..) are multiplied.
+    sm90::issue_dq<kBc, kDn, false>(dqa, sdSt, sK, wg);
+    sm90::issue_dv_dk<kBr, kBc, kDn>(dva, dka, sPt, sdSt, cdO, cQ, dc0);
+    wgmma::wait_regs<1>(dqa);
     sm90::add_dq_atomic<kDn>(dqa, dq_acc, p, b, h, q0, dc0, warp, lane);
     wgmma::wait_regs<0>(dva, dka);  // P^T, dS^T, Q and dO are read no more
     t.advance(next, next_kind);

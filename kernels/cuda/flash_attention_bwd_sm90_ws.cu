@@ -67,7 +67,7 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 
 // Named barriers: kOwnBar + c, consumer c's 128 threads; kCrossBar + 2 c + (n & 1), consumer c's
 // dS^T of item n for the other consumer (head_dim 128).
 constexpr int kCrossBar = 1, kOwnBar = 5;
-constexpr int kDqBox = 32;  // columns of a dQ reduction box (128 bytes of f32: the 128-byte swizzle's width)
+using sm90::kDqBox;  // columns of a dQ reduction box (128 bytes of f32: the 128-byte swizzle's width)
 
 template <int kD>
 constexpr size_t ws_bwd_smem() {
@@ -312,19 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
     tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
-    {
-      // Row r0 (+ 8) of the tile, columns 8 nn + col0 (+ 1): box (8 nn) / 32, 16-byte chunk
-      // ((8 nn) % 32 + col0) / 4 swizzled with the row's low three bits (lane >> 2).
-      const int r0 = 16 * (warp & 3) + (lane >> 2), sw = lane >> 2;
-#pragma unroll
-      for (int nn = 0; nn < kNq / 8; ++nn) {
-        const int cc = (8 * nn) % kDqBox + col0;
-        float* box = dq_tile + (8 * nn / kDqBox) * (kBr * kDqBox) + ((((cc >> 2) ^ sw) << 2) | (cc & 3));
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(box + (r0 + 8 * r) * kDqBox) = make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
-      }
-    }
+    sm90::store_dq_tile<kNq>(dqa, dq_tile, warp, lane);
     wgmma::fence_proxy_async();
     tma::mbar_arrive(&dq_full[cw]);
   }

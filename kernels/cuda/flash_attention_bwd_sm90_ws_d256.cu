@@ -39,7 +39,7 @@ using wgmma::Wgmma;
 constexpr int kBr = 64, kBc = 64, kD = 256, kThreads = 384;
 constexpr int kQn = kBr / 2;  // queries of S^T and dP^T per consumer
 constexpr int kDn = kD / 2;   // head_dim columns of dK, dV and dQ per consumer
-constexpr int kDqBox = 32;    // columns of a dQ reduction box (128 bytes of f32)
+using sm90::kDqBox;          // columns of a dQ reduction box (128 bytes of f32)
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
 constexpr int kCrossBar = 1;                            // kCrossBar + 2 c + (n & 1): consumer c's half of item n
 
@@ -177,7 +177,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < kDn / 2; ++i) dka[i] = dva[i] = 0.f;
   float* dq_tile = sdQ + cw * kBr * kDn;
-  const uint64_t col_block = uint64_t(((dc0 >> 6) * kBr * 128) >> 4);  // kBr == kBc: one offset for Q, dO and K
 
   tma::mbar_wait(bar_kv, 0);
 #pragma unroll 1
@@ -217,23 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dV += P^T dO and dK += dS^T Q (64 keys x columns dc0 ..), then dQ = dS K (64 queries x the same).
     float dqa[kDn / 2];
-    {
-      const uint64_t dPt = wgmma::tile_desc(cPt, 16), ddSt = wgmma::tile_desc(cdSt, 16);
-      const uint64_t ddOn = wgmma::tile_desc(sdO, kBr * 128) + col_block, dQn = wgmma::tile_desc(sQ, kBr * 128) + col_block;
-      const uint64_t ddS = wgmma::tile_desc(cdSt, kBc * 128), dKn = wgmma::tile_desc(sK, kBc * 128) + col_block;
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk)
-        Wgmma<kDn>::template ss<0, 1>(dva, wgmma::desc_k_major<kBc>(dPt, 0, kk), wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
-#pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk)
-        Wgmma<kDn>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSt, 0, kk), wgmma::desc_mn_major<kBr>(dQn, kk), 1);
-      wgmma::commit();
-#pragma unroll
-      for (int kk = 0; kk < kBc / 16; ++kk)
-        Wgmma<kDn>::template ss<1, 1>(dqa, wgmma::desc_mn_major<kBc>(ddS, kk), wgmma::desc_mn_major<kBc>(dKn, kk), kk > 0);
-      wgmma::commit();
-    }
+    sm90::issue_dv_dk<kBr, kBc, kDn>(dva, dka, cPt, cdSt, sdO, sQ, dc0);
+    sm90::issue_dq<kBc, kDn, false>(dqa, cdSt, sK, cw);
     wgmma::wait_regs<1>(dva, dka);  // Q and dO are read no more (dQ reads dS^T and K)
     __syncwarp();
     if (lane == 0) tma::mbar_arrive(empty_q);
@@ -241,19 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
     tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
-    {
-      // Row r0 (+ 8) of the tile, columns 8 nn + col0 (+ 1): box (8 nn) / 32, 16-byte chunk
-      // ((8 nn) % 32 + col0) / 4 swizzled with the row's low three bits (lane >> 2).
-      const int r0 = 16 * (warp & 3) + (lane >> 2), sw = lane >> 2;
-#pragma unroll
-      for (int nn = 0; nn < kDn / 8; ++nn) {
-        const int cc = (8 * nn) % kDqBox + col0;
-        float* box = dq_tile + (8 * nn / kDqBox) * (kBr * kDqBox) + ((((cc >> 2) ^ sw) << 2) | (cc & 3));
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          *reinterpret_cast<float2*>(box + (r0 + 8 * r) * kDqBox) = make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
-      }
-    }
+    sm90::store_dq_tile<kDn>(dqa, dq_tile, warp, lane);
     wgmma::fence_proxy_async();
     tma::mbar_arrive(&dq_full[cw]);
   }

@@ -56,12 +56,13 @@ __device__ __forceinline__ void scores_t(float (&st)[kN / 2], float (&dpt)[kN / 
 
 // dQ (64 queries x kNq columns) = dS K, dS^T (kBc keys x 64 queries) read M-major and K (kBc
 // keys) N-major, for warpgroup `part` of two: with kSplitK its own 64 keys and all kNq columns,
-// else all kBc keys and columns 64 part ..; issued and committed, not waited for. Returns the
+// else all kBc keys and columns kNq part ..; issued and committed, not waited for. Returns the
 // first column.
 template <int kBc, int kNq, bool kSplitK>
 __device__ __forceinline__ int issue_dq(float (&dqa)[kNq / 2], const bf16* sdS, const bf16* sK, int part) {
+  static_assert(kNq % 64 == 0, "dQ column blocks start on a 64-column boundary");
   constexpr int kKSteps = kSplitK ? 4 : kBc / 16;
-  const int kk0 = kSplitK ? 4 * part : 0, n0 = kSplitK ? 0 : 64 * part;
+  const int kk0 = kSplitK ? 4 * part : 0, n0 = kSplitK ? 0 : kNq * part;
   const uint64_t ddS = wgmma::tile_desc(sdS, kBc * 128);
   const uint64_t dKn = wgmma::tile_desc(sK, kBc * 128) + uint64_t(((n0 >> 6) * kBc * 128) >> 4);
   wgmma::fence();
@@ -71,6 +72,45 @@ __device__ __forceinline__ int issue_dq(float (&dqa)[kNq / 2], const bf16* sdS, 
                                   kk > 0);
   wgmma::commit();
   return n0;
+}
+
+// dV += P^T dO and dK += dS^T Q for the kBc keys x kN head_dim columns from c0 (a multiple of 64):
+// P^T and dS^T (kBc keys x kBr queries, swizzled, K-major) and dO and Q (kBr rows, 64-column blocks,
+// read N-major) in shared memory; issued after a fence and committed, not waited for.
+template <int kBr, int kBc, int kN>
+__device__ __forceinline__ void issue_dv_dk(float (&dva)[kN / 2], float (&dka)[kN / 2], const bf16* sPt,
+                                            const bf16* sdSt, const bf16* sdO, const bf16* sQ, int c0) {
+  const uint64_t dPt = wgmma::tile_desc(sPt, 16), ddSt = wgmma::tile_desc(sdSt, 16);
+  const uint64_t col_block = uint64_t(((c0 >> 6) * kBr * 128) >> 4);
+  const uint64_t ddOn = wgmma::tile_desc(sdO, kBr * 128) + col_block, dQn = wgmma::tile_desc(sQ, kBr * 128) + col_block;
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kBr / 16; ++kk)
+    Wgmma<kN>::template ss<0, 1>(dva, wgmma::desc_k_major<kBc>(dPt, 0, kk), wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
+#pragma unroll
+  for (int kk = 0; kk < kBr / 16; ++kk)
+    Wgmma<kN>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSt, 0, kk), wgmma::desc_mn_major<kBr>(dQn, kk), 1);
+  wgmma::commit();
+}
+
+// The warp-specialised backward's dQ tiles (64 query rows of f32, in boxes of kDqBox columns with the
+// 128-byte swizzle of tma::make_bshd_map_f32, one box after another). store_dq_tile: a consumer
+// thread's m64 accumulator fragment (kNq columns) into its tile: row r0 (+ 8), columns 8 nn + col0
+// (+ 1) go to box (8 nn) / 32, 16-byte chunk ((8 nn) % 32 + col0) / 4 swizzled with the row's low
+// three bits (lane >> 2).
+constexpr int kDqBox = 32;
+template <int kNq>
+__device__ __forceinline__ void store_dq_tile(const float (&dqa)[kNq / 2], float* tile, int warp, int lane) {
+  constexpr int kRows = 64;
+  const int r0 = 16 * (warp & 3) + (lane >> 2), sw = lane >> 2, col0 = 2 * (lane & 3);
+#pragma unroll
+  for (int nn = 0; nn < kNq / 8; ++nn) {
+    const int cc = (8 * nn) % kDqBox + col0;
+    float* box = tile + (8 * nn / kDqBox) * (kRows * kDqBox) + ((((cc >> 2) ^ sw) << 2) | (cc & 3));
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float2*>(box + (r0 + 8 * r) * kDqBox) = make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
+  }
 }
 
 // One backward item's stage through cp.async: Q and dO rows [q0, q0 + kBr) of query head h
