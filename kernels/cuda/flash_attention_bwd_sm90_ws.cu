@@ -46,6 +46,7 @@
 //     dS^T of item n is written, the other consumer syncs before its dQ reads all 128 keys. No
 //     lockstep: the earlier consumer's dV and dK run while it waits.
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_bwd_ws.cuh"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/flash_sm90_pipeline.cuh"
 #include "kernels/cuda/flash_softmax.cuh"
@@ -67,7 +68,6 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 
 // Named barriers: kOwnBar + c, consumer c's 128 threads; kCrossBar + 2 c + (n & 1), consumer c's
 // dS^T of item n for the other consumer (head_dim 128).
 constexpr int kCrossBar = 1, kOwnBar = 5;
-using sm90::kDqBox;  // columns of a dQ reduction box (128 bytes of f32: the 128-byte swizzle's width)
 
 template <int kD>
 constexpr size_t ws_bwd_smem() {
@@ -87,8 +87,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kSplitK = kD == 64;          // dQ: each consumer its own keys, all columns
   constexpr int kNq = kSplitK ? kD : kD / 2;  // dQ columns per consumer
   static_assert(kNq == 64, "dQ column blocks start on a 64-column boundary");
-  constexpr int kBlocks = kD / 64;  // 64-column blocks of a row
-  constexpr uint32_t kKvBytes = 2 * kBc * kD * sizeof(bf16), kQBytes = 2 * kBr * kD * sizeof(bf16);
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bars[1 + 2 * kStages + 4];
   uint64_t* bar_kv = bars;
@@ -101,20 +99,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   bf16* sQ0 = sV + kBc * kD;              // stage s at sQ0 + s * kBr * kD
   bf16* sdO0 = sQ0 + kStages * kBr * kD;  // likewise
   bf16* sdS0 = sdO0 + kStages * kBr * kD;  // dS^T [kBc keys][kBr queries], swizzled; buffer n % 2
-  // Consumer c's dQ tile at sdQ + c * kBr * 64: two boxes of [kBr][kDqBox] f32, 128-byte swizzle.
+  // Consumer c's dQ tile at sdQ + c * kBr * 64: two boxes of [kBr][sm90::kDqBox] f32, 128-byte swizzle.
   float* sdQ = reinterpret_cast<float*>(sdS0 + 2 * kBc * kBr);
   float* sStat0 = sdQ + 2 * kBr * 64;  // stage s: lse * log2 e [kBr], then D [kBr]
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
-  const int group = int(p.heads / p.kv_heads), seq = int(p.seq), hd = int(p.head_dim);
+  const int seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
-  // Queries [k0, q_end) can see some of the keys: up to the last key's window, or seq.
-  const int q_end = window > 0 && int64_t(k0) + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
-  const int qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
-  const int n_items = group * nqt;
-  auto q_head = [&](int item) { return g * group + item / nqt; };
-  auto q_start = [&](int item) { return (qt0 + item % nqt) * kBr; };
+  const ws::Items<kBr, kBc> items(p, k0, g);
+  const int n_items = items.count;
+  auto q_start = [&](int item) { return items.start(item); };
 
   if (tid == 0) {
     tma::mbar_init(bar_kv, 1);
@@ -135,70 +130,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     tma::regs_dec<kProducerRegs>();
     if (warp == 0) {  // ---- producer ----
-      if (lane == 0) {
-        tma::prefetch_tensormap(&map_q);
-        tma::prefetch_tensormap(&map_do);
-        tma::mbar_arrive_expect_tx(bar_kv, kKvBytes);
-#pragma unroll
-        for (int c = 0; c < kBlocks; ++c) {
-          tma::copy_4d(sK + c * kBc * 64, &map_k, bar_kv, 64 * c, g, k0, b);
-          tma::copy_4d(sV + c * kBc * 64, &map_v, bar_kv, 64 * c, g, k0, b);
-        }
-      }
-#pragma unroll 1
-      for (int n = 0; n < n_items; ++n) {
-        const int s = n % kStages;
-        const int h = q_head(n), q0 = q_start(n);
-        const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
-        // lse and D of rows lane, lane + 32, loaded before the wait for the stage.
-        float l2[kBr / 32], dd[kBr / 32];
-#pragma unroll
-        for (int i = 0; i < kBr / 32; ++i) {
-          const int r = lane + 32 * i;
-          const bool ok = q0 + r < seq;
-          l2[i] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
-          dd[i] = ok ? dsum[row + q0 + r] : 0.f;
-        }
-        tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
-        float* stat = sStat0 + s * 2 * kBr;
-#pragma unroll
-        for (int i = 0; i < kBr / 32; ++i) {
-          stat[lane + 32 * i] = l2[i];
-          stat[kBr + lane + 32 * i] = dd[i];
-        }
-        if (lane == 0) {
-          tma::mbar_arrive_expect_tx(&full_q[s], kQBytes);
-#pragma unroll
-          for (int c = 0; c < kBlocks; ++c) {
-            tma::copy_4d(sQ0 + s * kBr * kD + c * kBr * 64, &map_q, &full_q[s], 64 * c, h, q0, b);
-            tma::copy_4d(sdO0 + s * kBr * kD + c * kBr * 64, &map_do, &full_q[s], 64 * c, h, q0, b);
-          }
-        } else {
-          tma::mbar_arrive(&full_q[s]);
-        }
-      }
+      ws::produce<kBr, kBc, kD, kStages>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ0, sdO0, sStat0, bar_kv,
+                                   full_q, empty_q, items, k0, b, lane);
     } else if (warp == 1 && lane == 0) {  // ---- dQ writer ----
-      tma::prefetch_tensormap(&map_dq);
-#pragma unroll 1
-      for (int n = 0; n < n_items; ++n) {
-        const int h = q_head(n), q0 = q_start(n);
-        // Both consumers' tiles go out before either is waited for; rows past seq and columns
-        // past head_dim lie outside the map and are skipped.
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
-          const int n0 = kSplitK ? 0 : 64 * c;
-          const float* tile = sdQ + c * kBr * 64;
-          tma::reduce_add_4d(&map_dq, tile, n0, h, q0, b);
-          if (n0 + kDqBox < hd) tma::reduce_add_4d(&map_dq, tile + kBr * kDqBox, n0 + kDqBox, h, q0, b);
-          tma::bulk_commit();
-        }
-        tma::bulk_wait_read<1>();  // consumer 0's tile has been read
-        tma::mbar_arrive(&dq_empty[0]);
-        tma::bulk_wait_read<0>();
-        tma::mbar_arrive(&dq_empty[1]);
-      }
-      tma::bulk_wait_all<false>();
+      ws::write_dq<kBr, kBc, kNq, kSplitK>(&map_dq, sdQ, dq_full, dq_empty, items, hd, b);
     }
     return;
   }

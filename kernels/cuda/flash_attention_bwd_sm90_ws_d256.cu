@@ -25,6 +25,7 @@
 // empty_q (count 8: each consumer warp once its dV and dK products are done); dq_full[c] (count
 // 128); dq_empty[c] (count 1), as in the d128 kernel, with one stage (item n: parity n & 1).
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/flash_bwd_ws.cuh"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/flash_sm90_pipeline.cuh"
 #include "kernels/cuda/flash_softmax.cuh"
@@ -39,7 +40,6 @@ using wgmma::Wgmma;
 constexpr int kBr = 64, kBc = 64, kD = 256, kThreads = 384;
 constexpr int kQn = kBr / 2;  // queries of S^T and dP^T per consumer
 constexpr int kDn = kD / 2;   // head_dim columns of dK, dV and dQ per consumer
-using sm90::kDqBox;          // columns of a dQ reduction box (128 bytes of f32)
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
 constexpr int kCrossBar = 1;                            // kCrossBar + 2 c + (n & 1): consumer c's half of item n
 
@@ -58,8 +58,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   const float* __restrict__ lse, const float* __restrict__ dsum, bf16* __restrict__ dk,
                                   bf16* __restrict__ dv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBlocks = kD / 64;  // 64-column boxes of a row
-  constexpr uint32_t kKvBytes = 2 * kTileBytes, kQBytes = 2 * kTileBytes;
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bars[7];
   uint64_t* bar_kv = bars;
@@ -78,13 +76,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
-  const int group = int(p.heads / p.kv_heads), seq = int(p.seq), hd = int(p.head_dim);
+  const int seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
-  const int q_end = window > 0 && int64_t(k0) + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
-  const int qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
-  const int n_items = group * nqt;
-  auto q_head = [&](int item) { return g * group + item / nqt; };
-  auto q_start = [&](int item) { return (qt0 + item % nqt) * kBr; };
+  const ws::Items<kBr, kBc> items(p, k0, g);
+  const int n_items = items.count;
+  auto q_start = [&](int item) { return items.start(item); };
 
   if (tid == 0) {
     tma::mbar_init(bar_kv, 1);
@@ -102,67 +98,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     tma::regs_dec<kProducerRegs>();
     if (warp == 0) {  // ---- producer ----
-      if (lane == 0) {
-        tma::prefetch_tensormap(&map_q);
-        tma::prefetch_tensormap(&map_do);
-        tma::mbar_arrive_expect_tx(bar_kv, kKvBytes);
-#pragma unroll
-        for (int c = 0; c < kBlocks; ++c) {
-          tma::copy_4d(sK + c * kBc * 64, &map_k, bar_kv, 64 * c, g, k0, b);
-          tma::copy_4d(sV + c * kBc * 64, &map_v, bar_kv, 64 * c, g, k0, b);
-        }
-      }
-#pragma unroll 1
-      for (int n = 0; n < n_items; ++n) {
-        const int h = q_head(n), q0 = q_start(n);
-        const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
-        float l2[kBr / 32], dd[kBr / 32];
-#pragma unroll
-        for (int i = 0; i < kBr / 32; ++i) {
-          const int r = lane + 32 * i;
-          const bool ok = q0 + r < seq;
-          l2[i] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;  // rows past the end get P = 0
-          dd[i] = ok ? dsum[row + q0 + r] : 0.f;
-        }
-        tma::mbar_wait(empty_q, uint32_t(n & 1) ^ 1u);
-#pragma unroll
-        for (int i = 0; i < kBr / 32; ++i) {
-          sStat[lane + 32 * i] = l2[i];
-          sStat[kBr + lane + 32 * i] = dd[i];
-        }
-        if (lane == 0) {
-          tma::mbar_arrive_expect_tx(full_q, kQBytes);
-#pragma unroll
-          for (int c = 0; c < kBlocks; ++c) {
-            tma::copy_4d(sQ + c * kBr * 64, &map_q, full_q, 64 * c, h, q0, b);
-            tma::copy_4d(sdO + c * kBr * 64, &map_do, full_q, 64 * c, h, q0, b);
-          }
-        } else {
-          tma::mbar_arrive(full_q);
-        }
-      }
+      ws::produce<kBr, kBc, kD, 1>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ, sdO, sStat, bar_kv,
+                                   full_q, empty_q, items, k0, b, lane);
     } else if (warp == 1 && lane == 0) {  // ---- dQ writer ----
-      tma::prefetch_tensormap(&map_dq);
-#pragma unroll 1
-      for (int n = 0; n < n_items; ++n) {
-        const int h = q_head(n), q0 = q_start(n);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
-          const float* tile = sdQ + c * kBr * kDn;
-#pragma unroll
-          for (int x = 0; x < kDn / kDqBox; ++x) {  // columns past head_dim lie outside the map: skipped
-            const int col = kDn * c + kDqBox * x;
-            if (col < hd) tma::reduce_add_4d(&map_dq, tile + x * kBr * kDqBox, col, h, q0, b);
-          }
-          tma::bulk_commit();
-        }
-        tma::bulk_wait_read<1>();  // consumer 0's tile has been read
-        tma::mbar_arrive(&dq_empty[0]);
-        tma::bulk_wait_read<0>();
-        tma::mbar_arrive(&dq_empty[1]);
-      }
-      tma::bulk_wait_all<false>();
+      ws::write_dq<kBr, kBc, kDn, false>(&map_dq, sdQ, dq_full, dq_empty, items, hd, b);
     }
     return;
   }

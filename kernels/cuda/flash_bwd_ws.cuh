@@ -1,0 +1,118 @@
+// The warp-specialised flash backward's producer and dQ-writer warps (flash_attention_bwd_sm90_ws.cu
+// at head_dim <= 128, flash_attention_bwd_sm90_ws_d256.cu above): the items a block walks, the TMA
+// loads of each item's stage, and the tensor reductions of the consumers' dQ tiles. The barrier
+// protocol is the one those files describe.
+#pragma once
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/flash_common.cuh"
+#include "kernels/cuda/flash_sm90_pipeline.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/tma_mbarrier.cuh"
+
+namespace loom::cuda::flash::ws {
+
+// A block's items: for the kBc keys from k0 of kv head g, the query tiles of kBr rows that can see
+// some of them (from k0 / kBr up to the last key's window, or seq), for every query head of the group.
+template <int kBr, int kBc>
+struct Items {
+  int g, group, qt0, nqt, count;
+  __device__ __forceinline__ Items(const AttentionParams& p, int k0, int g_) : g(g_), group(int(p.heads / p.kv_heads)) {
+    const int seq = int(p.seq), window = int(p.window);
+    const int q_end = window > 0 && int64_t(k0) + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
+    qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
+    count = group * nqt;
+  }
+  __device__ __forceinline__ int head(int item) const { return g * group + item / nqt; }
+  __device__ __forceinline__ int start(int item) const { return (qt0 + item % nqt) * kBr; }
+};
+
+// The producer warp: K and V of the block once (kD / 64 boxes each, on bar_kv), then per item n its
+// Q and dO into stage n % kStages (full_q, after empty_q), with lse times log2 e (+inf past seq: P =
+// 0 there) and D written by the lanes (loaded before the wait for the stage).
+template <int kBr, int kBc, int kD, int kStages>
+__device__ __forceinline__ void produce(const CUtensorMap* map_q, const CUtensorMap* map_k, const CUtensorMap* map_v,
+                                        const CUtensorMap* map_do, const AttentionParams& p, const float* lse,
+                                        const float* dsum, bf16* sK, bf16* sV, bf16* sQ0, bf16* sdO0, float* sStat0,
+                                        uint64_t* bar_kv, uint64_t* full_q, uint64_t* empty_q,
+                                        const Items<kBr, kBc>& items, int k0, int b, int lane) {
+  constexpr int kBlocks = kD / 64;
+  constexpr uint32_t kKvBytes = 2 * kBc * kD * sizeof(bf16), kQBytes = 2 * kBr * kD * sizeof(bf16);
+  const int seq = int(p.seq);
+  if (lane == 0) {
+    tma::prefetch_tensormap(map_q);
+    tma::prefetch_tensormap(map_do);
+    tma::mbar_arrive_expect_tx(bar_kv, kKvBytes);
+#pragma unroll
+    for (int c = 0; c < kBlocks; ++c) {
+      tma::copy_4d(sK + c * kBc * 64, map_k, bar_kv, 64 * c, items.g, k0, b);
+      tma::copy_4d(sV + c * kBc * 64, map_v, bar_kv, 64 * c, items.g, k0, b);
+    }
+  }
+#pragma unroll 1
+  for (int n = 0; n < items.count; ++n) {
+    const int s = n % kStages;
+    const int h = items.head(n), q0 = items.start(n);
+    const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
+    float l2[kBr / 32], dd[kBr / 32];
+#pragma unroll
+    for (int i = 0; i < kBr / 32; ++i) {
+      const int r = lane + 32 * i;
+      const bool ok = q0 + r < seq;
+      l2[i] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;
+      dd[i] = ok ? dsum[row + q0 + r] : 0.f;
+    }
+    tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
+    float* stat = sStat0 + s * 2 * kBr;
+#pragma unroll
+    for (int i = 0; i < kBr / 32; ++i) {
+      stat[lane + 32 * i] = l2[i];
+      stat[kBr + lane + 32 * i] = dd[i];
+    }
+    if (lane == 0) {
+      tma::mbar_arrive_expect_tx(&full_q[s], kQBytes);
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c) {
+        tma::copy_4d(sQ0 + s * kBr * kD + c * kBr * 64, map_q, &full_q[s], 64 * c, h, q0, b);
+        tma::copy_4d(sdO0 + s * kBr * kD + c * kBr * 64, map_do, &full_q[s], 64 * c, h, q0, b);
+      }
+    } else {
+      tma::mbar_arrive(&full_q[s]);
+    }
+  }
+}
+
+// The dQ writer (one thread): per item, consumer c's tile (sdQ + c kBr kNq: kNq / kDqBox boxes) is
+// added to dq_acc from column kNq c (0 with kSplitK) once dq_full[c] says it is written; both
+// consumers' reductions go out before either is waited for, then dq_empty[c] once read. Rows past
+// seq and boxes past head_dim lie outside the map and are skipped (a tile's first box starts inside
+// head_dim: column kNq c < head_dim for both kernels' widths).
+template <int kBr, int kBc, int kNq, bool kSplitK>
+__device__ __forceinline__ void write_dq(const CUtensorMap* map_dq, const float* sdQ, uint64_t* dq_full,
+                                         uint64_t* dq_empty, const Items<kBr, kBc>& items, int hd, int b) {
+  tma::prefetch_tensormap(map_dq);
+#pragma unroll 1
+  for (int n = 0; n < items.count; ++n) {
+    const int h = items.head(n), q0 = items.start(n);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
+      const float* tile = sdQ + c * kBr * kNq;
+      const int n0 = kSplitK ? 0 : kNq * c;  // inside head_dim for every caller: the first box always goes
+      tma::reduce_add_4d(map_dq, tile, n0, h, q0, b);
+#pragma unroll
+      for (int x = 1; x < kNq / sm90::kDqBox; ++x)
+        if (n0 + sm90::kDqBox * x < hd)
+          tma::reduce_add_4d(map_dq, tile + x * kBr * sm90::kDqBox, n0 + sm90::kDqBox * x, h, q0, b);
+      tma::bulk_commit();
+    }
+    tma::bulk_wait_read<1>();  // consumer 0's tile has been read
+    tma::mbar_arrive(&dq_empty[0]);
+    tma::bulk_wait_read<0>();
+    tma::mbar_arrive(&dq_empty[1]);
+  }
+  tma::bulk_wait_all<false>();
+}
+
+}  // namespace loom::cuda::flash::ws
