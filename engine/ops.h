@@ -28,6 +28,9 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, float s);
 void add_(Tensor& dst, const Tensor& src);  // dst += src, in place (gradient accumulation)
 void fill_(Tensor& t, float value);
+// t[b] = beta * t[b] in place for each index b of t's first dimension listed in `blocks` (t contiguous):
+// one launch for all of them; beta 0 writes zeros without reading, beta 1 does nothing.
+void scale_blocks_(Tensor& t, const std::vector<int64_t>& blocks, float beta);
 // The parts [..., n_i] (same leading shape, dtype and device; undefined = zeros of `widths[i]`
 // columns) side by side along the last dim: [..., sum n_i]. One strided 2-D copy per part.
 Tensor cat_last(const std::vector<Tensor>& parts, const std::vector<int64_t>& widths);

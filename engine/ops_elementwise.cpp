@@ -94,6 +94,27 @@ void fill_(Tensor& t, float value) {
   });
 }
 
+void scale_blocks_(Tensor& t, const std::vector<int64_t>& blocks, float beta) {
+  expect_contiguous("scale_blocks_", t, "tensor");
+  LOOM_CHECK(t.dim() >= 1, "scale_blocks_: needs a tensor with a first dimension, got ", t.str());
+  std::vector<int32_t> index;
+  index.reserve(blocks.size());
+  for (int64_t b : blocks) {
+    LOOM_CHECK(b >= 0 && b < t.size(0), "scale_blocks_: block ", b, " outside ", t.str());
+    index.push_back(static_cast<int32_t>(b));
+  }
+  if (index.empty() || beta == 1.f) return;
+  const int64_t block = t.numel() / t.size(0);
+  dispatch_float("scale_blocks_", t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = static_cast<int64_t>(index.size());
+    if (t.is_cuda())
+      LOOM_ON_CUDA("scale_blocks_", T, cuda::scale_blocks(t.data<T>(), block, index.data(), n, beta, stream_of(t)));
+    else
+      cpu::scale_blocks(t.data<T>(), block, index.data(), n, beta);
+  });
+}
+
 Tensor add_bias(const Tensor& a_in, const Tensor& bias) {
   same_device("add_bias", a_in, bias);
   same_dtype("add_bias", a_in, bias);

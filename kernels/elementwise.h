@@ -41,6 +41,10 @@ template <class T> void add_bias(const T* a, const T* bias, T* out, int64_t rows
 // out[c] = (accumulate ? out[c] : 0) + sum_r a[r, c]   (out in f32 or T)
 template <class T, class O> void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate);
 template <class T> void fill(T* out, int64_t n, float value);
+// Blocks blocks[0 .. count) of `block` elements each (block b is out[b * block, (b + 1) * block)) scaled
+// by beta in place; beta 0 writes zeros without reading (C = beta C of an empty product: what a
+// mixture-of-experts weight gradient leaves an expert without rows), beta 1 leaves them as they are.
+template <class T> void scale_blocks(T* out, int64_t block, const int32_t* blocks, int64_t count, float beta);
 // dst (contiguous, numel = prod(shape)) = cast(src viewed through layout)
 template <class S, class D> void copy_strided(const S* src, const StridedLayout& layout, D* dst);
 // Same-dtype strided copy for any element size (1, 2, 4 or 8 bytes): integer tensors use this.
@@ -66,6 +70,10 @@ size_t sum_rows_workspace_bytes(int64_t rows, int64_t cols);
 template <class T, class O>
 void sum_rows(const T* a, O* out, int64_t rows, int64_t cols, bool accumulate, void* workspace, Stream s);
 template <class T> void fill(T* out, int64_t n, float value, Stream s);
+// As the CPU version (blocks is host memory): one launch for up to kScaleBlocksPerLaunch blocks (their
+// indices travel as a kernel argument, under the 4 KiB any architecture takes).
+inline constexpr int kScaleBlocksPerLaunch = 960;
+template <class T> void scale_blocks(T* out, int64_t block, const int32_t* blocks, int64_t count, float beta, Stream s);
 template <class T> void softcap_forward(const T* a, T* out, int64_t n, float cap, Stream s);
 template <class T> void softcap_backward(const T* a, const T* dout, T* da, int64_t n, float cap, Stream s);
 template <class S, class D> void copy_strided(const S* src, const StridedLayout& layout, D* dst, Stream s);

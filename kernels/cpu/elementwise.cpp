@@ -68,6 +68,17 @@ void fill(T* out, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) out[i] = v;
 }
 
+template <class T>
+void scale_blocks(T* out, int64_t block, const int32_t* blocks, int64_t count, float beta) {
+  LOOM_CHECK(block >= 0 && count >= 0, "cpu scale_blocks: block = ", block, ", count = ", count);
+  if (beta == 1.f) return;
+  for (int64_t i = 0; i < count; ++i) {
+    T* b = out + int64_t(blocks[i]) * block;
+    if (beta == 0.f) fill(b, block, 0.f);
+    else scale(b, b, block, beta);
+  }
+}
+
 template <class S, class D>
 void copy_strided(const S* src, const StridedLayout& l, D* dst) {
   int64_t numel = 1;
@@ -109,6 +120,7 @@ void sum_squares(const T* a, int64_t n, float* out) {
   template void add_bias<T>(const T*, const T*, T*, int64_t, int64_t);            \
   template void sum_rows<T, T>(const T*, T*, int64_t, int64_t, bool);             \
   template void fill<T>(T*, int64_t, float);                                      \
+  template void scale_blocks<T>(T*, int64_t, const int32_t*, int64_t, float);      \
   template void softcap_forward<T>(const T*, T*, int64_t, float);                 \
   template void softcap_backward<T>(const T*, const T*, T*, int64_t, float);      \
   template void sum<T>(const T*, int64_t, float*);                                \

@@ -1,5 +1,6 @@
 // CUDA kernels for kernels/elementwise.h (all but the strided copies, which are in
 // copy_strided.cu): 16-byte vectorized grid-stride maps, column sums, and deterministic reductions.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -320,6 +321,40 @@ void fill(T* out, int64_t n, float value, Stream s) {
   if (n == 0) return;
   launch_map(Inputs<T, 0>{{nullptr}}, out, n, FillOp{value}, s);
 }
+
+namespace {
+struct BlockList {
+  int32_t index[kScaleBlocksPerLaunch];
+};
+static_assert(sizeof(BlockList) + 64 < 4096, "kernel arguments are limited to 4 KiB");
+
+// Block list.index[blockIdx.y] of out, grid-strided over its elements by blockIdx.x.
+template <class T>
+__global__ void __launch_bounds__(kThreads) scale_blocks_kernel(T* out, int64_t block, BlockList list, float beta) {
+  T* b = out + int64_t(list.index[blockIdx.y]) * block;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < block; i += stride)
+    store(b + i, beta == 0.f ? 0.f : beta * load(b + i));
+}
+}  // namespace
+
+template <class T>
+void scale_blocks(T* out, int64_t block, const int32_t* blocks, int64_t count, float beta, Stream s) {
+  LOOM_CHECK(block >= 0 && count >= 0, "cuda scale_blocks: block = ", block, ", count = ", count);
+  if (beta == 1.f || block == 0) return;
+  // Enough blocks of threads along x to cover the GPU once with the blocks listed along y.
+  const int64_t per = (block + kThreads - 1) / kThreads;
+  for (int64_t first = 0; first < count; first += kScaleBlocksPerLaunch) {
+    const int n = int(std::min<int64_t>(kScaleBlocksPerLaunch, count - first));
+    BlockList list{};
+    for (int i = 0; i < n; ++i) list.index[i] = blocks[first + i];
+    const int64_t want = std::max<int64_t>(1, int64_t(sm_count()) * kBlocksPerSm * 2 / n);
+    const unsigned x = unsigned(std::min<int64_t>(per, want));
+    scale_blocks_kernel<T><<<dim3(x, unsigned(n)), kThreads, 0, s>>>(out, block, list, beta);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
+}
+
 template <class T>
 void softcap_forward(const T* a, T* out, int64_t n, float cap, Stream s) {
   LOOM_CHECK(cap > 0.f, "softcap_forward: cap must be positive, got ", cap);
@@ -346,6 +381,7 @@ void sum_squares(const T* a, int64_t n, float* out, float* workspace, Stream s) 
   template void add_bias<T>(const T*, const T*, T*, int64_t, int64_t, Stream);        \
   template void sum_rows<T, T>(const T*, T*, int64_t, int64_t, bool, void*, Stream);  \
   template void fill<T>(T*, int64_t, float, Stream);                                  \
+  template void scale_blocks<T>(T*, int64_t, const int32_t*, int64_t, float, Stream); \
   template void softcap_forward<T>(const T*, T*, int64_t, float, Stream);             \
   template void softcap_backward<T>(const T*, const T*, T*, int64_t, float, Stream);  \
   template void sum<T>(const T*, int64_t, float*, float*, Stream);                    \

@@ -357,13 +357,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Problem descriptors for up to kChunk problems, passed by value as a kernel argument (3.75 KiB).
-constexpr int kChunk = 48;
+// Problem descriptors for up to kChunk problems, passed by value as a kernel argument (20 KiB: one
+// launch for a layer of up to 256 experts, where 4 KiB chunks took three for Qwen3's 128). Kernel
+// arguments may take 32,764 bytes since CUDA 12.1 on Volta and later, which a CUDA 13 build implies.
+constexpr int kChunk = 256;
+constexpr size_t kMaxKernelArgBytes = 32764;
 struct ProblemChunk {
   Problem p[kChunk];
   int count;
 };
-static_assert(sizeof(ProblemChunk) < 4000, "kernel arguments are limited to 4 KiB");
+static_assert(sizeof(ProblemChunk) + 16 <= kMaxKernelArgBytes, "kernel arguments are limited to 32,764 bytes");
 
 __global__ void write_problems(ProblemChunk chunk, Problem* dst) {
   const int i = static_cast<int>(threadIdx.x);
@@ -447,7 +450,7 @@ struct Nf4Chunk {
   nf4g::Nf4Problem p[kChunk];
   int count;
 };
-static_assert(sizeof(Nf4Chunk) < 4000, "kernel arguments are limited to 4 KiB");
+static_assert(sizeof(Nf4Chunk) + 16 <= kMaxKernelArgBytes, "kernel arguments are limited to 32,764 bytes");
 
 __global__ void write_nf4_problems(Nf4Chunk chunk, nf4g::Nf4Problem* dst) {
   const int i = static_cast<int>(threadIdx.x);

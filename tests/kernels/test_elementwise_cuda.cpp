@@ -83,6 +83,39 @@ TYPED_TEST(ElementwiseCuda, MapsMatchCpuAlignedAndMisaligned) {
     }
 }
 
+// scale_blocks: the listed blocks of a buffer (1000 of 1200 blocks of 33: two launches of
+// kScaleBlocksPerLaunch; and 3 of 5 blocks of 70001 elements, several grid-stride passes), beta 0 over
+// NaNs, 3 and 1, bit for bit as the CPU version (NaN as any NaN) (one product and one rounding on both); the unlisted
+// blocks and a canary past the end keep their bits.
+TYPED_TEST(ElementwiseCuda, ScaleBlocksMatchCpu) {
+  LOOM_REQUIRE_GPU();
+  using T = TypeParam;
+  const int64_t shapes[][2] = {{1200, 33}, {5, 70001}};
+  for (const auto& sh : shapes)
+    for (float beta : {0.f, 3.f, 1.f}) {
+      const int64_t blocks = sh[0], block = sh[1];
+      std::vector<int32_t> listed;
+      for (int64_t b = blocks - 1; b >= 0; b -= (blocks > 100 ? 1 : 2))
+        if (blocks <= 100 || b % 6 != 1) listed.push_back(int32_t(b));
+      std::vector<T> x = random_vec<T>(size_t(blocks * block + 64), 31 + uint32_t(block), -4.f, 4.f);
+      for (size_t i = 0; i < x.size(); i += 97) x[i] = from_acc<T>(NAN);
+      std::vector<T> ref = x;
+      cpu::scale_blocks(ref.data(), block, listed.data(), int64_t(listed.size()), beta);
+      Placed<T> d(x, 0);
+      cuda::scale_blocks(d.get(), block, listed.data(), int64_t(listed.size()), beta, nullptr);
+      const std::string where = std::to_string(listed.size()) + " of " + std::to_string(blocks) + " blocks of " +
+                                std::to_string(block) + " beta " + std::to_string(beta);
+      // Bit for bit, but a NaN as any NaN (the GPU's arithmetic gives the canonical one, x86 the input's).
+      const std::vector<T> got = d.to_host();
+      int64_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const bool nan_both = std::isnan(double(to_acc(got[i]))) && std::isnan(double(to_acc(ref[i])));
+        if (!nan_both && std::memcmp(&got[i], &ref[i], sizeof(T)) != 0) ++bad;
+      }
+      EXPECT_EQ(bad, 0) << where;
+    }
+}
+
 // In place (out == a): every element is read before it is written, by the same thread.
 TYPED_TEST(ElementwiseCuda, InPlaceMapsMatchCpu) {
   LOOM_REQUIRE_GPU();
