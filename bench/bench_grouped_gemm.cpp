@@ -16,6 +16,7 @@
 
 #include "bench/bench_util.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_tma.h"
 
 namespace loom::bench {
 namespace {
@@ -192,6 +193,38 @@ void add_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out
   });
 }
 
+// The TMA-fed Hopper kernel (kernels/grouped_gemm_tma.h) on a projection's fwd or dgrad, alone or with
+// the rank-r LoRA term in the same accumulation (r > 0: the products add_dual times), in clusters of
+// one or two CTAs: grouped_gemm/bf16/<shape>/<proj>_<fwd|dgrad>[_dual_r<r>]/sm90_tma[_c2], beside
+// add_grouped's and add_dual's rows of the same products.
+void add_tma(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p, int r, int cluster) {
+  const std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p) +
+                           (r > 0 ? "_dual_r" + std::to_string(r) : "") + (cluster == 2 ? "/sm90_tma_c2" : "/sm90_tma");
+  add(name, [=](benchmark::State& st) {
+    if (!cuda::sm90_grouped_gemm_ready()) {
+      st.SkipWithError("the sm90 kernel needs an sm_90 GPU and an sm_90a build");
+      return;
+    }
+    const std::vector<int64_t> off = routing_offsets(s);
+    const BenchContext& c = ctx();
+    const int64_t n = off.back(), e_count = s.experts;
+    const bool fwd = p == Product::kFwd;
+    const int64_t k = fwd ? in : out, m = fwd ? out : in;  // the base product's depth and width
+    auto act = random_array<bf16>(size_t(n * k)), w = random_array<bf16>(size_t(e_count * out * in));
+    auto act2 = random_array<bf16>(size_t(n * std::max<int64_t>(r, 1)));
+    auto w2 = random_array<bf16>(size_t(e_count * std::max<int64_t>(r, 1) * m));
+    DeviceArray<float> result(size_t(n * m) / 2 + 1);  // bf16
+    RowGroupedGemm g;
+    g.a = act.get(), g.lda = k, g.b = w.get(), g.c = result.get();
+    g.k = k, g.m = m, g.trans_b = fwd;
+    g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
+    RowGroupedGemm g2 = g;
+    g2.a = act2.get(), g2.lda = r, g2.b = w2.get(), g2.k = r;
+    run_timed(st, {0, 2.0 * double(n) * double(k + r) * double(m), Bound::kCompute},
+              [&] { cuda::sm90_grouped_gemm_tma(g, r > 0 ? &g2 : nullptr, off, cluster, c.sm_count, c.stream); });
+  });
+}
+
 }  // namespace
 
 void register_grouped_gemm() {
@@ -227,6 +260,13 @@ void register_grouped_gemm() {
     for (auto [proj, in, out] : {std::tuple{"gate_up", s.hidden, 2 * s.width}, std::tuple{"down", s.width, s.hidden}})
       for (Product p : {Product::kFwd, Product::kDgrad})
         for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide}) add_nf4(s, proj, in, out, p, v);
+  for (const MoeShape& s : kShapes)
+    for (auto [proj, in, out] : {std::tuple{"gate_up", s.hidden, 2 * s.width}, std::tuple{"down", s.width, s.hidden}})
+      for (Product p : {Product::kFwd, Product::kDgrad})
+        for (int cluster : {1, 2}) {
+          add_tma(s, proj, in, out, p, 0, cluster);
+          if (&s == &kShapes[0]) add_tma(s, proj, in, out, p, 16, cluster);
+        }
 }
 
 }  // namespace loom::bench

@@ -334,4 +334,20 @@ CUtensorMap make_bshd_map_f32(void* base, int64_t batch, int64_t seq, int64_t he
   return make_bshd(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, sizeof(float), base, batch, seq, heads, head_dim, 32, box_rows);
 }
 
+CUtensorMap make_matrix_map(const void* base, int64_t cols, int64_t rows, int64_t ld, int64_t mats, int64_t mat_stride,
+                            int box_cols, int box_rows) {
+  const cuuint64_t e = sizeof(bf16);
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(mats)};
+  const cuuint64_t strides[2] = {cuuint64_t(ld) * e, cuuint64_t(mat_stride) * e};
+  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1}, elem_strides[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims,
+                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  LOOM_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (", int(r), ") for ", mats, " matrices of ", rows,
+             " x ", cols, " bf16 (ld ", ld, ", matrix stride ", mat_stride, "), boxes of ", box_rows, " x ", box_cols);
+  return map;
+}
+
 }  // namespace loom::cuda::tma

@@ -37,6 +37,7 @@
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
 #include "kernels/cuda/grouped_gemm_nf4.cuh"
+#include "kernels/cuda/grouped_gemm_store.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/grouped_gemm.h"
 
@@ -170,60 +171,15 @@ __device__ __forceinline__ void nf4_issue_step(const Cursor<kBN>& c, int b_off, 
   nf4g::nf4_issue<kBN, kTransB>(nf4s[c.p], c.p, place, c.n0, c.kt * kBK, p.n, p.k, p.ldb, b_off, out);
 }
 
-__device__ __forceinline__ void store_pair(float* p, float x, float y) { *reinterpret_cast<float2*>(p) = {x, y}; }
-__device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-}
-__device__ __forceinline__ float2 load_pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 load_pair(const bf16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-
-// C [m0 + 64 wg .., n0 ..] = alpha acc + beta C from one warpgroup's m64nN accumulators: lane l of
-// warp w holds acc[4 j + e] = (row 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2).
-// With beta, the old values of kOldGroups column groups (2 kOldGroups pairs a thread) are loaded before the
-// first of their stores: loads interleaved with stores to the same array wait one memory latency
-// each (the compiler cannot move a load above a store that may alias it), which made y += x W^T 3-6x
-// slower than y = x W^T (H200, session 32: Qwen3-30B-A3B's gate_up forward 3548 us against 1121, down
-// 3913 against 668).
+// C [m0 + 64 wg .., n0 ..] = alpha acc + beta C from one warpgroup's m64nN accumulators (the
+// layout and the loads of old values before the stores: kernels/cuda/grouped_gemm_store.cuh).
 template <class TC, int kBN>
 __device__ __forceinline__ void store_tile(const Cursor<kBN>& c, const float (&acc)[kBN / 2], int wg, int warp,
                                            int lane, float alpha, float beta) {
-  constexpr int kGroups = Shape<kBN>::kOldGroups;
   const Problem& p = c.prob;
-  TC* out = static_cast<TC*>(p.c);
-  const int row0 = c.m0 + 64 * wg + 16 * (warp & 3) + (lane >> 2);
-  const int col0 = c.n0 + 2 * (lane & 3);
-#pragma unroll
-  for (int j0 = 0; j0 < kBN / 8; j0 += kGroups) {
-    float2 old[2][kGroups];
-    if (beta != 0.f) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
-        const TC* src = out + int64_t(row) * p.ldc;
-#pragma unroll
-        for (int j = 0; j < kGroups; ++j) {
-          const int col = col0 + 8 * (j0 + j);
-          old[h][j] = row < p.m && col < p.n ? load_pair(src + col) : make_float2(0.f, 0.f);
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = row0 + 8 * h;
-      if (row >= p.m) continue;
-      TC* dst = out + int64_t(row) * p.ldc;
-#pragma unroll
-      for (int j = 0; j < kGroups; ++j) {
-        const int col = col0 + 8 * (j0 + j);
-        if (col >= p.n) continue;  // n is even: a pair is wholly in or out
-        float x = alpha * acc[4 * (j0 + j) + 2 * h], y = alpha * acc[4 * (j0 + j) + 2 * h + 1];
-        if (beta != 0.f) x = fmaf(beta, old[h][j].x, x), y = fmaf(beta, old[h][j].y, y);
-        store_pair(dst + col, x, y);
-      }
-    }
-  }
+  grouped::store_acc<TC, kBN, Shape<kBN>::kOldGroups>(static_cast<TC*>(p.c), p.ldc,
+                                                      c.m0 + 64 * wg + 16 * (warp & 3) + (lane >> 2), p.m,
+                                                      c.n0 + 2 * (lane & 3), p.n, acc, alpha, beta);
 }
 
 template <bool kTransA, bool kTransB, class TC, int kBN, bool kNf4>

@@ -66,6 +66,57 @@ __device__ __forceinline__ void copy_4d(void* dst, const CUtensorMap* map, uint6
       : "memory");
 }
 
+// The box at (c0 innermost, c1, c2) of a rank-3 tensor map into dst, completing on bar, as copy_4d.
+__device__ __forceinline__ void copy_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// copy_3d into the shared memory of every CTA of the cluster in cta_mask (bit r: rank r), at dst's
+// offset in each, completing on the barrier at bar's offset in each.
+__device__ __forceinline__ void copy_3d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                                  int c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+
+// ---- clusters ----
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_id() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t cluster_count() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+  return r;
+}
+// One arrival (release at cluster scope) on the barrier at bar's offset in the shared memory of the
+// cluster's CTA `rank` (this CTA's own too).
+__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(rank)
+      : "memory");
+}
+// Every non-exited thread of the cluster's CTAs arrives, then waits for the others (release /
+// acquire at cluster scope: barrier initialisations and shared-memory writes before it are seen after).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 // ---- bulk reductions shared -> global (copy engine) ----
 // Adds `bytes` of f32 at src (shared, 16-byte aligned) element-wise to dst (global, 16-byte
 // aligned); bytes a multiple of 16.
@@ -130,5 +181,12 @@ CUtensorMap make_bshd_map(const void* base, int64_t batch, int64_t seq, int64_t 
 // columns (128 bytes, 128-byte swizzle: element (r, c) of a box at float r * 32 + (((c >> 2) ^
 // (r & 7)) << 2) + (c & 3)) x box_rows positions; for reductions into it (reduce_add_4d).
 CUtensorMap make_bshd_map_f32(void* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int box_rows);
+
+// Tensor map of `mats` bf16 matrices of `rows` rows of `cols` elements (row stride ld, matrix stride
+// mat_stride, both in elements: ld % 8 == 0, 16-byte aligned base), read in boxes of box_cols (at most
+// 64: 128 bytes, 128-byte swizzle) x box_rows of one matrix. Coordinates (column, row, matrix);
+// columns >= cols and rows >= rows read as zeros.
+CUtensorMap make_matrix_map(const void* base, int64_t cols, int64_t rows, int64_t ld, int64_t mats, int64_t mat_stride,
+                            int box_cols, int box_rows);
 
 }  // namespace loom::cuda::tma

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_tma.h"
 
 namespace loom::test {
 namespace {
@@ -184,6 +185,49 @@ TEST(GroupedGemmRule, Sm90Nf4Support) {
   g.a = base(0x100000), g.lda = 1536, g.b = nullptr, g.c = const_cast<char*>(base(0x300000));
   g.k = 1536, g.m = 2048, g.trans_b = false, g.ab_type = bf, g.c_type = bf;
   EXPECT_EQ(sm90_nf4_unsupported(row_grouped_problems(g, {0, 64, 64, 200}), weights(2, true)), nullptr);
+}
+
+}  // namespace
+}  // namespace loom::test
+
+namespace loom::test {
+namespace {
+
+// What the TMA-fed Hopper kernel (kernels/grouped_gemm_tma.h) takes: bf16 operands in tensor maps
+// (16-byte aligned, row strides and K multiples of 8), a bf16 or f32 C, at most 256 experts, and a
+// LoRA term that shares the first product's transposes, width, C, types and scales.
+TEST(GroupedGemmRule, Sm90TmaSupport) {
+  auto at = [](uintptr_t p) { return reinterpret_cast<const void*>(p); };
+  RowGroupedGemm g;
+  g.a = at(0x100000), g.lda = 2048, g.b = at(0x200000), g.c = const_cast<void*>(at(0x300000));
+  g.k = 2048, g.m = 1536, g.trans_b = true, g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
+  std::vector<int64_t> off(129);
+  for (size_t e = 0; e < off.size(); ++e) off[e] = int64_t(e) * 512;
+  EXPECT_EQ(sm90_tma_unsupported(g, nullptr, off), nullptr);
+  RowGroupedGemm lora = g;  // t [N, 16] x B_e [1536, 16]^T
+  lora.a = at(0x400000), lora.lda = 16, lora.b = at(0x500000), lora.k = 16;
+  EXPECT_EQ(sm90_tma_unsupported(g, &lora, off), nullptr);
+  g.c_type = GemmType::kF32, lora.c_type = GemmType::kF32;
+  EXPECT_EQ(sm90_tma_unsupported(g, &lora, off), nullptr);
+  RowGroupedGemm bad = g;
+  bad.ab_type = GemmType::kF32;
+  EXPECT_NE(sm90_tma_unsupported(bad, nullptr, off), nullptr);
+  bad = g, bad.k = 2044, bad.lda = 2044;  // rows off 16 bytes
+  EXPECT_NE(sm90_tma_unsupported(bad, nullptr, off), nullptr);
+  bad = g, bad.m = 1540;
+  EXPECT_NE(sm90_tma_unsupported(bad, nullptr, off), nullptr);
+  bad = g, bad.b = at(0x200008);
+  EXPECT_NE(sm90_tma_unsupported(bad, nullptr, off), nullptr);
+  RowGroupedGemm other = lora;
+  other.trans_b = false;
+  EXPECT_NE(sm90_tma_unsupported(g, &other, off), nullptr);
+  other = lora, other.beta = 1.f;
+  EXPECT_NE(sm90_tma_unsupported(g, &other, off), nullptr);
+  other = lora, other.k = 20;  // a rank whose rows are not whole 16-byte chunks
+  EXPECT_NE(sm90_tma_unsupported(g, &other, off), nullptr);
+  std::vector<int64_t> many(258, 0);  // 257 experts
+  EXPECT_NE(sm90_tma_unsupported(g, nullptr, many), nullptr);
+  EXPECT_NE(sm90_tma_unsupported(g, nullptr, {0}), nullptr);
 }
 
 }  // namespace

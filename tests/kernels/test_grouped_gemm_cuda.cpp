@@ -4,7 +4,8 @@
 // (forward with trans_b, input gradient without) and reduction-grouped (weight gradient) problem
 // lists, bf16 and f32 outputs, beta 0 (into NaNs) and 1, experts without rows, with fewer rows than
 // a tile and row counts off the tile; K and M off the tile; 1, 8 and 128 experts; a Qwen3-like shape;
-// dual lists (a second product of its own depth, a LoRA term, summed into the same output).
+// dual lists (a second product of its own depth, a LoRA term, summed into the same output). The
+// row-grouped cases run the TMA-fed kernel (kernels/grouped_gemm_tma.h) too, alone and in clusters of two.
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_tma.h"
 #include "tests/kernels/cublaslt_test.h"
 
 namespace loom::test {
@@ -42,6 +44,15 @@ std::string describe(const Case& c) {
 // The second products of a dual case: its own depth k2 over A2, B2, into the same C.
 std::vector<GemmArgs> second_of(const Case& c, const void* a2, const void* b2, void* out, GemmType ab, GemmType ct);
 
+// A row-grouped case's products over operands at a, b, c of the given types.
+RowGroupedGemm row_gemm_of(const Case& c, const void* a, const void* b, void* out, GemmType ab, GemmType ct) {
+  RowGroupedGemm g;
+  g.a = a, g.lda = c.k, g.b = b, g.c = out;
+  g.k = c.k, g.m = c.m, g.trans_b = c.kind == Kind::kForward;
+  g.ab_type = ab, g.c_type = ct, g.alpha = c.alpha, g.beta = c.beta;
+  return g;
+}
+
 // The problem list of a case over operands at a, b, c of the given types.
 std::vector<GemmArgs> problems_of(const Case& c, const void* a, const void* b, void* out, GemmType ab, GemmType ct) {
   if (c.kind == Kind::kWeightGrad) {
@@ -50,11 +61,7 @@ std::vector<GemmArgs> problems_of(const Case& c, const void* a, const void* b, v
     g.m = c.m, g.k = c.k, g.ab_type = ab, g.c_type = ct, g.alpha = c.alpha, g.beta = c.beta;
     return reduction_grouped_problems(g, c.offsets);
   }
-  RowGroupedGemm g;
-  g.a = a, g.lda = c.k, g.b = b, g.c = out;
-  g.k = c.k, g.m = c.m, g.trans_b = c.kind == Kind::kForward;
-  g.ab_type = ab, g.c_type = ct, g.alpha = c.alpha, g.beta = c.beta;
-  return row_grouped_problems(g, c.offsets);
+  return row_grouped_problems(row_gemm_of(c, a, b, out, ab, ct), c.offsets);
 }
 
 std::vector<GemmArgs> second_of(const Case& c, const void* a2, const void* b2, void* out, GemmType ab, GemmType ct) {
@@ -90,9 +97,13 @@ class GroupedGemmCuda : public CublasLtTest {
   //   adds one rounding (2^-9 relative), doubled for results that straddle a rounding boundary.
   // - outside every problem (a weight-gradient expert without rows, the canary past the end), C
   //   keeps its initial bytes: NaN for beta 0, which must never be read where it is written.
+  // tma_cluster > 0: the TMA-fed kernel (kernels/grouped_gemm_tma.h) with clusters of that many CTAs
+  // instead of `variant` (row-grouped cases only).
   template <class TC>
-  void check(const Case& c, GroupedGemmVariant variant) {
-    const std::string what = describe(c) + " " + grouped_gemm_variant_name(variant);
+  void check(const Case& c, GroupedGemmVariant variant, int tma_cluster = 0) {
+    const std::string what = describe(c) + " " +
+                             (tma_cluster > 0 ? "sm90_tma cluster " + std::to_string(tma_cluster)
+                                              : std::string(grouped_gemm_variant_name(variant)));
     const int64_t experts = static_cast<int64_t>(c.offsets.size()) - 1, n = c.offsets.back();
     const bool wgrad = c.kind == Kind::kWeightGrad;
     const size_t a_size = size_t(n * (wgrad ? c.m : c.k));
@@ -152,7 +163,14 @@ class GroupedGemmCuda : public CublasLtTest {
     const std::vector<GemmArgs> problems = problems_of(c, a_d.get(), b_d.get(), c_d.get(), GemmType::kBF16, ct);
     ASSERT_EQ(sm90_grouped_unsupported(problems), nullptr) << what;
     DeviceBuffer<bf16> a2_d(dual ? a2 : std::vector<bf16>(1)), b2_d(dual ? b2 : std::vector<bf16>(1));
-    if (dual) {
+    if (tma_cluster > 0) {
+      const RowGroupedGemm g = row_gemm_of(c, a_d.get(), b_d.get(), c_d.get(), GemmType::kBF16, ct);
+      Case d = c;
+      d.k = c.k2;
+      const RowGroupedGemm g2 = row_gemm_of(d, a2_d.get(), b2_d.get(), c_d.get(), GemmType::kBF16, ct);
+      ASSERT_EQ(sm90_tma_unsupported(g, dual ? &g2 : nullptr, c.offsets), nullptr) << what;
+      cuda::sm90_grouped_gemm_tma(g, dual ? &g2 : nullptr, c.offsets, tma_cluster, 0, nullptr);
+    } else if (dual) {
       const std::vector<GemmArgs> second = second_of(c, a2_d.get(), b2_d.get(), c_d.get(), GemmType::kBF16, ct);
       ASSERT_EQ(sm90_dual_unsupported(problems, second), nullptr) << what;
       cuda::grouped_gemm_dual(problems, second, variant, ctx, slots.get(), nullptr);
@@ -203,6 +221,11 @@ class GroupedGemmCuda : public CublasLtTest {
     for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide, GroupedGemmVariant::kLoop}) {
       if (c.c_type == GemmType::kF32) check<float>(c, v);
       else check<bf16>(c, v);
+    }
+    if (c.kind == Kind::kWeightGrad) return;  // the TMA kernel takes row-grouped products only
+    for (int cluster : {1, 2}) {
+      if (c.c_type == GemmType::kF32) check<float>(c, GroupedGemmVariant::kAuto, cluster);
+      else check<bf16>(c, GroupedGemmVariant::kAuto, cluster);
     }
   }
 

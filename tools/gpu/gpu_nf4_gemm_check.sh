@@ -43,17 +43,6 @@ PY
 # and with NF4 experts (128 x 256 tiles; PROFILE_CASES: other benchmark names), with the stall
 # reasons: where the bf16 kernel's time goes (about 45 % of the GEMM rate at these shapes) and what the
 # NF4 B tiles add. Reports in ncu_N.txt.
-if [ "${PROFILE:-0}" = 1 ] && command -v ncu > /dev/null; then
-  n=0
-  for case in ${PROFILE_CASES:-grouped_gemm/bf16/qwen3_30b_a3b/gate_up_fwd/sm90_wide grouped_gemm/bf16/qwen3_30b_a3b/gate_up_fwd_nf4/sm90_wide}; do
-    n=$((n + 1))
-    timeout 150 ncu --clock-control none -k regex:'grouped_gemm_sm90_kernel' -c 1 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis \
-      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op.*cycles_active\.avg\.pct_of_peak_sustained_active' \
-      build-gpu/bench/loom_bench --benchmark_min_time=0.001s --benchmark_filter="^$case(/|\$)" > "$out/ncu_$n.txt" 2>&1
-    echo "== ncu $case (exit $?)"
-    grep -E "grouped_gemm_sm90|Duration|Throughput|Issue Slots|Eligible|Active Warps|Executed Ipc|pipe_tensor|stalled" \
-      "$out/ncu_$n.txt" | grep -v "^==PROF" | awk '!/stalled/ || $NF+0 >= 0.05' | head -45
-  done
+if [ "${PROFILE:-0}" = 1 ]; then
+  tools/gpu/ncu_cases.sh "$out" 'grouped_gemm_sm90_kernel' ${PROFILE_CASES:-grouped_gemm/bf16/qwen3_30b_a3b/gate_up_fwd/sm90_wide grouped_gemm/bf16/qwen3_30b_a3b/gate_up_fwd_nf4/sm90_wide}
 fi
