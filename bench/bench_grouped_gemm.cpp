@@ -159,6 +159,25 @@ void add_dual(const MoeShape& s, const std::string& proj, int64_t in, int64_t ou
   });
 }
 
+// E experts' NF4 weights of `per` elements each, arbitrary codes and double-quantised scales (the
+// products' time does not depend on them): weights[e] is expert e's.
+struct RandomNf4Experts {
+  DeviceArray<uint8_t> packed, qabsmax;
+  DeviceArray<float> nested, code;
+  std::vector<Nf4Operand> weights;
+  RandomNf4Experts(int64_t e_count, int64_t per)
+      : packed(size_t(e_count * per / 2)), qabsmax(size_t(e_count * nf4_blocks(per))),
+        nested(random_array<float>(size_t(e_count * nf4_nested_blocks(per)), 0.01f, 0.02f)),
+        code(random_array<float>(256)) {
+    LOOM_CUDA_CHECK(cudaMemset(packed.get(), 0x5a, size_t(e_count * per / 2)));
+    LOOM_CUDA_CHECK(cudaMemset(qabsmax.get(), 0x77, size_t(e_count * nf4_blocks(per))));
+    for (int64_t e = 0; e < e_count; ++e)
+      weights.push_back({packed.get() + e * per / 2, Nf4State{nullptr, qabsmax.get() + e * nf4_blocks(per),
+                                                              nested.get() + e * nf4_nested_blocks(per), code.get(),
+                                                              0.01f}});
+  }
+};
+
 // A projection whose expert weights are NF4 (QLoRA), multiplied by the Hopper kernel that dequantises
 // them as it loads its tiles (cuda::sm90_grouped_gemm_nf4): fwd y = x w_e^T and dgrad dx = dy w_e, as
 // add_grouped's; the values are arbitrary codes and scales (the time does not depend on them). Beside
@@ -170,17 +189,10 @@ void add_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out
     const bool fwd = p == Product::kFwd;
     auto act = random_array<bf16>(size_t(n * (fwd ? in : out)));
     DeviceArray<float> result(size_t(n * (fwd ? out : in)) / 2 + 1);  // bf16
-    DeviceArray<uint8_t> packed(size_t(e_count * per / 2)), qabsmax(size_t(e_count * nf4_blocks(per)));
-    LOOM_CUDA_CHECK(cudaMemset(packed.get(), 0x5a, size_t(e_count * per / 2)));
-    LOOM_CUDA_CHECK(cudaMemset(qabsmax.get(), 0x77, size_t(e_count * nf4_blocks(per))));
-    auto nested = random_array<float>(size_t(e_count * nf4_nested_blocks(per)), 0.01f, 0.02f);
-    auto code = random_array<float>(256);
-    std::vector<Nf4Operand> weights;
+    const RandomNf4Experts nf4(e_count, per);
+    std::vector<Nf4Operand> weights;  // the experts with rows, as row_grouped_problems lists them
     for (int64_t e = 0; e < e_count; ++e)
-      if (u.off[size_t(e) + 1] > u.off[size_t(e)])
-        weights.push_back({packed.get() + e * per / 2,
-                           Nf4State{nullptr, qabsmax.get() + e * nf4_blocks(per),
-                                    nested.get() + e * nf4_nested_blocks(per), code.get(), 0.01f}});
+      if (u.off[size_t(e) + 1] > u.off[size_t(e)]) weights.push_back(nf4.weights[size_t(e)]);
     RowGroupedGemm g;
     g.a = act.get(), g.lda = fwd ? in : out, g.b = nullptr, g.c = result.get();
     g.k = fwd ? in : out, g.m = fwd ? out : in, g.trans_b = fwd;
@@ -193,6 +205,18 @@ void add_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out
   });
 }
 
+// Registers `name`, a benchmark of a Hopper kernel given the shape's routing (skipped off sm_90a).
+void add_sm90(const MoeShape& s, const std::string& name,
+              std::function<void(benchmark::State&, const std::vector<int64_t>&, const BenchContext&)> body) {
+  add(name, [=](benchmark::State& st) {
+    if (!cuda::sm90_grouped_gemm_ready()) {
+      st.SkipWithError("the sm90 kernel needs an sm_90 GPU and an sm_90a build");
+      return;
+    }
+    body(st, routing_offsets(s), ctx());
+  });
+}
+
 // The TMA-fed Hopper kernel (kernels/grouped_gemm_tma.h) on a projection's fwd or dgrad, alone or with
 // the rank-r LoRA term in the same accumulation (r > 0: the products add_dual times), in clusters of
 // one or two CTAs: grouped_gemm/bf16/<shape>/<proj>_<fwd|dgrad>[_dual_r<r>]/sm90_tma[_c2], beside
@@ -200,13 +224,7 @@ void add_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out
 void add_tma(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p, int r, int cluster) {
   const std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p) +
                            (r > 0 ? "_dual_r" + std::to_string(r) : "") + (cluster == 2 ? "/sm90_tma_c2" : "/sm90_tma");
-  add(name, [=](benchmark::State& st) {
-    if (!cuda::sm90_grouped_gemm_ready()) {
-      st.SkipWithError("the sm90 kernel needs an sm_90 GPU and an sm_90a build");
-      return;
-    }
-    const std::vector<int64_t> off = routing_offsets(s);
-    const BenchContext& c = ctx();
+  add_sm90(s, name, [=](benchmark::State& st, const std::vector<int64_t>& off, const BenchContext& c) {
     const int64_t n = off.back(), e_count = s.experts;
     const bool fwd = p == Product::kFwd;
     const int64_t k = fwd ? in : out, m = fwd ? out : in;  // the base product's depth and width
@@ -222,6 +240,25 @@ void add_tma(const MoeShape& s, const std::string& proj, int64_t in, int64_t out
     g2.a = act2.get(), g2.lda = r, g2.b = w2.get(), g2.k = r;
     run_timed(st, {0, 2.0 * double(n) * double(k + r) * double(m), Bound::kCompute},
               [&] { cuda::sm90_grouped_gemm_tma(g, r > 0 ? &g2 : nullptr, off, cluster, c.sm_count, c.stream); });
+  });
+}
+
+// add_nf4's products through the TMA-fed kernel's NF4 path (its producer warpgroup dequantises while
+// the consumers multiply): grouped_gemm/bf16/<shape>/<proj>_<fwd|dgrad>_nf4/sm90_tma.
+void add_tma_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p) {
+  const std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p) + "_nf4/sm90_tma";
+  add_sm90(s, name, [=](benchmark::State& st, const std::vector<int64_t>& off, const BenchContext& c) {
+    const int64_t n = off.back(), e_count = s.experts, per = out * in;
+    const bool fwd = p == Product::kFwd;
+    auto act = random_array<bf16>(size_t(n * (fwd ? in : out)));
+    DeviceArray<float> result(size_t(n * (fwd ? out : in)) / 2 + 1);  // bf16
+    const RandomNf4Experts nf4(e_count, per);
+    RowGroupedGemm g;
+    g.a = act.get(), g.lda = fwd ? in : out, g.b = nullptr, g.c = result.get();
+    g.k = fwd ? in : out, g.m = fwd ? out : in, g.trans_b = fwd;
+    g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
+    run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute},
+              [&] { cuda::sm90_grouped_gemm_tma_nf4(g, nf4.weights, nullptr, off, c.sm_count, c.stream); });
   });
 }
 
@@ -266,6 +303,7 @@ void register_grouped_gemm() {
         for (int cluster : {1, 2}) {
           add_tma(s, proj, in, out, p, 0, cluster);
           if (&s == &kShapes[0]) add_tma(s, proj, in, out, p, 16, cluster);
+          if (cluster == 1) add_tma_nf4(s, proj, in, out, p);
         }
 }
 

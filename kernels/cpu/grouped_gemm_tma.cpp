@@ -42,4 +42,22 @@ const char* sm90_tma_unsupported(const RowGroupedGemm& g, const RowGroupedGemm* 
   return nullptr;
 }
 
+const char* sm90_tma_nf4_unsupported(const RowGroupedGemm& g, const std::vector<Nf4Operand>& weights,
+                                     const RowGroupedGemm* second, const std::vector<int64_t>& offsets) {
+  if (offsets.size() < 2 || weights.size() != offsets.size() - 1) return "not one NF4 weight per expert";
+  RowGroupedGemm as_bf16 = g;
+  as_bf16.b = nullptr;  // never read as bf16
+  if (const char* why = sm90_tma_unsupported(as_bf16, second, offsets)) return why;
+  const int64_t in = g.trans_b ? g.k : g.m;  // the weights' row length
+  if (in % kNf4Block != 0) return "the weights' rows (in) not a multiple of 64";
+  for (size_t e = 0; e < weights.size(); ++e) {
+    if (offsets[e + 1] == offsets[e] && weights[e].packed == nullptr) continue;  // no rows, no weight
+    const Nf4Operand& w = weights[e];
+    if (w.packed == nullptr || !aligned16(w.packed)) return "packed NF4 codes missing or not 16-byte aligned";
+    const Nf4State& st = w.state;
+    if (!st.absmax && !(st.qabsmax && st.nested_absmax && st.nested_code)) return "an incomplete NF4 state";
+  }
+  return nullptr;
+}
+
 }  // namespace loom

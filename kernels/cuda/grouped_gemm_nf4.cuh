@@ -29,7 +29,7 @@ namespace loom::cuda::nf4g {
 
 // The NF4 code book, copied into each block's shared memory (indexing a local array would put it
 // on the stack).
-__constant__ float kNf4CodeBook[16] = LOOM_NF4_CODE;
+static __constant__ float kNf4CodeBook[16] = LOOM_NF4_CODE;  // one per translation unit
 
 // One problem's NF4 weight, as the kernel reads it (device memory, after the Problem list).
 struct Nf4Problem {

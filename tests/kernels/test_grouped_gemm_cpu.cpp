@@ -228,6 +228,32 @@ TEST(GroupedGemmRule, Sm90TmaSupport) {
   std::vector<int64_t> many(258, 0);  // 257 experts
   EXPECT_NE(sm90_tma_unsupported(g, nullptr, many), nullptr);
   EXPECT_NE(sm90_tma_unsupported(g, nullptr, {0}), nullptr);
+
+  // NF4 experts: one weight per expert (none needed without rows), rows (in) a multiple of 64, codes
+  // 16-byte aligned, a complete state; the bf16 B pointer is not used.
+  RowGroupedGemm q = g;
+  q.b = nullptr, q.c_type = GemmType::kBF16;
+  const float* f = reinterpret_cast<const float*>(0x600000);
+  const uint8_t* u8 = reinterpret_cast<const uint8_t*>(0x700000);
+  std::vector<Nf4Operand> w(128, Nf4Operand{u8, Nf4State{nullptr, u8, f, f, 0.f}});
+  EXPECT_EQ(sm90_tma_nf4_unsupported(q, w, nullptr, off), nullptr);
+  std::vector<int64_t> gap = off;
+  for (size_t e = 5; e < gap.size(); ++e) gap[e] -= 512;  // expert 4 without rows
+  std::vector<Nf4Operand> missing = w;
+  missing[4].packed = nullptr;
+  EXPECT_EQ(sm90_tma_nf4_unsupported(q, missing, nullptr, gap), nullptr);
+  EXPECT_NE(sm90_tma_nf4_unsupported(q, missing, nullptr, off), nullptr);
+  EXPECT_NE(sm90_tma_nf4_unsupported(q, std::vector<Nf4Operand>(w.begin(), w.end() - 1), nullptr, off), nullptr);
+  std::vector<Nf4Operand> odd = w;
+  odd[7].packed = u8 + 8;
+  EXPECT_NE(sm90_tma_nf4_unsupported(q, odd, nullptr, off), nullptr);
+  odd = w, odd[7].state.nested_absmax = nullptr;
+  EXPECT_NE(sm90_tma_nf4_unsupported(q, odd, nullptr, off), nullptr);
+  RowGroupedGemm dgrad = q;  // dx = dy W: in = the output width
+  dgrad.trans_b = false, dgrad.k = 1536, dgrad.lda = 1536, dgrad.m = 2048;
+  EXPECT_EQ(sm90_tma_nf4_unsupported(dgrad, w, nullptr, off), nullptr);
+  dgrad.m = 2040;
+  EXPECT_NE(sm90_tma_nf4_unsupported(dgrad, w, nullptr, off), nullptr);
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // both tile widths, bf16 and f32 outputs, beta 0 and 1, a LoRA term summed into the same output
 // (dual), double-quantised (one shared nested code book, or one a weight) and plain absmax, experts
 // without rows and row counts off the tile, and
-// widths off the tile (out = 200: partial tiles of W's rows).
+// widths off the tile (out = 200: partial tiles of W's rows). The TMA-fed kernel's NF4 path
+// (kernels/grouped_gemm_tma.h) likewise, against itself on the dequantised weights.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "kernels/dynamic_map.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_tma.h"
 #include "kernels/nf4.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -98,18 +100,20 @@ void check(const Case& c) {
   DeviceBuffer<TC> want_d(c0), got_d(c0);
   const GemmType ct = std::is_same_v<TC, float> ? GemmType::kF32 : GemmType::kBF16;
 
-  auto list = [&](void* out, const void* b) {
+  auto row = [&](void* out, const void* b) {
     RowGroupedGemm g;
     g.a = a_d.get(), g.lda = k, g.b = b, g.c = out, g.k = k, g.m = m, g.trans_b = c.forward;
     g.ab_type = GemmType::kBF16, g.c_type = ct, g.beta = c.beta;
-    return row_grouped_problems(g, c.offsets);
+    return g;
   };
-  auto second = [&](void* out) {
+  auto row2 = [&](void* out) {
     RowGroupedGemm g;  // A2 [N, k2], B2 [E, m, k2] (forward) or [E, k2, m]
     g.a = a2_d.get(), g.lda = c.k2, g.b = b2_d.get(), g.c = out, g.k = c.k2, g.m = m, g.trans_b = c.forward;
     g.ab_type = GemmType::kBF16, g.c_type = ct, g.beta = c.beta;
-    return row_grouped_problems(g, c.offsets);
+    return g;
   };
+  auto list = [&](void* out, const void* b) { return row_grouped_problems(row(out, b), c.offsets); };
+  auto second = [&](void* out) { return row_grouped_problems(row2(out), c.offsets); };
   // The experts with rows, as row_grouped_problems lists them.
   std::vector<Nf4Operand> weights;
   for (int64_t e = 0; e < experts; ++e)
@@ -130,6 +134,25 @@ void check(const Case& c) {
       if (bad++ == 0) first = int64_t(i);
     }
   EXPECT_EQ(bad, 0) << what << ": first differing element " << first << " of " << want.size();
+
+  // The TMA-fed kernel (kernels/grouped_gemm_tma.h; 256-wide tiles) with NF4 experts against itself on
+  // the dequantised weights: its producer warpgroup writes the same values into the tiles TMA fills.
+  if (c.tile_n != 256) return;
+  DeviceBuffer<TC> tma_want_d(c0), tma_got_d(c0);
+  const RowGroupedGemm tw = row(tma_want_d.get(), dense_d.get()), tg = row(tma_got_d.get(), nullptr);
+  const RowGroupedGemm tw2 = row2(tma_want_d.get()), tg2 = row2(tma_got_d.get());
+  ASSERT_EQ(sm90_tma_nf4_unsupported(tg, w.weights, c.k2 > 0 ? &tg2 : nullptr, c.offsets), nullptr) << what;
+  cuda::sm90_grouped_gemm_tma(tw, c.k2 > 0 ? &tw2 : nullptr, c.offsets, 1, 0, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what << " (TMA, dequantised)";
+  cuda::sm90_grouped_gemm_tma_nf4(tg, w.weights, c.k2 > 0 ? &tg2 : nullptr, c.offsets, 0, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what << " (TMA, NF4)";
+  const std::vector<TC> tma_want = tma_want_d.to_host(), tma_got = tma_got_d.to_host();
+  bad = 0, first = -1;
+  for (size_t i = 0; i < tma_want.size(); ++i)
+    if (std::memcmp(&tma_want[i], &tma_got[i], sizeof(TC)) != 0) {
+      if (bad++ == 0) first = int64_t(i);
+    }
+  EXPECT_EQ(bad, 0) << what << " (TMA): first differing element " << first << " of " << tma_want.size();
 }
 
 class GroupedGemmNf4Cuda : public ::testing::Test {

@@ -5,7 +5,9 @@
 # Runs its tests (bit-exact against the dequantised product), then the micro-benchmarks, and prints
 # for each product: the bf16 product, the NF4 product, and the bf16 product plus its dequantisation
 # (nf4_dequantize_experts of all 128 experts of that projection, what the unfused path pays once per
-# product). The models use the NF4 product only where it wins (models/layers.cpp, ExpertLinear).
+# product). The models use the NF4 product only where it wins (models/layers.cpp, ExpertLinear). Rows
+# sm90_tma: the TMA-fed kernel (kernels/grouped_gemm_tma.h), whose producer warpgroup dequantises while
+# its consumers multiply.
 # Writes ctest.txt and bench.json under ${OUT:-gpu-nf4-out}.
 #   tools/gpu/gpu_nf4_gemm_check.sh      (about 2 minutes with the prebuilt binaries)
 set -uo pipefail
@@ -19,7 +21,7 @@ timeout 120 ctest --test-dir build-gpu -R "GroupedGemmNf4Cuda|GroupedMatmulCuda.
   > "$out/ctest.txt" 2>&1
 grep -E "tests passed|Failed|\*\*\*" "$out/ctest.txt" | head -8
 timeout 240 build-gpu/bench/loom_bench \
-  --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/(gate_up|down)_(fwd|dgrad)(_nf4)?/sm90|nf4_dequantize_experts/bf16/128x1536x2048/batched' \
+  --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/(gate_up|down)_(fwd|dgrad)(_nf4)?/(sm90|sm90_wide|sm90_tma)(/|$)|nf4_dequantize_experts/bf16/128x1536x2048/batched' \
   --benchmark_min_time=0.05s --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.log" 2>&1
 echo "bench: exit $?"
 python3 - "$out/bench.json" <<'PY'
@@ -32,7 +34,7 @@ print(f"{'product':28} {'bf16 us':>9} {'nf4 us':>9} {'bf16 + dequant':>15} {'nf4
 pre = "grouped_gemm/bf16/qwen3_30b_a3b/"
 for proj in ("gate_up", "down"):
     for p in ("fwd", "dgrad"):
-        for v in ("sm90", "sm90_wide"):
+        for v in ("sm90", "sm90_wide", "sm90_tma"):
             b, n = rows.get(f"{pre}{proj}_{p}/{v}"), rows.get(f"{pre}{proj}_{p}_nf4/{v}")
             d = None if deq is None else (deq if proj == "gate_up" else deq / 2)
             both = None if b is None or d is None else b + d
