@@ -44,6 +44,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -149,15 +150,12 @@ __device__ __forceinline__ void issue_step(const CUtensorMap* map_a, const CUten
 
 // The stage's release by this consumer warp: one arrival on its empty barrier in every CTA of the cluster.
 template <int kCluster>
-__device__ __forceinline__ void release(uint64_t* empty, int lane) {
-  __syncwarp();
+__device__ __forceinline__ void release(uint64_t* empty, int lane, int rank) {
   if (lane == 0) {
-    if constexpr (kCluster == 1) {
-      tma::mbar_arrive(empty);
-    } else {
+    tma::mbar_arrive(empty);  // this CTA's own
 #pragma unroll
-      for (int r = 0; r < kCluster; ++r) tma::mbar_arrive_remote(empty, uint32_t(r));
-    }
+    for (int r = 0; r < kCluster; ++r)
+      if (r != rank) tma::mbar_arrive_remote(empty, uint32_t(r));
   }
 }
 
@@ -242,6 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tid == 0) {
         tma::prefetch_tensormap(&map_a);
         tma::prefetch_tensormap(&map_a2);
+        tma::prefetch_tensormap(&map_b2);
       }
       // `at` walks the steps; `ahead` kNf4Depth steps further, whose codes are loaded into ring[kNf4Depth - 1].
       StepCursor<1> at, ahead;
@@ -278,6 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tid == 0) {  // ---- producer thread ----
         tma::prefetch_tensormap(&map_a);
         tma::prefetch_tensormap(&map_b);
+        tma::prefetch_tensormap(&map_a2);
+        tma::prefetch_tensormap(&map_b2);
         StepCursor<kCluster> at;
         for (at.start(g, cluster, rank, units); at.u < units; at.advance(g, clusters, rank, units, steps)) {
           tma::mbar_wait(&empty[at.stage], at.phase ^ 1u);
@@ -320,13 +321,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma::commit();
       wgmma::wait<1>();  // the previous k-step's wgmmas are done: its stage may be refilled
-      if (prev >= 0) release<kCluster>(&empty[prev], lane);
+      if (prev >= 0) release<kCluster>(&empty[prev], lane, rank);
       prev = stage;
       if (++stage == kStages) stage = 0, phase ^= 1u;
     }
     wgmma::wait<0>();
     wgmma::fence_regs(acc);
-    release<kCluster>(&empty[prev], lane);
+    release<kCluster>(&empty[prev], lane, rank);
     const int rows = t.rows_end - t.row0;  // this tile's rows of its expert (none for a cluster's extra tile)
     grouped::store_acc<TC, kBN, kOldGroups>(c + int64_t(t.row0) * ldc, ldc, 64 * cw + 16 * (warp & 3) + (lane >> 2),
                                             rows, t.n0 + 2 * (lane & 3), g.n, acc, alpha, beta);
@@ -352,10 +353,16 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& ma2
   cfg.stream = s;
   int clusters = sm_count / kCluster;
   if constexpr (kCluster > 1) {  // as many clusters as can be resident at once (SMs pair up within a GPC)
-    cfg.gridDim = dim3(unsigned(clusters * kCluster));
-    cfg.attrs = attr, cfg.numAttrs = 1;
-    int resident = 0;
-    LOOM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg));
+    static std::atomic<int> resident_by_device[16];  // 0: not asked yet (asked once a device and kernel)
+    int device = 0;
+    LOOM_CUDA_CHECK(cudaGetDevice(&device));
+    int resident = device < 16 ? resident_by_device[device].load(std::memory_order_relaxed) : 0;
+    if (resident == 0) {
+      cfg.gridDim = dim3(unsigned(clusters * kCluster));
+      cfg.attrs = attr, cfg.numAttrs = 1;
+      LOOM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg));
+      if (device < 16 && resident > 0) resident_by_device[device].store(resident, std::memory_order_relaxed);
+    }
     if (resident > 0) clusters = std::min(clusters, resident);
   }
   clusters = std::max(1, std::min(clusters, units));

@@ -101,13 +101,15 @@ __device__ __forceinline__ uint32_t cluster_count() {
   asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
   return r;
 }
-// One arrival (release at cluster scope) on the barrier at bar's offset in the shared memory of the
-// cluster's CTA `rank` (this CTA's own too).
+// One arrival on the barrier at bar's offset in the shared memory of the cluster's CTA `rank` (default
+// semantics: release at CTA scope, as CUTLASS's ClusterBarrier arrives; .release.cluster made ptxas put
+// two fences, one GPU-wide, before each arrival). Enough where the arrival only says that this CTA's
+// wgmmas have finished reading (wgmma.wait_group) what the other CTA's TMA will overwrite.
 __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t rank) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
       "r"(rank)
       : "memory");
 }

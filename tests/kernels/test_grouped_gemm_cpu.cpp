@@ -218,6 +218,10 @@ TEST(GroupedGemmRule, Sm90TmaSupport) {
   EXPECT_NE(sm90_tma_unsupported(bad, nullptr, off), nullptr);
   bad = g, bad.b = at(0x200008);
   EXPECT_NE(sm90_tma_unsupported(bad, nullptr, off), nullptr);
+  bad = g, bad.b = nullptr;
+  EXPECT_NE(sm90_tma_unsupported(bad, nullptr, off), nullptr);
+  std::vector<int64_t> huge = {0, (int64_t(1) << 31) - 200};
+  EXPECT_NE(sm90_tma_unsupported(g, nullptr, huge), nullptr);
   RowGroupedGemm other = lora;
   other.trans_b = false;
   EXPECT_NE(sm90_tma_unsupported(g, &other, off), nullptr);
