@@ -4,6 +4,7 @@
 
 #include "engine/dispatch.h"
 #include "engine/ops.h"
+#include "kernels/grouped_gemm_tma.h"
 
 namespace loom::ops {
 namespace detail {
@@ -52,6 +53,21 @@ void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device d
 #endif
 }
 
+// kSm90Tma: the TMA-fed kernel (kernels/grouped_gemm_tma.h, clusters of two) runs g (+ g2); false for
+// any other variant. (The rule does not pick it yet: not measured.)
+bool run_tma(const char* op, const RowGroupedGemm& g, const RowGroupedGemm* g2, const std::vector<int64_t>& offsets,
+             Device device, GroupedGemmVariant variant) {
+  if (variant != GroupedGemmVariant::kSm90Tma) return false;
+  LOOM_CHECK(!device.is_cpu(), op, ": the sm90_tma variant is a CUDA kernel");
+#if LOOM_WITH_CUDA
+  CudaContext& ctx = CudaContext::get(device.index);
+  cuda::sm90_grouped_gemm_tma(g, g2, offsets, 2, ctx.sm_count, ctx.stream);
+#else
+  LOOM_CHECK(false, op, ": Loom was built without CUDA (LOOM_CUDA=OFF)");
+#endif
+  return true;
+}
+
 }  // namespace
 
 void grouped_matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, const std::vector<int64_t>& offsets,
@@ -79,6 +95,7 @@ void grouped_matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, cons
   g.trans_b = trans_b;
   g.ab_type = gemm_type(op, a.dtype()), g.c_type = gemm_type(op, c.dtype());
   g.alpha = alpha, g.beta = beta;
+  if (run_tma(op, g, nullptr, offsets, a.device(), variant)) return;
   run_grouped(op, row_grouped_problems(g, offsets), a.device(), variant);
 }
 
@@ -114,6 +131,7 @@ void grouped_matmul_dual_into(const Tensor& a_in, const Tensor& b_in, const Tens
   g.alpha = alpha, g.beta = beta;
   RowGroupedGemm g2 = g;
   g2.a = a2.data_ptr(), g2.lda = lda2, g2.b = b2.data_ptr(), g2.k = k2;
+  if (run_tma(op, g, &g2, offsets, a.device(), variant)) return;
   const std::vector<GemmArgs> second = row_grouped_problems(g2, offsets);
   run_grouped(op, row_grouped_problems(g, offsets), a.device(), variant, &second);
 }

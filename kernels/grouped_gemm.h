@@ -65,7 +65,10 @@ std::vector<GemmArgs> second_accumulating(const std::vector<GemmArgs>& problems,
 // (kernels/cuda/grouped_gemm_sm90.cu: every problem's 128 x 128 tiles in one launch of wgmma, bf16
 // operands only, see sm90_grouped_unsupported); kSm90Wide, the same kernel with 128 x 256 tiles (half
 // the operand traffic per product, twice the accumulators); kAuto, what choose_grouped_gemm says.
-enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop, kSm90, kSm90Wide };
+// kSm90Tma, by name only (unmeasured): the TMA-fed kernel in clusters of two (kernels/grouped_gemm_tma.h),
+// which ops:: runs for row-grouped products (forward, input gradient); a list given to grouped_gemm
+// with it (a weight gradient's) runs what kAuto picks.
+enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop, kSm90, kSm90Wide, kSm90Tma };
 const char* grouped_gemm_variant_name(GroupedGemmVariant v);
 
 // Why cublasGemmGroupedBatchedEx cannot run these problems (a type pair it lacks: it has f32->f32

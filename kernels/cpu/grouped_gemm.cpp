@@ -80,6 +80,7 @@ const char* grouped_gemm_variant_name(GroupedGemmVariant v) {
     case GroupedGemmVariant::kLoop: return "loop";
     case GroupedGemmVariant::kSm90: return "sm90";
     case GroupedGemmVariant::kSm90Wide: return "sm90_wide";
+    case GroupedGemmVariant::kSm90Tma: return "sm90_tma";
   }
   return "?";
 }

@@ -102,6 +102,7 @@ void grouped_gemm(const std::vector<GemmArgs>& problems, GroupedGemmVariant vari
                "cuda grouped_gemm: the problems must share one type pair");
   }
   if (problems.empty()) return;
+  if (variant == GroupedGemmVariant::kSm90Tma) variant = GroupedGemmVariant::kAuto;  // row-grouped only, in ops::
   if (variant == GroupedGemmVariant::kAuto) {
     variant = choose_grouped_gemm(problems, c.sm_count);
     if (is_sm90(variant) && !sm90_grouped_gemm_ready())  // not an sm_90a GPU or build
@@ -125,6 +126,7 @@ void grouped_gemm_dual(const std::vector<GemmArgs>& problems, const std::vector<
   LOOM_CHECK(second.size() == problems.size(), "cuda grouped_gemm_dual: ", problems.size(), " problems but ",
              second.size(), " second products");
   if (problems.empty()) return;
+  if (variant == GroupedGemmVariant::kSm90Tma) variant = GroupedGemmVariant::kAuto;  // row-grouped only, in ops::
   const GroupedGemmVariant pick = variant == GroupedGemmVariant::kAuto ? choose_grouped_gemm(problems, c.sm_count) : variant;
   if (is_sm90(pick) && sm90_grouped_gemm_ready() && sm90_dual_unsupported(problems, second) == nullptr) {
     for (const GemmArgs& p : problems) check_gemm_args(p, "cuda grouped");

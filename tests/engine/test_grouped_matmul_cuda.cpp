@@ -75,9 +75,10 @@ struct Types {
   double tol;
 };
 const Types kTypes[] = {{DType::f32, DType::f32, 2e-5}, {DType::bf16, DType::bf16, 4e-3}, {DType::bf16, DType::f32, 2e-5}};
+// kSm90Tma: the TMA-fed kernel for the row-grouped products (y, dx), the rule's pick for dw.
 const GroupedGemmVariant kVariants[] = {GroupedGemmVariant::kLoop, GroupedGemmVariant::kCublasGrouped,
                                         GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide,
-                                        GroupedGemmVariant::kAuto};
+                                        GroupedGemmVariant::kSm90Tma, GroupedGemmVariant::kAuto};
 
 // x [N, K], w [E, M, K], dy [N, M]: y = x w_e^T, dx = 0.5 dy w_e + dx0, dw[e] = dy^T x (into NaNs,
 // beta 0: experts without rows must come back zero).
@@ -102,7 +103,8 @@ void check(int64_t n, int64_t k, int64_t m, const std::vector<int64_t>& off) {
         EXPECT_THROW(ops::detail::grouped_matmul_into(xg, wg, y, off, true, 1.f, 0.f, v), Error) << what;
         continue;
       }
-      const bool sm90 = v == GroupedGemmVariant::kSm90 || v == GroupedGemmVariant::kSm90Wide;
+      const bool sm90 =
+          v == GroupedGemmVariant::kSm90 || v == GroupedGemmVariant::kSm90Wide || v == GroupedGemmVariant::kSm90Tma;
       if (sm90 && (t.in != DType::bf16 || !cuda::sm90_grouped_gemm_ready())) {
         // bf16 operands only, on a Hopper (elsewhere it refuses whatever it is given)
         EXPECT_THROW(ops::detail::grouped_matmul_into(xg, wg, y, off, true, 1.f, 0.f, v), Error) << what;
