@@ -53,10 +53,15 @@ void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device d
 #endif
 }
 
-// kSm90Tma: the TMA-fed kernel (kernels/grouped_gemm_tma.h, clusters of two) runs g (+ g2); false for
-// any other variant. (The rule does not pick it yet: not measured.)
+// The TMA-fed kernel (kernels/grouped_gemm_tma.h, clusters of two) runs g (+ g2) when asked for by name
+// (kSm90Tma), or for kAuto where kExpertsOnTmaKernel says so and it can; false: the list's variant runs.
 bool run_tma(const char* op, const RowGroupedGemm& g, const RowGroupedGemm* g2, const std::vector<int64_t>& offsets,
              Device device, GroupedGemmVariant variant) {
+#if LOOM_WITH_CUDA
+  if (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel && !device.is_cpu() &&
+      cuda::sm90_grouped_gemm_ready() && sm90_tma_unsupported(g, g2, offsets) == nullptr)
+    variant = GroupedGemmVariant::kSm90Tma;
+#endif
   if (variant != GroupedGemmVariant::kSm90Tma) return false;
   LOOM_CHECK(!device.is_cpu(), op, ": the sm90_tma variant is a CUDA kernel");
 #if LOOM_WITH_CUDA
@@ -138,7 +143,7 @@ void grouped_matmul_dual_into(const Tensor& a_in, const Tensor& b_in, const Tens
 
 bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w, int64_t out, int64_t in,
                              const Tensor& a2_in, const Tensor& b2_in, Tensor& c, const std::vector<int64_t>& offsets,
-                             bool trans_b) {
+                             bool trans_b, GroupedGemmVariant variant) {
   const char* op = "grouped_matmul_nf4";
   const int64_t k = trans_b ? in : out, m = trans_b ? out : in;
   LOOM_CHECK(a_in.dim() == 2 && c.dim() == 2 && a_in.size(1) == k && c.size(0) == a_in.size(0) && c.size(1) == m &&
@@ -162,6 +167,7 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
   if (problems.empty()) return true;
   std::vector<GemmArgs> second;
   Tensor a2, b2;
+  RowGroupedGemm g2 = g;
   if (a2_in.defined()) {
     check_operands(op, a2_in, b2_in, c);
     const int64_t k2 = a2_in.size(1);
@@ -169,9 +175,18 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
                    (trans_b ? b2_in.size(1) == m && b2_in.size(2) == k2 : b2_in.size(1) == k2 && b2_in.size(2) == m),
                op, ": a2 ", a2_in.str(), " x b2 ", b2_in.str(), " does not give c ", c.str());
     a2 = gemm_operand(a2_in, lda2), b2 = b2_in.contiguous();
-    RowGroupedGemm g2 = g;
     g2.a = a2.data_ptr(), g2.lda = lda2, g2.b = b2.data_ptr(), g2.k = k2;
     second = row_grouped_problems(g2, offsets);
+  }
+  CudaContext& ctx = CudaContext::get(c.device().index);
+  if (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel) variant = GroupedGemmVariant::kSm90Tma;
+  if (variant == GroupedGemmVariant::kSm90Tma) {  // the TMA kernel's NF4 path: every expert's weight
+    std::vector<Nf4Operand> all;
+    for (const Nf4Parts& q : w) all.push_back(Nf4Operand{q.packed.data<uint8_t>(), checked_state(op, q, out * in, c)});
+    const RowGroupedGemm* two = a2_in.defined() ? &g2 : nullptr;
+    if (sm90_tma_nf4_unsupported(g, all, two, offsets) != nullptr) return false;
+    cuda::sm90_grouped_gemm_tma_nf4(g, all, two, offsets, ctx.sm_count, ctx.stream);
+    return true;
   }
   // The weights of the experts with rows, as row_grouped_problems lists them.
   std::vector<Nf4Operand> weights;
@@ -179,7 +194,6 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
     if (offsets[e + 1] > offsets[e])
       weights.push_back(Nf4Operand{w[e].packed.data<uint8_t>(), checked_state(op, w[e], out * in, c)});
   // The Hopper kernel where the rule gives bf16 weights to it, at its tile width.
-  CudaContext& ctx = CudaContext::get(c.device().index);
   const GroupedGemmVariant pick = choose_grouped_gemm(problems, ctx.sm_count);
   if ((pick != GroupedGemmVariant::kSm90 && pick != GroupedGemmVariant::kSm90Wide) ||
       sm90_nf4_unsupported(problems, weights) != nullptr ||
@@ -242,7 +256,7 @@ void grouped_matmul_dual_into(const Tensor& a, const Tensor& b, const Tensor& a2
 
 bool grouped_matmul_nf4_into(const Tensor& a, const std::vector<Nf4Parts>& w, int64_t out, int64_t in, const Tensor& a2,
                              const Tensor& b2, Tensor& c, const std::vector<int64_t>& offsets, bool trans_b) {
-  return detail::grouped_matmul_nf4_into(a, w, out, in, a2, b2, c, offsets, trans_b);
+  return detail::grouped_matmul_nf4_into(a, w, out, in, a2, b2, c, offsets, trans_b, GroupedGemmVariant::kAuto);
 }
 
 void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,

@@ -106,6 +106,15 @@ const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const st
 // its definition for the measurements behind it.
 GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
 
+// The rule's two open questions, answered by measurement on the GPU (bench/results; false until then):
+// whether row-grouped bf16 expert products (forward, input gradient) go to the TMA-fed kernel
+// (kSm90Tma, kernels/grouped_gemm_tma.h) wherever it can run them, rather than to the list rule's pick;
+// and whether QLoRA experts are multiplied by their NF4 codes inside the GEMM (ops::grouped_matmul_nf4_into:
+// the TMA kernel's NF4 path when the first is true, else the cp.async kernel's) rather than dequantised
+// a chunk at a time first (models/layers.cpp).
+inline constexpr bool kExpertsOnTmaKernel = false;
+inline constexpr bool kNf4ExpertsInGemm = false;
+
 }  // namespace loom
 
 namespace loom::cpu {

@@ -156,7 +156,8 @@ TEST(GroupedMatmulCuda, UnalignedRowsTakeTheLoop) {
 // them at these shapes: it must say so) and gives what dequantising first then grouped_matmul_into
 // (and _dual_into with a LoRA term) gives, bit for bit: forward and input gradient, 24 experts of
 // W [1536, 2048] (Qwen3-30B-A3B's gate_up) and of W [2048, 768] (its down), uneven rows, some
-// experts without any.
+// experts without any. The TMA kernel's NF4 path (kSm90Tma) likewise against itself on the
+// dequantised weights.
 TEST(GroupedMatmulCuda, Nf4ExpertsEqualTheirDequantisation) {
   LOOM_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
@@ -187,6 +188,16 @@ TEST(GroupedMatmulCuda, Nf4ExpertsEqualTheirDequantisation) {
       ops::grouped_matmul_dual_into(x, dense, x2, w2, want, off, fwd);
       ASSERT_TRUE(ops::grouped_matmul_nf4_into(x, parts, out, in, x2, w2, got, off, fwd)) << what << " dual";
       EXPECT_EQ(differing(got, want), 0) << what << " dual";
+      // The TMA kernel's NF4 path against the TMA kernel on the dequantised weights, alone and dual.
+      const GroupedGemmVariant tma = GroupedGemmVariant::kSm90Tma;
+      ops::detail::grouped_matmul_into(x, dense, want, off, fwd, 1.f, 0.f, tma);
+      ASSERT_TRUE(ops::detail::grouped_matmul_nf4_into(x, parts, out, in, Tensor(), Tensor(), got, off, fwd, tma))
+          << what << " sm90_tma";
+      EXPECT_EQ(differing(got, want), 0) << what << " sm90_tma";
+      ops::detail::grouped_matmul_dual_into(x, dense, x2, w2, want, off, fwd, 1.f, 0.f, tma);
+      ASSERT_TRUE(ops::detail::grouped_matmul_nf4_into(x, parts, out, in, x2, w2, got, off, fwd, tma))
+          << what << " sm90_tma dual";
+      EXPECT_EQ(differing(got, want), 0) << what << " sm90_tma dual";
     }
   }
   // On the CPU it declines (the caller dequantises).
