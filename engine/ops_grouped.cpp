@@ -179,14 +179,16 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
     second = row_grouped_problems(g2, offsets);
   }
   CudaContext& ctx = CudaContext::get(c.device().index);
-  if (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel) variant = GroupedGemmVariant::kSm90Tma;
-  if (variant == GroupedGemmVariant::kSm90Tma) {  // the TMA kernel's NF4 path: every expert's weight
+  if (variant == GroupedGemmVariant::kSm90Tma || (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel)) {
+    // The TMA kernel's NF4 path (every expert's weight); for kAuto, the cp.async kernel where it cannot.
     std::vector<Nf4Operand> all;
     for (const Nf4Parts& q : w) all.push_back(Nf4Operand{q.packed.data<uint8_t>(), checked_state(op, q, out * in, c)});
     const RowGroupedGemm* two = a2_in.defined() ? &g2 : nullptr;
-    if (sm90_tma_nf4_unsupported(g, all, two, offsets) != nullptr) return false;
-    cuda::sm90_grouped_gemm_tma_nf4(g, all, two, offsets, ctx.sm_count, ctx.stream);
-    return true;
+    if (sm90_tma_nf4_unsupported(g, all, two, offsets) == nullptr) {
+      cuda::sm90_grouped_gemm_tma_nf4(g, all, two, offsets, ctx.sm_count, ctx.stream);
+      return true;
+    }
+    if (variant == GroupedGemmVariant::kSm90Tma) return false;
   }
   // The weights of the experts with rows, as row_grouped_problems lists them.
   std::vector<Nf4Operand> weights;

@@ -11,16 +11,18 @@
 //     columns are kBN blocks, row i = W row n0 + i, columns k0 .. k0 + 63.
 //   !kTransB (input gradient, dx = dy W): B = W as [K = out, N = in], MN-major; the tile's 64 rows
 //     (k0 ..) x kBN columns (n0 ..) are 64 x kBN / 64 blocks in kBN / 64 column blocks.
-// Each of the 256 threads takes kBN / 4 consecutive elements of one block (all 64 of a 256-wide
-// tile's block, half of a 128-wide one's): 32 or 16 packed bytes in one or two 16-byte loads,
-// issued 2-3 k-steps before they are converted (a ring of Nf4Pending in the kernel), so that their
-// latency hides behind that many steps of wgmma. Double-quantised scales look their code up in a
+// Each of 256 places (the cp.async kernel's threads; two a thread in the TMA kernel's producer
+// warpgroup) takes kBN / 4 consecutive elements of one block (all 64 of a 256-wide tile's block, half
+// of a 128-wide one's): 32 or 16 packed bytes in one or two 16-byte loads, issued 2-3 k-steps before
+// they are converted (a ring of Nf4Pending in the kernel), so that their latency hides behind that
+// many steps of wgmma. Double-quantised scales look their code up in a
 // shared-memory copy of the nested code book when every problem shares one (Loom's quantiser makes
 // one per device), else in each weight's own (bitsandbytes checkpoints carry one a weight).
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/nf4.h"
@@ -56,18 +58,21 @@ struct Nf4Pending {
                  // the block's absmax code (bits 8-15), the problem (bits 16-31)
 };
 
-// The thread's block and part of it within a tile: kBN blocks, 256 / kBN threads per block.
+// Place `index` (0..255: a thread's, or, in the TMA kernel's 128-thread producer, tid and tid + 128)
+// in a tile: kBN blocks, 256 / kBN places per block. MN-major tiles take rows fastest: consecutive
+// places in consecutive rows of one 64-column block, whose 16-byte stores land in different banks
+// (the swizzle differs row to row; the same row of the four blocks, 8 KiB apart, would share them).
 template <int kBN, bool kTransB>
 struct Nf4Place {
-  static constexpr int kPerBlock = 256 / kBN;  // threads per block: 1 or 2
+  static constexpr int kPerBlock = 256 / kBN;  // places per block: 1 or 2
   int row, cblock, part;  // tile row, 64-column block (MN-major), which part of the block's 64 elements
-  __device__ __forceinline__ explicit Nf4Place(int tid) {
-    const int chunk = tid / kPerBlock;
-    part = tid % kPerBlock;
+  __device__ __forceinline__ explicit Nf4Place(int index) {
+    const int chunk = index / kPerBlock;
+    part = index % kPerBlock;
     if constexpr (kTransB) {
       row = chunk, cblock = 0;
     } else {
-      row = chunk / (kBN / 64), cblock = chunk % (kBN / 64);
+      row = chunk % 64, cblock = chunk / 64;
     }
   }
 };
@@ -142,6 +147,19 @@ __device__ __forceinline__ void nf4_store(const Nf4Pending<kBN>& p, int part, co
     }
     *reinterpret_cast<uint4*>(dst + (((c0 + c) ^ key) << 3)) = make_uint4(out[0], out[1], out[2], out[3]);
   }
+}
+
+// fn(std::integral_constant<int, slot>) for a runtime slot in [0, kN) (kN <= 3): a ring of Nf4Pending
+// indexed by a constant in each branch stays in fixed registers (shifting it, or indexing it at run
+// time, copies registers whose loads may still be in flight and so waits for them).
+template <int kN, class Fn>
+__device__ __forceinline__ void with_slot(int slot, const Fn& fn) {
+  static_assert(kN >= 1 && kN <= 3, "rings of 1 to 3 slots");
+  if (slot == 0) return fn(std::integral_constant<int, 0>{});
+  if constexpr (kN >= 2) {
+    if (slot == 1) return fn(std::integral_constant<int, 1>{});
+  }
+  if constexpr (kN >= 3) fn(std::integral_constant<int, 2>{});
 }
 
 }  // namespace loom::cuda::nf4g

@@ -231,9 +231,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     flash::cp_async_commit();
   }
-  // The ring: steps kStages - 2 .. kStages - 3 + kDepth (ring[i] holds step load + i).
+  // The ring: steps kStages - 2 .. kStages - 3 + kDepth (ring[i] holds step load + i); `slot` is the one
+  // holding the next step to convert, which then takes the loads of the step kDepth further.
   Cursor<kBN> bload = load;
-  int bload_stage = kStages - 2;
+  int bload_stage = kStages - 2, slot = 0;
   if constexpr (kNf4) {
 #pragma unroll
     for (int i = 0; i < kDepth; ++i) {
@@ -279,15 +280,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // (c) Prefetch step j + kStages - 2 (of this tile or a later one) into the stage step j - 2 used.
       if constexpr (kNf4) {  // its NF4 B (loaded kDepth steps ago), then the loads of step j + kStages - 2 + kDepth
-        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, book, nf4s, smem);
-#pragma unroll
-        for (int i = 0; i + 1 < kDepth; ++i) ring[i] = ring[i + 1];
-        ring[kDepth - 1].dst = -1;
-        if (bload.valid(count)) {
-          nf4_issue_step<kTransB, kBN>(bload, bload_stage * kStageElems + S::kAElems, nf4s, place, ring[kDepth - 1]);
-          bload.advance(problems, count, stride);
-        }
+        nf4g::with_slot<kDepth>(slot, [&](auto which) {
+          nf4g::Nf4Pending<kBN>& r = ring[decltype(which)::value];
+          if (r.dst >= 0) nf4g::nf4_store<kBN>(r, place.part, nf4_code, book, nf4s, smem);
+          r.dst = -1;
+          if (bload.valid(count)) {
+            nf4_issue_step<kTransB, kBN>(bload, bload_stage * kStageElems + S::kAElems, nf4s, place, r);
+            bload.advance(problems, count, stride);
+          }
+        });
         bload_stage = bload_stage + 1 == kStages ? 0 : bload_stage + 1;
+        slot = slot + 1 == kDepth ? 0 : slot + 1;
       }
       if (load.valid(count)) {
         load_step<kTransA, kTransB, kBN, kNf4>(load, smem + load_stage * kStageElems,

@@ -16,7 +16,12 @@
 //     be free (empty), announces the stage's bytes (full) and issues the TMA copies: A's 128 x 64 tile
 //     (its own), and its part of B's tile (all of it alone; half with a cluster of two, multicast to
 //     both CTAs). The other threads leave.
-//   warpgroups 1 and 2, consumers: setmaxnreg up to 232; rows 64 c .. 64 c + 63 of the tile
+//     With NF4 experts (kNf4, one CTA a cluster) all 128 threads produce, at setmaxnreg 104: thread 0
+//     sends A (and a LoRA step's B2) by TMA as above, and every thread converts two 64-element NF4
+//     blocks of the step's B tile (codes and scales loaded kNf4Depth steps earlier into a register ring
+//     of fixed slots; kernels/cuda/grouped_gemm_nf4.cuh's helpers) into the stage, fences them to the
+//     async proxy and arrives on the stage's full barrier.
+//   warpgroups 1 and 2, consumers: setmaxnreg up to 232 (200 with NF4); rows 64 c .. 64 c + 63 of the tile
 //     (m64n256k16 wgmma, 128 f32 accumulators a thread), then the epilogue straight to global memory
 //     (kernels/cuda/grouped_gemm_store.cuh).
 // Shared memory: kStages = 4 stages of A 16 KiB + B 32 KiB (both 128-byte swizzled: wgmma::sw128's
@@ -31,10 +36,11 @@
 //     rank arrive as zeros), after the first product's k-steps, into the same accumulators.
 // Barrier protocol (k-step n of the CTA counts every unit's k-steps; stage n % kStages, phase parity
 // (n / kStages) & 1):
-//   full[s] (count 1): the producer's arrive.expect_tx of the stage's 48 KiB (its A, its B part and, with
-//     a cluster, the other CTA's multicast B part); TMA completes the bytes. Another CTA's multicast can
-//     complete bytes before this CTA's producer announces them: the phase cannot end before its one
-//     arrival.
+//   full[s] (count 1; 1 + 128 with NF4): the producer's arrive.expect_tx of the stage's 48 KiB (its A,
+//     its B part and, with a cluster, the other CTA's multicast B part; with NF4 only A's 16 KiB on the
+//     first product's steps) and, with NF4, each converting thread's arrival; TMA completes the bytes.
+//     Another CTA's multicast can complete bytes before this CTA's producer announces them: the phase
+//     cannot end before its arrivals.
 //   empty[s] (count 8 x cluster: each consumer warp of every CTA of the cluster): a warp arrives on the
 //     stage's barrier in every CTA of the cluster (their producers write into this CTA too) once its
 //     wgmmas that read the stage completed. The producer waits with the opposite parity, so its first
@@ -242,7 +248,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma::prefetch_tensormap(&map_a2);
         tma::prefetch_tensormap(&map_b2);
       }
-      // `at` walks the steps; `ahead` kNf4Depth steps further, whose codes are loaded into ring[kNf4Depth - 1].
+      // `at` walks the steps; `ahead` kNf4Depth steps further. Step n's codes sit in ring slot n % kNf4Depth,
+      // which converts them and takes step n + kNf4Depth's: the loop is unrolled kNf4Depth times so that
+      // every slot is fixed registers (shifting a ring in a rolled loop copied registers whose loads were
+      // still in flight, and waited for them a step after issuing them).
       StepCursor<1> at, ahead;
       at.start(g, cluster, 0, units);
       ahead = at;
@@ -252,24 +261,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         nf4_load<kTransB>(w, g, units, ahead, place, ld, ring[i]);
         if (ahead.u < units) ahead.advance(g, clusters, 0, units, steps);
       }
-      for (; at.u < units; at.advance(g, clusters, 0, units, steps)) {
-        tma::mbar_wait(&empty[at.stage], at.phase ^ 1u);
-        bf16* sA = smem + at.stage * kStageElems;
-        if (tid == 0) {
-          const bool nf4_step = at.kt < g.k_steps;
-          tma::mbar_arrive_expect_tx(&full[at.stage], nf4_step ? uint32_t(kAElems * sizeof(bf16)) : kStageBytes);
-          issue_step<kTransB, 1, true>(&map_a, &map_b, &map_a2, &map_b2, g, at.t, at.kt, 0, sA, sA + kAElems,
-                                       &full[at.stage]);
+      while (at.u < units) {
+#pragma unroll
+        for (int slot = 0; slot < kNf4Depth; ++slot) {
+          if (at.u >= units) break;
+          tma::mbar_wait(&empty[at.stage], at.phase ^ 1u);
+          bf16* sA = smem + at.stage * kStageElems;
+          if (tid == 0) {
+            const bool nf4_step = at.kt < g.k_steps;
+            tma::mbar_arrive_expect_tx(&full[at.stage], nf4_step ? uint32_t(kAElems * sizeof(bf16)) : kStageBytes);
+            issue_step<kTransB, 1, true>(&map_a, &map_b, &map_a2, &map_b2, g, at.t, at.kt, 0, sA, sA + kAElems,
+                                         &full[at.stage]);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (ring[slot][h].dst >= 0) nf4g::nf4_store<kBN>(ring[slot][h], place[h].part, nf4_code, book, w.w, smem);
+          wgmma::fence_proxy_async();  // the converted tile, written by this thread, is read next by wgmma
+          tma::mbar_arrive(&full[at.stage]);
+          nf4_load<kTransB>(w, g, units, ahead, place, ld, ring[slot]);
+          if (ahead.u < units) ahead.advance(g, clusters, 0, units, steps);
+          at.advance(g, clusters, 0, units, steps);
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          if (ring[0][h].dst >= 0) nf4g::nf4_store<kBN>(ring[0][h], place[h].part, nf4_code, book, w.w, smem);
-        wgmma::fence_proxy_async();  // the converted tile, written by this thread, is read next by wgmma
-        tma::mbar_arrive(&full[at.stage]);
-#pragma unroll
-        for (int i = 0; i + 1 < kNf4Depth; ++i) ring[i][0] = ring[i + 1][0], ring[i][1] = ring[i + 1][1];
-        nf4_load<kTransB>(w, g, units, ahead, place, ld, ring[kNf4Depth - 1]);
-        if (ahead.u < units) ahead.advance(g, clusters, 0, units, steps);
       }
       return;
     } else {
