@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   bf16* sdS = Tile::end(smem);  // dS^T [kBc keys][kBr queries], swizzled
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
   Tile t(p, smem, reinterpret_cast<float*>(sdS + kBc * kBr), tid, lane);
   const bf16* sK = t.sK;
   const int64_t k0 = t.k0, b = t.b;

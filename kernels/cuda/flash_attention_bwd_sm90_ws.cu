@@ -17,10 +17,11 @@
 //       operations per item, sharing the unit with the producer's Q and dO loads; the kernel then
 //       took about as long per item at head_dim 64 as at 128.)
 //   warpgroups 1 and 2, consumers (keys 64 c .. 64 c + 63 of the block): setmaxnreg up to 240; per
-//     item S^T = K Q^T and dP^T = V dO^T (wgmma, shared operands), P^T and dS^T = P^T (dP^T - D)
-//     in registers, dS^T also to shared memory; dV += P^T dO (P^T from registers), then (once its
-//     own warps' dS^T rows are written) dK += dS^T Q, then dQ = dS K (dS^T read from shared
-//     memory; the Q, dO stage is released once dV and dK are done): at head_dim 128 consumer c
+//     item S^T = K Q^T and dP^T = V dO^T (wgmma, shared operands), P^T in registers and at once dV +=
+//     P^T dO (P^T from registers: it runs while dS^T is made), then dS^T = P^T (dP^T - D) in
+//     registers and to shared memory, dK += dS^T Q (dS^T from registers), then (once the dS^T rows
+//     are in shared memory) dQ = dS K (dS^T read from shared memory; the Q, dO stage is released once
+//     dV and dK are done): at head_dim 128 consumer c
 //     takes dQ's columns 64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
 //     all columns over its own 64 keys (the writer adds both tiles). dK, dV stay in registers and
 //     are written at the end.
@@ -41,7 +42,7 @@
 //   dq_empty[c] (count 1): the writer's reductions have read consumer c's tile; the consumer waits
 //     with parity (n & 1) ^ 1 before writing item n's.
 //   Named barrier kOwnBar + c (consumer c's 128 threads): its dS^T rows of the item are in shared
-//     memory (all its four warps wrote them); dK, and at head_dim 64 dQ, read only those.
+//     memory (all its four warps wrote them); dQ reads them (at head_dim 64 only those).
 //   Named barriers kCrossBar + 2 c + (n & 1) (256 threads; head_dim 128): consumer c arrives once its
 //     dS^T of item n is written, the other consumer syncs before its dQ reads all 128 keys. No
 //     lockstep: the earlier consumer's dV and dK run while it waits.
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sdQ = reinterpret_cast<float*>(sdS0 + 2 * kBc * kBr);
   float* sStat0 = sdQ + 2 * kBr * 64;  // stage s: lse * log2 e [kBr], then D [kBr]
 
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
   const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
   const int seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
@@ -198,36 +199,29 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e)
           st[4 * nn + e] = fast_exp2(fmaf(st[4 * nn + e], scale_log2, -cStat[8 * nn + col0 + (e & 1)]));
     }
-    wgmma::wait_regs<0>(dpt);
-    // dS^T = P^T (dP^T - D).
-#pragma unroll
-    for (int nn = 0; nn < kBr / 8; ++nn)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dpt[4 * nn + e] = st[4 * nn + e] * (dpt[4 * nn + e] - cStat[kBr + 8 * nn + col0 + (e & 1)]);
-    {
-      uint32_t dst[kBr / 16][4];
-      sm90::pack_p<kBr / 8>(pt, st);
-      sm90::pack_p<kBr / 8>(dst, dpt);
-      sm90::store_a<kBc>(cdS, dst, jl, 0, col0);  // dS^T to shared memory for dK and dQ
-    }
-    wgmma::fence_proxy_async();
-
-    // dV += P^T dO (P^T from registers) while this consumer's warps meet at its dS^T barrier.
+    // dV += P^T dO (P^T from registers) right away: it needs only P^T, so it runs while dS^T is made.
+    sm90::pack_p<kBr / 8>(pt, st);
     const uint64_t ddOn = wgmma::tile_desc(cdO, kBr * 128), dQn = wgmma::tile_desc(cQ, kBr * 128);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dva, pt[kk], wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
     wgmma::commit();
-    tma::named_sync(kOwnBar + cw, 128);  // this consumer's dS^T rows are in shared memory
-    {  // dK += dS^T Q with dS^T (K-major, this consumer's 64 key rows) from shared memory
-      const uint64_t ddSk = wgmma::tile_desc(cdS, 16);
-      wgmma::fence();
+    wgmma::wait_regs<1>(dpt);  // dP^T; dV may still run
+    // dS^T = P^T (dP^T - D).
 #pragma unroll
-      for (int kk = 0; kk < kBr / 16; ++kk)
-        Wgmma<kD>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSk, 64 * cw, kk), wgmma::desc_mn_major<kBr>(dQn, kk),
-                                     1);
-      wgmma::commit();
-    }
+    for (int nn = 0; nn < kBr / 8; ++nn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dpt[4 * nn + e] = st[4 * nn + e] * (dpt[4 * nn + e] - cStat[kBr + 8 * nn + col0 + (e & 1)]);
+    uint32_t dst[kBr / 16][4];
+    sm90::pack_p<kBr / 8>(dst, dpt);
+    sm90::store_a<kBc>(cdS, dst, jl, 0, col0);  // dS^T to shared memory for dQ (before dK reads dst in flight)
+    wgmma::fence_proxy_async();
+    // dK += dS^T Q with dS^T from registers (as P^T for dV): no shared-memory read, no barrier.
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBr / 16; ++kk) Wgmma<kD>::template rs<1>(dka, dst[kk], wgmma::desc_mn_major<kBr>(dQn, kk), 1);
+    wgmma::commit();
+    tma::named_sync(kOwnBar + cw, 128);  // this consumer's dS^T rows are in shared memory
     if constexpr (!kSplitK) {
       // Head_dim 128: dQ reads both consumers' dS^T. Announce this one's, wait for the other's
       // (its dK and dV are already queued, so the tensor cores stay busy while the later consumer
@@ -240,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // dQ (64 queries x kNq columns) = dS K, as in the sm90 kernel.
     float dqa[kNq / 2];
     sm90::issue_dq<kBc, kNq, kSplitK>(dqa, cdS, sK, cw);
-    wgmma::wait_regs<1>(dva, dka, pt);  // dV and dK: this item's Q and dO stage is no longer read (dQ reads dS^T, K)
+    wgmma::wait_regs<1>(dva, dka, pt, dst);  // dV and dK: this item's Q and dO stage is no longer read (dQ reads dS^T, K)
     __syncwarp();
     if (lane == 0) tma::mbar_arrive(&empty_q[s]);
     wgmma::wait_regs<0>(dqa);

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(128 * kWG, 1)
   bf16* sK0 = sQ + kBr * kD;
   bf16* sV0 = sK0 + 2 * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
 
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
   // Query tiles are the slowest grid dimension, last tile first: the longest causal rows of every
   // head start before any shorter ones.
   const int64_t q0 = int64_t(gridDim.z - 1 - blockIdx.z) * kBr;

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   bf16* sK0 = sQ + kBr * kD;
   bf16* sV0 = sK0 + kStages * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
 
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
   const int q_tiles = int((p.seq + kBr - 1) / kBr), heads = int(p.heads), group = int(p.heads / p.kv_heads);
   const int items = q_tiles * heads * int(p.batch);
   struct Item {

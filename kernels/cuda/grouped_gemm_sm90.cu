@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw + ((1024 - (flash::smem_u32(smem_raw) & 1023)) & 1023));
   // Stage s: A tile at smem + s kStageElems, B tile after it (both 1024-byte aligned).
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
   const int64_t stride = gridDim.x;
   const Loaders<kBM> la(tid);
   const Loaders<kBN> lb(tid);

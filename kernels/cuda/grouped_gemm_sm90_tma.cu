@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = bars;
   uint64_t* empty = bars + kStages;
   bf16* smem = reinterpret_cast<bf16*>(smem_raw + ((1024 - (flash::smem_u32(smem_raw) & 1023)) & 1023));
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
   const int rank = kCluster == 1 ? 0 : int(tma::cluster_rank());
   const int cluster = kCluster == 1 ? int(blockIdx.x) : int(tma::cluster_id());
   const int clusters = kCluster == 1 ? int(gridDim.x) : int(tma::cluster_count());

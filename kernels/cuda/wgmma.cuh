@@ -110,6 +110,14 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint64_t base, int kk) {
   return base + uint64_t((kk * 16 * 128) >> 4);
 }
 
+// The executing thread's warpgroup (threadIdx.x / 128) as a warp-uniform value (one lane's, shuffled to
+// the warp; every lane of the warp must call it): what derives from it (wgmma descriptors, tile
+// offsets) then lives in uniform registers instead of being built per thread. Derived from threadIdx
+// directly, the d128 warp-specialised backward spent about 370 of its 847 instructions a loop
+// iteration building descriptors per thread, with a spill (sm_90a SASS, helper-25's audit); with
+// this, 488 and none.
+__device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, int(threadIdx.x) >> 7, 0); }
+
 // ---- ordering ----
 // Before the first wgmma of a batch, and after registers it reads (accumulators, A) were written.
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
