@@ -54,13 +54,18 @@ void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device d
 }
 
 // The TMA-fed kernel (kernels/grouped_gemm_tma.h, clusters of two) runs g (+ g2) when asked for by name
-// (kSm90Tma), or for kAuto where kExpertsOnTmaKernel says so and it can; false: the list's variant runs.
+// (kSm90Tma), or for kAuto where kExpertsOnTmaKernel says so, the list rule would give the products to
+// the Hopper kernel (not the LoRA factors' thin ones: 256-wide tiles would be mostly padding) and it can
+// run them; false: the list's variant runs.
 bool run_tma(const char* op, const RowGroupedGemm& g, const RowGroupedGemm* g2, const std::vector<int64_t>& offsets,
              Device device, GroupedGemmVariant variant) {
 #if LOOM_WITH_CUDA
   if (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel && !device.is_cpu() &&
-      cuda::sm90_grouped_gemm_ready() && sm90_tma_unsupported(g, g2, offsets) == nullptr)
-    variant = GroupedGemmVariant::kSm90Tma;
+      cuda::sm90_grouped_gemm_ready() && sm90_tma_unsupported(g, g2, offsets) == nullptr) {
+    const GroupedGemmVariant pick =
+        choose_grouped_gemm(row_grouped_problems(g, offsets), CudaContext::get(device.index).sm_count);
+    if (pick == GroupedGemmVariant::kSm90 || pick == GroupedGemmVariant::kSm90Wide) variant = GroupedGemmVariant::kSm90Tma;
+  }
 #endif
   if (variant != GroupedGemmVariant::kSm90Tma) return false;
   LOOM_CHECK(!device.is_cpu(), op, ": the sm90_tma variant is a CUDA kernel");
