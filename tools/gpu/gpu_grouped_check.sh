@@ -3,7 +3,7 @@
 # Mixtral-8x7B's shapes, the TMA-fed kernel (kernels/grouped_gemm_tma.h, alone and in clusters of two)
 # beside the cp.async kernel (sm90, sm90_wide) and cuBLAS (loop, cublas_grouped), product by product,
 # with a ratio column against sm90_wide (what the models run today). Also the scale_blocks kernel's
-# test (one launch for a weight gradient's experts without rows). PROFILE=1: ncu of sm90_wide and of
+# test (one launch for a weight gradient's experts without rows) and ops::'s grouped tests over them. PROFILE=1: ncu of sm90_wide and of
 # the TMA kernel (cluster of two) on gate_up's forward.
 # Writes ctest.txt, bench.json and ncu_*.txt under ${OUT:-gpu-grouped-out}.
 #   tools/gpu/gpu_grouped_check.sh      (about 3 minutes with the prebuilt binaries; Qwen3LikeShapes
@@ -14,6 +14,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-grouped-out}
 mkdir -p "$out"
 BUILD_LOG="$out/build.log" tools/gpu/build.sh loom_bench kernels_test_grouped_gemm_cuda kernels_test_elementwise_cuda \
+  engine_test_grouped_matmul_cuda \
   || { tail -30 "$out/build.log"; exit 1; }
 # The new kernel could hang on a protocol bug: each test binary under its own timeout.
 timeout 60 build-gpu/tests/kernels/kernels_test_elementwise_cuda --gtest_filter='*ScaleBlocks*' > "$out/ctest.txt" 2>&1
@@ -21,6 +22,10 @@ echo "scale_blocks test: exit $?"
 timeout "${GROUPED_TEST_TIMEOUT:-300}" build-gpu/tests/kernels/kernels_test_grouped_gemm_cuda \
   --gtest_filter="${GROUPED_TESTS:-GroupedGemmCuda.*}" >> "$out/ctest.txt" 2>&1
 echo "grouped GEMM tests: exit $? ($(grep -cE '^\[       OK' "$out/ctest.txt") passed, $(grep -cE '^\[  FAILED  \] Grouped' "$out/ctest.txt") failed)"
+# ops:: over the same kernels (empty experts' weight gradients in one launch, kSm90Tma by name, NF4).
+timeout 240 build-gpu/tests/engine/engine_test_grouped_matmul_cuda \
+  --gtest_filter="${GROUPED_OPS_TESTS:-GroupedMatmulCuda.*:-*Qwen3*}" >> "$out/ctest.txt" 2>&1
+echo "ops grouped tests: exit $?"
 grep -E "FAILED|Failure|worst element" "$out/ctest.txt" | head -12
 timeout 300 build-gpu/bench/loom_bench \
   --benchmark_filter='grouped_gemm/bf16/(qwen3_30b_a3b|mixtral_8x7b)/(gate_up|down)_(fwd|dgrad)(_dual_r16)?/(sm90|sm90_wide|sm90_tma|sm90_tma_c2|loop|cublas_grouped)(/|$)' \
