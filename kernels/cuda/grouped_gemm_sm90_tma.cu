@@ -4,7 +4,9 @@
 // Why: the cp.async kernel (grouped_gemm_sm90.cu) has its 256 threads both load and multiply, with a
 // block-wide barrier every k-step, and every block reads its own 48 KiB of operands from L2 a k-step
 // for 2 M multiply-adds: Qwen3-30B-A3B's expert products ran at 45-57 % of the GEMM rate (H200,
-// session 33), where cuBLAS's dense kernels (256 x 128 tiles, clusters of two) reach about 80 %.
+// session 33). cuBLAS's dense kernels in the same profiles are nvjet 256 x 128 tiles in clusters of
+// two (by their names), which share operand tiles between the pair; by my arithmetic 48 KiB a k-step
+// at the full rate asks more of L2 than it gives (to be confirmed: tools/gpu/gpu_grouped_check.sh PROFILE=1).
 //
 // Work: a unit is one expert's 128-row tile (two adjacent ones with clusters of two, one a CTA) by a
 // 256-column tile; units are numbered expert by expert (M fastest, then N), their starts per expert
