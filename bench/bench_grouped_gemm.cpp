@@ -129,6 +129,27 @@ void add_grouped(const MoeShape& s, const std::string& proj, int64_t in, int64_t
   });
 }
 
+// A projection's operands with random values, rows x in -> out over e_count experts (fwd: x [rows, in],
+// w [E, out, in]; dgrad: dy [rows, out], w as [K = out, in]), bf16 out, and a rank-r term (t [rows, r],
+// b [E, out, r] fwd or a [E, r, in] dgrad; r = 0: none): `g` the base product, `g2` the term.
+struct LoraProduct {
+  DeviceArray<bf16> act, w, act2, w2;
+  DeviceArray<float> result;
+  RowGroupedGemm g, g2;
+  int64_t k, m;  // the base product's depth and width
+  LoraProduct(int64_t rows, int64_t e_count, int64_t in, int64_t out, int64_t r, bool fwd)
+      : act(random_array<bf16>(size_t(rows * (fwd ? in : out)))), w(random_array<bf16>(size_t(e_count * out * in))),
+        act2(random_array<bf16>(size_t(rows * std::max<int64_t>(r, 1)))),
+        w2(random_array<bf16>(size_t(e_count * std::max<int64_t>(r, 1) * (fwd ? out : in)))),
+        result(size_t(rows * (fwd ? out : in)) / 2 + 1), k(fwd ? in : out), m(fwd ? out : in) {
+    g.a = act.get(), g.lda = k, g.b = w.get(), g.c = result.get();
+    g.k = k, g.m = m, g.trans_b = fwd;
+    g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
+    g2 = g;
+    g2.a = act2.get(), g2.lda = r, g2.b = w2.get(), g2.k = r;
+  }
+};
+
 // A LoRA projection's base product with its rank-r term in the same accumulation
 // (cuda::grouped_gemm_dual, autograd/fn_grouped.cpp): fwd y = x w_e^T + t b_e^T, dgrad
 // dx = dy w_e + dt a_e. FLOP: 2 N (in out + r out) fwd, 2 N (out in + r in) dgrad.
@@ -136,25 +157,10 @@ void add_dual(const MoeShape& s, const std::string& proj, int64_t in, int64_t ou
               GroupedGemmVariant v) {
   const std::string what = proj + "_" + product_name(p) + "_dual_r" + std::to_string(r);
   add_variant(s, what, v, [=](benchmark::State& st, const Setup& u) {
-    const std::vector<int64_t>& off = u.off;
-    const int64_t n = u.n, e_count = u.experts;
-    const bool fwd = p == Product::kFwd;
-    const int64_t k = fwd ? in : out, m = fwd ? out : in;  // the base product's depth and width
-    auto act = random_array<bf16>(size_t(n * k)), w = random_array<bf16>(size_t(e_count * out * in));
-    auto act2 = random_array<bf16>(size_t(n * r)), w2 = random_array<bf16>(size_t(e_count * r * m));
-    DeviceArray<float> result(size_t(n * m) / 2 + 1);  // bf16
-    auto lists = [&] {
-      RowGroupedGemm g;
-      g.a = act.get(), g.lda = k, g.b = w.get(), g.c = result.get();
-      g.k = k, g.m = m, g.trans_b = fwd;
-      g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
-      RowGroupedGemm g2 = g;
-      g2.a = act2.get(), g2.lda = r, g2.b = w2.get(), g2.k = r;
-      return std::pair{row_grouped_problems(g, off), row_grouped_problems(g2, off)};
-    };
-    run_timed(st, {0, 2.0 * double(n) * double(k + r) * double(m), Bound::kCompute}, [&] {
-      const auto [first, second] = lists();
-      cuda::grouped_gemm_dual(first, second, v, u.gc, u.pointers.get(), u.c.stream);
+    const LoraProduct lp(u.n, u.experts, in, out, r, p == Product::kFwd);
+    run_timed(st, {0, 2.0 * double(u.n) * double(lp.k + r) * double(lp.m), Bound::kCompute}, [&] {
+      cuda::grouped_gemm_dual(row_grouped_problems(lp.g, u.off), row_grouped_problems(lp.g2, u.off), v, u.gc,
+                              u.pointers.get(), u.c.stream);
     });
   });
 }
@@ -225,21 +231,9 @@ void add_tma(const MoeShape& s, const std::string& proj, int64_t in, int64_t out
   const std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p) +
                            (r > 0 ? "_dual_r" + std::to_string(r) : "") + (cluster == 2 ? "/sm90_tma_c2" : "/sm90_tma");
   add_sm90(s, name, [=](benchmark::State& st, const std::vector<int64_t>& off, const BenchContext& c) {
-    const int64_t n = off.back(), e_count = s.experts;
-    const bool fwd = p == Product::kFwd;
-    const int64_t k = fwd ? in : out, m = fwd ? out : in;  // the base product's depth and width
-    auto act = random_array<bf16>(size_t(n * k)), w = random_array<bf16>(size_t(e_count * out * in));
-    auto act2 = random_array<bf16>(size_t(n * std::max<int64_t>(r, 1)));
-    auto w2 = random_array<bf16>(size_t(e_count * std::max<int64_t>(r, 1) * m));
-    DeviceArray<float> result(size_t(n * m) / 2 + 1);  // bf16
-    RowGroupedGemm g;
-    g.a = act.get(), g.lda = k, g.b = w.get(), g.c = result.get();
-    g.k = k, g.m = m, g.trans_b = fwd;
-    g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
-    RowGroupedGemm g2 = g;
-    g2.a = act2.get(), g2.lda = r, g2.b = w2.get(), g2.k = r;
-    run_timed(st, {0, 2.0 * double(n) * double(k + r) * double(m), Bound::kCompute},
-              [&] { cuda::sm90_grouped_gemm_tma(g, r > 0 ? &g2 : nullptr, off, cluster, c.sm_count, c.stream); });
+    const LoraProduct lp(off.back(), s.experts, in, out, r, p == Product::kFwd);
+    run_timed(st, {0, 2.0 * double(off.back()) * double(lp.k + r) * double(lp.m), Bound::kCompute},
+              [&] { cuda::sm90_grouped_gemm_tma(lp.g, r > 0 ? &lp.g2 : nullptr, off, cluster, c.sm_count, c.stream); });
   });
 }
 

@@ -57,13 +57,13 @@ void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device d
 // (kSm90Tma), or for kAuto where kExpertsOnTmaKernel says so, the list rule would give the products to
 // the Hopper kernel (not the LoRA factors' thin ones: 256-wide tiles would be mostly padding) and it can
 // run them; false: the list's variant runs.
+// problems: g's list (row_grouped_problems), which the rule reads.
 bool run_tma(const char* op, const RowGroupedGemm& g, const RowGroupedGemm* g2, const std::vector<int64_t>& offsets,
-             Device device, GroupedGemmVariant variant) {
+             const std::vector<GemmArgs>& problems, Device device, GroupedGemmVariant variant) {
 #if LOOM_WITH_CUDA
   if (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel && !device.is_cpu() &&
       cuda::sm90_grouped_gemm_ready() && sm90_tma_unsupported(g, g2, offsets) == nullptr) {
-    const GroupedGemmVariant pick =
-        choose_grouped_gemm(row_grouped_problems(g, offsets), CudaContext::get(device.index).sm_count);
+    const GroupedGemmVariant pick = choose_grouped_gemm(problems, CudaContext::get(device.index).sm_count);
     if (pick == GroupedGemmVariant::kSm90 || pick == GroupedGemmVariant::kSm90Wide) variant = GroupedGemmVariant::kSm90Tma;
   }
 #endif
@@ -105,8 +105,9 @@ void grouped_matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, cons
   g.trans_b = trans_b;
   g.ab_type = gemm_type(op, a.dtype()), g.c_type = gemm_type(op, c.dtype());
   g.alpha = alpha, g.beta = beta;
-  if (run_tma(op, g, nullptr, offsets, a.device(), variant)) return;
-  run_grouped(op, row_grouped_problems(g, offsets), a.device(), variant);
+  const std::vector<GemmArgs> problems = row_grouped_problems(g, offsets);
+  if (run_tma(op, g, nullptr, offsets, problems, a.device(), variant)) return;
+  run_grouped(op, problems, a.device(), variant);
 }
 
 void grouped_matmul_dual_into(const Tensor& a_in, const Tensor& b_in, const Tensor& a2_in, const Tensor& b2_in,
@@ -141,9 +142,10 @@ void grouped_matmul_dual_into(const Tensor& a_in, const Tensor& b_in, const Tens
   g.alpha = alpha, g.beta = beta;
   RowGroupedGemm g2 = g;
   g2.a = a2.data_ptr(), g2.lda = lda2, g2.b = b2.data_ptr(), g2.k = k2;
-  if (run_tma(op, g, &g2, offsets, a.device(), variant)) return;
+  const std::vector<GemmArgs> problems = row_grouped_problems(g, offsets);
+  if (run_tma(op, g, &g2, offsets, problems, a.device(), variant)) return;
   const std::vector<GemmArgs> second = row_grouped_problems(g2, offsets);
-  run_grouped(op, row_grouped_problems(g, offsets), a.device(), variant, &second);
+  run_grouped(op, problems, a.device(), variant, &second);
 }
 
 bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w, int64_t out, int64_t in,

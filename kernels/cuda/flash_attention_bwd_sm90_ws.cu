@@ -89,12 +89,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kNq = kSplitK ? kD : kD / 2;  // dQ columns per consumer
   static_assert(kNq == 64, "dQ column blocks start on a 64-column boundary");
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t bars[1 + 2 * kStages + 4];
-  uint64_t* bar_kv = bars;
-  uint64_t* full_q = bars + 1;
-  uint64_t* empty_q = full_q + kStages;
-  uint64_t* dq_full = empty_q + kStages;
-  uint64_t* dq_empty = dq_full + 2;
+  __shared__ __align__(8) uint64_t bars[ws::Barriers<kStages>::kCount];
+  const ws::Barriers<kStages> bar(bars);
+  uint64_t *bar_kv = bar.kv, *full_q = bar.full_q, *empty_q = bar.empty_q, *dq_full = bar.dq_full,
+           *dq_empty = bar.dq_empty;
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   bf16* sV = sK + kBc * kD;
   bf16* sQ0 = sV + kBc * kD;              // stage s at sQ0 + s * kBr * kD
@@ -112,20 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_items = items.count;
   auto q_start = [&](int item) { return items.start(item); };
 
-  if (tid == 0) {
-    tma::mbar_init(bar_kv, 1);
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full_q[s], 32);
-      tma::mbar_init(&empty_q[s], 8);
-    }
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      tma::mbar_init(&dq_full[c], 128);
-      tma::mbar_init(&dq_empty[c], 1);
-    }
-    tma::mbar_init_fence();
-  }
+  if (tid == 0) bar.init();
   __syncthreads();  // the last block-wide barrier: warpgroup 0's idle warps leave below
 
   if (wg == 0) {

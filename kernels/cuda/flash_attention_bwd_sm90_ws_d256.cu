@@ -59,12 +59,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   bf16* __restrict__ dv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t bars[7];
-  uint64_t* bar_kv = bars;
-  uint64_t* full_q = bars + 1;
-  uint64_t* empty_q = bars + 2;
-  uint64_t* dq_full = bars + 3;
-  uint64_t* dq_empty = bars + 5;
+  __shared__ __align__(8) uint64_t bars[ws::Barriers<1>::kCount];
+  const ws::Barriers<1> bar(bars);  // one Q/dO stage
+  uint64_t *bar_kv = bar.kv, *full_q = bar.full_q, *empty_q = bar.empty_q, *dq_full = bar.dq_full,
+           *dq_empty = bar.dq_empty;
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   bf16* sV = sK + kBc * kD;
   bf16* sQ = sV + kBc * kD;
@@ -82,17 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n_items = items.count;
   auto q_start = [&](int item) { return items.start(item); };
 
-  if (tid == 0) {
-    tma::mbar_init(bar_kv, 1);
-    tma::mbar_init(full_q, 32);
-    tma::mbar_init(empty_q, 8);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      tma::mbar_init(&dq_full[c], 128);
-      tma::mbar_init(&dq_empty[c], 1);
-    }
-    tma::mbar_init_fence();
-  }
+  if (tid == 0) bar.init();
   __syncthreads();  // the last block-wide barrier
 
   if (wg == 0) {

@@ -15,6 +15,33 @@ namespace loom::cuda::flash::ws {
 
 // A block's items: for the kBc keys from k0 of kv head g, the query tiles of kBr rows that can see
 // some of them (from k0 / kBr up to the last key's window, or seq), for every query head of the group.
+// The warp-specialised backward's mbarriers in a block's shared array of kCount (the protocol in
+// flash_attention_bwd_sm90_ws.cu): K and V landed; per Q/dO stage full (the producer warp's 32
+// lanes) and empty (the 8 consumer warps); per consumer its dQ tile written (its 128 threads) and
+// read (the writer).
+template <int kStages>
+struct Barriers {
+  static constexpr int kCount = 1 + 2 * kStages + 4;
+  uint64_t *kv, *full_q, *empty_q, *dq_full, *dq_empty;
+  __device__ __forceinline__ explicit Barriers(uint64_t* bars)
+      : kv(bars), full_q(bars + 1), empty_q(full_q + kStages), dq_full(empty_q + kStages), dq_empty(dq_full + 2) {}
+  // By one thread; a __syncthreads must follow before any other thread uses them.
+  __device__ __forceinline__ void init() const {
+    tma::mbar_init(kv, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      tma::mbar_init(&full_q[s], 32);
+      tma::mbar_init(&empty_q[s], 8);
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      tma::mbar_init(&dq_full[c], 128);
+      tma::mbar_init(&dq_empty[c], 1);
+    }
+    tma::mbar_init_fence();
+  }
+};
+
 template <int kBr, int kBc>
 struct Items {
   int g, group, qt0, nqt, count;
