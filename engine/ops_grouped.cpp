@@ -54,14 +54,14 @@ void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device d
 }
 
 // The TMA-fed kernel (kernels/grouped_gemm_tma.h, clusters of two) runs g (+ g2) when asked for by name
-// (kSm90Tma), or for kAuto where kExpertsOnTmaKernel says so, the list rule would give the products to
+// (kSm90Tma), or for kAuto where experts_on_tma_kernel() says so, the list rule would give the products to
 // the Hopper kernel (not the LoRA factors' thin ones: 256-wide tiles would be mostly padding) and it can
 // run them; false: the list's variant runs.
 // problems: g's list (row_grouped_problems), which the rule reads.
 bool run_tma(const char* op, const RowGroupedGemm& g, const RowGroupedGemm* g2, const std::vector<int64_t>& offsets,
              const std::vector<GemmArgs>& problems, Device device, GroupedGemmVariant variant) {
 #if LOOM_WITH_CUDA
-  if (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel && !device.is_cpu() &&
+  if (variant == GroupedGemmVariant::kAuto && experts_on_tma_kernel() && !device.is_cpu() &&
       cuda::sm90_grouped_gemm_ready() && sm90_tma_unsupported(g, g2, offsets) == nullptr) {
     const GroupedGemmVariant pick = choose_grouped_gemm(problems, CudaContext::get(device.index).sm_count);
     if (pick == GroupedGemmVariant::kSm90 || pick == GroupedGemmVariant::kSm90Wide) variant = GroupedGemmVariant::kSm90Tma;
@@ -186,7 +186,7 @@ bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w,
     second = row_grouped_problems(g2, offsets);
   }
   CudaContext& ctx = CudaContext::get(c.device().index);
-  if (variant == GroupedGemmVariant::kSm90Tma || (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel)) {
+  if (variant == GroupedGemmVariant::kSm90Tma || (variant == GroupedGemmVariant::kAuto && experts_on_tma_kernel())) {
     // The TMA kernel's NF4 path (every expert's weight); for kAuto, the cp.async kernel where it cannot.
     std::vector<Nf4Operand> all;
     for (const Nf4Parts& q : w) all.push_back(Nf4Operand{q.packed.data<uint8_t>(), checked_state(op, q, out * in, c)});
