@@ -2,12 +2,17 @@
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "kernels/bf16_split.h"
+#include "kernels/experiment.h"
 #include "kernels/gemm.h"
 
 namespace loom::ops {
 using namespace detail;
 
 namespace {
+
+// Whether the products time the heuristic's first few algorithms on each shape's first call
+// (cuda::GemmAlgoChoice::kTimed) rather than take its first: bench/ measures both (gemm/bf16/llama1b_*).
+constexpr bool kGemmTimed = false;
 
 void run_gemm(const GemmArgs& g, Device device) {
   if (device.is_cpu()) {
@@ -17,7 +22,9 @@ void run_gemm(const GemmArgs& g, Device device) {
 #if LOOM_WITH_CUDA
   LOOM_CHECK(g.ab_type != GemmType::kF64, "matmul: f64 is CPU-only");
   CudaContext& ctx = CudaContext::get(device.index);
-  cuda::gemm(g, ctx.cublaslt, GemmWorkspace{ctx.gemm_workspace, ctx.gemm_workspace_bytes}, ctx.stream);
+  static const bool timed = experiment_switch("LOOM_GEMM_TIMED", kGemmTimed);
+  cuda::gemm(g, ctx.cublaslt, GemmWorkspace{ctx.gemm_workspace, ctx.gemm_workspace_bytes}, ctx.stream,
+             timed ? cuda::GemmAlgoChoice::kTimed : cuda::GemmAlgoChoice::kHeuristic);
 #else
   LOOM_CHECK(false, "matmul: Loom was built without CUDA (LOOM_CUDA=OFF)");
 #endif

@@ -60,7 +60,18 @@ void gemm(const GemmArgs& g);
 }  // namespace loom::cpu
 
 namespace loom::cuda {
+// How a shape's cuBLASLt algorithm is chosen the first time it is seen:
+//   kHeuristic  the heuristic's first answer;
+//   kTimed      the heuristic's first kGemmTimedCandidates answers each timed on that first call (its own
+//               A, B and C, the output into a stream-ordered scratch of C's size, freed before returning;
+//               one host wait), the fastest kept where it beats the first by more than 2 % (close calls
+//               keep the heuristic's pick, so a run does not flip between algorithms on timing noise).
+//               The call itself then runs with the chosen algorithm; later calls of the shape reuse it.
+//               Falls back to the first answer when the scratch cannot be allocated or a candidate fails.
+enum class GemmAlgoChoice { kHeuristic, kTimed };
+inline constexpr int kGemmTimedCandidates = 8;
 // cuBLASLt with CUBLAS_COMPUTE_32F (no TF32) and f32 scale; enqueued on stream s. Descriptors and
-// the heuristic's algorithm are cached per (shape, layout, types, alignment, workspace, device).
-void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s);
+// the chosen algorithm are cached per (shape, layout, types, alignment, workspace, device, choice).
+void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s,
+          GemmAlgoChoice choice = GemmAlgoChoice::kHeuristic);
 }  // namespace loom::cuda

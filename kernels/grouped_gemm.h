@@ -112,10 +112,8 @@ GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, in
 // and whether QLoRA experts are multiplied by their NF4 codes inside the GEMM (ops::grouped_matmul_nf4_into:
 // the TMA kernel's NF4 path when the first is true, else the cp.async kernel's) rather than dequantised
 // a chunk at a time first (models/layers.cpp).
-// The answers a build gives (kExpertsOnTmaKernel, kNf4ExpertsInGemm) are what the functions return unless
-// the process's environment says otherwise: LOOM_EXPERTS_TMA=0|1 and LOOM_NF4_IN_GEMM=0|1, read once, so
-// that one binary times both answers end to end in one device call (bench/e2e/moe.sh records them in
-// each row). Any other value is an error naming the variable.
+// The build's answers; the functions return them unless the environment says otherwise
+// (LOOM_EXPERTS_TMA, LOOM_NF4_IN_GEMM: kernels/experiment.h).
 inline constexpr bool kExpertsOnTmaKernel = false;
 inline constexpr bool kNf4ExpertsInGemm = false;
 bool experts_on_tma_kernel();

@@ -3,8 +3,8 @@
 #include "kernels/grouped_gemm.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+
+#include "kernels/experiment.h"
 
 namespace loom {
 namespace {
@@ -15,23 +15,15 @@ const char* at(const void* p, int64_t elems, GemmType t) {
   return static_cast<const char*>(p) + elems * static_cast<int64_t>(gemm_type_size(t));
 }
 
-// The environment's answer to one of the rule's open questions (kernels/grouped_gemm.h), else the build's.
-bool switch_from_env(const char* name, bool built) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return built;
-  LOOM_CHECK(std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0, name, " must be 0 or 1, got \"", v, "\"");
-  return *v == '1';
-}
-
 }  // namespace
 
 bool experts_on_tma_kernel() {
-  static const bool on = switch_from_env("LOOM_EXPERTS_TMA", kExpertsOnTmaKernel);
+  static const bool on = experiment_switch("LOOM_EXPERTS_TMA", kExpertsOnTmaKernel);
   return on;
 }
 
 bool nf4_experts_in_gemm() {
-  static const bool on = switch_from_env("LOOM_NF4_IN_GEMM", kNf4ExpertsInGemm);
+  static const bool on = experiment_switch("LOOM_NF4_IN_GEMM", kNf4ExpertsInGemm);
   return on;
 }
 

@@ -1,12 +1,15 @@
 // The one cuBLASLt wrapper (kernels/gemm.h): row-major batched GEMM mapped onto column-major
-// cuBLASLt by swapping operands, with descriptors and heuristic algorithms cached per shape.
+// cuBLASLt by swapping operands, with descriptors and algorithms cached per shape: the heuristic's
+// first, or the fastest of its first few timed on the shape's first call (GemmAlgoChoice).
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <array>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/gemm.h"
@@ -42,7 +45,8 @@ Alignments alignments(const GemmArgs& g) {
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // in cuBLASLt's (swapped) roles
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algo{};                   // the one the calls run
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's answers, best first (kTimed times them)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -54,15 +58,16 @@ struct Plan {
   }
 };
 
-using PlanKey = std::array<int64_t, 20>;
+using PlanKey = std::array<int64_t, 21>;
 
-PlanKey plan_key(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, int device) {
+PlanKey plan_key(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, int device, GemmAlgoChoice choice) {
   const Alignments al = alignments(g);
   return {g.m, g.n, g.k, g.batch, g.trans_a, g.trans_b, g.lda, g.ldb, g.ldc,
           g.batch > 1 ? g.stride_a : 0, g.batch > 1 ? g.stride_b : 0, g.batch > 1 ? g.stride_c : 0,
           static_cast<int64_t>(g.ab_type), static_cast<int64_t>(g.c_type),
           al.a, al.b, al.c,
-          static_cast<int64_t>(ws_bytes), static_cast<int64_t>(reinterpret_cast<uintptr_t>(handle)), device};
+          static_cast<int64_t>(ws_bytes), static_cast<int64_t>(reinterpret_cast<uintptr_t>(handle)), device,
+          static_cast<int64_t>(choice)};
 }
 
 void set_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
@@ -79,7 +84,8 @@ void set_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
 //   cuBLASLt "B" = our A memory: stored [m, k] -> col-major [k, m] = op(A)^T, no transpose;
 //                  stored [k, m] (trans_a) -> col-major [m, k], transposed by cuBLASLt.
 //   cuBLASLt "C"/"D" = our C memory: col-major [n, m] with ldc.
-std::unique_ptr<Plan> make_plan(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes) {
+// `wanted`: how many of the heuristic's answers to keep as candidates (at least the first).
+std::unique_ptr<Plan> make_plan(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, int wanted) {
   auto p = std::make_unique<Plan>();
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_lt_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -103,7 +109,7 @@ std::unique_ptr<Plan> make_plan(const GemmArgs& g, cublasLtHandle_t handle, size
 
   cublasLtMatmulPreference_t pref = nullptr;
   LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(wanted, 1)));
   int found = 0;
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   {
@@ -120,16 +126,74 @@ std::unique_ptr<Plan> make_plan(const GemmArgs& g, cublasLtHandle_t handle, size
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
     if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref, static_cast<int>(results.size()),
+                                          results.data(), &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   LOOM_CUBLAS_CHECK(st);
-  LOOM_CHECK(found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+  LOOM_CHECK(found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS,
              "cuda gemm: cuBLASLt found no algorithm for m=", g.m, " n=", g.n, " k=", g.k, " batch=", g.batch,
              " trans_a=", g.trans_a, " trans_b=", g.trans_b, " lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc, " ",
              gemm_type_name(g.ab_type), "->", gemm_type_name(g.c_type), " workspace=", ws_bytes, " bytes");
-  p->algo = result.algo;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(results[i].algo);
+  p->algo = p->candidates.front();
   return p;
+}
+
+// Elements from C's first to its last (the batch items' strides included).
+int64_t c_extent(const GemmArgs& g) {
+  return (g.batch > 1 ? (g.batch - 1) * g.stride_c : 0) + (g.m - 1) * g.ldc + g.n;
+}
+
+// kTimed: each candidate runs once untimed and then kReps times between two events on g's own operands,
+// the output into a stream-ordered scratch the size of C (C itself is only read); the fastest becomes
+// p.algo where it beats the heuristic's first by more than 2 %. Returns without changing p.algo when the
+// scratch cannot be had or the stream is being captured; a candidate that fails to launch is skipped.
+void time_candidates(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s) {
+  if (p.candidates.size() < 2) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return;
+  }
+  void* d = nullptr;
+  if (cudaMallocAsync(&d, static_cast<size_t>(c_extent(g)) * gemm_type_size(g.c_type), s) != cudaSuccess) {
+    (void)cudaGetLastError();  // no room for the scratch: the heuristic's pick stands
+    return;
+  }
+  constexpr int kReps = 3;
+  const float alpha = g.alpha, beta = g.beta;
+  const size_t n = p.candidates.size();
+  std::vector<cudaEvent_t> ev(2 * n, nullptr);
+  std::vector<bool> ran(n, false);
+  for (auto& e : ev) LOOM_CUDA_CHECK(cudaEventCreate(&e));
+  for (size_t i = 0; i < n; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(handle, p.op, &alpha, g.b, p.a, g.a, p.b, &beta, g.c, p.c, d, p.c, &p.candidates[i],
+                            ws.ptr, ws.bytes, s) == CUBLAS_STATUS_SUCCESS;
+    };
+    if (!run()) continue;
+    LOOM_CUDA_CHECK(cudaEventRecord(ev[2 * i], s));
+    bool ok = true;
+    for (int r = 0; r < kReps && ok; ++r) ok = run();
+    LOOM_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s));
+    ran[i] = ok;
+  }
+  (void)cudaGetLastError();  // a candidate's failed launch is not the caller's error
+  LOOM_CUDA_CHECK(cudaFreeAsync(d, s));
+  float first = -1.f, best = -1.f;
+  size_t best_i = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!ran[i]) continue;
+    float ms = 0.f;
+    LOOM_CUDA_CHECK(cudaEventSynchronize(ev[2 * i + 1]));
+    LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    if (i == 0) first = ms;
+    if (best < 0.f || ms < best) best = ms, best_i = i;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  if (best >= 0.f && (first < 0.f || best < 0.98f * first)) p.algo = p.candidates[best_i];
 }
 
 // Cached plans; bounded so a stream of ever-new shapes cannot grow it without limit.
@@ -142,7 +206,7 @@ std::map<PlanKey, std::shared_ptr<const Plan>>& plans() {
 
 }  // namespace
 
-void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s) {
+void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s, GemmAlgoChoice choice) {
   check_gemm_args(g, "cuda");
   LOOM_CHECK(g.ab_type != GemmType::kF64, "cuda gemm: f64 is CPU only");
   LOOM_CHECK(handle != nullptr, "cuda gemm: null cublasLt handle");
@@ -153,7 +217,7 @@ void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s
   int device = 0;
   LOOM_CUDA_CHECK(cudaGetDevice(&device));
 
-  const PlanKey key = plan_key(g, handle, ws.bytes, device);
+  const PlanKey key = plan_key(g, handle, ws.bytes, device, choice);
   std::shared_ptr<const Plan> plan;  // shared: a concurrent clear() cannot free it under us
   {
     std::lock_guard<std::mutex> lock(g_plans_mutex);
@@ -161,7 +225,10 @@ void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s
     auto it = cache.find(key);
     if (it == cache.end()) {
       if (cache.size() >= kMaxPlans) cache.clear();
-      it = cache.emplace(key, make_plan(g, handle, ws.bytes)).first;
+      const bool timed = choice == GemmAlgoChoice::kTimed;
+      std::unique_ptr<Plan> made = make_plan(g, handle, ws.bytes, timed ? kGemmTimedCandidates : 1);
+      if (timed) time_candidates(*made, g, handle, ws, s);
+      it = cache.emplace(key, std::move(made)).first;
     }
     plan = it->second;
   }
