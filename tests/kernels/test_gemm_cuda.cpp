@@ -1,5 +1,6 @@
 // cuBLASLt GEMM against the CPU (Eigen) reference: every transpose pair, batched strides, beta,
-// odd sizes and leading dimensions, misaligned pointers, broadcast and the descriptor cache.
+// odd sizes and leading dimensions, misaligned pointers, broadcast, the descriptor cache, and the timed
+// algorithm choice (whose trials must leave C as it was: it is read when beta != 0).
 #include <cublasLt.h>
 
 #include <limits>
@@ -26,7 +27,8 @@ class GemmCudaTest : public CublasLtTest {
  protected:
   // Runs one case on both backends; returns the relative L2 error of the [m, n] blocks of C.
   template <class AB, class C>
-  double run(const Case& cs, uint32_t seed, bool with_workspace = true) {
+  double run(const Case& cs, uint32_t seed, bool with_workspace = true,
+             cuda::GemmAlgoChoice choice = cuda::GemmAlgoChoice::kHeuristic) {
     GemmArgs g;
     g.m = cs.m; g.n = cs.n; g.k = cs.k; g.batch = cs.batch;
     g.trans_a = cs.ta; g.trans_b = cs.tb;
@@ -54,7 +56,7 @@ class GemmCudaTest : public CublasLtTest {
     dg.a = da.get() + cs.offset; dg.b = db.get() + cs.offset; dg.c = dc.get() + cs.offset;
     GemmWorkspace ws{with_workspace ? static_cast<void*>(ws_->get()) : nullptr,
                      with_workspace ? kGemmWorkspaceBytes : 0};
-    cuda::gemm(dg, handle_, ws, nullptr);
+    cuda::gemm(dg, handle_, ws, nullptr, choice);
     const auto out = dc.to_host();
     std::vector<float> got, ref;
     for (int64_t bi = 0; bi < g.batch; ++bi)
@@ -68,7 +70,8 @@ class GemmCudaTest : public CublasLtTest {
   }
 
   template <class AB, class C>
-  void sweep(double tol, int64_t pad, int64_t offset) {
+  void sweep(double tol, int64_t pad, int64_t offset,
+             cuda::GemmAlgoChoice choice = cuda::GemmAlgoChoice::kHeuristic) {
     const int64_t sizes[][3] = {{1, 1, 1}, {7, 33, 129}, {129, 7, 33}, {33, 129, 7}, {64, 48, 80}, {200, 136, 264}};
     uint32_t seed = 300;
     int idx = 0;
@@ -78,7 +81,7 @@ class GemmCudaTest : public CublasLtTest {
         const Case single{s[0], s[1], s[2], 1, ta, tb, pad, offset, 1.f, 0.f};
         const Case batched{s[0], s[1], s[2], 3, ta, tb, pad, offset, idx % 2 ? -0.75f : 1.5f, idx % 3 ? 0.5f : 0.f};
         for (const Case& cs : {single, batched})
-          EXPECT_LT((run<AB, C>(cs, seed += 10)), tol)
+          EXPECT_LT((run<AB, C>(cs, seed += 10, true, choice)), tol)
               << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " batch=" << cs.batch << " ta=" << cs.ta
               << " tb=" << cs.tb << " pad=" << pad << " offset=" << offset << " beta=" << cs.beta;
       }
@@ -101,6 +104,24 @@ TEST_F(GemmCudaTest, Bf16ToF32OddLeadingDimensions) { sweep<bf16, float>(1e-5, 1
 TEST_F(GemmCudaTest, WorksWithoutWorkspace) {
   EXPECT_LT((run<bf16, bf16>({257, 129, 1031, 2, false, true, 0, 0, 1.f, 0.f}, 11, false)), tol<bf16>());
   EXPECT_LT((run<float, float>({64, 4096, 4096, 1, false, false, 0, 0, 1.f, 0.f}, 12, false)), 1e-5);
+}
+
+// kTimed: the shape's first call times several algorithms (into a scratch output) before its own run;
+// with beta != 0 the trials must not have touched C. Every transpose pair, batched, odd leading
+// dimensions, and transformer-sized products with many candidates, each on a first and a cached call.
+TEST_F(GemmCudaTest, TimedChoiceMatchesCpu) {
+  sweep<bf16, bf16>(tol<bf16>(), 0, 0, cuda::GemmAlgoChoice::kTimed);
+  sweep<bf16, float>(1e-5, 3, 1, cuda::GemmAlgoChoice::kTimed);
+  sweep<float, float>(1e-5, 0, 0, cuda::GemmAlgoChoice::kTimed);
+  for (float beta : {0.f, 1.f})
+    for (uint32_t seed : {41u, 42u}) {
+      const Case cs{1024, 2048, 512, 1, false, true, 0, 0, 1.f, beta};
+      EXPECT_LT((run<bf16, bf16>(cs, seed + uint32_t(beta), true, cuda::GemmAlgoChoice::kTimed)), tol<bf16>())
+          << "beta " << beta << " seed " << seed;
+      const Case dgrad{2048, 512, 1024, 1, false, false, 0, 0, 1.f, beta};
+      EXPECT_LT((run<bf16, bf16>(dgrad, seed + 7, true, cuda::GemmAlgoChoice::kTimed)), tol<bf16>())
+          << "beta " << beta << " seed " << seed;
+    }
 }
 
 // A transformer-sized product through the cache twice, the second call hitting the cached plan
