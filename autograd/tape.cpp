@@ -38,7 +38,11 @@ thread_local int64_t t_unread_outputs = 0;
 int64_t unread_outputs() { return t_unread_outputs; }
 Tensor detail::unread_value(const Shape& shape, DType dtype, Device device) {
   ++t_unread_outputs;
-  return Tensor::empty(shape, dtype, device);
+  // No memory behind it: its shape, dtype and device (and views of it) are all anyone may use, so a
+  // rerun's skipped product costs no transient (a MoE layer's down output, [tokens k, hidden], was its
+  // largest). Reading or writing it would dereference a null pointer: a bug shows at once.
+  const size_t bytes = static_cast<size_t>(bytes_for(dtype, numel_of(shape)));
+  return Tensor::from_storage(std::make_shared<Storage>(nullptr, bytes, device, nullptr), shape, dtype);
 }
 
 size_t tape_size() { return current().nodes.size(); }

@@ -68,7 +68,8 @@ bool recomputing();
 // what tests count to see that a recomputation skips the work.
 int64_t unread_outputs();
 namespace detail {
-// An unread output's value: uninitialised, of the shape and dtype the computed one would have.
+// An unread output's value: the shape, dtype and device the computed one would have, with no memory
+// behind it (its data pointer is null).
 Tensor unread_value(const Shape& shape, DType dtype, Device device);
 }  // namespace detail
 
