@@ -7,11 +7,12 @@
 # TMA + NF4 in the GEMM, NF4 in the cp.async GEMM; LoRA recompute: TMA, default). Prints each test's
 # verdict, the product table and one line per e2e row; JSON under $OUT (gemm_tuned.json, e2e.jsonl,
 # moe.jsonl, logs.tgz). Each e2e row is started only while the call has time for it.
+# OQ_LIMIT (default 590): the seconds the call may run; a row starts only while its usual time is left.
 #   export OUT; tools/gpu/open_questions.sh        (carry .devdeps and .prebuilt)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-gpu-open-out}; mkdir -p "$OUT"; [ -f .devdeps/env.sh ] && source .devdeps/env.sh
-T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 )) s]"; }
+T0=$(date +%s); LIMIT=${OQ_LIMIT:-590}; left() { echo $(( LIMIT - ($(date +%s) - T0) )); }; el() { echo "[t=$(( $(date +%s) - T0 )) s]"; }
 W=/tmp/w; mkdir -p $W
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 tools/gpu/build.sh > $W/build.log 2>&1; tail -1 $W/build.log; el
@@ -38,12 +39,12 @@ for n in sorted(rows):
 PY
 el
 E=$OUT/e2e.jsonl; touch $E
-r() { env LOOM_E2E_PREVIOUS=$E OUT=/tmp/e "$@" timeout 150 bash bench/e2e/run.sh 1b > /tmp/e2e.log 2>&1; cp /tmp/e/e2e.jsonl $E; tail -1 $E | cut -c1-250; el; }
+r() { [ "$(left)" -gt 120 ] || return; env LOOM_E2E_PREVIOUS=$E OUT=/tmp/e "$@" timeout 150 bash bench/e2e/run.sh 1b > /tmp/e2e.log 2>&1; cp /tmp/e/e2e.jsonl $E; tail -1 $E | cut -c1-250; el; }
 r LOOM_GEMM_TIMED=0 LOOM_E2E_MODES=none LOOM_E2E_PEERS=" "
 r LOOM_GEMM_TIMED=1 LOOM_E2E_MODES=none LOOM_E2E_PEERS=" "
 export LOOM_MOE_RUN_TIMEOUT=120 LOOM_MOE_LAYERS=24 LOOM_MOE_PEERS=" " LOOM_MOE_PREVIOUS=$OUT/moe.jsonl
 touch $OUT/moe.jsonl
-m() { [ $(( $(date +%s) - T0 )) -lt 450 ] || return; env "$@" bash bench/e2e/moe.sh qwen3moe30b > $W/moe.log 2>&1; tail -2 $OUT/moe.jsonl | cut -c1-300; el; }
+m() { [ "$(left)" -gt 140 ] || return; env "$@" bash bench/e2e/moe.sh qwen3moe30b > $W/moe.log 2>&1; tail -2 $OUT/moe.jsonl | cut -c1-300; el; }
 m LOOM_MOE_MODES=" " LOOM_MOE_QLORA_MODES=recompute
 [ $grc = 0 ] && m LOOM_EXPERTS_TMA=1 LOOM_NF4_IN_GEMM=1 LOOM_MOE_MODES=" " LOOM_MOE_QLORA_MODES=recompute
 m LOOM_NF4_IN_GEMM=1 LOOM_MOE_MODES=" " LOOM_MOE_QLORA_MODES=recompute
