@@ -296,7 +296,9 @@ std::string Tensor::str() const {
 
 void* Tensor::data_ptr() const {
   LOOM_CHECK(defined(), "data_ptr() of an undefined tensor");
-  return static_cast<char*>(storage_->data()) + bytes_for(dtype_, offset_);
+  // A storage without memory (an autograd output nothing reads) is null in every view of it.
+  char* base = static_cast<char*>(storage_->data());
+  return base ? base + bytes_for(dtype_, offset_) : nullptr;
 }
 
 Tensor Tensor::view(const Shape& shape) const {

@@ -120,6 +120,7 @@ TEST(OutputUse, AnUnreadOutputHoldsNoMemory) {
   EXPECT_EQ(y.value().dtype(), DType::f64);
   EXPECT_EQ(y.value().data_ptr(), nullptr);
   EXPECT_EQ(y.value().view({15, 6}).shape(), (Shape{15, 6}));
+  EXPECT_EQ(y.value().narrow(1, 2, 3).data_ptr(), nullptr);  // views of it too (no offset from null)
   ag::clear_tape();
 }
 
