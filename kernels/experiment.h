@@ -4,7 +4,6 @@
 // the variables they were given in their rows). A choice leaves this mechanism once measured: its
 // constant is set from the figures and the variable is no longer read. Any other value is an error
 // naming the variable.
-//   LOOM_EXPERTS_TMA  kernels/grouped_gemm.h   LOOM_NF4_IN_GEMM  kernels/grouped_gemm.h
 //   LOOM_GEMM_TIMED   engine/ops_linalg.cpp (cuda::GemmAlgoChoice::kTimed for every product)
 #pragma once
 

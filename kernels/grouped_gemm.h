@@ -106,18 +106,18 @@ const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const st
 // its definition for the measurements behind it.
 GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
 
-// The rule's two open questions, answered by measurement on the GPU (bench/results; false until then):
-// whether row-grouped bf16 expert products (forward, input gradient) go to the TMA-fed kernel
-// (kSm90Tma, kernels/grouped_gemm_tma.h) wherever it can run them, rather than to the list rule's pick;
-// and whether QLoRA experts are multiplied by their NF4 codes inside the GEMM (ops::grouped_matmul_nf4_into:
-// the TMA kernel's NF4 path when the first is true, else the cp.async kernel's) rather than dequantised
-// a chunk at a time first (models/layers.cpp).
-// The build's answers; the functions return them unless the environment says otherwise
-// (LOOM_EXPERTS_TMA, LOOM_NF4_IN_GEMM: kernels/experiment.h).
-inline constexpr bool kExpertsOnTmaKernel = false;
+// Two choices the list rule leaves open, answered by measurement on the H200 (bench/results/session40,
+// Qwen3-30B-A3B's shape at 24 layers, batch 4 x 2048, LoRA on attention and every expert):
+// - the experts' row-grouped bf16 products (forward, input gradient) go to the TMA-fed kernel
+//   (kSm90Tma, kernels/grouped_gemm_tma.h) wherever it can run what the rule gives the Hopper kernel:
+//   LoRA recompute 28,016 tokens/s against 27,292 with the rule's pick (one call);
+// - QLoRA experts are dequantised a chunk at a time (models/layers.cpp) before those products, not
+//   multiplied by their NF4 codes inside the GEMM: QLoRA recompute 24,304 tokens/s that way against
+//   20,841 with the cp.async kernel's NF4 path and 20,402 with the TMA kernel's (one call).
+inline constexpr bool kExpertsOnTmaKernel = true;
 inline constexpr bool kNf4ExpertsInGemm = false;
-bool experts_on_tma_kernel();
-bool nf4_experts_in_gemm();
+inline constexpr bool experts_on_tma_kernel() { return kExpertsOnTmaKernel; }
+inline constexpr bool nf4_experts_in_gemm() { return kNf4ExpertsInGemm; }
 
 }  // namespace loom
 

@@ -64,7 +64,7 @@ import json, os, statistics, sys
 path, shape, mode, batch, seq, rc, log, extra, steps = sys.argv[1:]
 who = f"loom {extra + ' ' if extra else ''}--checkpointing {mode}"
 # the kernel choices still being measured this run was told (kernels/experiment.h)
-who += "".join(f" {k}={os.environ[k]}" for k in ("LOOM_GEMM_TIMED", "LOOM_EXPERTS_TMA", "LOOM_NF4_IN_GEMM")
+who += "".join(f" {k}={os.environ[k]}" for k in ("LOOM_GEMM_TIMED",)
                if os.environ.get(k))
 try:
     rows = [json.loads(l) for l in open(path)]

@@ -4,8 +4,6 @@
 
 #include <cstdint>
 
-#include "kernels/experiment.h"
-
 namespace loom {
 namespace {
 
@@ -16,16 +14,6 @@ const char* at(const void* p, int64_t elems, GemmType t) {
 }
 
 }  // namespace
-
-bool experts_on_tma_kernel() {
-  static const bool on = experiment_switch("LOOM_EXPERTS_TMA", kExpertsOnTmaKernel);
-  return on;
-}
-
-bool nf4_experts_in_gemm() {
-  static const bool on = experiment_switch("LOOM_NF4_IN_GEMM", kNf4ExpertsInGemm);
-  return on;
-}
 
 void check_group_offsets(const char* op, const std::vector<int64_t>& offsets, int64_t rows) {
   LOOM_CHECK(offsets.size() >= 2, op, ": offsets need E + 1 >= 2 entries, got ", offsets.size());
