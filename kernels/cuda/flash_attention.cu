@@ -100,12 +100,13 @@ Kernel forward_kernel(const AttentionParams& p) {
 // Backward. H200 (session 36, as above): b4 s2048 h32/8 head_dim 128 sm90_ws 1018 us, sm90 1411,
 // mma 2423 (SDPA 983); head_dim 64 sm90_ws 628, sm90 1148 (SDPA 640); b1 s8192 d128 w4096 sm90_ws
 // 2492 us, sm90 3718 (SDPA 9464). sm90_ws covers causal attention with or without a window at
-// head_dim 64..128; sm90 every feature, its head_dim 129..256 kernel (flash_attention_bwd_sm90_d256.cu:
-// 1648 us at b4 s2048 h16/8, SDPA 1230) in place of mma's 2762; mma off sm_90a.
-// sm90_ws's head_dim 129..256 kernel (session 37) has not been measured yet: sm90 keeps those.
+// head_dim 64..256; sm90 every feature; mma off sm_90a. Session 40 (bench/results/session40, SDPA in
+// the same run): b4 s2048 h32/8 head_dim 128 sm90_ws 908 us, sm90 1403 (SDPA 977); head_dim 64 578,
+// 1102 (SDPA 657); head_dim 256 (h16/8) sm90_ws 1257 us, sm90 1603, mma 2770 (SDPA 1237). So sm90_ws
+// wherever it applies, its head_dim 129..256 kernel (flash_attention_bwd_sm90_ws_d256.cu) included.
 Kernel backward_kernel(const AttentionParams& p) {
   if (!sm90_ready()) return Kernel::kMma;
-  return sm90_ws_bwd_supported(p) && p.head_dim <= 128 ? Kernel::kSm90Ws : Kernel::kSm90;
+  return sm90_ws_bwd_supported(p) ? Kernel::kSm90Ws : Kernel::kSm90;
 }
 
 void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse, Stream s,

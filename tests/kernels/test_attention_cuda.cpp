@@ -244,9 +244,9 @@ TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
   }
 }
 
-// What the dispatcher picks: on sm_90a the warp-specialised kernels for plain causal attention at
-// head_dim 64..128, the sm90 kernels for the rest (the backward's head_dim 129..256 kernel
-// included); mma.sync elsewhere.
+// What the dispatcher picks: on sm_90a the warp-specialised kernels for causal attention (with or
+// without a window) at head_dim 64..256, the sm90 kernels for the rest (soft-capping, segments,
+// narrower heads); mma.sync elsewhere.
 TEST(FlashKernels, DispatchByArchitectureAndShape) {
   LOOM_REQUIRE_GPU();
   using cuda::flash::Kernel;
@@ -268,12 +268,13 @@ TEST(FlashKernels, DispatchByArchitectureAndShape) {
   EXPECT_EQ(cuda::flash::forward_kernel(params(256, 0.f, 30)), ws);
   EXPECT_EQ(cuda::flash::forward_kernel(params(128, 20.f, 0)), sm90);
   EXPECT_EQ(cuda::flash::forward_kernel(params(32, 0.f, 0)), sm90);
-  // Backward: warp-specialised at head_dim 64..128 with or without a window; sm90 otherwise.
+  // Backward: warp-specialised at head_dim 64..256 with or without a window; sm90 otherwise.
   EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 0)), ws);
   EXPECT_EQ(cuda::flash::backward_kernel(params(128, 0.f, 30)), ws);
   EXPECT_EQ(cuda::flash::backward_kernel(params(96, 20.f, 0)), sm90);
   EXPECT_EQ(cuda::flash::backward_kernel(params(32, 0.f, 0)), sm90);
-  EXPECT_EQ(cuda::flash::backward_kernel(params(256, 0.f, 0)), sm90);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(256, 0.f, 0)), ws);
+  EXPECT_EQ(cuda::flash::backward_kernel(params(256, 0.f, 30)), ws);
   EXPECT_EQ(cuda::flash::backward_kernel(params(192, 30.f, 40)), sm90);
 }
 
