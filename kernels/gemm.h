@@ -64,7 +64,8 @@ namespace loom::cuda {
 //   kHeuristic  the heuristic's first answer;
 //   kTimed      the heuristic's first kGemmTimedCandidates answers each timed on that first call (its own
 //               A, B and C, the output into a stream-ordered scratch of C's size, freed before returning;
-//               one host wait), the fastest kept where it beats the first by more than 2 % (close calls
+//               one host wait; the candidates take turns over three rounds, each timed by its fastest
+//               round), the fastest kept where it beats the first by more than 2 % (close calls
 //               keep the heuristic's pick, so a run does not flip between algorithms on timing noise).
 //               The call itself then runs with the chosen algorithm; later calls of the shape reuse it.
 //               Falls back to the first answer when the scratch cannot be allocated or a candidate fails.

@@ -146,10 +146,12 @@ int64_t c_extent(const GemmArgs& g) {
   return (g.batch > 1 ? (g.batch - 1) * g.stride_c : 0) + (g.m - 1) * g.ldc + g.n;
 }
 
-// kTimed: each candidate runs once untimed and then kReps times between two events on g's own operands,
-// the output into a stream-ordered scratch the size of C (C itself is only read); the fastest becomes
-// p.algo where it beats the heuristic's first by more than 2 %. Returns without changing p.algo when the
-// scratch cannot be had or the stream is being captured; a candidate that fails to launch is skipped.
+// kTimed: each candidate runs once untimed, then in kRounds rounds (every candidate once a round, in
+// turn, so that a change of clock or a neighbour's load falls on all of them alike) kReps times between
+// two events, on g's own operands, the output into a stream-ordered scratch the size of C (C itself is
+// only read). A candidate's time is its fastest round; the fastest candidate becomes p.algo where it
+// beats the heuristic's first by more than 2 %. Returns without changing p.algo when the scratch cannot
+// be had or the stream is being captured; a candidate that fails to launch is skipped.
 void time_candidates(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s) {
   if (p.candidates.size() < 2) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -157,42 +159,59 @@ void time_candidates(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, GemmWo
     (void)cudaGetLastError();
     return;
   }
-  void* d = nullptr;
-  if (cudaMallocAsync(&d, static_cast<size_t>(c_extent(g)) * gemm_type_size(g.c_type), s) != cudaSuccess) {
+  // What the trials hold goes back on every way out, a thrown CUDA error's too.
+  struct Held {
+    void* d = nullptr;
+    Stream s;
+    std::vector<cudaEvent_t> ev;
+    ~Held() {
+      for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+      if (d) cudaFreeAsync(d, s);
+    }
+  } held{nullptr, s, {}};
+  if (cudaMallocAsync(&held.d, static_cast<size_t>(c_extent(g)) * gemm_type_size(g.c_type), s) != cudaSuccess) {
     (void)cudaGetLastError();  // no room for the scratch: the heuristic's pick stands
+    held.d = nullptr;
     return;
   }
-  constexpr int kReps = 3;
+  constexpr int kRounds = 3, kReps = 2;
   const float alpha = g.alpha, beta = g.beta;
   const size_t n = p.candidates.size();
-  std::vector<cudaEvent_t> ev(2 * n, nullptr);
+  auto run = [&](size_t i) {
+    return cublasLtMatmul(handle, p.op, &alpha, g.b, p.a, g.a, p.b, &beta, g.c, p.c, held.d, p.c, &p.candidates[i],
+                          ws.ptr, ws.bytes, s) == CUBLAS_STATUS_SUCCESS;
+  };
+  auto event = [&](size_t i, int round, int end) -> cudaEvent_t& { return held.ev[(i * kRounds + round) * 2 + end]; };
+  held.ev.assign(2 * kRounds * n, nullptr);
+  for (auto& e : held.ev) LOOM_CUDA_CHECK(cudaEventCreate(&e));
   std::vector<bool> ran(n, false);
-  for (auto& e : ev) LOOM_CUDA_CHECK(cudaEventCreate(&e));
-  for (size_t i = 0; i < n; ++i) {
-    auto run = [&] {
-      return cublasLtMatmul(handle, p.op, &alpha, g.b, p.a, g.a, p.b, &beta, g.c, p.c, d, p.c, &p.candidates[i],
-                            ws.ptr, ws.bytes, s) == CUBLAS_STATUS_SUCCESS;
-    };
-    if (!run()) continue;
-    LOOM_CUDA_CHECK(cudaEventRecord(ev[2 * i], s));
-    bool ok = true;
-    for (int r = 0; r < kReps && ok; ++r) ok = run();
-    LOOM_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], s));
-    ran[i] = ok;
-  }
+  for (size_t i = 0; i < n; ++i) ran[i] = run(i);
+  for (int round = 0; round < kRounds; ++round)
+    for (size_t i = 0; i < n; ++i) {
+      if (!ran[i]) continue;
+      LOOM_CUDA_CHECK(cudaEventRecord(event(i, round, 0), s));
+      for (int r = 0; r < kReps && ran[i]; ++r) ran[i] = run(i);
+      LOOM_CUDA_CHECK(cudaEventRecord(event(i, round, 1), s));
+    }
   (void)cudaGetLastError();  // a candidate's failed launch is not the caller's error
+  void* d = held.d;
+  held.d = nullptr;
   LOOM_CUDA_CHECK(cudaFreeAsync(d, s));
   float first = -1.f, best = -1.f;
   size_t best_i = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!ran[i]) continue;
-    float ms = 0.f;
-    LOOM_CUDA_CHECK(cudaEventSynchronize(ev[2 * i + 1]));
-    LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    if (i == 0) first = ms;
-    if (best < 0.f || ms < best) best = ms, best_i = i;
+    float fastest = -1.f;
+    for (int round = 0; round < kRounds; ++round) {
+      float ms = 0.f;
+      LOOM_CUDA_CHECK(cudaEventSynchronize(event(i, round, 1)));
+      LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, event(i, round, 0), event(i, round, 1)));
+      if (fastest < 0.f || ms < fastest) fastest = ms;
+    }
+    if (i == 0) first = fastest;
+    if (best < 0.f || fastest < best) best = fastest, best_i = i;
   }
-  for (auto& e : ev) cudaEventDestroy(e);
   if (best >= 0.f && (first < 0.f || best < 0.98f * first)) p.algo = p.candidates[best_i];
 }
 
