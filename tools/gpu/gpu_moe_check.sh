@@ -51,6 +51,6 @@ SH
 fi
 [ "${LOOM_MOE_BENCH:-1}" = 1 ] || exit 0
 build-gpu/bench/loom_bench --benchmark_filter='grouped_gemm/bf16/qwen3_30b_a3b/|nf4_dequantize_experts' \
-  --benchmark_min_time=0.05s 2>&1 | grep manual_time | awk '{print $1, $2, $3}' \
+  --benchmark_min_time=0.05 2>&1 | grep manual_time | awk '{print $1, $2, $3}' \
   | sed 's#grouped_gemm/bf16/qwen3_30b_a3b/##; s#/manual_time##' > "$out/grouped.txt"
 paste - - - < "$out/grouped.txt"  # (no `column` on the GPU machine)

@@ -15,7 +15,7 @@ for case in "$@"; do
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis \
     --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op.*cycles_active\.avg\.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed' \
-    build-gpu/bench/loom_bench --benchmark_min_time=0.001s --benchmark_filter="^$case(/|\$)" > "$out/ncu_$n.txt" 2>&1
+    build-gpu/bench/loom_bench --benchmark_min_time=0.001 --benchmark_filter="^$case(/|\$)" > "$out/ncu_$n.txt" 2>&1
   echo "== ncu $case (exit $?)"
   grep -E "$kernels|Duration|Throughput|Issue Slots|Eligible|Executed Ipc|pipe_tensor|lts__|stalled" "$out/ncu_$n.txt" |
     grep -v "^==PROF" | awk '!/stalled/ || $NF+0 >= 0.05' | head -45
