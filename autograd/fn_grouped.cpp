@@ -86,7 +86,6 @@ enum class Pass { kForward, kBackward };
 void product(const char* op, const Weight& w, const Tensor& x, Tensor& out, const std::vector<int64_t>& offsets,
              Pass pass) {
   const bool backward = pass == Pass::kBackward;
-  if (!w.whole.defined() && w.fn.direct && w.fn.direct(x, nullptr, nullptr, out, offsets, !backward)) return;
   w.each_chunk(op, x.dtype(), offsets, backward, [&](const Tensor& wc, const Chunk& c) {
     Tensor oc = c.rows_of(out);
     ops::grouped_matmul_into(c.rows_of(x), wc, oc, c.offsets, /*trans_b=*/!backward);
@@ -98,7 +97,6 @@ void product(const char* op, const Weight& w, const Tensor& x, Tensor& out, cons
 void dual_product(const char* op, const Weight& w, const Tensor& x, const Tensor& x2, const Tensor& w2, Tensor& out,
                   const std::vector<int64_t>& offsets, Pass pass) {
   const bool backward = pass == Pass::kBackward;
-  if (!w.whole.defined() && w.fn.direct && w.fn.direct(x, &x2, &w2, out, offsets, !backward)) return;
   w.each_chunk(op, x.dtype(), offsets, backward, [&](const Tensor& wc, const Chunk& c) {
     Tensor oc = c.rows_of(out);
     ops::grouped_matmul_dual_into(c.rows_of(x), wc, c.rows_of(x2), c.experts_of(w2), oc, c.offsets,

@@ -133,12 +133,6 @@ struct ExpertWeightFn {
   Shape shape;        // [E, out, in]
   int64_t chunk = 0;  // experts per make(); 0 (or E and more): all at once
   std::function<Tensor(int64_t first, int64_t count, DType dtype)> make;
-  // Optional: a product with the weight without making it (QLoRA experts multiplied by their NF4 codes
-  // inside the GEMM): out[rows_e] = x[rows_e] w[e]^T (trans_b) or x[rows_e] w[e], + x2[rows_e] op(w2[e])
-  // when x2 is given, as ops::grouped_matmul_into / _dual_into would; false (nothing done): make() it.
-  std::function<bool(const Tensor& x, const Tensor* x2, const Tensor* w2, Tensor& out,
-                     const std::vector<int64_t>& offsets, bool trans_b)>
-      direct;
 };
 Variable grouped_linear(const Variable& xs, const ExpertWeightFn& w, const std::vector<int64_t>& offsets,
                         OutputUse use = OutputUse::kRead, const InputFn& recompute_x = {});

@@ -165,52 +165,6 @@ void add_dual(const MoeShape& s, const std::string& proj, int64_t in, int64_t ou
   });
 }
 
-// E experts' NF4 weights of `per` elements each, arbitrary codes and double-quantised scales (the
-// products' time does not depend on them): weights[e] is expert e's.
-struct RandomNf4Experts {
-  DeviceArray<uint8_t> packed, qabsmax;
-  DeviceArray<float> nested, code;
-  std::vector<Nf4Operand> weights;
-  RandomNf4Experts(int64_t e_count, int64_t per)
-      : packed(size_t(e_count * per / 2)), qabsmax(size_t(e_count * nf4_blocks(per))),
-        nested(random_array<float>(size_t(e_count * nf4_nested_blocks(per)), 0.01f, 0.02f)),
-        code(random_array<float>(256)) {
-    LOOM_CUDA_CHECK(cudaMemset(packed.get(), 0x5a, size_t(e_count * per / 2)));
-    LOOM_CUDA_CHECK(cudaMemset(qabsmax.get(), 0x77, size_t(e_count * nf4_blocks(per))));
-    for (int64_t e = 0; e < e_count; ++e)
-      weights.push_back({packed.get() + e * per / 2, Nf4State{nullptr, qabsmax.get() + e * nf4_blocks(per),
-                                                              nested.get() + e * nf4_nested_blocks(per), code.get(),
-                                                              0.01f}});
-  }
-};
-
-// A projection whose expert weights are NF4 (QLoRA), multiplied by the Hopper kernel that dequantises
-// them as it loads its tiles (cuda::sm90_grouped_gemm_nf4): fwd y = x w_e^T and dgrad dx = dy w_e, as
-// add_grouped's; the values are arbitrary codes and scales (the time does not depend on them). Beside
-// the bf16 product of the same name, the difference is what dequantising in the kernel costs; the
-// unfused path pays nf4_dequantize_experts (bench_quant.cpp) on top of the bf16 product.
-void add_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p, GroupedGemmVariant v) {
-  add_variant(s, proj + "_" + product_name(p) + "_nf4", v, [=](benchmark::State& st, const Setup& u) {
-    const int64_t n = u.n, e_count = u.experts, per = out * in;
-    const bool fwd = p == Product::kFwd;
-    auto act = random_array<bf16>(size_t(n * (fwd ? in : out)));
-    DeviceArray<float> result(size_t(n * (fwd ? out : in)) / 2 + 1);  // bf16
-    const RandomNf4Experts nf4(e_count, per);
-    std::vector<Nf4Operand> weights;  // the experts with rows, as row_grouped_problems lists them
-    for (int64_t e = 0; e < e_count; ++e)
-      if (u.off[size_t(e) + 1] > u.off[size_t(e)]) weights.push_back(nf4.weights[size_t(e)]);
-    RowGroupedGemm g;
-    g.a = act.get(), g.lda = fwd ? in : out, g.b = nullptr, g.c = result.get();
-    g.k = fwd ? in : out, g.m = fwd ? out : in, g.trans_b = fwd;
-    g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
-    const int tile_n = v == GroupedGemmVariant::kSm90Wide ? 256 : 128;
-    run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute}, [&] {
-      cuda::sm90_grouped_gemm_nf4(row_grouped_problems(g, u.off), weights, u.c.sm_count, u.pointers.get(), u.c.stream,
-                                  nullptr, tile_n);
-    });
-  });
-}
-
 // Registers `name`, a benchmark of a Hopper kernel given the shape's routing (skipped off sm_90a).
 void add_sm90(const MoeShape& s, const std::string& name,
               std::function<void(benchmark::State&, const std::vector<int64_t>&, const BenchContext&)> body) {
@@ -234,25 +188,6 @@ void add_tma(const MoeShape& s, const std::string& proj, int64_t in, int64_t out
     const LoraProduct lp(off.back(), s.experts, in, out, r, p == Product::kFwd);
     run_timed(st, {0, 2.0 * double(off.back()) * double(lp.k + r) * double(lp.m), Bound::kCompute},
               [&] { cuda::sm90_grouped_gemm_tma(lp.g, r > 0 ? &lp.g2 : nullptr, off, cluster, c.sm_count, c.stream); });
-  });
-}
-
-// add_nf4's products through the TMA-fed kernel's NF4 path (its producer warpgroup dequantises while
-// the consumers multiply): grouped_gemm/bf16/<shape>/<proj>_<fwd|dgrad>_nf4/sm90_tma.
-void add_tma_nf4(const MoeShape& s, const std::string& proj, int64_t in, int64_t out, Product p) {
-  const std::string name = std::string("grouped_gemm/bf16/") + s.name + "/" + proj + "_" + product_name(p) + "_nf4/sm90_tma";
-  add_sm90(s, name, [=](benchmark::State& st, const std::vector<int64_t>& off, const BenchContext& c) {
-    const int64_t n = off.back(), e_count = s.experts, per = out * in;
-    const bool fwd = p == Product::kFwd;
-    auto act = random_array<bf16>(size_t(n * (fwd ? in : out)));
-    DeviceArray<float> result(size_t(n * (fwd ? out : in)) / 2 + 1);  // bf16
-    const RandomNf4Experts nf4(e_count, per);
-    RowGroupedGemm g;
-    g.a = act.get(), g.lda = fwd ? in : out, g.b = nullptr, g.c = result.get();
-    g.k = fwd ? in : out, g.m = fwd ? out : in, g.trans_b = fwd;
-    g.ab_type = GemmType::kBF16, g.c_type = GemmType::kBF16;
-    run_timed(st, {0, 2.0 * double(n) * double(in) * double(out), Bound::kCompute},
-              [&] { cuda::sm90_grouped_gemm_tma_nf4(g, nf4.weights, nullptr, off, c.sm_count, c.stream); });
   });
 }
 
@@ -290,14 +225,9 @@ void register_grouped_gemm() {
   for (const MoeShape& s : kShapes)
     for (auto [proj, in, out] : {std::tuple{"gate_up", s.hidden, 2 * s.width}, std::tuple{"down", s.width, s.hidden}})
       for (Product p : {Product::kFwd, Product::kDgrad})
-        for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide}) add_nf4(s, proj, in, out, p, v);
-  for (const MoeShape& s : kShapes)
-    for (auto [proj, in, out] : {std::tuple{"gate_up", s.hidden, 2 * s.width}, std::tuple{"down", s.width, s.hidden}})
-      for (Product p : {Product::kFwd, Product::kDgrad})
         for (int cluster : {1, 2}) {
           add_tma(s, proj, in, out, p, 0, cluster);
           if (&s == &kShapes[0]) add_tma(s, proj, in, out, p, 16, cluster);
-          if (cluster == 1) add_tma_nf4(s, proj, in, out, p);
         }
 }
 

@@ -257,15 +257,6 @@ void nf4_dequantize_into(const Nf4Parts& q, Tensor& out);
 // (a mixture-of-experts projection's experts): on CUDA one launch per 64 experts where the kernel
 // allows (kernels/nf4.h), the same bits as nf4_dequantize_into each.
 void nf4_dequantize_experts_into(const std::vector<Nf4Parts>& experts, Tensor& out);
-// The row-grouped products of grouped_matmul_into with NF4 expert weights (QLoRA experts, each quantised on its own): w[e] is
-// [out, in] in w's parts; forward (trans_b) c[rows_e] = a[rows_e] w[e]^T (a [N, in], c [N, out]),
-// input gradient c[rows_e] = a[rows_e] w[e] (a [N, out], c [N, in]); with a2 and b2 (both defined or
-// both not) the second term of grouped_matmul_dual_into in the same accumulation. Where a kernel
-// multiplies by the codes directly (CUDA on sm_90a, bf16 activations, in a multiple of 64, shapes the
-// grouped-GEMM rule gives the Hopper kernel) it runs and returns true, the same bits as
-// dequantising first; otherwise false and nothing is done (the caller dequantises).
-bool grouped_matmul_nf4_into(const Tensor& a, const std::vector<Nf4Parts>& w, int64_t out, int64_t in, const Tensor& a2,
-                             const Tensor& b2, Tensor& c, const std::vector<int64_t>& offsets, bool trans_b);
 Tensor nf4_dequantize(const Nf4Parts& q, const Shape& shape, DType dtype);
 // bitsandbytes' signed 8-bit dynamic map as an f32 [256] tensor on `device` (one per device, shared).
 Tensor nf4_nested_code(Device device);

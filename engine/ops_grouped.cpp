@@ -54,14 +54,14 @@ void run_grouped(const char* op, const std::vector<GemmArgs>& problems, Device d
 }
 
 // The TMA-fed kernel (kernels/grouped_gemm_tma.h, clusters of two) runs g (+ g2) when asked for by name
-// (kSm90Tma), or for kAuto where experts_on_tma_kernel() says so, the list rule would give the products to
+// (kSm90Tma), or for kAuto where kExpertsOnTmaKernel says so, the list rule would give the products to
 // the Hopper kernel (not the LoRA factors' thin ones: 256-wide tiles would be mostly padding) and it can
 // run them; false: the list's variant runs.
 // problems: g's list (row_grouped_problems), which the rule reads.
 bool run_tma(const char* op, const RowGroupedGemm& g, const RowGroupedGemm* g2, const std::vector<int64_t>& offsets,
              const std::vector<GemmArgs>& problems, Device device, GroupedGemmVariant variant) {
 #if LOOM_WITH_CUDA
-  if (variant == GroupedGemmVariant::kAuto && experts_on_tma_kernel() && !device.is_cpu() &&
+  if (variant == GroupedGemmVariant::kAuto && kExpertsOnTmaKernel && !device.is_cpu() &&
       cuda::sm90_grouped_gemm_ready() && sm90_tma_unsupported(g, g2, offsets) == nullptr) {
     const GroupedGemmVariant pick = choose_grouped_gemm(problems, CudaContext::get(device.index).sm_count);
     if (pick == GroupedGemmVariant::kSm90 || pick == GroupedGemmVariant::kSm90Wide) variant = GroupedGemmVariant::kSm90Tma;
@@ -148,76 +148,6 @@ void grouped_matmul_dual_into(const Tensor& a_in, const Tensor& b_in, const Tens
   run_grouped(op, problems, a.device(), variant, &second);
 }
 
-bool grouped_matmul_nf4_into(const Tensor& a_in, const std::vector<Nf4Parts>& w, int64_t out, int64_t in,
-                             const Tensor& a2_in, const Tensor& b2_in, Tensor& c, const std::vector<int64_t>& offsets,
-                             bool trans_b, GroupedGemmVariant variant) {
-  const char* op = "grouped_matmul_nf4";
-  const int64_t k = trans_b ? in : out, m = trans_b ? out : in;
-  LOOM_CHECK(a_in.dim() == 2 && c.dim() == 2 && a_in.size(1) == k && c.size(0) == a_in.size(0) && c.size(1) == m &&
-                 static_cast<int64_t>(w.size()) + 1 == static_cast<int64_t>(offsets.size()),
-             op, ": a ", a_in.str(), " and c ", c.str(), " do not fit ", w.size(), " NF4 experts [", out, ", ", in, "]",
-             trans_b ? " transposed" : "", " and ", offsets.size(), " offsets");
-  LOOM_CHECK(a2_in.defined() == b2_in.defined(), op, ": a2 and b2 come together");
-  check_group_offsets(op, offsets, a_in.size(0));
-#if LOOM_WITH_CUDA
-  if (!c.is_cuda() || a_in.dtype() != DType::bf16 || !cuda::sm90_grouped_gemm_ready() || a_in.size(0) == 0 ||
-      in % kNf4Block != 0 || (a2_in.defined() && a2_in.dtype() != DType::bf16))
-    return false;
-  check_operands(op, a_in, a_in, c);
-  int64_t lda = 0, lda2 = 0;
-  const Tensor a = gemm_operand(a_in, lda);
-  RowGroupedGemm g;
-  g.a = a.data_ptr(), g.lda = lda, g.b = nullptr, g.c = c.data_ptr();
-  g.k = k, g.m = m, g.trans_b = trans_b;
-  g.ab_type = GemmType::kBF16, g.c_type = gemm_type(op, c.dtype());
-  const std::vector<GemmArgs> problems = row_grouped_problems(g, offsets);  // B null: the weights go apart
-  if (problems.empty()) return true;
-  std::vector<GemmArgs> second;
-  Tensor a2, b2;
-  RowGroupedGemm g2 = g;
-  if (a2_in.defined()) {
-    check_operands(op, a2_in, b2_in, c);
-    const int64_t k2 = a2_in.size(1);
-    LOOM_CHECK(a2_in.size(0) == a_in.size(0) && b2_in.dim() == 3 && b2_in.size(0) == static_cast<int64_t>(w.size()) &&
-                   (trans_b ? b2_in.size(1) == m && b2_in.size(2) == k2 : b2_in.size(1) == k2 && b2_in.size(2) == m),
-               op, ": a2 ", a2_in.str(), " x b2 ", b2_in.str(), " does not give c ", c.str());
-    a2 = gemm_operand(a2_in, lda2), b2 = b2_in.contiguous();
-    g2.a = a2.data_ptr(), g2.lda = lda2, g2.b = b2.data_ptr(), g2.k = k2;
-    second = row_grouped_problems(g2, offsets);
-  }
-  CudaContext& ctx = CudaContext::get(c.device().index);
-  if (variant == GroupedGemmVariant::kSm90Tma || (variant == GroupedGemmVariant::kAuto && experts_on_tma_kernel())) {
-    // The TMA kernel's NF4 path (every expert's weight); for kAuto, the cp.async kernel where it cannot.
-    std::vector<Nf4Operand> all;
-    for (const Nf4Parts& q : w) all.push_back(Nf4Operand{q.packed.data<uint8_t>(), checked_state(op, q, out * in, c)});
-    const RowGroupedGemm* two = a2_in.defined() ? &g2 : nullptr;
-    if (sm90_tma_nf4_unsupported(g, all, two, offsets) == nullptr) {
-      cuda::sm90_grouped_gemm_tma_nf4(g, all, two, offsets, ctx.sm_count, ctx.stream);
-      return true;
-    }
-    if (variant == GroupedGemmVariant::kSm90Tma) return false;
-  }
-  // The weights of the experts with rows, as row_grouped_problems lists them.
-  std::vector<Nf4Operand> weights;
-  for (size_t e = 0; e < w.size(); ++e)
-    if (offsets[e + 1] > offsets[e])
-      weights.push_back(Nf4Operand{w[e].packed.data<uint8_t>(), checked_state(op, w[e], out * in, c)});
-  // The Hopper kernel where the rule gives bf16 weights to it, at its tile width.
-  const GroupedGemmVariant pick = choose_grouped_gemm(problems, ctx.sm_count);
-  if ((pick != GroupedGemmVariant::kSm90 && pick != GroupedGemmVariant::kSm90Wide) ||
-      sm90_nf4_unsupported(problems, weights) != nullptr ||
-      (!second.empty() && sm90_dual_unsupported(problems, second) != nullptr))
-    return false;
-  Tensor pointers = Tensor::empty({static_cast<int64_t>(cuda::grouped_gemm_pointer_slots(problems.size()))},
-                                  DType::i64, c.device());
-  cuda::sm90_grouped_gemm_nf4(problems, weights, ctx.sm_count, static_cast<void**>(pointers.data_ptr()), ctx.stream,
-                              second.empty() ? nullptr : &second, pick == GroupedGemmVariant::kSm90Wide ? 256 : 128);
-  return true;
-#else
-  return false;
-#endif
-}
-
 void grouped_matmul_tn_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, const std::vector<int64_t>& offsets,
                             float alpha, float beta, GroupedGemmVariant variant) {
   const char* op = "grouped_matmul_tn";
@@ -261,11 +191,6 @@ void grouped_matmul_into(const Tensor& a, const Tensor& b, Tensor& c, const std:
 void grouped_matmul_dual_into(const Tensor& a, const Tensor& b, const Tensor& a2, const Tensor& b2, Tensor& c,
                               const std::vector<int64_t>& offsets, bool trans_b, float alpha, float beta) {
   detail::grouped_matmul_dual_into(a, b, a2, b2, c, offsets, trans_b, alpha, beta, GroupedGemmVariant::kAuto);
-}
-
-bool grouped_matmul_nf4_into(const Tensor& a, const std::vector<Nf4Parts>& w, int64_t out, int64_t in, const Tensor& a2,
-                             const Tensor& b2, Tensor& c, const std::vector<int64_t>& offsets, bool trans_b) {
-  return detail::grouped_matmul_nf4_into(a, w, out, in, a2, b2, c, offsets, trans_b, GroupedGemmVariant::kAuto);
 }
 
 void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,

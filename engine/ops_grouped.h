@@ -8,7 +8,6 @@
 #include "engine/ops.h"
 #include "engine/tensor.h"
 #include "kernels/grouped_gemm.h"
-#include "kernels/nf4.h"
 
 namespace loom::ops::detail {
 
@@ -19,14 +18,5 @@ void grouped_matmul_dual_into(const Tensor& a, const Tensor& b, const Tensor& a2
                               GroupedGemmVariant variant);
 void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& offsets,
                             float alpha, float beta, GroupedGemmVariant variant);
-// ops::grouped_matmul_nf4_into with the kernel named: kAuto, the cp.async Hopper kernel where the rule
-// gives it the bf16 products; kSm90Tma, the TMA-fed kernel's NF4 path (kernels/grouped_gemm_tma.h).
-bool grouped_matmul_nf4_into(const Tensor& a, const std::vector<Nf4Parts>& w, int64_t out, int64_t in, const Tensor& a2,
-                             const Tensor& b2, Tensor& c, const std::vector<int64_t>& offsets, bool trans_b,
-                             GroupedGemmVariant variant);
-
-// The kernels' view of q for n elements beside `out` (its device), after checking q's tensors
-// (engine/ops_quant.cpp; op names the caller).
-Nf4State checked_state(const char* op, const Nf4Parts& q, int64_t n, const Tensor& out);
 
 }  // namespace loom::ops::detail

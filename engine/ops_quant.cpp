@@ -71,7 +71,7 @@ Nf4Parts nf4_quantize(const Tensor& x_in, bool double_quant) {
   return q;
 }
 
-namespace detail {
+namespace {
 // The kernels' view of q for n elements on `device`, after checking q's tensors (op names the caller).
 Nf4State checked_state(const char* op, const Nf4Parts& q, int64_t n, const Tensor& out) {
   const int64_t blocks = nf4_blocks(n);
@@ -107,7 +107,7 @@ Nf4State checked_state(const char* op, const Nf4Parts& q, int64_t n, const Tenso
   }
   return st;
 }
-}  // namespace detail
+}  // namespace
 
 void nf4_dequantize_into(const Nf4Parts& q, Tensor& out) {
   const char* op = "nf4_dequantize";

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "kernels/gemm.h"
-#include "kernels/nf4.h"
 
 // cublas_api.h declares `typedef struct cublasContext* cublasHandle_t;` at global scope; the same
 // declaration here lets callers hold a handle without including CUDA headers.
@@ -23,8 +22,7 @@ void check_group_offsets(const char* op, const std::vector<int64_t>& offsets, in
 // Row-grouped (a layer's forward, and its input gradient): for each expert e with rows,
 //   C[rows_e] (n_e x m) = alpha * A[rows_e] (n_e x k) op(B[e]) + beta * C[rows_e]
 // A [N, k] with row stride lda; B [E, k, m] (or [E, m, k] when trans_b), contiguous; C [N, m]
-// contiguous. Experts without rows have no problem. A null b (NF4 weights, given to
-// cuda::sm90_grouped_gemm_nf4 apart) leaves every problem's b null.
+// contiguous. Experts without rows have no problem.
 struct RowGroupedGemm {
   const void* a = nullptr;
   int64_t lda = 0;
@@ -65,9 +63,9 @@ std::vector<GemmArgs> second_accumulating(const std::vector<GemmArgs>& problems,
 // (kernels/cuda/grouped_gemm_sm90.cu: every problem's 128 x 128 tiles in one launch of wgmma, bf16
 // operands only, see sm90_grouped_unsupported); kSm90Wide, the same kernel with 128 x 256 tiles (half
 // the operand traffic per product, twice the accumulators); kAuto, what choose_grouped_gemm says.
-// kSm90Tma, by name only (unmeasured): the TMA-fed kernel in clusters of two (kernels/grouped_gemm_tma.h),
-// which ops:: runs for row-grouped products (forward, input gradient); a list given to grouped_gemm
-// with it (a weight gradient's) runs what kAuto picks.
+// kSm90Tma: the TMA-fed kernel in clusters of two (kernels/grouped_gemm_tma.h), which ops:: runs for
+// row-grouped products (forward, input gradient), by name or for kAuto (kExpertsOnTmaKernel, below); a
+// list given to grouped_gemm with it (a weight gradient's) runs what kAuto picks.
 enum class GroupedGemmVariant { kAuto, kCublasGrouped, kLoop, kSm90, kSm90Wide, kSm90Tma };
 const char* grouped_gemm_variant_name(GroupedGemmVariant v);
 
@@ -90,18 +88,6 @@ const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems);
 // or lists that do not pair up), or nullptr.
 const char* sm90_dual_unsupported(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second);
 
-// A QLoRA expert's weight W [out, in] in NF4 (kernels/nf4.h: blocks of 64 along its rows), as the B
-// operand of cuda::sm90_grouped_gemm_nf4: the problem's B is W^T (trans_b: B = W as [N = out, K = in],
-// a forward y = x W^T) or W (B = W as [K = out, N = in], an input gradient dx = dy W), ldb = in.
-struct Nf4Operand {
-  const uint8_t* packed = nullptr;  // [out * in / 2], two codes a byte, the first in the high nibble
-  Nf4State state;
-};
-// Why the Hopper kernel cannot multiply by these NF4 weights (what sm90_grouped_unsupported asks of
-// bf16 operands, with each B's pointer being its packed codes; and: one weight per problem, A not
-// transposed, ldb (= in) a multiple of 64, packed codes 16-byte aligned, a complete state), or nullptr.
-const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights);
-
 // The one selection rule (kSm90Wide, kSm90, kCublasGrouped or kLoop) for problems on a GPU of `sm_count` SMs; see
 // its definition for the measurements behind it.
 GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count);
@@ -113,11 +99,10 @@ GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, in
 //   LoRA recompute 28,016 tokens/s against 27,292 with the rule's pick (one call);
 // - QLoRA experts are dequantised a chunk at a time (models/layers.cpp) before those products, not
 //   multiplied by their NF4 codes inside the GEMM: QLoRA recompute 24,304 tokens/s that way against
-//   20,841 with the cp.async kernel's NF4 path and 20,402 with the TMA kernel's (one call).
+//   20,841 with the cp.async kernel's NF4 path and 20,402 with the TMA kernel's (one call). Those
+//   paths lost twice (session 37's first version: 20,262) and were taken out after b3c597d; the
+//   git history has them (kernels/cuda/grouped_gemm_nf4.cuh, sm90_grouped_gemm_nf4, _tma_nf4).
 inline constexpr bool kExpertsOnTmaKernel = true;
-inline constexpr bool kNf4ExpertsInGemm = false;
-inline constexpr bool experts_on_tma_kernel() { return kExpertsOnTmaKernel; }
-inline constexpr bool nf4_experts_in_gemm() { return kNf4ExpertsInGemm; }
 
 }  // namespace loom
 
@@ -138,9 +123,8 @@ struct GroupedGemmContext {
   int sm_count = 0;
 };
 // Device entries a grouped launch needs in `pointers`: kCublasGrouped's A, B and C pointer arrays
-// (3 per problem), or kSm90's problem descriptors (80 bytes) and, for sm90_grouped_gemm_nf4, their NF4
-// weights' (48 bytes): 16 slots per problem.
-inline constexpr size_t kSm90SlotsPerProblem = 16;
+// (3 per problem), or kSm90's problem descriptors (80 bytes): 10 slots per problem.
+inline constexpr size_t kSm90SlotsPerProblem = 10;
 inline size_t grouped_gemm_pointer_slots(size_t problems) { return kSm90SlotsPerProblem * problems; }
 // Runs the problems (none may be batched; all share one type pair) on stream s. kCublasGrouped
 // writes its pointer arrays into `pointers` (device memory of grouped_gemm_pointer_slots entries,
@@ -166,9 +150,4 @@ bool sm90_grouped_gemm_ready();
 // output tiles' width, 128 (kSm90) or 256 (kSm90Wide).
 void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
                        const std::vector<GemmArgs>* second = nullptr, int tile_n = 128);
-// The same with B the problems' NF4 weights (sm90_nf4_unsupported; each problem's b is ignored),
-// dequantised by the kernel into its shared-memory tiles as it streams them: the products equal
-// nf4_dequantize then sm90_grouped_gemm bit for bit, without the bf16 copy of the weights.
-void sm90_grouped_gemm_nf4(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights, int sm_count,
-                           void** pointers, Stream s, const std::vector<GemmArgs>* second = nullptr, int tile_n = 128);
 }  // namespace loom::cuda

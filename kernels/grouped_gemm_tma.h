@@ -6,7 +6,8 @@
 // consumer warpgroups only multiply (128 x 256 output tiles) and store. With clusters of two, the pair of
 // CTAs takes two adjacent 128-row tiles of one expert and one 256-column tile and each loads half of the
 // shared weight tile for both (TMA multicast): 32 KiB of operands from L2 a k-step instead of 48.
-// Asked for by name (benchmarks, tests) until measured against the cp.async kernel (kSm90Wide).
+// Measured against the cp.async kernel (kSm90Wide) end to end (session 40): the experts' row-grouped
+// products run here (kExpertsOnTmaKernel, kernels/grouped_gemm.h).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -25,14 +26,6 @@ inline constexpr int64_t kSm90TmaMaxExperts = 256;
 const char* sm90_tma_unsupported(const RowGroupedGemm& g, const RowGroupedGemm* second,
                                  const std::vector<int64_t>& offsets);
 
-// The same with NF4 experts (QLoRA): g's B is `weights` (one per expert, bitsandbytes' layout,
-// kernels/nf4.h; an expert without rows may have none), which the producer warpgroup dequantises into
-// the B tiles (the bits nf4_dequantize gives, so the product equals dequantise-then-multiply) while
-// the consumers multiply: also in, the weights' row length, a multiple of 64, and packed codes 16-byte
-// aligned with a complete state. One CTA a cluster.
-const char* sm90_tma_nf4_unsupported(const RowGroupedGemm& g, const std::vector<Nf4Operand>& weights,
-                                     const RowGroupedGemm* second, const std::vector<int64_t>& offsets);
-
 }  // namespace loom
 
 namespace loom::cuda {
@@ -42,9 +35,5 @@ namespace loom::cuda {
 // device's. Throws when sm90_tma_unsupported or the GPU cannot run it (sm90_grouped_gemm_ready).
 void sm90_grouped_gemm_tma(const RowGroupedGemm& g, const RowGroupedGemm* second, const std::vector<int64_t>& offsets,
                            int cluster, int sm_count, Stream s);
-// g (its b unused) over NF4 experts (sm90_tma_nf4_unsupported), + second (bf16, or null).
-void sm90_grouped_gemm_tma_nf4(const RowGroupedGemm& g, const std::vector<Nf4Operand>& weights,
-                               const RowGroupedGemm* second, const std::vector<int64_t>& offsets, int sm_count,
-                               Stream s);
 
 }  // namespace loom::cuda

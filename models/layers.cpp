@@ -115,25 +115,13 @@ ag::Variable ExpertLinear::forward(const ag::Variable& xs, const std::vector<int
   ag::ExpertWeightFn w;
   w.shape = {experts, out, in}, w.chunk = chunk;
   w.make = [this](int64_t first, int64_t count, DType dtype) { return dense_weight(dtype, first, count); };
-  if (nf4_experts_in_gemm()) {  // (kernels/grouped_gemm.h) multiplied by their codes where a kernel takes them
-    w.direct = [this](const Tensor& x, const Tensor* x2, const Tensor* w2, Tensor& y,
-                      const std::vector<int64_t>& offsets, bool trans_b) {
-      std::vector<ops::Nf4Parts> parts;
-      for (const auto& q : nf4) parts.push_back(q->parts());
-      return ops::grouped_matmul_nf4_into(x, parts, out, in, x2 ? *x2 : Tensor(), w2 ? *w2 : Tensor(), y, offsets,
-                                          trans_b);
-    };
-    return through(w);
-  }
   if (scratch && ag::recomputing() && chunk >= experts) {
     // In a checkpoint's recomputation backward follows at once: when the whole weight is one chunk the
     // product keeps it (the scratch's buffer, allocated either way) rather than dequantise a third time.
     return through(ag::Variable(dense_weight(xs.dtype()), false));
   }
-  // (ops::grouped_matmul_nf4_into, used above when nf4_experts_in_gemm(), multiplies by the codes
-  // themselves, the same bits, without the scratch; the cp.async kernel's first version ran the
-  // 24-layer Qwen3-30B-A3B QLoRA recompute row at 20,262 tokens/s against 23,445 dequantising first:
-  // H200, session 37.)
+  // (Grouped GEMMs that multiply by the NF4 codes themselves ran the 24-layer Qwen3-30B-A3B QLoRA
+  // recompute row 14-16 % slower than dequantising first, H200, sessions 37 and 40: kernels/grouped_gemm.h.)
   return through(w);
 }
 

@@ -7,7 +7,7 @@
 namespace loom {
 namespace {
 
-// Element `elems` of an operand at p; a null operand (an NF4 product's B) stays null.
+// Element `elems` of an operand at p; a null operand stays null.
 const char* at(const void* p, int64_t elems, GemmType t) {
   if (p == nullptr) return nullptr;
   return static_cast<const char*>(p) + elems * static_cast<int64_t>(gemm_type_size(t));
@@ -122,27 +122,6 @@ const char* sm90_grouped_unsupported(const std::vector<GemmArgs>& problems) {
       return "C not aligned to two elements, or an odd ldc or n";
   }
   return nullptr;
-}
-
-const char* sm90_nf4_unsupported(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights) {
-  if (weights.size() != problems.size()) return "not one NF4 weight per problem";
-  if (problems.size() >= (size_t(1) << 16)) return "65536 problems or more";
-  std::vector<GemmArgs> as_bf16 = problems;
-  for (size_t i = 0; i < problems.size(); ++i) {
-    const GemmArgs& p = problems[i];
-    const Nf4Operand& w = weights[i];
-    if (p.trans_a) return "a transposed A (NF4 weights are the B of forward and input-gradient products)";
-    if (p.ldb % kNf4Block != 0) return "an ldb (the weight's row length) not a multiple of 64";
-    // (A forward reads whole rows: the kernel converts a row's codes past a shorter K where the bf16
-    // path loads zeros, which only matters for non-finite weights, but the bits must agree.)
-    if (p.trans_b ? p.k != p.ldb : p.n > p.ldb) return "a forward not over the weight's whole rows, or a wider product";
-    if (w.packed == nullptr || reinterpret_cast<uintptr_t>(w.packed) % 16 != 0)
-      return "packed NF4 codes missing or not 16-byte aligned";
-    const Nf4State& st = w.state;
-    if (!st.absmax && !(st.qabsmax && st.nested_absmax && st.nested_code)) return "an incomplete NF4 state";
-    as_bf16[i].b = w.packed;
-  }
-  return sm90_grouped_unsupported(as_bf16);
 }
 
 const char* sm90_dual_unsupported(const std::vector<GemmArgs>& problems, const std::vector<GemmArgs>& second) {

@@ -9,11 +9,10 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// One operand list's own conditions (tensor maps of A [N, k] and B [E, m, k] or [E, k, m]; b_given:
-// false for NF4 weights, which come apart).
-const char* unsupported_one(const RowGroupedGemm& g, int64_t rows, bool b_given = true) {
+// One operand list's own conditions (tensor maps of A [N, k] and B [E, m, k] or [E, k, m]).
+const char* unsupported_one(const RowGroupedGemm& g, int64_t rows) {
   constexpr int64_t kMax = int64_t(1) << 31;
-  if (g.a == nullptr || (b_given && g.b == nullptr)) return "a null A or B";
+  if (g.a == nullptr || g.b == nullptr) return "a null A or B";
   if (g.ab_type != GemmType::kBF16) return "its A and B are not bf16";
   if (g.c_type != GemmType::kBF16 && g.c_type != GemmType::kF32) return "its C is neither bf16 nor f32";
   if (g.k < 1 || g.m < 1) return "an empty reduction or output width";
@@ -29,12 +28,11 @@ const char* unsupported_one(const RowGroupedGemm& g, int64_t rows, bool b_given 
 }  // namespace
 
 namespace {
-const char* unsupported(const RowGroupedGemm& g, const RowGroupedGemm* second, const std::vector<int64_t>& offsets,
-                        bool b_given) {
+const char* unsupported(const RowGroupedGemm& g, const RowGroupedGemm* second, const std::vector<int64_t>& offsets) {
   if (offsets.size() < 2) return "no experts";
   if (int64_t(offsets.size()) - 1 > kSm90TmaMaxExperts) return "more experts than the kernel's launch arguments hold";
   const int64_t rows = offsets.back();
-  if (const char* why = unsupported_one(g, rows, b_given)) return why;
+  if (const char* why = unsupported_one(g, rows)) return why;
   if (g.c == nullptr || reinterpret_cast<uintptr_t>(g.c) % (2 * (g.c_type == GemmType::kF32 ? 4 : 2)) != 0)
     return "C not aligned to a pair of elements";
   if (second != nullptr) {
@@ -49,23 +47,7 @@ const char* unsupported(const RowGroupedGemm& g, const RowGroupedGemm* second, c
 
 const char* sm90_tma_unsupported(const RowGroupedGemm& g, const RowGroupedGemm* second,
                                  const std::vector<int64_t>& offsets) {
-  return unsupported(g, second, offsets, true);
-}
-
-const char* sm90_tma_nf4_unsupported(const RowGroupedGemm& g, const std::vector<Nf4Operand>& weights,
-                                     const RowGroupedGemm* second, const std::vector<int64_t>& offsets) {
-  if (offsets.size() < 2 || weights.size() != offsets.size() - 1) return "not one NF4 weight per expert";
-  if (const char* why = unsupported(g, second, offsets, false)) return why;  // g.b is never read
-  const int64_t in = g.trans_b ? g.k : g.m;  // the weights' row length
-  if (in % kNf4Block != 0) return "the weights' rows (in) not a multiple of 64";
-  for (size_t e = 0; e < weights.size(); ++e) {
-    if (offsets[e + 1] == offsets[e] && weights[e].packed == nullptr) continue;  // no rows, no weight
-    const Nf4Operand& w = weights[e];
-    if (w.packed == nullptr || !aligned16(w.packed)) return "packed NF4 codes missing or not 16-byte aligned";
-    const Nf4State& st = w.state;
-    if (!st.absmax && !(st.qabsmax && st.nested_absmax && st.nested_code)) return "an incomplete NF4 state";
-  }
-  return nullptr;
+  return unsupported(g, second, offsets);
 }
 
 }  // namespace loom

@@ -36,7 +36,6 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/grouped_gemm_nf4.cuh"
 #include "kernels/cuda/grouped_gemm_store.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/grouped_gemm.h"
@@ -78,8 +77,7 @@ struct Problem {
   int32_t k2, lda2, ldb2, unused;
 };
 static_assert(sizeof(Problem) == 80 && alignof(Problem) == 8, "10 pointer slots per problem");
-static_assert(sizeof(Problem) + sizeof(nf4g::Nf4Problem) <= kSm90SlotsPerProblem * sizeof(void*),
-              "grouped_gemm_pointer_slots covers a problem and its NF4 weight");
+static_assert(sizeof(Problem) <= kSm90SlotsPerProblem * sizeof(void*), "grouped_gemm_pointer_slots covers a problem");
 
 __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
 
@@ -136,9 +134,8 @@ struct Loaders {
 };
 
 // k-step `c.kt` of the cursor's tile into the stage's A and B tiles (rows/columns past the problem
-// are zeros). With kNf4, B of the first product is the problem's NF4 weight, which nf4_issue_step
-// loads and nf4g::nf4_store writes: here only A (and a second product's bf16 B) is loaded.
-template <bool kTransA, bool kTransB, int kBN, bool kNf4 = false>
+// are zeros).
+template <bool kTransA, bool kTransB, int kBN>
 __device__ __forceinline__ void load_step(const Cursor<kBN>& c, bf16* sA, bf16* sB, const Loaders<kBM>& la,
                                           const Loaders<kBN>& lb) {
   const Problem& p = c.prob;
@@ -152,23 +149,8 @@ __device__ __forceinline__ void load_step(const Cursor<kBN>& c, bf16* sA, bf16* 
   const int k0 = (first ? c.kt : c.kt - c.kt_first) * kBK;
   if constexpr (!kTransA) la.k_major.load(sA, a + k0, lda, c.m0, p.m, depth - k0);  // A [M, K]
   else la.mn_major.load(sA, a + c.m0, lda, k0, depth, p.m - c.m0);                  // A [K, M]
-  if (kNf4 && first) return;
   if constexpr (kTransB) lb.k_major.load(sB, b + k0, ldb, c.n0, p.n, depth - k0);   // B [N, K]
   else lb.mn_major.load(sB, b + c.n0, ldb, k0, depth, p.n - c.n0);                  // B [K, N]
-}
-
-// kNf4: issues the loads of the cursor's k-step's NF4 B tile (at element b_off of shared memory)
-// into `out`, or marks `out` empty for a second product's step (load_step's cp.async brings that B).
-template <bool kTransB, int kBN>
-__device__ __forceinline__ void nf4_issue_step(const Cursor<kBN>& c, int b_off, const nf4g::Nf4Problem* nf4s,
-                                               const nf4g::Nf4Place<kBN, kTransB>& place,
-                                               nf4g::Nf4Pending<kBN>& out) {
-  const Problem& p = c.prob;
-  if (!(c.kt < c.kt_first || p.k2 == 0)) {
-    out.dst = -1;
-    return;
-  }
-  nf4g::nf4_issue<kBN, kTransB>(nf4s[c.p], c.p, place, c.n0, c.kt * kBK, p.n, p.k, p.ldb, b_off, out);
 }
 
 // C [m0 + 64 wg .., n0 ..] = alpha acc + beta C from one warpgroup's m64nN accumulators (the
@@ -182,10 +164,9 @@ __device__ __forceinline__ void store_tile(const Cursor<kBN>& c, const float (&a
                                                       c.n0 + 2 * (lane & 3), p.n, acc, alpha, beta);
 }
 
-template <bool kTransA, bool kTransB, class TC, int kBN, bool kNf4>
+template <bool kTransA, bool kTransB, class TC, int kBN>
 __global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, const nf4g::Nf4Problem* __restrict__ nf4s,
-                             const float* __restrict__ nested_book, int count, float alpha, float beta) {
+    grouped_gemm_sm90_kernel(const Problem* __restrict__ problems, int count, float alpha, float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Shape<kBN>;
   constexpr int kStages = S::kStages, kStageElems = S::kStageElems;
@@ -196,55 +177,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t stride = gridDim.x;
   const Loaders<kBM> la(tid);
   const Loaders<kBN> lb(tid);
-  // kNf4: the NF4 code book and this thread's place in a B tile. The codes of a step are loaded
-  // kDepth steps before they are converted (a ring of loads in flight, `bload` a cursor of its own
-  // ahead of `load`), so that a load's latency from memory has kDepth k-steps of wgmma to hide in.
-  __shared__ float nf4_code[16];
-  __shared__ float book_copy[256];  // nested_book (the problems' shared nested code book), or unused
-  const float* book = kNf4 && nested_book ? book_copy : nullptr;
-  const nf4g::Nf4Place<kBN, kTransB> place(tid);
-  constexpr int kDepth = kNf4 ? (kBN == 128 ? 3 : 2) : 1;
-  nf4g::Nf4Pending<kBN> ring[kDepth];
-  if constexpr (kNf4) {
-    if (tid < 16) nf4_code[tid] = nf4g::kNf4CodeBook[tid];
-    static_assert(kThreads == 256, "a thread per nested code");
-    if (nested_book) book_copy[tid] = nested_book[tid];
-    __syncthreads();
-  }
 
   Cursor<kBN> mma;
   mma.init(problems, count, blockIdx.x);
   if (!mma.valid(count)) return;  // the same for every thread of the block
   Cursor<kBN> load = mma;
 
-  // Prologue: k-steps 0 .. kStages - 3 into stages 0 .. kStages - 3 (NF4 codes converted at once).
+  // Prologue: k-steps 0 .. kStages - 3 into stages 0 .. kStages - 3.
 #pragma unroll
   for (int s = 0; s < kStages - 2; ++s) {
     if (load.valid(count)) {
-      bf16* sB = smem + s * kStageElems + S::kAElems;
-      load_step<kTransA, kTransB, kBN, kNf4>(load, smem + s * kStageElems, sB, la, lb);
-      if constexpr (kNf4) {
-        nf4_issue_step<kTransB, kBN>(load, s * kStageElems + S::kAElems, nf4s, place, ring[0]);
-        if (ring[0].dst >= 0) nf4g::nf4_store<kBN>(ring[0], place.part, nf4_code, book, nf4s, smem);
-      }
+      load_step<kTransA, kTransB, kBN>(load, smem + s * kStageElems, smem + s * kStageElems + S::kAElems, la, lb);
       load.advance(problems, count, stride);
     }
     flash::cp_async_commit();
-  }
-  // The ring: steps kStages - 2 .. kStages - 3 + kDepth (ring[i] holds step load + i); `slot` is the one
-  // holding the next step to convert, which then takes the loads of the step kDepth further.
-  Cursor<kBN> bload = load;
-  int bload_stage = kStages - 2, slot = 0;
-  if constexpr (kNf4) {
-#pragma unroll
-    for (int i = 0; i < kDepth; ++i) {
-      ring[i].dst = -1;
-      if (bload.valid(count)) {
-        nf4_issue_step<kTransB, kBN>(bload, bload_stage * kStageElems + S::kAElems, nf4s, place, ring[i]);
-        bload.advance(problems, count, stride);
-      }
-      bload_stage = bload_stage + 1 == kStages ? 0 : bload_stage + 1;
-    }
   }
 
   float acc[kBN / 2];
@@ -279,22 +225,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 
       // (c) Prefetch step j + kStages - 2 (of this tile or a later one) into the stage step j - 2 used.
-      if constexpr (kNf4) {  // its NF4 B (loaded kDepth steps ago), then the loads of step j + kStages - 2 + kDepth
-        nf4g::with_slot<kDepth>(slot, [&](auto which) {
-          nf4g::Nf4Pending<kBN>& r = ring[decltype(which)::value];
-          if (r.dst >= 0) nf4g::nf4_store<kBN>(r, place.part, nf4_code, book, nf4s, smem);
-          r.dst = -1;
-          if (bload.valid(count)) {
-            nf4_issue_step<kTransB, kBN>(bload, bload_stage * kStageElems + S::kAElems, nf4s, place, r);
-            bload.advance(problems, count, stride);
-          }
-        });
-        bload_stage = bload_stage + 1 == kStages ? 0 : bload_stage + 1;
-        slot = slot + 1 == kDepth ? 0 : slot + 1;
-      }
       if (load.valid(count)) {
-        load_step<kTransA, kTransB, kBN, kNf4>(load, smem + load_stage * kStageElems,
-                                               smem + load_stage * kStageElems + S::kAElems, la, lb);
+        load_step<kTransA, kTransB, kBN>(load, smem + load_stage * kStageElems,
+                                         smem + load_stage * kStageElems + S::kAElems, la, lb);
         load.advance(problems, count, stride);
       }
       flash::cp_async_commit();
@@ -332,14 +265,13 @@ __global__ void write_problems(ProblemChunk chunk, Problem* dst) {
   if (i < chunk.count) dst[i] = chunk.p[i];
 }
 
-template <bool kTransA, bool kTransB, class TC, int kBN, bool kNf4 = false>
-void launch(const Problem* problems, const nf4g::Nf4Problem* nf4s, int count, int64_t tiles, int sm_count, float alpha,
-            float beta, Stream s, const float* nested_book = nullptr) {
-  auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN, kNf4>;
+template <bool kTransA, bool kTransB, class TC, int kBN>
+void launch(const Problem* problems, int count, int64_t tiles, int sm_count, float alpha, float beta, Stream s) {
+  auto* kernel = grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN>;
   constexpr size_t kSmemBytes = Shape<kBN>::kSmemBytes;
-  allow_dynamic_smem<grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN, kNf4>>(kSmemBytes);
+  allow_dynamic_smem<grouped_gemm_sm90_kernel<kTransA, kTransB, TC, kBN>>(kSmemBytes);
   const unsigned grid = unsigned(std::min<int64_t>(tiles, sm_count));
-  kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, nf4s, nested_book, count, alpha, beta);
+  kernel<<<grid, kThreads, kSmemBytes, s>>>(problems, count, alpha, beta);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -355,17 +287,17 @@ void launch_layout(const GemmArgs& g, const Problem* dev, int n, int64_t tiles, 
   // trans_a / trans_b / C type: forward (false, true), input gradient (false, false), weight
   // gradient (true, false); (true, true) for completeness.
   if (!g.trans_a && g.trans_b) {
-    f32 ? launch<false, true, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<false, true, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<false, true, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, true, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
   } else if (!g.trans_a && !g.trans_b) {
-    f32 ? launch<false, false, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<false, false, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<false, false, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<false, false, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
   } else if (g.trans_a && !g.trans_b) {
-    f32 ? launch<true, false, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<true, false, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<true, false, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, false, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
   } else {
-    f32 ? launch<true, true, float, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s)
-        : launch<true, true, bf16, kBN>(dev, nullptr, n, tiles, sm_count, g.alpha, g.beta, s);
+    f32 ? launch<true, true, float, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s)
+        : launch<true, true, bf16, kBN>(dev, n, tiles, sm_count, g.alpha, g.beta, s);
   }
 }
 }  // namespace
@@ -405,16 +337,6 @@ int64_t write_problem_list(const std::vector<GemmArgs>& problems, void** pointer
   return tiles;
 }
 
-struct Nf4Chunk {
-  nf4g::Nf4Problem p[kChunk];
-  int count;
-};
-static_assert(sizeof(Nf4Chunk) + 16 <= kMaxKernelArgBytes, "kernel arguments are limited to 32,764 bytes");
-
-__global__ void write_nf4_problems(Nf4Chunk chunk, nf4g::Nf4Problem* dst) {
-  const int i = static_cast<int>(threadIdx.x);
-  if (i < chunk.count) dst[i] = chunk.p[i];
-}
 }  // namespace
 
 void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void** pointers, Stream s,
@@ -427,53 +349,6 @@ void sm90_grouped_gemm(const std::vector<GemmArgs>& problems, int sm_count, void
   const Problem* dev = reinterpret_cast<const Problem*>(pointers);
   if (tile_n == 256) launch_layout<256>(problems[0], dev, n, tiles, sm_count, s);
   else launch_layout<128>(problems[0], dev, n, tiles, sm_count, s);
-}
-
-void sm90_grouped_gemm_nf4(const std::vector<GemmArgs>& problems, const std::vector<Nf4Operand>& weights, int sm_count,
-                           void** pointers, Stream s, const std::vector<GemmArgs>* second, int tile_n) {
-  if (problems.empty()) return;
-  const char* why = sm90_nf4_unsupported(problems, weights);
-  LOOM_CHECK(why == nullptr, "cuda grouped_gemm (NF4 weights): the sm90 kernel cannot run these problems: ", why);
-  // The descriptors as for bf16 operands, each B naming its packed codes (never read as bf16).
-  std::vector<GemmArgs> as_bf16 = problems;
-  for (size_t i = 0; i < problems.size(); ++i) as_bf16[i].b = weights[i].packed;
-  const int64_t tiles = write_problem_list(as_bf16, pointers, s, second, tile_n);
-  const int n = static_cast<int>(problems.size());
-  auto* nf4s = reinterpret_cast<nf4g::Nf4Problem*>(reinterpret_cast<Problem*>(pointers) + n);
-  for (int first = 0; first < n; first += kChunk) {
-    Nf4Chunk chunk{};
-    chunk.count = std::min(kChunk, n - first);
-    for (int i = 0; i < chunk.count; ++i) {
-      const Nf4Operand& w = weights[size_t(first + i)];
-      chunk.p[i] = nf4g::Nf4Problem{w.packed, w.state.absmax, w.state.qabsmax, w.state.nested_absmax,
-                                    w.state.nested_code, w.state.offset, 0};
-    }
-    write_nf4_problems<<<1, kChunk, 0, s>>>(chunk, nf4s + first);
-    LOOM_CUDA_LAUNCH_CHECK();
-  }
-  if (tiles == 0) return;
-  if (sm_count <= 0) sm_count = cuda::sm_count();
-  const Problem* dev = reinterpret_cast<const Problem*>(pointers);
-  const bool f32 = problems[0].c_type == GemmType::kF32, fwd = problems[0].trans_b;
-  const float alpha = problems[0].alpha, beta = problems[0].beta;
-  // One nested code book for all (Loom's quantiser shares one a device): the kernel copies it to
-  // shared memory, so that a scale's lookup does not wait on memory.
-  const float* book = weights[0].state.absmax ? nullptr : weights[0].state.nested_code;
-  for (const Nf4Operand& w : weights)
-    if (w.state.absmax || w.state.nested_code != book) book = nullptr;
-  // Forward (B = W [out, in] K-major) or input gradient (B = W as [K = out, N = in]), bf16 or f32 C.
-  auto run = [&](auto wide) {
-    constexpr int kBN = decltype(wide)::value;
-    if (fwd) {
-      f32 ? launch<false, true, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book)
-          : launch<false, true, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book);
-    } else {
-      f32 ? launch<false, false, float, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book)
-          : launch<false, false, bf16, kBN, true>(dev, nf4s, n, tiles, sm_count, alpha, beta, s, book);
-    }
-  };
-  if (tile_n == 256) run(std::integral_constant<int, 256>{});
-  else run(std::integral_constant<int, 128>{});
 }
 
 }  // namespace loom::cuda

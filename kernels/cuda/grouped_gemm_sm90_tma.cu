@@ -18,12 +18,7 @@
 //     be free (empty), announces the stage's bytes (full) and issues the TMA copies: A's 128 x 64 tile
 //     (its own), and its part of B's tile (all of it alone; half with a cluster of two, multicast to
 //     both CTAs). The other threads leave.
-//     With NF4 experts (kNf4, one CTA a cluster) all 128 threads produce, at setmaxnreg 104: thread 0
-//     sends A (and a LoRA step's B2) by TMA as above, and every thread converts two 64-element NF4
-//     blocks of the step's B tile (codes and scales loaded kNf4Depth steps earlier into a register ring
-//     of fixed slots; kernels/cuda/grouped_gemm_nf4.cuh's helpers) into the stage, fences them to the
-//     async proxy and arrives on the stage's full barrier.
-//   warpgroups 1 and 2, consumers: setmaxnreg up to 232 (200 with NF4); rows 64 c .. 64 c + 63 of the tile
+//   warpgroups 1 and 2, consumers: setmaxnreg up to 232; rows 64 c .. 64 c + 63 of the tile
 //     (m64n256k16 wgmma, 128 f32 accumulators a thread), then the epilogue straight to global memory
 //     (kernels/cuda/grouped_gemm_store.cuh).
 // Shared memory: kStages = 4 stages of A 16 KiB + B 32 KiB (both 128-byte swizzled: wgmma::sw128's
@@ -38,9 +33,8 @@
 //     rank arrive as zeros), after the first product's k-steps, into the same accumulators.
 // Barrier protocol (k-step n of the CTA counts every unit's k-steps; stage n % kStages, phase parity
 // (n / kStages) & 1):
-//   full[s] (count 1; 1 + 128 with NF4): the producer's arrive.expect_tx of the stage's 48 KiB (its A,
-//     its B part and, with a cluster, the other CTA's multicast B part; with NF4 only A's 16 KiB on the
-//     first product's steps) and, with NF4, each converting thread's arrival; TMA completes the bytes.
+//   full[s] (count 1): the producer's arrive.expect_tx of the stage's 48 KiB (its A, its B part and,
+//     with a cluster, the other CTA's multicast B part); TMA completes the bytes.
 //     Another CTA's multicast can complete bytes before this CTA's producer announces them: the phase
 //     cannot end before its arrivals.
 //   empty[s] (count 8 x cluster: each consumer warp of every CTA of the cluster): a warp arrives on the
@@ -53,13 +47,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
-#include "kernels/cuda/grouped_gemm_nf4.cuh"
 #include "kernels/cuda/grouped_gemm_store.cuh"
 #include "kernels/cuda/tma_mbarrier.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -76,10 +68,6 @@ constexpr uint32_t kStageBytes = uint32_t(kStageElems * sizeof(bf16));  // 48 Ki
 constexpr size_t kSmemBytes = size_t(kStages) * kStageElems * sizeof(bf16) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "Hopper gives a block at most 227 KiB of shared memory");
 constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 64 K registers
-// With NF4 weights the producer warpgroup converts: 128 x 104 + 256 x 200 <= 64 K registers.
-constexpr int kNf4ProducerRegs = 104, kNf4ConsumerRegs = 200;
-constexpr int kNf4Depth = 3;  // k-steps whose NF4 codes are in flight (in registers) ahead of their conversion
-constexpr int kProducerBar = 1;  // named barrier of the NF4 producer warpgroup's 128 threads
 constexpr int kOldGroups = 8;                           // the epilogue's old-value loads (a quarter of 256 columns)
 
 // The launch's expert table: rows [row_start[e], row_start[e + 1]) are expert e's, its units
@@ -91,17 +79,7 @@ struct Groups {
   int32_t experts, n, k, k_steps, k2_steps;  // n: the output's columns, k: A B's depth; k-steps of A B and of A2 B2
 };
 
-// NF4 experts (kernels/cuda/grouped_gemm_nf4.cuh): each expert's weight, the code book, and the nested
-// code book every weight shares (null: each its own).
-struct Nf4Table {
-  nf4g::Nf4Problem w[kMaxExperts];
-  float code[16];
-  const float* book;
-};
-struct NoNf4 {
-  int unused;
-};
-static_assert(sizeof(Nf4Table) + sizeof(Groups) + 4 * sizeof(CUtensorMap) + 64 <= 32764,
+static_assert(sizeof(Groups) + 4 * sizeof(CUtensorMap) + 64 <= 32764,
               "launch arguments: at most 32,764 bytes (CUDA 12.1 and later)");
 
 // Unit u of this CTA (rank in its cluster): its expert, the tile's first row in A and C, the
@@ -129,8 +107,7 @@ __device__ __forceinline__ Unit unit_of(const Groups& g, int u, int rank) {
 }
 
 // Issues k-step kt of unit t into stage (sA, sB) on bar: A's tile, this CTA's part of B's.
-// With kNf4, the first product's B is the NF4 producer's to write: only A is copied for its steps.
-template <bool kTransB, int kCluster, bool kNf4>
+template <bool kTransB, int kCluster>
 __device__ __forceinline__ void issue_step(const CUtensorMap* map_a, const CUtensorMap* map_b,
                                            const CUtensorMap* map_a2, const CUtensorMap* map_b2, const Groups& g,
                                            const Unit& t, int kt, int rank, bf16* sA, bf16* sB, uint64_t* bar) {
@@ -139,7 +116,6 @@ __device__ __forceinline__ void issue_step(const CUtensorMap* map_a, const CUten
   const CUtensorMap* mb = first ? map_b : map_b2;
   const int k0 = (first ? kt : kt - g.k_steps) * kBK;
   tma::copy_3d(sA, ma, bar, k0, t.row0, 0);
-  if (kNf4 && first) return;
   if constexpr (kTransB) {  // rows (output columns) of W_e: all 256, or this rank's 128
     constexpr int kRows = kBN / kCluster;
     bf16* dst = sB + rank * kRows * kBK;
@@ -187,28 +163,13 @@ struct StepCursor {
   }
 };
 
-// NF4 (kNf4): the loads of step c's B tile by producer thread `tid` (0..127: blocks tid and tid + 128 of
-// the tile), or nothing pending for a step of the second (bf16) product or past the end.
-template <bool kTransB>
-__device__ __forceinline__ void nf4_load(const Nf4Table& w, const Groups& g, int units, const StepCursor<1>& c,
-                                         const nf4g::Nf4Place<kBN, kTransB> (&place)[2], int64_t ld,
-                                         nf4g::Nf4Pending<kBN> (&out)[2]) {
-  out[0].dst = out[1].dst = -1;
-  if (c.u >= units || c.kt >= g.k_steps) return;
-  const int b_off = c.stage * kStageElems + kAElems;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-    nf4g::nf4_issue<kBN, kTransB>(w.w[c.t.e], c.t.e, place[h], c.t.n0, c.kt * kBK, g.n, g.k, ld, b_off, out[h]);
-}
-
-template <bool kTransB, class TC, int kCluster, bool kNf4, class Extra>
+template <bool kTransB, class TC, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_sm90_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                  const __grid_constant__ CUtensorMap map_a2, const __grid_constant__ CUtensorMap map_b2,
-                                 const __grid_constant__ Groups g, const __grid_constant__ Extra extra,
-                                 TC* __restrict__ c, int64_t ldc, float alpha, float beta) {
+                                 const __grid_constant__ Groups g, TC* __restrict__ c, int64_t ldc, float alpha,
+                                 float beta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(!kNf4 || kCluster == 1, "NF4 weights: one CTA a cluster");
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bars[2 * kStages];
   uint64_t* full = bars;
@@ -224,7 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(&full[s], kNf4 ? 1 + 128 : 1);  // NF4: and each converting producer thread's arrival
+      tma::mbar_init(&full[s], 1);
       tma::mbar_init(&empty[s], 8 * kCluster);
     }
     tma::mbar_init_fence();
@@ -233,84 +194,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   else tma::cluster_sync();  // the other CTA's barriers exist before anything arrives on them
 
   if (wg == 0) {
-    if constexpr (kNf4) {  // ---- producer warpgroup: TMA of A (thread 0), NF4 B tiles (all 128) ----
-      tma::regs_dec<kNf4ProducerRegs>();
-      __shared__ float nf4_code[16];
-      __shared__ float book_copy[256];
-      const Nf4Table& w = extra;
-      if (tid < 16) nf4_code[tid] = w.code[tid];
-      if (w.book) book_copy[tid] = w.book[tid], book_copy[tid + 128] = w.book[tid + 128];
-      tma::named_sync(kProducerBar, 128);
-      const float* book = w.book ? book_copy : nullptr;
-      const nf4g::Nf4Place<kBN, kTransB> place[2] = {nf4g::Nf4Place<kBN, kTransB>(tid),
-                                                     nf4g::Nf4Place<kBN, kTransB>(tid + 128)};
-      const int64_t ld = kTransB ? int64_t(g.k) : int64_t(g.n);  // the weights' row length (in)
-      if (tid == 0) {
-        tma::prefetch_tensormap(&map_a);
-        tma::prefetch_tensormap(&map_a2);
-        tma::prefetch_tensormap(&map_b2);
+    tma::regs_dec<kProducerRegs>();
+    if (tid == 0) {  // ---- producer thread ----
+      tma::prefetch_tensormap(&map_a);
+      tma::prefetch_tensormap(&map_b);
+      tma::prefetch_tensormap(&map_a2);
+      tma::prefetch_tensormap(&map_b2);
+      StepCursor<kCluster> at;
+      for (at.start(g, cluster, rank, units); at.u < units; at.advance(g, clusters, rank, units, steps)) {
+        tma::mbar_wait(&empty[at.stage], at.phase ^ 1u);
+        tma::mbar_arrive_expect_tx(&full[at.stage], kStageBytes);
+        bf16* sA = smem + at.stage * kStageElems;
+        issue_step<kTransB, kCluster>(&map_a, &map_b, &map_a2, &map_b2, g, at.t, at.kt, rank, sA, sA + kAElems,
+                                      &full[at.stage]);
       }
-      // `at` walks the steps; `ahead` kNf4Depth steps further. Step n's codes sit in ring slot n % kNf4Depth,
-      // which converts them and takes step n + kNf4Depth's: the loop is unrolled kNf4Depth times so that
-      // every slot is fixed registers (shifting a ring in a rolled loop copied registers whose loads were
-      // still in flight, and waited for them a step after issuing them).
-      StepCursor<1> at, ahead;
-      at.start(g, cluster, 0, units);
-      ahead = at;
-      nf4g::Nf4Pending<kBN> ring[kNf4Depth][2];
-#pragma unroll
-      for (int i = 0; i < kNf4Depth; ++i) {
-        nf4_load<kTransB>(w, g, units, ahead, place, ld, ring[i]);
-        if (ahead.u < units) ahead.advance(g, clusters, 0, units, steps);
-      }
-      while (at.u < units) {
-#pragma unroll
-        for (int slot = 0; slot < kNf4Depth; ++slot) {
-          if (at.u >= units) break;
-          tma::mbar_wait(&empty[at.stage], at.phase ^ 1u);
-          bf16* sA = smem + at.stage * kStageElems;
-          if (tid == 0) {
-            const bool nf4_step = at.kt < g.k_steps;
-            tma::mbar_arrive_expect_tx(&full[at.stage], nf4_step ? uint32_t(kAElems * sizeof(bf16)) : kStageBytes);
-            issue_step<kTransB, 1, true>(&map_a, &map_b, &map_a2, &map_b2, g, at.t, at.kt, 0, sA, sA + kAElems,
-                                         &full[at.stage]);
-          }
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (ring[slot][h].dst >= 0) nf4g::nf4_store<kBN>(ring[slot][h], place[h].part, nf4_code, book, w.w, smem);
-          wgmma::fence_proxy_async();  // the converted tile, written by this thread, is read next by wgmma
-          tma::mbar_arrive(&full[at.stage]);
-          nf4_load<kTransB>(w, g, units, ahead, place, ld, ring[slot]);
-          if (ahead.u < units) ahead.advance(g, clusters, 0, units, steps);
-          at.advance(g, clusters, 0, units, steps);
-        }
-      }
-      return;
-    } else {
-      tma::regs_dec<kProducerRegs>();
-      if (tid == 0) {  // ---- producer thread ----
-        tma::prefetch_tensormap(&map_a);
-        tma::prefetch_tensormap(&map_b);
-        tma::prefetch_tensormap(&map_a2);
-        tma::prefetch_tensormap(&map_b2);
-        StepCursor<kCluster> at;
-        for (at.start(g, cluster, rank, units); at.u < units; at.advance(g, clusters, rank, units, steps)) {
-          tma::mbar_wait(&empty[at.stage], at.phase ^ 1u);
-          tma::mbar_arrive_expect_tx(&full[at.stage], kStageBytes);
-          bf16* sA = smem + at.stage * kStageElems;
-          issue_step<kTransB, kCluster, false>(&map_a, &map_b, &map_a2, &map_b2, g, at.t, at.kt, rank, sA,
-                                               sA + kAElems, &full[at.stage]);
-        }
-      }
-      if constexpr (kCluster > 1) {
-        if (tid == 0) tma::cluster_sync();  // stays until the other CTA is done with this one's memory
-      }
-      return;
     }
+    if constexpr (kCluster > 1) {
+      if (tid == 0) tma::cluster_sync();  // stays until the other CTA is done with this one's memory
+    }
+    return;
   }
 
   // ---- consumers: rows 64 cw .. 64 cw + 63 of each tile ----
-  tma::regs_inc<kNf4 ? kNf4ConsumerRegs : kConsumerRegs>();
+  tma::regs_inc<kConsumerRegs>();
   const int cw = wg - 1;
   int stage = 0;
   uint32_t phase = 0;
@@ -352,11 +258,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <bool kTransB, class TC, int kCluster, bool kNf4, class Extra>
+template <bool kTransB, class TC, int kCluster>
 void launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& ma2, const CUtensorMap& mb2,
-            const Groups& g, const Extra& extra, void* c, int64_t ldc, float alpha, float beta, int sm_count, Stream s) {
-  auto* kernel = grouped_gemm_sm90_tma_kernel<kTransB, TC, kCluster, kNf4, Extra>;
-  allow_dynamic_smem<grouped_gemm_sm90_tma_kernel<kTransB, TC, kCluster, kNf4, Extra>>(kSmemBytes);
+            const Groups& g, void* c, int64_t ldc, float alpha, float beta, int sm_count, Stream s) {
+  auto* kernel = grouped_gemm_sm90_tma_kernel<kTransB, TC, kCluster>;
+  allow_dynamic_smem<grouped_gemm_sm90_tma_kernel<kTransB, TC, kCluster>>(kSmemBytes);
   const int units = g.unit_start[g.experts];
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
@@ -383,7 +289,7 @@ void launch(const CUtensorMap& ma, const CUtensorMap& mb, const CUtensorMap& ma2
   cfg.gridDim = dim3(unsigned(clusters * kCluster));
   cfg.attrs = kCluster > 1 ? attr : nullptr, cfg.numAttrs = kCluster > 1 ? 1 : 0;
   LOOM_CUDA_CHECK(
-      cudaLaunchKernelEx(&cfg, kernel, ma, mb, ma2, mb2, g, extra, static_cast<TC*>(c), ldc, alpha, beta));
+      cudaLaunchKernelEx(&cfg, kernel, ma, mb, ma2, mb2, g, static_cast<TC*>(c), ldc, alpha, beta));
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -398,14 +304,14 @@ CUtensorMap b_map(const RowGroupedGemm& g, int64_t experts, int cluster) {
 
 namespace {
 
-// The launch's expert table and tensor maps (B's, with NF4 weights, only the second product's).
+// The launch's expert table and tensor maps.
 struct Prepared {
   Groups g{};
   CUtensorMap ma, mb, ma2, mb2;
   int64_t units = 0;
 };
 Prepared prepare(const RowGroupedGemm& g, const RowGroupedGemm* second, const std::vector<int64_t>& offsets,
-                 int cluster, bool nf4) {
+                 int cluster) {
   LOOM_CHECK(flash::sm90_ready(), "cuda grouped_gemm (TMA): needs an sm_90 GPU and a build for sm_90a");
   const int64_t experts = int64_t(offsets.size()) - 1, rows = offsets.back();
   Prepared p;
@@ -428,21 +334,18 @@ Prepared prepare(const RowGroupedGemm& g, const RowGroupedGemm* second, const st
   // Maps of a product that does not run repeat one that does (never read: no k-steps of theirs).
   p.ma2 = second ? tma::make_matrix_map(second->a, second->k, rows, second->lda, 1, rows * second->lda, kBK, kBM) : p.ma;
   p.mb2 = second ? b_map(*second, experts, cluster) : p.ma;
-  p.mb = nf4 ? p.mb2 : b_map(g, experts, cluster);
+  p.mb = b_map(g, experts, cluster);
   return p;
 }
 
-template <bool kNf4, class Extra>
-void run(const RowGroupedGemm& g, const Prepared& p, const Extra& extra, int cluster, int sm_count, Stream s) {
+void run(const RowGroupedGemm& g, const Prepared& p, int cluster, int sm_count, Stream s) {
   if (sm_count <= 0) sm_count = cuda::sm_count();
   const bool f32 = g.c_type == GemmType::kF32;
   auto go = [&](auto trans_b, auto two) {
     constexpr bool kT = decltype(trans_b)::value;
     constexpr int kC = decltype(two)::value;
-    if constexpr (!kNf4 || kC == 1) {
-      f32 ? launch<kT, float, kC, kNf4>(p.ma, p.mb, p.ma2, p.mb2, p.g, extra, g.c, g.m, g.alpha, g.beta, sm_count, s)
-          : launch<kT, bf16, kC, kNf4>(p.ma, p.mb, p.ma2, p.mb2, p.g, extra, g.c, g.m, g.alpha, g.beta, sm_count, s);
-    }
+    f32 ? launch<kT, float, kC>(p.ma, p.mb, p.ma2, p.mb2, p.g, g.c, g.m, g.alpha, g.beta, sm_count, s)
+        : launch<kT, bf16, kC>(p.ma, p.mb, p.ma2, p.mb2, p.g, g.c, g.m, g.alpha, g.beta, sm_count, s);
   };
   using T = std::true_type;
   using F = std::false_type;
@@ -459,34 +362,8 @@ void sm90_grouped_gemm_tma(const RowGroupedGemm& g, const RowGroupedGemm* second
   const char* why = sm90_tma_unsupported(g, second, offsets);
   LOOM_CHECK(why == nullptr, "cuda grouped_gemm (TMA): the sm90 kernel cannot run these products: ", why);
   LOOM_CHECK(cluster == 1 || cluster == 2, "cuda grouped_gemm (TMA): clusters of 1 or 2 CTAs, not ", cluster);
-  const Prepared p = prepare(g, second, offsets, cluster, false);
-  if (p.units > 0) run<false>(g, p, NoNf4{}, cluster, sm_count, s);
-}
-
-void sm90_grouped_gemm_tma_nf4(const RowGroupedGemm& g, const std::vector<Nf4Operand>& weights,
-                               const RowGroupedGemm* second, const std::vector<int64_t>& offsets, int sm_count,
-                               Stream s) {
-  const char* why = sm90_tma_nf4_unsupported(g, weights, second, offsets);
-  LOOM_CHECK(why == nullptr, "cuda grouped_gemm (TMA, NF4 weights): the sm90 kernel cannot run these products: ", why);
-  const Prepared p = prepare(g, second, offsets, 1, true);
-  if (p.units == 0) return;
-  auto table = std::make_unique<Nf4Table>();  // 12 KiB: a launch argument (CUDA 12.1 takes 32 KiB)
-  for (size_t e = 0; e < weights.size(); ++e) {
-    const Nf4Operand& w = weights[e];
-    table->w[e] = nf4g::Nf4Problem{w.packed, w.state.absmax, w.state.qabsmax, w.state.nested_absmax,
-                                   w.state.nested_code, w.state.offset, 0};
-  }
-  for (int i = 0; i < 16; ++i) table->code[i] = kNf4Code[i];
-  // One nested code book for all (Loom's quantiser shares one a device): copied to shared memory.
-  const float* book = nullptr;
-  bool first = true;
-  for (const Nf4Operand& w : weights) {
-    if (w.packed == nullptr) continue;  // an expert without rows
-    if (first) book = w.state.absmax ? nullptr : w.state.nested_code, first = false;
-    if (w.state.absmax || w.state.nested_code != book) book = nullptr;
-  }
-  table->book = book;
-  run<true>(g, p, *table, 1, sm_count, s);
+  const Prepared p = prepare(g, second, offsets, cluster);
+  if (p.units > 0) run(g, p, cluster, sm_count, s);
 }
 
 }  // namespace loom::cuda

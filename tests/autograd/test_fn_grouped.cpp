@@ -117,8 +117,7 @@ ag::ExpertWeightFn made_from(const Tensor& w, int64_t chunk, std::vector<int64_t
           [w, made](int64_t first, int64_t count, DType dtype) {
             if (made) made->push_back(first);
             return w.narrow(0, first, count).to(dtype).contiguous();
-          },
-          {}};
+          }};
 }
 
 TEST(GroupedLinear, AWeightMadeAChunkAtATimeIsTheWholeProduct) {
@@ -156,47 +155,6 @@ TEST(GroupedLinear, AWeightMadeAChunkAtATimeIsTheWholeProduct) {
     };
     gradcheck(lora, {in[0], in[2], in[3]});
     gradcheck(lora, {in[0], in[2], in[3]}, {false, true, true});  // the first layer: no input gradient
-  }
-}
-
-// A weight that a product can use without making it (ExpertWeightFn::direct: QLoRA experts multiplied
-// by their NF4 codes in the GEMM): where direct says it did the product, nothing is made and the results
-// are the whole product's, forward and backward (input and adapter gradients by finite differences);
-// where it declines, the chunks are made as before.
-TEST(GroupedLinear, ADirectProductMakesNothing) {
-  const std::vector<Tensor> in = inputs();
-  for (bool accept : {true, false}) {
-    std::vector<int64_t> made;
-    int direct_calls = 0;
-    auto weight = [&] {
-      ag::ExpertWeightFn f = made_from(in[1], 2, &made);
-      f.direct = [&, w = in[1]](const Tensor& x, const Tensor* x2, const Tensor* w2, Tensor& out,
-                                const std::vector<int64_t>& offsets, bool trans_b) {
-        ++direct_calls;
-        if (!accept) return false;
-        if (x2) ops::grouped_matmul_dual_into(x, w.to(x.dtype()), *x2, *w2, out, offsets, trans_b);
-        else ops::grouped_matmul_into(x, w.to(x.dtype()), out, offsets, trans_b);
-        return true;
-      };
-      return f;
-    };
-    {
-      ag::NoGradGuard ng;
-      const auto got = ag::grouped_linear(Variable(in[0], false), weight(), kOffsets).value().to_doubles();
-      const auto want = reference(in[0], in[1]);
-      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-13) << accept << " " << i;
-      const auto got_lora = ag::grouped_linear_lora(Variable(in[0], false), weight(), Variable(in[2], false),
-                                                    Variable(in[3], false), kScale, kOffsets)
-                                .value()
-                                .to_doubles();
-      const auto want_lora = reference(in[0], in[1], in[2], in[3]);
-      for (size_t i = 0; i < want_lora.size(); ++i) EXPECT_NEAR(got_lora[i], want_lora[i], 1e-13) << accept << " " << i;
-    }
-    EXPECT_EQ(direct_calls, 2);
-    EXPECT_EQ(made, (accept ? std::vector<int64_t>{} : std::vector<int64_t>{0, 2, 0, 2}));
-    gradcheck([&](const V& v) { return ag::grouped_linear(v[0], weight(), kOffsets); }, {in[0]});
-    gradcheck([&](const V& v) { return ag::grouped_linear_lora(v[0], weight(), v[1], v[2], kScale, kOffsets); },
-              {in[0], in[2], in[3]});
   }
 }
 

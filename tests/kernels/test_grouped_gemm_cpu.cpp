@@ -149,44 +149,6 @@ TEST(GroupedGemmRule, Sm90KernelSupport) {
   EXPECT_STREQ(grouped_gemm_variant_name(GroupedGemmVariant::kSm90Wide), "sm90_wide");
 }
 
-// What the Hopper kernel needs of NF4 weights beyond sm90_grouped_unsupported's: one weight per
-// problem, A not transposed, rows of a multiple of 64 (whole NF4 blocks), packed codes 16-byte
-// aligned, a complete state; each B's pointer is taken to be its codes.
-TEST(GroupedGemmRule, Sm90Nf4Support) {
-  const GemmType bf = GemmType::kBF16;
-  const float absmax = 1.f;
-  const uint8_t code = 0;
-  const float nested = 1.f, book = 0.f;
-  auto weights = [&](size_t n, bool nested_state) {
-    std::vector<Nf4Operand> w(n);
-    for (size_t i = 0; i < n; ++i) {
-      w[i].packed = reinterpret_cast<const uint8_t*>(base(0x400000 + 0x1000 * i));
-      if (nested_state) w[i].state = Nf4State{nullptr, &code, &nested, &book, 0.f};
-      else w[i].state.absmax = &absmax;
-    }
-    return w;
-  };
-  std::vector<GemmArgs> p = experts(4, 64, 2048, 1536, bf, bf);  // forward: B = W [1536, 2048], ldb 2048
-  EXPECT_EQ(sm90_nf4_unsupported(p, weights(4, true)), nullptr);
-  EXPECT_EQ(sm90_nf4_unsupported(p, weights(4, false)), nullptr);
-  EXPECT_NE(sm90_nf4_unsupported(p, weights(3, true)), nullptr);  // one weight per problem
-  std::vector<Nf4Operand> w = weights(4, true);
-  w[2].packed = reinterpret_cast<const uint8_t*>(base(0x400008));
-  EXPECT_NE(sm90_nf4_unsupported(p, w), nullptr);  // codes off 16 bytes
-  w = weights(4, true);
-  w[1].state.nested_code = nullptr;
-  EXPECT_NE(sm90_nf4_unsupported(p, w), nullptr);  // incomplete state
-  EXPECT_NE(sm90_nf4_unsupported(experts(4, 64, 72, 128, bf, bf), weights(4, true)), nullptr);  // rows of 72
-  std::vector<GemmArgs> t = p;
-  for (GemmArgs& q : t) q.trans_a = true;
-  EXPECT_NE(sm90_nf4_unsupported(t, weights(4, true)), nullptr);
-  // An input gradient: B = W as [K = out, N = in], ldb = in.
-  RowGroupedGemm g;
-  g.a = base(0x100000), g.lda = 1536, g.b = nullptr, g.c = const_cast<char*>(base(0x300000));
-  g.k = 1536, g.m = 2048, g.trans_b = false, g.ab_type = bf, g.c_type = bf;
-  EXPECT_EQ(sm90_nf4_unsupported(row_grouped_problems(g, {0, 64, 64, 200}), weights(2, true)), nullptr);
-}
-
 }  // namespace
 }  // namespace loom::test
 
@@ -232,32 +194,6 @@ TEST(GroupedGemmRule, Sm90TmaSupport) {
   std::vector<int64_t> many(258, 0);  // 257 experts
   EXPECT_NE(sm90_tma_unsupported(g, nullptr, many), nullptr);
   EXPECT_NE(sm90_tma_unsupported(g, nullptr, {0}), nullptr);
-
-  // NF4 experts: one weight per expert (none needed without rows), rows (in) a multiple of 64, codes
-  // 16-byte aligned, a complete state; the bf16 B pointer is not used.
-  RowGroupedGemm q = g;
-  q.b = nullptr, q.c_type = GemmType::kBF16;
-  const float* f = reinterpret_cast<const float*>(0x600000);
-  const uint8_t* u8 = reinterpret_cast<const uint8_t*>(0x700000);
-  std::vector<Nf4Operand> w(128, Nf4Operand{u8, Nf4State{nullptr, u8, f, f, 0.f}});
-  EXPECT_EQ(sm90_tma_nf4_unsupported(q, w, nullptr, off), nullptr);
-  std::vector<int64_t> gap = off;
-  for (size_t e = 5; e < gap.size(); ++e) gap[e] -= 512;  // expert 4 without rows
-  std::vector<Nf4Operand> missing = w;
-  missing[4].packed = nullptr;
-  EXPECT_EQ(sm90_tma_nf4_unsupported(q, missing, nullptr, gap), nullptr);
-  EXPECT_NE(sm90_tma_nf4_unsupported(q, missing, nullptr, off), nullptr);
-  EXPECT_NE(sm90_tma_nf4_unsupported(q, std::vector<Nf4Operand>(w.begin(), w.end() - 1), nullptr, off), nullptr);
-  std::vector<Nf4Operand> odd = w;
-  odd[7].packed = u8 + 8;
-  EXPECT_NE(sm90_tma_nf4_unsupported(q, odd, nullptr, off), nullptr);
-  odd = w, odd[7].state.nested_absmax = nullptr;
-  EXPECT_NE(sm90_tma_nf4_unsupported(q, odd, nullptr, off), nullptr);
-  RowGroupedGemm dgrad = q;  // dx = dy W: in = the output width
-  dgrad.trans_b = false, dgrad.k = 1536, dgrad.lda = 1536, dgrad.m = 2048;
-  EXPECT_EQ(sm90_tma_nf4_unsupported(dgrad, w, nullptr, off), nullptr);
-  dgrad.m = 2040;
-  EXPECT_NE(sm90_tma_nf4_unsupported(dgrad, w, nullptr, off), nullptr);
 }
 
 }  // namespace

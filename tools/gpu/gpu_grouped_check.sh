@@ -22,14 +22,14 @@ echo "scale_blocks test: exit $?"
 timeout "${GROUPED_TEST_TIMEOUT:-300}" build-gpu/tests/kernels/kernels_test_grouped_gemm_cuda \
   --gtest_filter="${GROUPED_TESTS:-GroupedGemmCuda.*}" >> "$out/ctest.txt" 2>&1
 echo "grouped GEMM tests: exit $? ($(grep -cE '^\[       OK' "$out/ctest.txt") passed, $(grep -cE '^\[  FAILED  \] Grouped' "$out/ctest.txt") failed)"
-# ops:: over the same kernels (empty experts' weight gradients in one launch, kSm90Tma by name, NF4).
+# ops:: over the same kernels (empty experts' weight gradients in one launch, kSm90Tma by name).
 timeout 240 build-gpu/tests/engine/engine_test_grouped_matmul_cuda \
   --gtest_filter="${GROUPED_OPS_TESTS:-GroupedMatmulCuda.*:-*Qwen3*}" >> "$out/ctest.txt" 2>&1
 echo "ops grouped tests: exit $?"
 grep -E "FAILED|Failure|worst element" "$out/ctest.txt" | head -12
 timeout 300 build-gpu/bench/loom_bench \
   --benchmark_filter='grouped_gemm/bf16/(qwen3_30b_a3b|mixtral_8x7b)/(gate_up|down)_(fwd|dgrad)(_dual_r16)?/(sm90|sm90_wide|sm90_tma|sm90_tma_c2|loop|cublas_grouped)(/|$)' \
-  --benchmark_min_time=0.05s --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.log" 2>&1
+  --benchmark_min_time=0.05 --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.log" 2>&1
 echo "bench: exit $?"
 python3 - "$out/bench.json" <<'PY'
 import json, sys
