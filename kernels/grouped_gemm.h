@@ -100,7 +100,7 @@ GroupedGemmVariant choose_grouped_gemm(const std::vector<GemmArgs>& problems, in
 // - QLoRA experts are dequantised a chunk at a time (models/layers.cpp) before those products, not
 //   multiplied by their NF4 codes inside the GEMM: QLoRA recompute 24,304 tokens/s that way against
 //   20,841 with the cp.async kernel's NF4 path and 20,402 with the TMA kernel's (one call). Those
-//   paths lost twice (session 37's first version: 20,262) and were taken out after b3c597d; the
+//   paths lost twice (session 37's first version: 20,262) and were taken out in session 40; the
 //   git history has them (kernels/cuda/grouped_gemm_nf4.cuh, sm90_grouped_gemm_nf4, _tma_nf4).
 inline constexpr bool kExpertsOnTmaKernel = true;
 

@@ -45,6 +45,8 @@ const Case kCases[] = {
     // Plain causal at the padded widths (the warp-specialised forward's 256-wide kernel with key
     // tiles of 80: TMA boxes past the row, tails inside a key tile).
     {1, 150, 4, 2, 192, 0.f, 0, false}, {2, 97, 2, 1, 136, 0.f, 0, false},
+    // A window at a padded width (the dispatcher's warp-specialised 256-wide backward below 256).
+    {1, 300, 4, 2, 192, 0.f, 70, false},
     // Windows wider than a key tile and not a multiple of one (the warp-specialised forward starts
     // each query tile's keys inside the window's first tile), and on the ws backward's boundaries:
     // 130 ends its query tiles one row into a new one, 191 makes a tile's farthest pair exactly one
