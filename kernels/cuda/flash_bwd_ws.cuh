@@ -13,8 +13,6 @@
 
 namespace loom::cuda::flash::ws {
 
-// A block's items: for the kBc keys from k0 of kv head g, the query tiles of kBr rows that can see
-// some of them (from k0 / kBr up to the last key's window, or seq), for every query head of the group.
 // The warp-specialised backward's mbarriers in a block's shared array of kCount (the protocol in
 // flash_attention_bwd_sm90_ws.cu): K and V landed; per Q/dO stage full (the producer warp's 32
 // lanes) and empty (the 8 consumer warps); per consumer its dQ tile written (its 128 threads) and
@@ -42,6 +40,8 @@ struct Barriers {
   }
 };
 
+// A block's items: for the kBc keys from k0 of kv head g, the query tiles of kBr rows that can see
+// some of them (from k0 / kBr up to the last key's window, or seq), for every query head of the group.
 template <int kBr, int kBc>
 struct Items {
   int g, group, qt0, nqt, count;
