@@ -30,7 +30,6 @@
 //   outside the problem skipped; C = alpha acc + beta C (C not read when beta is 0).
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
