@@ -41,8 +41,6 @@
 #   LOOM_MOE_PREVIOUS a moe.jsonl of an earlier call: its lines open this call's results (a shape whose rows
 #                     take more than one device call: LOOM_MOE_PEERS=" " first, then LOOM_MOE_MODES=" "
 #                     LOOM_MOE_QLORA_MODES=" " with the peers)
-#   LOOM_GEMM_TIMED   0 or 1: a choice still being measured (kernels/experiment.h), passed to Loom and named in
-#                     its rows
 #   LOOM_MOE_DEVICE / LOOM_MOE_DTYPE  cuda / bf16 (cpu / f32: the peers' check on a machine without a GPU)
 #   LOOM_E2E_CACHE    where the folders are kept across calls on a warm machine (default /tmp/loom-e2e)
 set -uo pipefail
@@ -165,15 +163,11 @@ loom_run() {  # shape layers batch mode [extra flags, e.g. --qlora] -> one JSON 
   rc=$?
   mib=$(smi_stop)
   line=$(python3 - "$run/metrics.jsonl" "$shape" "$layers" "$mode" "$batch" "$seq" "$rc" "$run.log" "$extra" "$steps" <<'PY'
-import json, os, statistics, sys
+import json, statistics, sys
 path, shape, layers, mode, batch, seq, rc, log, extra, steps = sys.argv[1:]
 r = {"shape": shape, "layers": int(layers), "who": f"loom {extra + ' ' if extra else ''}--checkpointing {mode}",
      "peer": "loom", "mode": mode, "gc": mode != "none", "base": "nf4" if "--qlora" in extra else "bf16",
      "batch": int(batch), "seq": int(seq)}
-switches = {k: os.environ[k] for k in ("LOOM_GEMM_TIMED",) if os.environ.get(k)}
-if switches:  # the kernel choices this run was told (kernels/experiment.h)
-    r["switches"] = switches
-    r["who"] += "".join(f" {k}={v}" for k, v in switches.items())
 try:
     rows = [json.loads(l) for l in open(path)]
 except OSError:

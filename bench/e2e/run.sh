@@ -19,8 +19,7 @@
 # Unsloth's QLoRA; LOOM_E2E_CTX_PEER_TOTAL (default 560 s) bounds Unsloth's whole search),
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, for the
 # kernel-by-kernel time of a step: $OUT/profile-<shape>-<mode>.txt, see tools/gpu/kernel_profile.sh),
-# LOOM_GEMM_TIMED=0|1 (a choice still being measured, kernels/experiment.h: passed to Loom and named in
-# its rows), LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
+# LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
 # $OUT/timing-<shape>-<mode>-<seq>.txt), LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
 # call's results, so that a table too long for one device call, e.g. the 8B shape with every peer,
 # is printed whole by the second: LOOM_E2E_PEERS=" " first, then LOOM_E2E_MODES=" " with the peers).
@@ -60,12 +59,9 @@ loom_run() {  # shape mode batch seq [extra flags, e.g. --qlora] -> one JSON lin
   local rc=$?
   if [ -n "${LOOM_STEP_TIMING:-}" ]; then grep -h "timing (ms)" "$run.log" > "$out/timing-$shape-$mode-$seq${extra// /}.txt"; fi
   python3 - "$run/metrics.jsonl" "$shape" "$mode" "$batch" "$seq" "$rc" "$run.log" "$extra" "$steps" <<'PY'
-import json, os, statistics, sys
+import json, statistics, sys
 path, shape, mode, batch, seq, rc, log, extra, steps = sys.argv[1:]
 who = f"loom {extra + ' ' if extra else ''}--checkpointing {mode}"
-# the kernel choices still being measured this run was told (kernels/experiment.h)
-who += "".join(f" {k}={os.environ[k]}" for k in ("LOOM_GEMM_TIMED",)
-               if os.environ.get(k))
 try:
     rows = [json.loads(l) for l in open(path)]
 except OSError:

@@ -4,7 +4,6 @@
 #include <limits>
 #include <string>
 
-#include "kernels/experiment.h"
 #include "kernels/gemm.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -154,26 +153,3 @@ TEST(GemmCpu, RejectsMalformedArguments) {
 
 }  // namespace
 }  // namespace loom::test
-
-// kernels/experiment.h: unset or empty gives the build's answer, 0 and 1 override it, anything else
-// is an error naming the variable.
-TEST(ExperimentSwitch, EnvironmentOverridesTheBuildsAnswer) {
-  const char* name = "LOOM_TEST_EXPERIMENT_SWITCH";
-  unsetenv(name);
-  EXPECT_TRUE(loom::experiment_switch(name, true));
-  EXPECT_FALSE(loom::experiment_switch(name, false));
-  setenv(name, "", 1);
-  EXPECT_TRUE(loom::experiment_switch(name, true));
-  setenv(name, "0", 1);
-  EXPECT_FALSE(loom::experiment_switch(name, true));
-  setenv(name, "1", 1);
-  EXPECT_TRUE(loom::experiment_switch(name, false));
-  setenv(name, "yes", 1);
-  try {
-    loom::experiment_switch(name, false);
-    ADD_FAILURE() << "no error for \"yes\"";
-  } catch (const loom::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
-  }
-  unsetenv(name);
-}

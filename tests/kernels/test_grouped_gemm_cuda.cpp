@@ -86,9 +86,81 @@ std::vector<TC> initial_c(size_t n, bool poison, uint32_t seed) {
   return random_vec<TC>(n, seed);
 }
 
+// A case's operands and its f64 reference, made once and checked against every kernel (the reference
+// of the Qwen3-sized dual case costs tens of seconds on one core: once, not once a kernel).
+template <class TC>
+struct Reference {
+  std::vector<bf16> a, b, a2, b2;
+  std::vector<TC> c0;               // C's initial values and the canary past its end
+  std::vector<double> want, bound;  // the products over C0; |A||B| + |beta C0|
+  // What the loop (cuBLASLt, one call a product) rounds to a bf16 C before its last rounding: alpha A B
+  // when it accumulates (it rounds the product, then the sum), and with a dual list the first call's C,
+  // alpha A2 B2 and, if beta != 0, the first call's product as well. Each rounding is at most 2^-8 of
+  // the value rounded, which can be far larger than the result when the terms cancel. Empty when it
+  // does not apply (an f32 C, or neither beta nor a second list).
+  std::vector<double> loop_rounded;
+  std::vector<char> covered;  // which elements of C some problem writes
+};
+
+constexpr size_t kCanary = 256;
+
+template <class TC>
+Reference<TC> reference_of(const Case& c) {
+  Reference<TC> r;
+  const int64_t experts = static_cast<int64_t>(c.offsets.size()) - 1, n = c.offsets.back();
+  const bool wgrad = c.kind == Kind::kWeightGrad, dual = c.k2 > 0;
+  const size_t a_size = size_t(n * (wgrad ? c.m : c.k));
+  const size_t b_size = size_t(wgrad ? n * c.k : experts * c.k * c.m);
+  const size_t c_size = size_t(wgrad ? experts * c.m * c.k : n * c.m);
+  r.a = random_vec<bf16>(a_size, 11), r.b = random_vec<bf16>(b_size, 12);
+  r.c0 = initial_c<TC>(c_size + kCanary, c.beta == 0.f, 13);
+  r.a2 = random_vec<bf16>(dual ? size_t(n * c.k2) : 0, 14);
+  r.b2 = random_vec<bf16>(dual ? size_t(experts * c.k2 * c.m) : 0, 15);
+
+  r.want.resize(c_size), r.bound.assign(c_size, 0.0);
+  for (size_t i = 0; i < c_size; ++i) r.want[i] = double(to_acc(r.c0[i]));
+  const std::vector<double> a64 = widen(r.a), b64 = widen(r.b), a_abs = absolute(a64), b_abs = absolute(b64);
+  cpu::grouped_gemm(problems_of(c, a64.data(), b64.data(), r.want.data(), GemmType::kF64, GemmType::kF64));
+  Case abs_case = c;
+  abs_case.alpha = std::abs(c.alpha), abs_case.beta = 0.f;
+  cpu::grouped_gemm(problems_of(abs_case, a_abs.data(), b_abs.data(), r.bound.data(), GemmType::kF64, GemmType::kF64));
+  const std::vector<double> a2_64 = widen(r.a2), b2_64 = widen(r.b2);
+  if (dual) {  // + alpha A2 B2 into want, + |alpha| |A2||B2| into the bound
+    const std::vector<double> a2_abs = absolute(a2_64), b2_abs = absolute(b2_64);
+    Case add = c;
+    add.beta = 1.f;
+    cpu::grouped_gemm(second_of(add, a2_64.data(), b2_64.data(), r.want.data(), GemmType::kF64, GemmType::kF64));
+    add.alpha = std::abs(c.alpha);
+    cpu::grouped_gemm(second_of(add, a2_abs.data(), b2_abs.data(), r.bound.data(), GemmType::kF64, GemmType::kF64));
+  }
+  for (size_t i = 0; i < c_size; ++i)
+    if (c.beta != 0.f && std::isfinite(r.want[i])) r.bound[i] += std::abs(double(c.beta) * double(to_acc(r.c0[i])));
+  if (std::is_same_v<TC, bf16> && (c.beta != 0.f || dual)) {
+    std::vector<double> p1(c_size, 0.0), p2(c_size, 0.0);
+    Case product = c;
+    product.beta = 0.f;
+    cpu::grouped_gemm(problems_of(product, a64.data(), b64.data(), p1.data(), GemmType::kF64, GemmType::kF64));
+    if (dual) cpu::grouped_gemm(second_of(product, a2_64.data(), b2_64.data(), p2.data(), GemmType::kF64, GemmType::kF64));
+    r.loop_rounded.resize(c_size);
+    for (size_t i = 0; i < c_size; ++i) {
+      const double first_c = p1[i] + double(c.beta) * (c.beta != 0.f ? double(to_acc(r.c0[i])) : 0.0);
+      r.loop_rounded[i] = (c.beta != 0.f ? std::abs(p1[i]) : 0.0) + (dual ? std::abs(first_c) + std::abs(p2[i]) : 0.0);
+    }
+  }
+  r.covered.assign(c_size, 0);
+  for (int64_t e = 0; e < experts; ++e) {
+    if (c.offsets[e + 1] == c.offsets[e]) continue;
+    const size_t begin = size_t(wgrad ? e * c.m * c.k : c.offsets[e] * c.m);
+    const size_t end = size_t(wgrad ? (e + 1) * c.m * c.k : c.offsets[e + 1] * c.m);
+    std::fill(r.covered.begin() + begin, r.covered.begin() + end, 1);
+  }
+  return r;
+}
+
 class GroupedGemmCuda : public CublasLtTest {
  protected:
-  // Runs case c through `variant` and checks every element of C (and 256 elements past its end):
+  // Runs case c through `variant` and checks every element of C (and 256 elements past its end)
+  // against the case's reference r:
   // - inside a problem, |got - want| <= 2^-14 (sum_k |a_ik b_kj| + |beta c0_ij|) (+ 2^-8 |want| for a
   //   bf16 C). The f32 accumulation of bf16 products (exact in f32) drifts from the f64 sum by at
   //   most ~K 2^-24 of that bound in the worst case and ~sqrt(K) 2^-24 for random signs: 2^-14
@@ -100,69 +172,23 @@ class GroupedGemmCuda : public CublasLtTest {
   // tma_cluster > 0: the TMA-fed kernel (kernels/grouped_gemm_tma.h) with clusters of that many CTAs
   // instead of `variant` (row-grouped cases only).
   template <class TC>
-  void check(const Case& c, GroupedGemmVariant variant, int tma_cluster = 0) {
+  void check(const Case& c, const Reference<TC>& r, GroupedGemmVariant variant, int tma_cluster = 0) {
     const std::string what = describe(c) + " " +
                              (tma_cluster > 0 ? "sm90_tma cluster " + std::to_string(tma_cluster)
                                               : std::string(grouped_gemm_variant_name(variant)));
-    const int64_t experts = static_cast<int64_t>(c.offsets.size()) - 1, n = c.offsets.back();
-    const bool wgrad = c.kind == Kind::kWeightGrad;
-    const size_t a_size = size_t(n * (wgrad ? c.m : c.k));
-    const size_t b_size = size_t(wgrad ? n * c.k : experts * c.k * c.m);
-    const size_t c_size = size_t(wgrad ? experts * c.m * c.k : n * c.m);
-    constexpr size_t kCanary = 256;
-    const std::vector<bf16> a = random_vec<bf16>(a_size, 11), b = random_vec<bf16>(b_size, 12);
-    const std::vector<TC> c0 = initial_c<TC>(c_size + kCanary, c.beta == 0.f, 13);
+    const int64_t experts = static_cast<int64_t>(c.offsets.size()) - 1;
+    const size_t c_size = r.want.size();
     const bool dual = c.k2 > 0;
-    const std::vector<bf16> a2 = random_vec<bf16>(dual ? size_t(n * c.k2) : 0, 14);
-    const std::vector<bf16> b2 = random_vec<bf16>(dual ? size_t(experts * c.k2 * c.m) : 0, 15);
+    const bool loop_rounds = variant == GroupedGemmVariant::kLoop && !r.loop_rounded.empty();
 
-    // Reference in f64: want = the products over the initial C; bound = |A||B| + |beta C0|.
-    std::vector<double> want(c_size), bound(c_size, 0.0);
-    for (size_t i = 0; i < c_size; ++i) want[i] = double(to_acc(c0[i]));
-    const std::vector<double> a64 = widen(a), b64 = widen(b), a_abs = absolute(a64), b_abs = absolute(b64);
-    cpu::grouped_gemm(problems_of(c, a64.data(), b64.data(), want.data(), GemmType::kF64, GemmType::kF64));
-    Case abs_case = c;
-    abs_case.alpha = std::abs(c.alpha), abs_case.beta = 0.f;
-    cpu::grouped_gemm(
-        problems_of(abs_case, a_abs.data(), b_abs.data(), bound.data(), GemmType::kF64, GemmType::kF64));
-    if (dual) {  // + alpha A2 B2 into want, + |alpha| |A2||B2| into the bound
-      const std::vector<double> a2_64 = widen(a2), b2_64 = widen(b2), a2_abs = absolute(a2_64), b2_abs = absolute(b2_64);
-      Case add = c;
-      add.beta = 1.f;
-      cpu::grouped_gemm(second_of(add, a2_64.data(), b2_64.data(), want.data(), GemmType::kF64, GemmType::kF64));
-      add.alpha = std::abs(c.alpha);
-      cpu::grouped_gemm(second_of(add, a2_abs.data(), b2_abs.data(), bound.data(), GemmType::kF64, GemmType::kF64));
-    }
-    for (size_t i = 0; i < c_size; ++i)
-      if (c.beta != 0.f && std::isfinite(want[i])) bound[i] += std::abs(double(c.beta) * double(to_acc(c0[i])));
-    // What the loop (cuBLASLt, one call a product) rounds to a bf16 C before its last rounding: alpha A B
-    // when it accumulates (it rounds the product, then the sum), and with a dual list the first call's C,
-    // alpha A2 B2 and, if beta != 0, the first call's product as well. Each rounding is at most 2^-8 of
-    // the value rounded, which can be far larger than the result when the terms cancel.
-    std::vector<double> rounded(c_size, 0.0);
-    if (variant == GroupedGemmVariant::kLoop && std::is_same_v<TC, bf16> && (c.beta != 0.f || dual)) {
-      std::vector<double> p1(c_size, 0.0), p2(c_size, 0.0);
-      Case product = c;
-      product.beta = 0.f;
-      cpu::grouped_gemm(problems_of(product, a64.data(), b64.data(), p1.data(), GemmType::kF64, GemmType::kF64));
-      if (dual) {
-        const std::vector<double> a2_64 = widen(a2), b2_64 = widen(b2);
-        cpu::grouped_gemm(second_of(product, a2_64.data(), b2_64.data(), p2.data(), GemmType::kF64, GemmType::kF64));
-      }
-      for (size_t i = 0; i < c_size; ++i) {
-        const double first_c = p1[i] + double(c.beta) * (c.beta != 0.f ? double(to_acc(c0[i])) : 0.0);
-        rounded[i] = (c.beta != 0.f ? std::abs(p1[i]) : 0.0) + (dual ? std::abs(first_c) + std::abs(p2[i]) : 0.0);
-      }
-    }
-
-    DeviceBuffer<bf16> a_d(a), b_d(b);
-    DeviceBuffer<TC> c_d(c0);
+    DeviceBuffer<bf16> a_d(r.a), b_d(r.b);
+    DeviceBuffer<TC> c_d(r.c0);
     DeviceBuffer<void*> slots(std::max<size_t>(cuda::grouped_gemm_pointer_slots(size_t(experts)), 1));
     const cuda::GroupedGemmContext ctx{nullptr, handle_, GemmWorkspace{ws_->get(), kGemmWorkspaceBytes}, 0};
     const GemmType ct = std::is_same_v<TC, float> ? GemmType::kF32 : GemmType::kBF16;
     const std::vector<GemmArgs> problems = problems_of(c, a_d.get(), b_d.get(), c_d.get(), GemmType::kBF16, ct);
     ASSERT_EQ(sm90_grouped_unsupported(problems), nullptr) << what;
-    DeviceBuffer<bf16> a2_d(dual ? a2 : std::vector<bf16>(1)), b2_d(dual ? b2 : std::vector<bf16>(1));
+    DeviceBuffer<bf16> a2_d(dual ? r.a2 : std::vector<bf16>(1)), b2_d(dual ? r.b2 : std::vector<bf16>(1));
     if (tma_cluster > 0) {
       const RowGroupedGemm g = row_gemm_of(c, a_d.get(), b_d.get(), c_d.get(), GemmType::kBF16, ct);
       Case d = c;
@@ -180,17 +206,8 @@ class GroupedGemmCuda : public CublasLtTest {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
     const std::vector<TC> got = c_d.to_host();
 
-    // Which elements some problem writes.
-    std::vector<char> covered(c_size, 0);
-    for (int64_t e = 0; e < experts; ++e) {
-      const int64_t rows = c.offsets[e + 1] - c.offsets[e];
-      if (rows == 0) continue;
-      const size_t begin = size_t(wgrad ? e * c.m * c.k : c.offsets[e] * c.m);
-      const size_t end = size_t(wgrad ? (e + 1) * c.m * c.k : c.offsets[e + 1] * c.m);
-      std::fill(covered.begin() + begin, covered.begin() + end, 1);
-    }
-    // A bf16 C is rounded once: half an ulp, at most 2^-8 of the value. The loop rounds more (`rounded`
-    // above): on the H200 its bf16 accumulations missed by up to 1 ulp of the cancelled terms
+    // A bf16 C is rounded once: half an ulp, at most 2^-8 of the value. The loop rounds more
+    // (loop_rounded): on the H200 its bf16 accumulations missed by up to 1 ulp of the cancelled terms
     // (0.0078 for 0.0040 where alpha A B and C were near 0.5 and of opposite signs).
     const double rel = std::is_same_v<TC, float> ? 0.0 : 0x1p-8;
     int64_t bad = 0, worst = -1;
@@ -199,11 +216,13 @@ class GroupedGemmCuda : public CublasLtTest {
       bool ok;
       double excess = INFINITY;
       const double g = double(to_acc(got[i]));
-      if (i >= c_size || !covered[i]) {
-        const double w = double(to_acc(c0[i]));
+      if (i >= c_size || !r.covered[i]) {
+        const double w = double(to_acc(r.c0[i]));
         ok = std::isnan(w) ? std::isnan(g) : g == w;
       } else {
-        const double err = std::abs(g - want[i]), lim = 0x1p-14 * bound[i] + rel * (std::abs(want[i]) + rounded[i]);
+        const double lim =
+            0x1p-14 * r.bound[i] + rel * (std::abs(r.want[i]) + (loop_rounds ? r.loop_rounded[i] : 0.0));
+        const double err = std::abs(g - r.want[i]);
         ok = err <= lim;  // false for NaN
         if (!std::isnan(err)) excess = err - lim;
       }
@@ -214,19 +233,20 @@ class GroupedGemmCuda : public CublasLtTest {
     }
     EXPECT_EQ(bad, 0) << what << ": worst element " << worst << " of " << c_size << " got "
                       << (worst >= 0 ? double(to_acc(got[worst])) : 0.0) << " want "
-                      << (worst >= 0 && size_t(worst) < c_size ? want[worst] : 0.0);
+                      << (worst >= 0 && size_t(worst) < c_size ? r.want[worst] : 0.0);
   }
 
-  void check_all(const Case& c) {
-    for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide, GroupedGemmVariant::kLoop}) {
-      if (c.c_type == GemmType::kF32) check<float>(c, v);
-      else check<bf16>(c, v);
-    }
+  template <class TC>
+  void check_all_of(const Case& c) {
+    const Reference<TC> r = reference_of<TC>(c);
+    for (GroupedGemmVariant v : {GroupedGemmVariant::kSm90, GroupedGemmVariant::kSm90Wide, GroupedGemmVariant::kLoop})
+      check<TC>(c, r, v);
     if (c.kind == Kind::kWeightGrad) return;  // the TMA kernel takes row-grouped products only
-    for (int cluster : {1, 2}) {
-      if (c.c_type == GemmType::kF32) check<float>(c, GroupedGemmVariant::kAuto, cluster);
-      else check<bf16>(c, GroupedGemmVariant::kAuto, cluster);
-    }
+    for (int cluster : {1, 2}) check<TC>(c, r, GroupedGemmVariant::kAuto, cluster);
+  }
+  void check_all(const Case& c) {
+    if (c.c_type == GemmType::kF32) check_all_of<float>(c);
+    else check_all_of<bf16>(c);
   }
 
   void SetUp() override {
