@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU machine, one device call (OQ_LIMIT seconds, default 420, with the prebuilt binaries) for
-# what session 41 left open: the grouped-GEMM CUDA tests (their reference now made once a case), then
-# issue 33's rows not yet measured, Loom alone where no peer fits: Mixtral-8x7B QLoRA recompute (its bf16
-# folder, 93 GB, fits no disk there), the Qwen3-30B-A3B shape at its full 48 layers, QLoRA and LoRA
-# recompute (--random-init; the peers' 61 GB folder and transformers' 48-layer bf16 LoRA do not fit an
-# 80 GB card), and, while time is left, the 24-layer QLoRA row against transformers + bitsandbytes with
-# gradient checkpointing (30 GB folder written first). Each step starts only while the call has time
-# for it; JSON under $OUT (moe.jsonl, moe_table.md) and the logs in logs.tgz.
+# what session 41 left open: the CUDA tests of the models and trainers (q/k/v and gate/up now one
+# shared-input LoRA function, autograd/fn_lora_shared.cpp) and of the grouped GEMMs (their reference
+# now made once a case); the 1B `none` row (Loom alone: its step with the shared adapters, against
+# session 41's 77,622 tok/s on the H100 and session 40's 85,751 on the H200); then issue 33's rows not yet
+# measured, Loom alone where no peer fits: Mixtral-8x7B QLoRA recompute (its bf16 folder, 93 GB, fits no
+# disk there), the Qwen3-30B-A3B shape at its full 48 layers, QLoRA and LoRA recompute (--random-init;
+# the peers' 61 GB folder and transformers' 48-layer bf16 LoRA do not fit an 80 GB card), and, while
+# time is left, the 24-layer QLoRA row against transformers + bitsandbytes with gradient checkpointing
+# (30 GB folder written first). Each step starts only while the call has time for it; JSON under $OUT
+# (e2e.jsonl, moe.jsonl, moe_table.md) and the logs in logs.tgz.
 #   export OUT; tools/gpu/open_questions.sh        (carry .devdeps, .prebuilt and .peers)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,8 +20,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 tools/gpu/build.sh > $W/build.log 2>&1; tail -1 $W/build.log; el
 B=build-gpu/tests
 t() { local name=$1 to=$2; shift 2; timeout $to "$@" > $W/$name.log 2>&1; local rc=$?; echo "$name: exit $rc $(grep -E '^\[  (PASSED|FAILED) ' $W/$name.log | tr '\n' ' ')"; grep -E "^\[  FAILED|Failure|^\[       OK" $W/$name.log | cut -c1-120 | head -8; return $rc; }
-t gg 150 $B/kernels/kernels_test_grouped_gemm_cuda --gtest_filter='GroupedGemmCuda.*:-*Qwen3*'
-t gops 60 $B/engine/engine_test_grouped_matmul_cuda; el
+timeout 150 ctest --test-dir build-gpu -j6 --timeout 120 -R 'FamilyCuda|CheckpointingCuda|ToyLlamaCuda|PreferenceTrlCuda|LayerStreamerCuda|GenerateCuda|TokenIdsCuda|OpsCuda|MoeMlpCuda' \
+  > $W/ctest_models.log 2>&1; echo "ctest models/train: exit $?"; grep -E "tests passed|tests failed|\*\*\*Failed|Timeout" $W/ctest_models.log | head -12; el
+t gg 150 $B/kernels/kernels_test_grouped_gemm_cuda --gtest_filter='GroupedGemmCuda.*:-*Qwen3*'; el
+E=$OUT/e2e.jsonl; touch $E
+if [ "$(left)" -gt 40 ]; then
+  LOOM_E2E_MODES=none LOOM_E2E_PEERS=" " OUT=/tmp/e timeout 60 bash bench/e2e/run.sh 1b > $W/e2e.log 2>&1; cp /tmp/e/e2e.jsonl $E; tail -1 $E | cut -c1-250; el
+fi
 export LOOM_MOE_RUN_TIMEOUT=180 LOOM_MOE_PEERS=" " LOOM_MOE_PREVIOUS=$OUT/moe.jsonl
 touch $OUT/moe.jsonl
 m() { local need=$1; shift; [ "$(left)" -gt "$need" ] || { echo "skipped (time): $*"; return; }; env "$@" > $W/moe.log 2>&1; tail -2 $OUT/moe.jsonl | cut -c1-330; el; }
