@@ -15,15 +15,20 @@
 // stays for f32 and f64 and for a layer with a bias (added to the base output, as PEFT adds to it).
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
-#include "autograd/lora_split.h"
 
 namespace loom::ag {
 using detail::Grads;
 using detail::node_of;
-using detail::split_rows;
 
 namespace {
 
+// [rows, cols] f32 -> bf16 [parts * rows, cols]: the parts stacked along the rows (a view of the
+// flattened split).
+Tensor split_rows(const Tensor& m, const std::string& pattern) {
+  const int64_t rows = m.size(0), cols = m.size(1);
+  return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern)
+      .view({static_cast<int64_t>(pattern.size()) * rows, cols});
+}
 // x's gradient from its other consumers so far, as [rows, in], for dx to be added into by the GEMMs
 // themselves (q/k/v and gate/up read one x: two and one add passes per layer fewer), or undefined
 // (see Node::take_grad_so_far).

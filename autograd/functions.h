@@ -71,20 +71,6 @@ using InputFn = std::function<Tensor()>;
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
                      const Variable* bias = nullptr, const WeightFn& rematerialize = {},
                      const InputFn& recompute_x = {}, OutputUse use = OutputUse::kRead);
-// One projection of lora_linear_shared: its frozen base weight [out, in] (and how backward makes it
-// again, as lora_linear's rematerialize), lora_A [r, in], lora_B [out, r].
-struct LoraMember {
-  const Variable* w = nullptr;
-  const Variable* a = nullptr;
-  const Variable* b = nullptr;
-  WeightFn rematerialize;
-};
-// Projections of one x (q, k, v; gate, up) as lora_linear gives each without bias or dropout, the
-// adapters' products over x and dx made once for all (autograd/fn_lora_shared.cpp): one output a
-// member, in its order. Needs what lora_shared_unsupported asks (it says why not, or nullptr): two
-// members or more, frozen base weights in x's dtype, one rank, no adapter dropout.
-const char* lora_shared_unsupported(const Variable& x, const std::vector<LoraMember>& members, float dropout);
-std::vector<Variable> lora_linear_shared(const Variable& x, const std::vector<LoraMember>& members, float scale);
 // x W^T (+ bias) with W frozen (no gradient) and re-materialised by `rematerialize` for backward.
 Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr,
                        OutputUse use = OutputUse::kRead);

@@ -12,8 +12,7 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
     std::vector<ag::Variable> p = ag::split(attn.qkv_proj.forward(h), {c.q_dim(), c.kv_dim(), c.kv_dim()});
     q = p[0], k = p[1], v = p[2];
   } else {
-    std::vector<ag::Variable> p = forward_shared({&attn.q_proj, &attn.k_proj, &attn.v_proj}, h);
-    q = p[0], k = p[1], v = p[2];
+    q = attn.q_proj.forward(h), k = attn.k_proj.forward(h), v = attn.v_proj.forward(h);
   }
   q = ag::reshape(q, {ctx.batch, ctx.seq, c.num_attention_heads, c.head_dim});
   k = ag::reshape(k, {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});

@@ -26,37 +26,6 @@ ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute
   return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize, recompute_x, use);
 }
 
-std::vector<ag::Variable> forward_shared(const std::vector<const Linear*>& linears, const ag::Variable& x) {
-  // The shared function is for bf16 training, where the adapter's products are memory-bound passes
-  // over x; other dtypes keep lora_linear's one function a projection (their own tests' reference).
-  bool shared = linears.size() >= 2 && x.dtype() == DType::bf16;
-  const Linear& first = *linears.front();
-  for (const Linear* l : linears) {
-    shared = shared && l->lora && l->lora->enabled && !l->bias.defined() && l->lora->scale == first.lora->scale &&
-             (!l->lora->training || l->lora->dropout <= 0.f);
-  }
-  std::vector<ag::Variable> weights(linears.size());  // each base weight (dequantised when NF4) for the call
-  std::vector<ag::LoraMember> members;
-  if (shared) {
-    for (size_t i = 0; i < linears.size(); ++i) {
-      const Linear& l = *linears[i];
-      ag::WeightFn rematerialize;
-      if (l.nf4) {  // dequantised for this product, again in backward (as Linear::forward)
-        rematerialize = [q = l.nf4, dtype = x.dtype()] { return q->dequantize(dtype); };
-        weights[i] = ag::Variable(rematerialize(), false);
-      } else {
-        weights[i] = l.weight;
-      }
-      members.push_back({&weights[i], &l.lora->A, &l.lora->B, rematerialize});
-    }
-    shared = ag::lora_shared_unsupported(x, members, 0.f) == nullptr;
-  }
-  if (shared) return ag::lora_linear_shared(x, members, first.lora->scale);
-  std::vector<ag::Variable> out;
-  for (const Linear* l : linears) out.push_back(l->forward(x));
-  return out;
-}
-
 std::vector<Linear*> Attention::linears() {
   std::vector<Linear*> out;
   for (Linear* l : {&q_proj, &k_proj, &v_proj, &qkv_proj, &o_proj})
@@ -78,8 +47,7 @@ ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use) const {
     std::vector<ag::Variable> parts = ag::split(gate_up_proj.forward(x), {inter, inter});
     gate = parts[0], up = parts[1];
   } else {
-    std::vector<ag::Variable> gu = forward_shared({&gate_proj, &up_proj}, x);
-    gate = gu[0], up = gu[1];
+    gate = gate_proj.forward(x), up = up_proj.forward(x);
   }
   ag::Variable h = gelu ? ag::geglu(gate, up) : ag::swiglu(gate, up);
   // The activation's backward keeps gate and up; down_proj's adapter computes h from them again

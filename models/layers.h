@@ -58,11 +58,6 @@ struct RmsNorm {
   }
 };
 
-// The projections of one input (q, k, v; gate, up), each as its forward(x) gives it; where their
-// adapters allow (ag::lora_shared_unsupported: LoRA on all, one rank and scale, no bias, no dropout)
-// one function makes them, the adapters' passes over x and its gradient shared (fn_lora_shared.cpp).
-std::vector<ag::Variable> forward_shared(const std::vector<const Linear*>& linears, const ag::Variable& x);
-
 // A Linear that a family may leave out has an empty name (not built, not listed, never called).
 inline bool present(const Linear& l) { return !l.name.empty(); }
 

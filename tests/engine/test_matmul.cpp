@@ -56,31 +56,6 @@ TEST(Matmul, ColumnSlicesGoInWithTheirRowStride) {
   expect_near(c.to_doubles(), want);
 }
 
-// An output that is a block of columns of a wider matrix (fn_lora_shared.cpp's dt blocks): the
-// product lands in its columns with the wider row stride (beta 0 and 1), the columns beside it keep
-// their values; a strided output of a batch of products is refused.
-TEST(Matmul, IntoABlockOfColumns) {
-  const Tensor a = random_matrix(5, 7, 7), b = random_matrix(7, 4, 8);
-  const Tensor before = random_matrix(5, 11, 9);
-  Tensor wide = before.clone();
-  Tensor block = wide.narrow(1, 3, 4);  // [5, 4], row stride 11
-  ASSERT_FALSE(block.is_contiguous());
-  ops::matmul_into(a, b, block, false, false, 1.f, 0.f);
-  const std::vector<double> p = product(a, b, false, false), old = before.to_doubles();
-  std::vector<double> want = old;
-  for (int64_t i = 0; i < 5; ++i)
-    for (int64_t j = 0; j < 4; ++j) want[size_t(i * 11 + 3 + j)] = p[size_t(i * 4 + j)];
-  expect_near(wide.to_doubles(), want);
-  ops::matmul_into(a, b, block, false, false, 0.5f, 1.f);  // accumulating: want + 0.5 p in the block
-  for (int64_t i = 0; i < 5; ++i)
-    for (int64_t j = 0; j < 4; ++j) want[size_t(i * 11 + 3 + j)] += 0.5 * p[size_t(i * 4 + j)];
-  expect_near(wide.to_doubles(), want);
-  Tensor batch_out = random_matrix(6, 11, 10).narrow(1, 0, 4);
-  EXPECT_THROW(ops::matmul_into(random_matrix(6, 7, 11).view({2, 3, 7}), random_matrix(14, 4, 12).view({2, 7, 4}),
-                                batch_out, false, false),
-               Error);
-}
-
 // An operand that shares memory with the output is refused (it would be read while written).
 TEST(Matmul, AnOperandSharingTheOutputsMemoryIsRefused) {
   Tensor c = random_matrix(5, 6, 5);
