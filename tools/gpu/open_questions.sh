@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, one device call (OQ_LIMIT seconds, default 420, with the prebuilt binaries) for
-# what session 41 left open: the CUDA tests of the models and trainers (q/k/v and gate/up now one
-# shared-input LoRA function, autograd/fn_lora_shared.cpp) and of the grouped GEMMs (their reference
-# now made once a case); the 1B `none` row (Loom alone: its step with the shared adapters, against
-# session 41's 77,622 tok/s on the H100 and session 40's 85,751 on the H200); then issue 33's rows not yet
-# measured, Loom alone where no peer fits: Mixtral-8x7B QLoRA recompute (its bf16 folder, 93 GB, fits no
-# disk there), the Qwen3-30B-A3B shape at its full 48 layers, QLoRA and LoRA recompute (--random-init;
-# the peers' 61 GB folder and transformers' 48-layer bf16 LoRA do not fit an 80 GB card), and, while
-# time is left, the 24-layer QLoRA row against transformers + bitsandbytes with gradient checkpointing
-# (30 GB folder written first). Each step starts only while the call has time for it; JSON under $OUT
-# (e2e.jsonl, moe.jsonl, moe_table.md) and the logs in logs.tgz.
+# what session 41 left open: the CUDA tests of the models, trainers and grouped GEMMs; the 1B `none` row
+# against Unsloth (issue 32's scoreboard with timed GEMMs, now the default); then issue 33's peer rows not
+# yet measured: the Qwen3-30B-A3B shape at its full 48 layers, LoRA recompute against transformers +
+# PEFT (base drawn in memory, about 90 GB: an H200), and the 24-layer QLoRA row against transformers +
+# bitsandbytes with gradient checkpointing (its 30 GB folder written first). Each step starts only while
+# the call has time for it; JSON under $OUT (e2e.jsonl, moe.jsonl, moe_table.md), logs in logs.tgz.
 #   export OUT; tools/gpu/open_questions.sh        (carry .devdeps, .prebuilt and .peers)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,14 +20,15 @@ timeout 150 ctest --test-dir build-gpu -j6 --timeout 120 -R 'FamilyCuda|Checkpoi
   > $W/ctest_models.log 2>&1; echo "ctest models/train: exit $?"; grep -E "tests passed|tests failed|\*\*\*Failed|Timeout" $W/ctest_models.log | head -12; el
 t gg 150 $B/kernels/kernels_test_grouped_gemm_cuda --gtest_filter='GroupedGemmCuda.*:-*Qwen3*'; el
 E=$OUT/e2e.jsonl; touch $E
-if [ "$(left)" -gt 40 ]; then
-  LOOM_E2E_MODES=none LOOM_E2E_PEERS=" " OUT=/tmp/e timeout 60 bash bench/e2e/run.sh 1b > $W/e2e.log 2>&1; cp /tmp/e/e2e.jsonl $E; tail -1 $E | cut -c1-250; el
+if [ "$(left)" -gt 200 ]; then
+  LOOM_E2E_MODES=none LOOM_E2E_PEERS=unsloth OUT=/tmp/e timeout 190 bash bench/e2e/run.sh 1b > $W/e2e.log 2>&1; cp /tmp/e/e2e.jsonl $E
+  cp /tmp/e/e2e_table.md $OUT/ 2>/dev/null; grep -E "^\| " /tmp/e/e2e_table.md; el
 fi
 export LOOM_MOE_RUN_TIMEOUT=180 LOOM_MOE_PEERS=" " LOOM_MOE_PREVIOUS=$OUT/moe.jsonl
 touch $OUT/moe.jsonl
 m() { local need=$1; shift; [ "$(left)" -gt "$need" ] || { echo "skipped (time): $*"; return; }; env "$@" > $W/moe.log 2>&1; tail -2 $OUT/moe.jsonl | cut -c1-330; el; }
-m 120 LOOM_MOE_MODES=" " LOOM_MOE_QLORA_MODES=recompute bash bench/e2e/moe.sh mixtral8x7b
-m 60 LOOM_MOE_LAYERS=48 LOOM_MOE_MODES=recompute LOOM_MOE_QLORA_MODES=recompute bash bench/e2e/moe.sh qwen3moe30b
+m 150 LOOM_MOE_LAYERS=48 LOOM_MOE_MODES=recompute LOOM_MOE_QLORA_MODES=" " LOOM_MOE_PEERS=peft-gc LOOM_MOE_EXPERTS=grouped_mm \
+  LOOM_MOE_PEER_TIMEOUT=$(( $(left) - 60 )) bash bench/e2e/moe.sh qwen3moe30b
 m 200 LOOM_MOE_LAYERS=24 LOOM_MOE_MODES=" " LOOM_MOE_QLORA_MODES=recompute LOOM_MOE_PEERS=bnb-gc LOOM_MOE_EXPERTS=grouped_mm \
   LOOM_MOE_PEER_TIMEOUT=$(( $(left) - 20 )) bash bench/e2e/moe.sh qwen3moe30b
 tail -40 $OUT/moe_table.md 2>/dev/null
