@@ -58,7 +58,7 @@ struct Plan {
   }
 };
 
-using PlanKey = std::array<int64_t, 21>;
+using PlanKey = std::array<int64_t, 22>;
 
 PlanKey plan_key(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, int device, GemmAlgoChoice choice) {
   const Alignments al = alignments(g);
@@ -67,7 +67,10 @@ PlanKey plan_key(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, in
           static_cast<int64_t>(g.ab_type), static_cast<int64_t>(g.c_type),
           al.a, al.b, al.c,
           static_cast<int64_t>(ws_bytes), static_cast<int64_t>(reinterpret_cast<uintptr_t>(handle)), device,
-          static_cast<int64_t>(choice)};
+          static_cast<int64_t>(choice),
+          // Whether C is read: cuBLASLt runs other kernels for beta = 0 (nvjet's `bz`) than for an
+          // accumulation (`badd`), so a timed choice holds for one of the two.
+          choice == GemmAlgoChoice::kTimed && g.beta != 0.f ? 1 : 0};
 }
 
 void set_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
@@ -148,10 +151,14 @@ int64_t c_extent(const GemmArgs& g) {
 
 // kTimed: each candidate runs once untimed, then in kRounds rounds (every candidate once a round, in
 // turn, so that a change of clock or a neighbour's load falls on all of them alike) kReps times between
-// two events, on g's own operands, the output into a stream-ordered scratch the size of C (C itself is
-// only read). A candidate's time is its fastest round; the fastest candidate becomes p.algo where it
-// beats the heuristic's first by more than 2 %. Returns without changing p.algo when the scratch cannot
-// be had or the stream is being captured; a candidate that fails to launch is skipped.
+// two events, on g's own A and B, in place on a stream-ordered scratch the size of C that starts as a
+// copy of C when beta != 0 (C itself is left alone). In place, as the real call runs: with C and D
+// apart cuBLASLt runs other kernels for the same algorithm (nvjet's `bx` where in place it runs
+// `badd`; session 41's H200 profile of the trials), and those timed the gate/up input gradient's
+// choice about 5 % slower than the heuristic's in the benchmark on both GPUs. A candidate's time is its
+// fastest round; the fastest candidate becomes p.algo where it beats the heuristic's first by more than
+// 2 %. Returns without changing p.algo when the scratch cannot be had or the stream is being captured;
+// a candidate that fails to launch is skipped.
 void time_candidates(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s) {
   if (p.candidates.size() < 2) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -170,18 +177,20 @@ void time_candidates(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, GemmWo
       if (d) cudaFreeAsync(d, s);
     }
   } held{nullptr, s, {}};
-  if (cudaMallocAsync(&held.d, static_cast<size_t>(c_extent(g)) * gemm_type_size(g.c_type), s) != cudaSuccess) {
+  const size_t c_bytes = static_cast<size_t>(c_extent(g)) * gemm_type_size(g.c_type);
+  if (cudaMallocAsync(&held.d, c_bytes, s) != cudaSuccess) {
     (void)cudaGetLastError();  // no room for the scratch: the heuristic's pick stands
     held.d = nullptr;
     return;
   }
+  if (g.beta != 0.f) LOOM_CUDA_CHECK(cudaMemcpyAsync(held.d, g.c, c_bytes, cudaMemcpyDeviceToDevice, s));
   // Four calls a window: the events' resolution (about 0.5 us) stays under 2 % of a 25 us product's window.
   constexpr int kRounds = 3, kReps = 4;
   const float alpha = g.alpha, beta = g.beta;
   const size_t n = p.candidates.size();
   auto run = [&](size_t i) {
-    return cublasLtMatmul(handle, p.op, &alpha, g.b, p.a, g.a, p.b, &beta, g.c, p.c, held.d, p.c, &p.candidates[i],
-                          ws.ptr, ws.bytes, s) == CUBLAS_STATUS_SUCCESS;
+    return cublasLtMatmul(handle, p.op, &alpha, g.b, p.a, g.a, p.b, &beta, held.d, p.c, held.d, p.c,
+                          &p.candidates[i], ws.ptr, ws.bytes, s) == CUBLAS_STATUS_SUCCESS;
   };
   auto event = [&](size_t i, int round, int end) -> cudaEvent_t& { return held.ev[(i * kRounds + round) * 2 + end]; };
   held.ev.assign(2 * kRounds * n, nullptr);

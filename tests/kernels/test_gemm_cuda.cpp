@@ -113,7 +113,8 @@ TEST_F(GemmCudaTest, TimedChoiceMatchesCpu) {
   sweep<bf16, bf16>(tol<bf16>(), 0, 0, cuda::GemmAlgoChoice::kTimed);
   sweep<bf16, float>(1e-5, 3, 1, cuda::GemmAlgoChoice::kTimed);
   sweep<float, float>(1e-5, 0, 0, cuda::GemmAlgoChoice::kTimed);
-  // beta 1 first: the plan key has no beta, so the shape's first (timed) call must be the one that reads C.
+  // beta 1 (its own timed plan, the trials in place on a copy of C: C must come out with one product
+  // added, not one a trial), then beta 0 of the same shape (another plan, timed again).
   for (float beta : {1.f, 0.f})
     for (uint32_t seed : {41u, 42u}) {
       const Case cs{1024, 2048, 512, 1, false, true, 0, 0, 1.f, beta};
