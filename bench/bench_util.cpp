@@ -90,10 +90,8 @@ std::map<std::string, int64_t>& batch_sizes() {
 
 void run_timed(benchmark::State& state, const Work& work, const std::function<void()>& launch) {
   EventPair ev;
-  // Warm-up: the first two launches pay for module loading, cuBLASLt heuristics, cold TLBs and a
-  // timed GEMM choice's trials (a shape's second call, kernels/gemm.h); the third, timed alone, sizes
-  // the batch (once per benchmark, see batch_sizes).
-  launch();
+  // Warm-up: the first launch pays for module loading, cuBLASLt heuristics and cold TLBs; the
+  // second, timed alone, sizes the batch (once per benchmark, see batch_sizes).
   launch();
   LOOM_CUDA_CHECK(cudaStreamSynchronize(ctx().stream));
   const double one = ev.time(launch, 1);

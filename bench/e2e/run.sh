@@ -17,8 +17,8 @@
 # LOOM_E2E_CTX_STEPS (default 2), LOOM_E2E_CTX_EXTRA (e.g. --qlora), LOOM_E2E_CTX_TIMEOUT per run,
 # LOOM_E2E_CTX_PEERS: "peft peft-gc unsloth" search the same list; LOOM_E2E_CTX_UNSLOTH=qlora for
 # Unsloth's QLoRA; LOOM_E2E_CTX_PEER_TOTAL (default 560 s) bounds Unsloth's whole search),
-# LOOM_E2E_PROFILE (checkpointing modes to run once more, 4 steps under Nsight Compute, the first two
-# left out (load, and each GEMM shape's algorithm trials at step two), for the kernel-by-kernel time of a step:
+# LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, the first left
+# out (load, and each GEMM shape's algorithm trials), for the kernel-by-kernel time of a step:
 # $OUT/profile-<shape>-<mode>.txt, see tools/gpu/kernel_profile.sh),
 # LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
 # $OUT/timing-<shape>-<mode>-<seq>.txt), LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
@@ -102,9 +102,9 @@ for shape in ${@:-1b}; do
   for mode in $modes; do emit "$(loom_run "$shape" "$mode" "$batch" 2048)"; done
   for mode in ${LOOM_E2E_QLORA_MODES:-}; do emit "$(loom_run "$shape" "$mode" "$batch" 2048 --qlora)"; done
   for mode in ${LOOM_E2E_PROFILE:-}; do
-    STEPS=2 SKIP=2 TOP=45 timeout 400 tools/gpu/kernel_profile.sh "$work/profile.csv" "$loom" train --overwrite --model "$(model_dir "$shape")" \
+    STEPS=2 SKIP=1 TOP=45 timeout 400 tools/gpu/kernel_profile.sh "$work/profile.csv" "$loom" train --overwrite --model "$(model_dir "$shape")" \
       --data "$(data_file)" --out "$work/profile-run" --device cuda --dtype bf16 --seq-len 2048 --batch-size "$batch" \
-      --max-steps 4 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$out/profile-$shape-$mode.txt" 2>&1
+      --max-steps 3 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$out/profile-$shape-$mode.txt" 2>&1
     rm -rf "$work/profile-run"
   done
   for p in $peers; do

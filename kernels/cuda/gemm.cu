@@ -225,18 +225,11 @@ void time_candidates(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, GemmWo
   if (best >= 0.f && (first < 0.f || best < 0.98f * first)) p.algo = p.candidates[best_i];
 }
 
-// Cached plans; bounded so a stream of ever-new shapes cannot grow it without limit. `calls` counts a
-// shape's calls up to 2: kTimed times a shape on its second call, so that a shape seen once (a prompt's
-// length in `loom generate`, a preference batch's row count) never pays for the trials, while a
-// training step's shapes, the same every step, are timed at the second step.
-struct CachedPlan {
-  std::shared_ptr<const Plan> plan;
-  int calls = 0;
-};
+// Cached plans; bounded so a stream of ever-new shapes cannot grow it without limit.
 constexpr size_t kMaxPlans = 4096;
 std::mutex g_plans_mutex;
-std::map<PlanKey, CachedPlan>& plans() {
-  static auto* m = new std::map<PlanKey, CachedPlan>();  // never destroyed: outlives callers at exit
+std::map<PlanKey, std::shared_ptr<const Plan>>& plans() {
+  static auto* m = new std::map<PlanKey, std::shared_ptr<const Plan>>();  // never destroyed: outlives callers at exit
   return *m;
 }
 
@@ -259,17 +252,14 @@ void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s
     std::lock_guard<std::mutex> lock(g_plans_mutex);
     auto& cache = plans();
     auto it = cache.find(key);
-    if (it == cache.end()) {  // the first call: the heuristic's pick
+    if (it == cache.end()) {
       if (cache.size() >= kMaxPlans) cache.clear();
-      it = cache.emplace(key, CachedPlan{make_plan(g, handle, ws.bytes, 1), 0}).first;
-    } else if (choice == GemmAlgoChoice::kTimed && it->second.calls == 1) {
-      // The second: the heuristic's first few timed, in a new plan (a caller may still hold the old one).
-      std::unique_ptr<Plan> made = make_plan(g, handle, ws.bytes, kGemmTimedCandidates);
-      time_candidates(*made, g, handle, ws, s);
-      it->second.plan = std::move(made);
+      const bool timed = choice == GemmAlgoChoice::kTimed;
+      std::unique_ptr<Plan> made = make_plan(g, handle, ws.bytes, timed ? kGemmTimedCandidates : 1);
+      if (timed) time_candidates(*made, g, handle, ws, s);
+      it = cache.emplace(key, std::move(made)).first;
     }
-    it->second.calls = std::min(it->second.calls + 1, 2);
-    plan = it->second.plan;
+    plan = it->second;
   }
   // The swap: cuBLASLt's A is our B, its B is our A; C is read (beta != 0) and written in place.
   const float alpha = g.alpha, beta = g.beta;

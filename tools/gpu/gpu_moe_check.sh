@@ -6,7 +6,7 @@
 # autograd/fn_grouped.cpp runs (base, accumulate, LoRA factors, dual), each variant, and the QLoRA experts'
 # batched NF4 dequantisation against one launch per expert.
 # Writes ctest.txt, moe.jsonl, moe_table.md and grouped.txt under $OUT (default gpu-moe-out); with
-# LOOM_MOE_PROFILE=1 also profile_<row>.txt, tools/gpu/kernel_profile.sh's per-kernel table of steps 3-4 (step 2 times the GEMM choices)
+# LOOM_MOE_PROFILE=1 also profile_<row>.txt, tools/gpu/kernel_profile.sh's per-kernel table of steps 2-4
 # of each row of LOOM_MOE_PROFILE_ROWS (default "none qlora-offload": [qlora-]<checkpointing mode>) on
 # LOOM_MOE_SHAPE (about 45 s each at the smoke shape).
 # LOOM_MOE_SHAPE (default qwen3moe_smoke) picks moe.sh's shape for Loom's rows: qwen3moe30b with
@@ -37,10 +37,10 @@ if [ "${LOOM_MOE_PROFILE:-0}" = 1 ]; then
   prof=$(mktemp)  # a LOOM_BIN that profiles the loom run it is given into $prof_out
   cat > "$prof" <<'SH'
 #!/usr/bin/env bash
-STEPS=2 SKIP=2 TOP=40 tools/gpu/kernel_profile.sh "$prof_out.csv" build-gpu/tools/loom "$@" > "$prof_out" 2>&1
+STEPS=3 SKIP=1 TOP=40 tools/gpu/kernel_profile.sh "$prof_out.csv" build-gpu/tools/loom "$@" > "$prof_out" 2>&1
 SH
   chmod +x "$prof"
-  for row in ${LOOM_MOE_PROFILE_ROWS:-none qlora-offload}; do  # [qlora-]mode: 4 steps, the first two left out
+  for row in ${LOOM_MOE_PROFILE_ROWS:-none qlora-offload}; do  # [qlora-]mode: 4 steps, the first left out
     mode=${row#qlora-} lora=" " qlora=" "
     if [ "$row" = "$mode" ]; then lora=$mode; else qlora=$mode; fi
     prof_out="$out/profile_${row//-/_}.txt" LOOM_BIN=$prof LOOM_MOE_STEPS=4 LOOM_MOE_PEERS=" " LOOM_MOE_MODES=$lora \
