@@ -52,6 +52,13 @@ Tensor sum_squares(const Tensor& a);
 // added in f32.
 Tensor grad_norm_coef(const std::vector<Tensor>& grads, float max_norm);
 
+// Whether ops:: products time cuBLASLt's first few algorithms on each shape's first call and keep the
+// fastest (cuda::GemmAlgoChoice::kTimed), like torch.backends.cudnn.benchmark: off by default, since a
+// run's bits then depend on which algorithm won a timing; `loom train --gemm-autotune` turns it on for
+// the process. Changes products of shapes not seen yet.
+void set_gemm_autotune(bool on);
+bool gemm_autotune();
+
 // ---- matrix products (f32 accumulation) ----
 // a [..., m, k] (or [..., k, m] with trans_a) times b [k, n] (or [n, k] with trans_b), b either
 // 2-D (shared) or batched like a. Output dtype defaults to a's.

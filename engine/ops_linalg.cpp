@@ -1,4 +1,6 @@
 // ops:: matrix products through the one GEMM wrapper (Eigen on CPU, cuBLASLt on CUDA).
+#include <atomic>
+
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "kernels/bf16_split.h"
@@ -9,11 +11,10 @@ using namespace detail;
 
 namespace {
 
-// Each product shape's first call times the heuristic's first few algorithms and keeps the fastest
-// (cuda::GemmAlgoChoice::kTimed) rather than take its first. Measured end to end, Llama-3.2-1B LoRA
-// `none` at 8 x 2048: H200 85,751 tokens/s against 83,955 (session 40), H100 77,622 against 77,336
-// (session 41); bench gemm/bf16/llama1b_* times both product by product (bench/results/session41).
-constexpr cuda::GemmAlgoChoice kGemmChoice = cuda::GemmAlgoChoice::kTimed;
+// set_gemm_autotune (ops.h). Measured end to end, Llama-3.2-1B LoRA `none` at 8 x 2048: H200 85,751
+// tokens/s timed against 83,955 (session 40), H100 77,622 against 77,336 (session 41); bench
+// gemm/bf16/llama1b_* times both product by product (bench/results/session41).
+std::atomic<bool> g_gemm_autotune{false};
 
 void run_gemm(const GemmArgs& g, Device device) {
   if (device.is_cpu()) {
@@ -23,13 +24,18 @@ void run_gemm(const GemmArgs& g, Device device) {
 #if LOOM_WITH_CUDA
   LOOM_CHECK(g.ab_type != GemmType::kF64, "matmul: f64 is CPU-only");
   CudaContext& ctx = CudaContext::get(device.index);
-  cuda::gemm(g, ctx.cublaslt, GemmWorkspace{ctx.gemm_workspace, ctx.gemm_workspace_bytes}, ctx.stream, kGemmChoice);
+  cuda::gemm(g, ctx.cublaslt, GemmWorkspace{ctx.gemm_workspace, ctx.gemm_workspace_bytes}, ctx.stream,
+             g_gemm_autotune.load(std::memory_order_relaxed) ? cuda::GemmAlgoChoice::kTimed
+                                                              : cuda::GemmAlgoChoice::kHeuristic);
 #else
   LOOM_CHECK(false, "matmul: Loom was built without CUDA (LOOM_CUDA=OFF)");
 #endif
 }
 
 }  // namespace
+
+void set_gemm_autotune(bool on) { g_gemm_autotune.store(on, std::memory_order_relaxed); }
+bool gemm_autotune() { return g_gemm_autotune.load(std::memory_order_relaxed); }
 
 void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a, bool trans_b, float alpha,
                  float beta) {

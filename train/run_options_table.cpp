@@ -322,6 +322,10 @@ std::vector<RunOption> make_table() {
                      "checked: counters in range, optimizer state finite)",
                      kFree, [](C& c) -> bool& { return c.no_verify; }));
   t.back().stored = false;
+  t.push_back(on_off("gemm-autotune",
+                     "time cuBLASLt's first 8 algorithms on each GEMM shape's first call and keep the fastest (a few "
+                     "percent faster; a run's bits then depend on the timings, so two runs may differ in the last bits)",
+                     kWarned, [](C& c) -> bool& { return c.gemm_autotune; }));
   t.push_back(on_off("allow-nonfinite", "load a model whose weights hold NaN or infinity (refused otherwise)", kFree,
                      [](C& c) -> bool& { return c.allow_nonfinite; }));
   t.push_back(integer("log-every", "1", "progress line every N steps when not on a terminal", 1, kSteps, kFree,

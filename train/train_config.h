@@ -57,6 +57,7 @@ struct TrainConfig {
   // removed at the first save); without it such a folder is refused.
   bool overwrite = false;
   bool no_verify = false;        // --resume skips the checksums (the values are still checked)
+  bool gemm_autotune = false;    // ops::set_gemm_autotune for the run (engine/ops.h)
   bool allow_nonfinite = false;  // a model whose weights hold NaN or infinity loads anyway
   int64_t log_every = 1;           // progress line cadence when stdout is not a terminal
   int64_t stop_after = 0;          // > 0: stop (save, return) after this many steps of this run, as if interrupted

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
     return absl::InvalidArgumentError(absl::StrCat("--device ", cfg.device.str(), ": no such CUDA device (",
                                                    cuda_device_count(), " visible)"));
   s->dtype = cfg.resolved_dtype();
+  ops::set_gemm_autotune(cfg.gemm_autotune);
   LrScheduleKind kind;
   LOOM_ASSIGN_OR_RETURN(kind, parse_lr_schedule(cfg.schedule));
   PreferenceParams pref;

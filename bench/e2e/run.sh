@@ -20,6 +20,7 @@
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, the first left
 # out (load, and each GEMM shape's algorithm trials), for the kernel-by-kernel time of a step:
 # $OUT/profile-<shape>-<mode>.txt, see tools/gpu/kernel_profile.sh),
+# LOOM_E2E_AUTOTUNE_MODES (checkpointing modes to run again with --gemm-autotune, named so in the rows),
 # LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
 # $OUT/timing-<shape>-<mode>-<seq>.txt), LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
 # call's results, so that a table too long for one device call, e.g. the 8B shape with every peer,
@@ -101,6 +102,7 @@ for shape in ${@:-1b}; do
   if [ "$shape" = 1b ]; then batch=8; else batch=4; fi  # 8b and the 4B-class family shapes: 4 rows
   for mode in $modes; do emit "$(loom_run "$shape" "$mode" "$batch" 2048)"; done
   for mode in ${LOOM_E2E_QLORA_MODES:-}; do emit "$(loom_run "$shape" "$mode" "$batch" 2048 --qlora)"; done
+  for mode in ${LOOM_E2E_AUTOTUNE_MODES:-}; do emit "$(loom_run "$shape" "$mode" "$batch" 2048 --gemm-autotune)"; done
   for mode in ${LOOM_E2E_PROFILE:-}; do
     STEPS=2 SKIP=1 TOP=45 timeout 400 tools/gpu/kernel_profile.sh "$work/profile.csv" "$loom" train --overwrite --model "$(model_dir "$shape")" \
       --data "$(data_file)" --out "$work/profile-run" --device cuda --dtype bf16 --seq-len 2048 --batch-size "$batch" \

@@ -102,6 +102,24 @@ TEST(Train, SavedAdapterReproducesTheTrainersLogits) {
   EXPECT_EQ(a, b);  // f32 weights written and read exactly
 }
 
+// --gemm-autotune is the run's: Trainer::create sets ops::set_gemm_autotune from the config, on and
+// back off (on the CPU nothing else changes; on CUDA the products time their algorithms, engine/ops.h).
+TEST(Train, GemmAutotuneIsTheRunsChoice) {
+  for (bool on : {true, false}) {
+    TrainConfig c;
+    c.model_dir = base_model();
+    c.data_path = kData;
+    c.out_dir = fresh_dir(on ? "autotune_on" : "autotune_off");
+    c.seq_len = 32;
+    c.max_steps = 1;
+    c.quiet = true;
+    c.gemm_autotune = on;
+    auto trainer = Trainer::create(c);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ(ops::gemm_autotune(), on);
+  }
+}
+
 TEST(Train, FullFineTuneWritesAModelThatLoadsAndGenerates) {
   const std::string out = fresh_dir("full");
   const std::string cfg = ::testing::TempDir() + "loom_full_" + std::to_string(getpid()) + ".conf";

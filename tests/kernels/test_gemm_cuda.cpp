@@ -106,8 +106,8 @@ TEST_F(GemmCudaTest, WorksWithoutWorkspace) {
   EXPECT_LT((run<float, float>({64, 4096, 4096, 1, false, false, 0, 0, 1.f, 0.f}, 12, false)), 1e-5);
 }
 
-// kTimed: the shape's first call times several algorithms (into a scratch output) before its own run;
-// with beta != 0 the trials must not have touched C. Every transpose pair, batched, odd leading
+// kTimed: the shape's first call times several algorithms (in place on a scratch copy of C) before its
+// own run; with beta != 0 the trials must not have touched C. Every transpose pair, batched, odd leading
 // dimensions, and transformer-sized products with many candidates, each on a first and a cached call.
 TEST_F(GemmCudaTest, TimedChoiceMatchesCpu) {
   sweep<bf16, bf16>(tol<bf16>(), 0, 0, cuda::GemmAlgoChoice::kTimed);

@@ -109,6 +109,14 @@ TEST(RunOptions, AResumedRunTakesItsStoredSettingsAndRefusesEveryFixedChangeAtOn
       << s;
 }
 
+TEST(RunOptions, GemmAutotuneIsASwitchOffByDefault) {
+  auto off = build_train_config(parse({"--model", "m", "--data", "d", "--out", "o"}));
+  auto on = build_train_config(parse({"--model", "m", "--data", "d", "--out", "o", "--gemm-autotune"}));
+  ASSERT_TRUE(off.ok() && on.ok());
+  EXPECT_FALSE(off->gemm_autotune);
+  EXPECT_TRUE(on->gemm_autotune);
+}
+
 TEST(RunOptions, WarnedChangesAreTheOptimisationSettings) {
   TrainConfig a, b;
   b.lr = 1e-3f, b.schedule = "cosine", b.max_steps = 7;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, one device call (OQ_LIMIT seconds, default 420, with the prebuilt binaries) for
 # what session 41 left open: the CUDA tests of the models, trainers, GEMMs and grouped GEMMs; the GEMM
-# table (timed choices, now timed in place, against the heuristic's); the 1B `none` row
-# against Unsloth (issue 32's scoreboard with timed GEMMs, now the default); then issue 33's peer rows not
+# table (timed choices, now timed in place, against the heuristic's); the 1B `none` row as built and with
+# --gemm-autotune, against Unsloth (issue 32's scoreboard); then issue 33's peer rows not
 # yet measured: the Qwen3-30B-A3B shape at its full 48 layers, LoRA recompute against transformers +
 # PEFT (base drawn in memory, about 90 GB: an H200), and the 24-layer QLoRA row against transformers +
 # bitsandbytes with gradient checkpointing (its 30 GB folder written first). Each step starts only while
@@ -39,8 +39,9 @@ for n in sorted(rows):
 PY
 el
 E=$OUT/e2e.jsonl; touch $E
-if [ "$(left)" -gt 200 ]; then
-  LOOM_E2E_MODES=none LOOM_E2E_PEERS=unsloth OUT=/tmp/e timeout 190 bash bench/e2e/run.sh 1b > $W/e2e.log 2>&1; cp /tmp/e/e2e.jsonl $E
+if [ "$(left)" -gt 210 ]; then
+  LOOM_E2E_MODES=none LOOM_E2E_AUTOTUNE_MODES=none LOOM_E2E_PEERS=unsloth OUT=/tmp/e timeout 200 bash bench/e2e/run.sh 1b \
+    > $W/e2e.log 2>&1; cp /tmp/e/e2e.jsonl $E
   cp /tmp/e/e2e_table.md $OUT/ 2>/dev/null; grep -E "^\| " /tmp/e/e2e_table.md; el
 fi
 export LOOM_MOE_RUN_TIMEOUT=180 LOOM_MOE_PEERS=" " LOOM_MOE_PREVIOUS=$OUT/moe.jsonl
