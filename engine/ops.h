@@ -55,7 +55,7 @@ Tensor grad_norm_coef(const std::vector<Tensor>& grads, float max_norm);
 // Whether ops:: products time cuBLASLt's first few algorithms on each shape's first call and keep the
 // fastest (cuda::GemmAlgoChoice::kTimed), like torch.backends.cudnn.benchmark: off by default, since a
 // run's bits then depend on which algorithm won a timing; `loom train --gemm-autotune` turns it on for
-// the process. Changes products of shapes not seen yet.
+// the process, for every product that follows.
 void set_gemm_autotune(bool on);
 bool gemm_autotune();
 
