@@ -62,12 +62,12 @@ void gemm(const GemmArgs& g);
 namespace loom::cuda {
 // How a shape's cuBLASLt algorithm is chosen the first time it is seen:
 //   kHeuristic  the heuristic's first answer;
-//   kTimed      the heuristic's first kGemmTimedCandidates answers each timed on that first call (its own
-//               A and B, in place on a stream-ordered scratch copy of C, as the call itself runs in place;
-//               freed before returning; one host wait; the candidates take turns over three rounds, each timed by its fastest
-//               round), the fastest kept where it beats the first by more than 2 % (close calls
-//               keep the heuristic's pick, so a run does not flip between algorithms on timing noise).
-//               The call itself then runs with the chosen algorithm; later calls of the shape reuse it
+//   kTimed      the heuristic's first kGemmTimedCandidates answers timed on that first call (its own A
+//               and B, in place on a stream-ordered scratch copy of C as the call itself runs, freed
+//               before returning; one host wait; the candidates take turns over three rounds, each timed
+//               by its fastest round), the fastest kept where it beats the first by more than 2 % (close
+//               calls keep the heuristic's pick, so a run does not flip between algorithms on timing
+//               noise). The call itself then runs the chosen algorithm; later calls of the shape reuse it
 //               (a shape accumulating onto C, beta != 0, is timed apart from the same shape with beta 0).
 //               Falls back to the first answer when the scratch cannot be allocated or a candidate fails.
 enum class GemmAlgoChoice { kHeuristic, kTimed };
