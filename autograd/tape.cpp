@@ -93,6 +93,11 @@ bool ShortLivedLeaves::contains(const GradCell* cell) {
 }
 }  // namespace detail
 
+namespace {
+// Whether g's storage is held by g alone (and is not borrowed memory): its holder may write it in place.
+bool exclusively_held(const Tensor& g) { return g.storage().use_count() == 1 && !g.storage()->borrowed(); }
+}  // namespace
+
 void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
   LOOM_CHECK(g.shape() == cell.shape, "backward of ", from, ": gradient ", g.str(), " does not match the shape ",
              shape_str(cell.shape), " of its input");
@@ -104,7 +109,11 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
     if (cell.grad.defined()) {
       ops::add_(cell.grad, g);
     } else if (detail::ShortLivedLeaves::contains(&cell)) {
-      cell.grad = g.clone();
+      // Taken as it is when nothing but the node's returned list holds it (not handed to a second
+      // input, not a view of what the node keeps) and it spans its storage (holds no more memory
+      // than its own): a recomputed layer's input gradient, one [tokens, hidden] copy a layer fewer.
+      const bool whole = g.is_contiguous() && static_cast<size_t>(g.nbytes()) == g.storage()->nbytes();
+      cell.grad = exclusively_held(g) && whole ? g : g.clone();
     } else {
       const LongLivedPoolScope held_until_the_step;  // out of the activations' pool (engine/memory.h)
       cell.grad = g.clone();
@@ -118,9 +127,12 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
 Tensor Node::take_grad_so_far(size_t i) {
   if (!needs_grad(i)) return Tensor();
   GradCell& c = *inputs[i];
-  if (c.is_leaf || !c.grad.defined() || !c.grad.is_contiguous()) return Tensor();
+  // A leaf's gradient is accumulated and reduced in place later (grad accumulation, data
+  // parallelism), but for a recomputed checkpoint's input, which hands it on to the layer before.
+  const bool ours = !c.is_leaf || detail::ShortLivedLeaves::contains(&c);
+  if (!ours || !c.grad.defined() || !c.grad.is_contiguous()) return Tensor();
   Tensor g = std::exchange(c.grad, Tensor());
-  if (g.storage().use_count() == 1 && !g.storage()->borrowed()) return g;
+  if (exclusively_held(g)) return g;
   c.grad = std::move(g);  // shared with another cell or a saved tensor, or borrowed memory: not ours to write
   return Tensor();
 }
