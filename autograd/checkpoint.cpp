@@ -30,7 +30,7 @@ class CheckpointNode final : public Node {
       : fn_(std::move(fn)), saved_(std::move(saved)), previous_(std::move(previous)) {}
   const char* name() const override { return "checkpoint"; }
 
-  std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override {
+  std::vector<Tensor> backward(std::vector<Tensor>& grad_outputs) override {
     if (auto prev = previous_.lock()) prev->prefetch();
     GradModeGuard grad_on(true);
     TapeScope fresh;

@@ -42,11 +42,67 @@ Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
   return ops::block_sum(m.reshape({1, m.numel()}), parts, alpha).view({rows, cols});
 }
 
+// dA = scale * dt^T x: [r, n] x [n, in], from dt's [dt_hi, dt_lo] parts (split, [n, 2r]) or dt [n, r].
+Tensor adapter_a_grad(const Tensor& dt, const Tensor& x, bool split, float scale, int64_t r, DType a_dtype) {
+  if (split) return sum_row_parts(ops::matmul(dt, x, true, false, DType::f32), 2, scale).to(a_dtype);
+  Tensor da = Tensor::empty({r, x.size(1)}, a_dtype, dt.device());
+  ops::matmul_into(dt, x, da, true, false, scale, 0.f);
+  return da;
+}
+
+// What lora_linear's backward leaves for the node that made its input (glu_lora_linear's activation)
+// to finish dA with the input it makes again in its own pass: dt's parts (or dt) and how to use them.
+struct DeferredA {
+  Tensor dt;
+  bool split = false;
+  float scale = 1.f;
+  int64_t r = 0;
+  DType a_dtype = DType::f32;
+};
+
+Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a, const Variable& b,
+                        const LoraArgs& lora, const Variable* bias, const WeightFn& rematerialize,
+                        const InputFn& recompute_x, OutputUse use, std::shared_ptr<DeferredA> defer_a);
+
 }  // namespace
 
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
                      const Variable* bias, const WeightFn& rematerialize, const InputFn& recompute_x,
                      OutputUse use) {
+  return lora_linear_of(x, w, a, b, lora, bias, rematerialize, recompute_x, use, nullptr);
+}
+
+Variable glu_lora_linear(const Variable& gate, const Variable& up, bool gelu, const Variable& w, const Variable& a,
+                         const Variable& b, const LoraArgs& lora, const Variable* bias,
+                         const WeightFn& rematerialize, OutputUse use) {
+  LOOM_CHECK(lora.dropout <= 0.f && !w.requires_grad(), "glu_lora_linear: needs a frozen weight and no adapter ",
+             "dropout (got dropout ", lora.dropout, w.requires_grad() ? ", a trained weight)" : ")");
+  Tensor gv = gate.value(), uv = up.value();
+  const Tensor hv = gelu ? ops::geglu(gv, uv) : ops::swiglu(gv, uv);
+  auto defer = std::make_shared<DeferredA>();
+  // The activation's node: gate's and up's gradients, act(gate) * up made again in the same pass
+  // (over dh's buffer when the tape handed it over alone), and with it the adapter's dA that
+  // lora_linear's backward, which ran just before, left here. It holds A as an input for that.
+  auto backward = [gv, uv, gelu, defer](Node& n, Grads& g) mutable {
+    ops::GluGrads r = ops::glu_backward_with_value(std::move(gv), std::move(uv), std::move(g[0]), gelu);
+    Tensor da;
+    if (n.needs_grad(2) && defer->dt.defined()) {
+      da = adapter_a_grad(defer->dt, r.value.reshape({-1, r.value.size(-1)}), defer->split, defer->scale, defer->r,
+                          defer->a_dtype);
+      defer->dt = Tensor();
+    }
+    return Grads{r.dgate, r.dup, da};
+  };
+  const Variable h = record1(node_of(gelu ? "geglu" : "swiglu", backward), {&gate, &up, &a}, hv);
+  return lora_linear_of(h, w, a, b, lora, bias, rematerialize, {}, use, defer);
+}
+
+namespace {
+
+// lora_linear; with defer_a, dA is left (as dt) for the node that made x to finish (glu_lora_linear).
+Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a, const Variable& b,
+                        const LoraArgs& lora, const Variable* bias, const WeightFn& rematerialize,
+                        const InputFn& recompute_x, OutputUse use, std::shared_ptr<DeferredA> defer_a) {
   LOOM_CHECK(!rematerialize || !w.requires_grad(), "lora_linear: a re-materialised weight must be frozen");
   const Tensor& xv = x.value();
   LOOM_CHECK(w.value().dim() == 2 && a.value().dim() == 2 && b.value().dim() == 2 && xv.dim() >= 1, "lora_linear: ",
@@ -101,10 +157,10 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   }
 
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
-  Tensor keep_x = recompute_x ? Tensor() : x2;
+  Tensor keep_x = recompute_x || defer_a ? Tensor() : x2;  // (defer_a: W frozen, dA made by x's maker)
   const DType a_dtype = a.dtype(), b_dtype = b.dtype(), bias_dtype = bias ? bias->dtype() : DType::f32;
   auto backward = [keep_x, recompute_x, keep_w, rematerialize, a_keep, b_keep, t_keep, lora, split, first, r, in,
-                   a_dtype, b_dtype, bias_dtype, xshape = xv.shape()](Node& n, const Grads& g) {
+                   a_dtype, b_dtype, bias_dtype, defer_a, xshape = xv.shape()](Node& n, const Grads& g) {
     const Tensor dy = g[0].reshape({-1, g[0].size(-1)});  // [n, out]
     const float scale = lora.scale;
     Tensor dx, dw, da, db, dbias;
@@ -139,13 +195,10 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
       } else {
         dt = ops::matmul(dy, b_keep);
       }
-      if (n.needs_grad(2)) {  // dA = scale * dt^T dropout(x): [r, n] x [n, in]
-        if (split) {
-          da = sum_row_parts(ops::matmul(dt_hl, dropped(), true, false, DType::f32), 2, scale).to(a_dtype);
-        } else {
-          da = Tensor::empty({r, in}, a_dtype, dy.device());
-          ops::matmul_into(dt, dropped(), da, true, false, scale, 0.f);
-        }
+      if (n.needs_grad(2) && defer_a) {  // dA is finished where x is made again (glu_lora_linear)
+        *defer_a = DeferredA{split ? dt_hl : dt, split, scale, r, a_dtype};
+      } else if (n.needs_grad(2)) {  // dA = scale * dt^T dropout(x): [r, n] x [n, in]
+        da = adapter_a_grad(split ? dt_hl : dt, dropped(), split, scale, r, a_dtype);
         // A recomputed input is not needed again unless W trains: it goes before dx, the size of
         // x, is allocated (down_proj: [tokens, intermediate] less at the layer's backward peak).
         if (recompute_x && !n.needs_grad(1)) x2 = Tensor();
@@ -181,6 +234,8 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
   };
   return record1(node_of("lora_linear", backward), {&x, &w, &a, &b, bias}, y.view(out_shape));
 }
+
+}  // namespace
 
 Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias,
                        OutputUse use) {

@@ -71,6 +71,13 @@ using InputFn = std::function<Tensor()>;
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
                      const Variable* bias = nullptr, const WeightFn& rematerialize = {},
                      const InputFn& recompute_x = {}, OutputUse use = OutputUse::kRead);
+// lora_linear(act(gate) * up, ...) for a gated MLP's down projection (act: silu, or gelu_tanh with
+// gelu), with a frozen weight and no adapter dropout: the same values and gradients, but act(gate) * up
+// is not kept or computed apart for the adapter's dA: the activation's backward makes it again in its
+// own pass over gate, up and their output gradient, and finishes dA there.
+Variable glu_lora_linear(const Variable& gate, const Variable& up, bool gelu, const Variable& w, const Variable& a,
+                         const Variable& b, const LoraArgs& lora, const Variable* bias = nullptr,
+                         const WeightFn& rematerialize = {}, OutputUse use = OutputUse::kRead);
 // x W^T (+ bias) with W frozen (no gradient) and re-materialised by `rematerialize` for backward.
 Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr,
                        OutputUse use = OutputUse::kRead);

@@ -169,9 +169,11 @@ void backward(const std::vector<Variable>& roots, const std::vector<Tensor>& gra
     std::shared_ptr<Node> node = std::move(*it);
     std::vector<Tensor> grad_out;
     bool any = false;
+    // An output's gradient is needed by this node alone (cleared below in any case): handed over,
+    // so that a backward may write into it where nothing else holds it (the GLU's, kept values).
     for (const auto& w : node->outputs) {
       auto cell = w.lock();
-      grad_out.push_back(cell ? cell->grad : Tensor());
+      grad_out.push_back(cell && !cell->is_leaf ? std::move(cell->grad) : cell ? cell->grad : Tensor());
       any = any || grad_out.back().defined();
     }
     if (any) {

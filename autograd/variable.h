@@ -61,8 +61,9 @@ class Node {
   virtual ~Node() = default;
   virtual const char* name() const = 0;
   // Given the gradients of the outputs (undefined where none flowed), returns one gradient per
-  // input (undefined for inputs that need none). Saved tensors may be released here.
-  virtual std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) = 0;
+  // input (undefined for inputs that need none). Saved tensors may be released here. The output
+  // gradients are the node's alone: it may move them out (to write into one nothing else holds).
+  virtual std::vector<Tensor> backward(std::vector<Tensor>& grad_outputs) = 0;
 
   std::vector<std::shared_ptr<GradCell>> inputs;  // null for inputs without gradient
   std::vector<std::weak_ptr<GradCell>> outputs;

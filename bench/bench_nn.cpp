@@ -1,6 +1,7 @@
 // Benchmarks of the per-token layers at Llama-7B/8B sizes, forward and backward: RMSNorm, RoPE,
 // SwiGLU / GeGLU and the token embedding. All bf16 activations; memory-bound.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_util.h"
@@ -66,6 +67,18 @@ void register_rope() {
                                ctx().stream);
     });
   });
+  // Llama 3.2 1B's q and k together (32 + 8 heads of 64), as its attention calls it.
+  add("rope_pair_fwd/bf16/" + std::to_string(kTokens) + "x" + x2(32 + 8, 64), [=](benchmark::State& st) {
+    auto pos = std::move(setup().first);
+    auto inv64 = upload_floats(cpu::rope_inv_freq(64, 500000.0));
+    const int64_t nq = kTokens * 32 * 64, nk = kTokens * 8 * 64;
+    auto q = random_array<bf16>(nq), k = random_array<bf16>(nk);
+    DeviceArray<bf16> qo(nq), ko(nk);
+    run_timed(st, {4.0 * (nq + nk) + 4.0 * kTokens + 2.0 * 64}, [&] {
+      cuda::rope_pair<bf16>(q.get(), qo.get(), 32, k.get(), ko.get(), 8, pos.get(), inv64.get(), kTokens, 64, 64, 1.f,
+                            false, ctx().stream);
+    });
+  });
   add("rope_bwd" + shape, [=](benchmark::State& st) {
     auto [pos, inv_freq] = setup();
     auto dy = random_array<bf16>(n);
@@ -77,9 +90,10 @@ void register_rope() {
   });
 }
 
-// fwd: out = act(gate) * up (3 arrays); bwd: dgate, dup from gate, up, dout (5 arrays).
+// fwd: out = act(gate) * up (3 arrays); bwd: dgate, dup from gate, up, dout (5 arrays); bwd_value:
+// the same plus act(gate) * up written over dout (6 arrays: glu_lora_linear's activation backward).
 template <void (*Fwd)(const bf16*, const bf16*, bf16*, int64_t, Stream),
-          void (*Bwd)(const bf16*, const bf16*, const bf16*, bf16*, bf16*, int64_t, Stream)>
+          void (*Bwd)(const bf16*, const bf16*, const bf16*, bf16*, bf16*, int64_t, Stream, bf16*)>
 void register_glu(const std::string& base) {
   const int64_t n = kMlpTokens * kIntermediate;
   const std::string shape = "/bf16/" + x2(kMlpTokens, kIntermediate);
@@ -92,7 +106,14 @@ void register_glu(const std::string& base) {
     auto gate = random_array<bf16>(n, -4.f, 4.f), up = random_array<bf16>(n), dout = random_array<bf16>(n);
     DeviceArray<bf16> dgate(n), dup(n);
     run_timed(st, {10.0 * n},
-              [&] { Bwd(gate.get(), up.get(), dout.get(), dgate.get(), dup.get(), n, ctx().stream); });
+              [&] { Bwd(gate.get(), up.get(), dout.get(), dgate.get(), dup.get(), n, ctx().stream, nullptr); });
+  });
+  add(base + "_bwd_value" + shape, [=](benchmark::State& st) {
+    auto gate = random_array<bf16>(n, -4.f, 4.f), up = random_array<bf16>(n), dout = random_array<bf16>(n);
+    DeviceArray<bf16> dgate(n), dup(n);
+    run_timed(st, {12.0 * n}, [&] {
+      Bwd(gate.get(), up.get(), dout.get(), dgate.get(), dup.get(), n, ctx().stream, dout.get());
+    });
   });
 }
 

@@ -137,6 +137,13 @@ std::pair<Tensor, Tensor> geglu_backward(const Tensor& gate, const Tensor& up, c
 // saved [tokens, intermediate] activations needs no second pair of that size; the others are copied.
 std::pair<Tensor, Tensor> swiglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout);
 std::pair<Tensor, Tensor> geglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout);
+// The consuming gradients of swiglu (gelu false) or geglu, plus the forward's output again (the bits
+// of swiglu / geglu) for a consumer whose backward needs it (down_proj's adapter): made in the same
+// pass, written over dout where nothing else holds dout (hand it over with std::move).
+struct GluGrads {
+  Tensor dgate, dup, value;
+};
+GluGrads glu_backward_with_value(Tensor gate, Tensor up, Tensor dout, bool gelu);
 
 // Mixture of experts (kernels/moe.h), on the CPU or CUDA. moe_route: the router's logits f32 (or
 // f64 on the CPU) [T, E] -> the top-k experts of each token, i32 [T, K] (largest probability

@@ -1,4 +1,6 @@
 // ops:: RMSNorm, rotary embedding, gated activations and embedding lookup.
+#include <tuple>
+
 #include "engine/dispatch.h"
 #include "engine/ops.h"
 #include "kernels/activation.h"
@@ -214,9 +216,11 @@ bool sole_contiguous(const Tensor& t) { return t.is_contiguous() && t.storage().
 
 // in_place: gate_in and up_in were handed over (see swiglu_backward_consuming); each whose buffer
 // nobody else sees receives its gradient (the kernels read an element before writing it).
+// value (nullable): also the forward's output, written over dout_in where in_place and nobody else
+// sees dout's buffer.
 template <bool kGelu>
 std::pair<Tensor, Tensor> glu_backward(const char* op, const Tensor& gate_in, const Tensor& up_in, const Tensor& dout_in,
-                                       bool in_place = false) {
+                                       bool in_place = false, Tensor* value = nullptr) {
   same_device(op, gate_in, up_in);
   same_dtype(op, gate_in, up_in);
   same_shape(op, gate_in, up_in);
@@ -224,22 +228,25 @@ std::pair<Tensor, Tensor> glu_backward(const char* op, const Tensor& gate_in, co
   same_dtype(op, gate_in, dout_in);
   // Asked before contiguous() below adds holders. gate and up may share one storage (then neither is sole).
   const bool reuse_gate = in_place && sole_contiguous(gate_in), reuse_up = in_place && sole_contiguous(up_in);
+  const bool reuse_dout = value && in_place && sole_contiguous(dout_in);
   Tensor g = gate_in.contiguous(), u = up_in.contiguous(), d = dout_in.contiguous();
   Tensor dg = reuse_gate ? gate_in : Tensor::empty(g.shape(), g.dtype(), g.device());
   Tensor du = reuse_up ? up_in : Tensor::empty(g.shape(), g.dtype(), g.device());
+  if (value) *value = reuse_dout ? dout_in : Tensor::empty(g.shape(), g.dtype(), g.device());
   dispatch_float(op, g.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    T* v = value ? value->data<T>() : nullptr;
     if (g.is_cuda()) {
       LOOM_ON_CUDA(op, T, {
         if (kGelu)
-          cuda::geglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), stream_of(g));
+          cuda::geglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), stream_of(g), v);
         else
-          cuda::swiglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), stream_of(g));
+          cuda::swiglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), stream_of(g), v);
       });
     } else if (kGelu) {
-      cpu::geglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel());
+      cpu::geglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), v);
     } else {
-      cpu::swiglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel());
+      cpu::swiglu_backward(g.data<T>(), u.data<T>(), d.data<T>(), dg.data<T>(), du.data<T>(), g.numel(), v);
     }
   });
   return {dg, du};
@@ -259,6 +266,12 @@ std::pair<Tensor, Tensor> geglu_backward(const Tensor& gate, const Tensor& up, c
 }
 std::pair<Tensor, Tensor> geglu_backward_consuming(Tensor gate, Tensor up, const Tensor& dout) {
   return glu_backward<true>("geglu_backward", gate, up, dout, true);
+}
+GluGrads glu_backward_with_value(Tensor gate, Tensor up, Tensor dout, bool gelu) {
+  GluGrads r;
+  std::tie(r.dgate, r.dup) = gelu ? glu_backward<true>("geglu_backward", gate, up, dout, true, &r.value)
+                                  : glu_backward<false>("swiglu_backward", gate, up, dout, true, &r.value);
+  return r;
 }
 
 Tensor embedding(const Tensor& ids_in, const Tensor& table_in) {

@@ -9,21 +9,44 @@ namespace loom {
 
 Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dtype) : weight.value().to(dtype); }
 
+namespace {
+// The weight a product uses: the dense Variable, or an NF4 weight dequantised in dtype for this
+// product (unless nothing reads it) with how backward dequantises it again.
+std::pair<ag::Variable, ag::WeightFn> product_weight(const Linear& l, DType dtype, ag::OutputUse use) {
+  if (!l.nf4) return {l.weight, {}};
+  ag::WeightFn again = [q = l.nf4, dtype] { return q->dequantize(dtype); };
+  Tensor w = use == ag::OutputUse::kRead ? again() : Tensor::empty(l.nf4->shape, dtype, l.nf4->device());
+  return {ag::Variable(w, false), std::move(again)};
+}
+// The adapter's arguments: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
+// output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
+ag::LoraArgs lora_args(const LoraAdapter& a) {
+  return ag::LoraArgs{a.scale, a.training ? a.dropout : 0.f, a.dropout_seed, a.dropout_offset};
+}
+}  // namespace
+
 ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute_x, ag::OutputUse use) const {
   const ag::Variable* b = bias.defined() ? &bias : nullptr;
-  ag::WeightFn rematerialize;
-  ag::Variable w = weight;
-  if (nf4) {  // dequantised in the compute dtype for this product (unless nothing reads it); again in backward
-    rematerialize = [q = nf4, dtype = x.dtype()] { return q->dequantize(dtype); };
-    w = ag::Variable(use == ag::OutputUse::kRead ? rematerialize() : Tensor::empty(nf4->shape, x.dtype(), nf4->device()),
-                     false);
-  }
+  const auto [w, rematerialize] = product_weight(*this, x.dtype(), use);
   if (!lora || !lora->enabled)
     return nf4 ? ag::frozen_linear(x, w, rematerialize, b, use) : ag::linear(x, weight, b, use);
-  // One fused function: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
-  // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
-  ag::LoraArgs args{lora->scale, lora->training ? lora->dropout : 0.f, lora->dropout_seed, lora->dropout_offset};
-  return ag::lora_linear(x, w, lora->A, lora->B, args, b, rematerialize, recompute_x, use);
+  return ag::lora_linear(x, w, lora->A, lora->B, lora_args(*lora), b, rematerialize, recompute_x, use);
+}
+
+ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu, ag::OutputUse use) const {
+  const bool fused = lora && lora->enabled && lora_args(*lora).dropout <= 0.f && !(weight.defined() && weight.requires_grad());
+  if (fused) {
+    const auto [w, rematerialize] = product_weight(*this, gate.dtype(), use);
+    return ag::glu_lora_linear(gate, up, gelu, w, lora->A, lora->B, lora_args(*lora), bias.defined() ? &bias : nullptr,
+                               rematerialize, use);
+  }
+  const ag::Variable h = gelu ? ag::geglu(gate, up) : ag::swiglu(gate, up);
+  // The activation's backward keeps gate and up; an adapter computes h from them again rather than
+  // keeping a third [tokens, intermediate] tensor alive until backward.
+  ag::InputFn again;
+  if (gate.requires_grad() || up.requires_grad())
+    again = [g = gate.value(), u = up.value(), gelu] { return gelu ? ops::geglu(g, u) : ops::swiglu(g, u); };
+  return forward(h, again, use);
 }
 
 std::vector<Linear*> Attention::linears() {
@@ -49,13 +72,7 @@ ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use) const {
   } else {
     gate = gate_proj.forward(x), up = up_proj.forward(x);
   }
-  ag::Variable h = gelu ? ag::geglu(gate, up) : ag::swiglu(gate, up);
-  // The activation's backward keeps gate and up; down_proj's adapter computes h from them again
-  // rather than keeping a third [tokens, intermediate] tensor alive until backward.
-  ag::InputFn again;
-  if (gate.requires_grad() || up.requires_grad())
-    again = [g = gate.value(), u = up.value(), gelu = gelu] { return gelu ? ops::geglu(g, u) : ops::swiglu(g, u); };
-  return down_proj.forward(h, again, use);
+  return down_proj.forward_glu(gate, up, gelu, use);
 }
 
 Tensor ExpertLinear::dense_weight(DType dtype, int64_t first, int64_t count) const {

@@ -44,6 +44,12 @@ struct Linear {
   // use: kRootOnly skips the product (and an NF4 weight's dequantisation) when nothing reads it.
   ag::Variable forward(const ag::Variable& x, const ag::InputFn& recompute_x = {},
                        ag::OutputUse use = ag::OutputUse::kRead) const;
+  // forward(act(gate) * up) for a gated MLP's down projection (act silu, or gelu_tanh with gelu):
+  // with an adapter on a frozen weight and no dropout in effect, ag::glu_lora_linear (the activation's
+  // backward makes act(gate) * up again for the adapter's dA in its own pass); else the two apart,
+  // act(gate) * up computed again in backward where the adapter needs it.
+  ag::Variable forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu,
+                           ag::OutputUse use = ag::OutputUse::kRead) const;
 };
 
 struct RmsNorm {

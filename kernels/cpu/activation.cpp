@@ -32,7 +32,7 @@ void swiglu_forward(const T* gate, const T* up, T* out, int64_t n) {
 }
 
 template <class T>
-void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, T* value) {
   using A = Acc<T>;
 #pragma omp parallel for if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
@@ -41,6 +41,7 @@ void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup
     // silu'(g) = sg (1 + g (1 - sg))
     dgate[i] = from_acc<T>(d * u * sg * (A(1) + g * (A(1) - sg)));
     dup[i] = from_acc<T>(d * g * sg);
+    if (value) value[i] = from_acc<T>(g * sigmoid(g) * u);  // swiglu_forward's expression
   }
 }
 
@@ -56,7 +57,7 @@ void geglu_forward(const T* gate, const T* up, T* out, int64_t n) {
 }
 
 template <class T>
-void geglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+void geglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, T* value) {
   using A = Acc<T>;
 #pragma omp parallel for if (n > 65536)
   for (int64_t i = 0; i < n; ++i) {
@@ -65,14 +66,19 @@ void geglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup,
     gelu_tanh<A>(g, &v, &dv);
     dgate[i] = from_acc<T>(d * u * dv);
     dup[i] = from_acc<T>(d * v);
+    if (value) {  // geglu_forward's expression
+      A fv;
+      gelu_tanh<A>(g, &fv, nullptr);
+      value[i] = from_acc<T>(fv * u);
+    }
   }
 }
 
 #define LOOM_INST(T)                                                                         \
   template void swiglu_forward<T>(const T*, const T*, T*, int64_t);                          \
-  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);           \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, T*);       \
   template void geglu_forward<T>(const T*, const T*, T*, int64_t);                           \
-  template void geglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);
+  template void geglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, T*);
 LOOM_INST(float)
 LOOM_INST(double)
 LOOM_INST(bf16)

@@ -55,13 +55,15 @@ __global__ void gated_forward_kernel(const T* gate, const T* up, T* out, int64_t
   }
 }
 
-// dgate = dout * up * act'(gate), dup = dout * act(gate).
+// dgate = dout * up * act'(gate), dup = dout * act(gate), and (value non-null) act(gate) * up as
+// gated_forward_kernel computes it. Outputs may alias inputs element for element.
 template <class Act, class T, int N>
-__global__ void gated_backward_kernel(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+__global__ void gated_backward_kernel(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n,
+                                      T* value) {
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t packs = n / N;
   for (int64_t p = tid; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
-    float g[N], u[N], d[N], dg[N], du[N];
+    float g[N], u[N], d[N], dg[N], du[N], o[N];
     load_vec<N>(gate + p * N, g);
     load_vec<N>(up + p * N, u);
     load_vec<N>(dout + p * N, d);
@@ -71,9 +73,11 @@ __global__ void gated_backward_kernel(const T* gate, const T* up, const T* dout,
       Act::eval(g[k], &v, &dv);
       dg[k] = d[k] * u[k] * dv;
       du[k] = d[k] * v;
+      o[k] = v * u[k];
     }
     store_vec<N>(dgate + p * N, dg);
     store_vec<N>(dup + p * N, du);
+    if (value) store_vec<N>(value + p * N, o);
   }
   const int64_t i = packs * N + tid;
   if (i < n) {
@@ -82,6 +86,7 @@ __global__ void gated_backward_kernel(const T* gate, const T* up, const T* dout,
     const float d = load(dout + i), u = load(up + i);
     store(dgate + i, d * u * dv);
     store(dup + i, d * v);
+    if (value) store(value + i, v * u);
   }
 }
 
@@ -98,15 +103,17 @@ void forward(const T* gate, const T* up, T* out, int64_t n, Stream s) {
 }
 
 template <class Act, class T>
-void backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, Stream s) {
+void backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, Stream s, T* value) {
   LOOM_CHECK(n >= 0, "gated activation backward: bad n=", n);
   if (n == 0) return;
   constexpr int kN = kVecN<T>;
-  if (aligned16(gate) && aligned16(up) && aligned16(dout) && aligned16(dgate) && aligned16(dup))
+  if (aligned16(gate) && aligned16(up) && aligned16(dout) && aligned16(dgate) && aligned16(dup) &&
+      (!value || aligned16(value)))
     gated_backward_kernel<Act, T, kN><<<blocks_for(n / kN, kThreads), kThreads, 0, s>>>(gate, up, dout, dgate, dup,
-                                                                                        n);
+                                                                                        n, value);
   else
-    gated_backward_kernel<Act, T, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(gate, up, dout, dgate, dup, n);
+    gated_backward_kernel<Act, T, 1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(gate, up, dout, dgate, dup, n,
+                                                                                  value);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -117,23 +124,23 @@ void swiglu_forward(const T* gate, const T* up, T* out, int64_t n, Stream s) {
   forward<Silu>(gate, up, out, n, s);
 }
 template <class T>
-void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, Stream s) {
-  backward<Silu>(gate, up, dout, dgate, dup, n, s);
+void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, Stream s, T* value) {
+  backward<Silu>(gate, up, dout, dgate, dup, n, s, value);
 }
 template <class T>
 void geglu_forward(const T* gate, const T* up, T* out, int64_t n, Stream s) {
   forward<GeluTanh>(gate, up, out, n, s);
 }
 template <class T>
-void geglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, Stream s) {
-  backward<GeluTanh>(gate, up, dout, dgate, dup, n, s);
+void geglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n, Stream s, T* value) {
+  backward<GeluTanh>(gate, up, dout, dgate, dup, n, s, value);
 }
 
 #define LOOM_INST(T)                                                                              \
   template void swiglu_forward<T>(const T*, const T*, T*, int64_t, Stream);                       \
-  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, Stream);        \
+  template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, Stream, T*);    \
   template void geglu_forward<T>(const T*, const T*, T*, int64_t, Stream);                        \
-  template void geglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, Stream);
+  template void geglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t, Stream, T*);
 LOOM_INST(float)
 LOOM_INST(bf16)
 #undef LOOM_INST

@@ -28,9 +28,17 @@ void check(Fwd fwd, Bwd bwd, double (*act)(double)) {
   for (int64_t n : {17, 1000, 4099}) {
     auto g = random_vec<T>(n, 71 + n, -8.f, 8.f), u = random_vec<T>(n, 72 + n, -2.f, 2.f);
     auto d = random_vec<T>(n, 73 + n);
-    std::vector<T> out(n), dg(n), du(n);
+    std::vector<T> out(n), dg(n), du(n), value(n);
     fwd(g.data(), u.data(), out.data(), n);
-    bwd(g.data(), u.data(), d.data(), dg.data(), du.data(), n);
+    bwd(g.data(), u.data(), d.data(), dg.data(), du.data(), n, nullptr);
+    // The backward's optional value is the forward's output, bit for bit, and leaves the gradients as they were.
+    std::vector<T> dg2(n), du2(n);
+    bwd(g.data(), u.data(), d.data(), dg2.data(), du2.data(), n, value.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(double(to_acc(value[i])), double(to_acc(out[i]))) << "n=" << n << " i=" << i;
+      ASSERT_EQ(double(to_acc(dg2[i])), double(to_acc(dg[i])));
+      ASSERT_EQ(double(to_acc(du2[i])), double(to_acc(du[i])));
+    }
     std::vector<double> rout(n), rdg(n), rdu(n);
     const double h = 1e-5;
     for (int64_t i = 0; i < n; ++i) {

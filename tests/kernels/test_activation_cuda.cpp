@@ -20,7 +20,7 @@ void check(CpuFwd cpu_fwd, CpuBwd cpu_bwd, CudaFwd cuda_fwd, CudaBwd cuda_bwd) {
       auto d = random_vec<T>(n, 133 + n);
       std::vector<T> ref_out(n), ref_dg(n), ref_du(n);
       cpu_fwd(g.data(), u.data(), ref_out.data(), n);
-      cpu_bwd(g.data(), u.data(), d.data(), ref_dg.data(), ref_du.data(), n);
+      cpu_bwd(g.data(), u.data(), d.data(), ref_dg.data(), ref_du.data(), n, nullptr);
       auto pad = [&](const std::vector<T>& v) {
         std::vector<T> p(offset);
         for (auto& e : p) e = from_acc<T>(Acc<T>(0));
@@ -30,8 +30,16 @@ void check(CpuFwd cpu_fwd, CpuBwd cpu_bwd, CudaFwd cuda_fwd, CudaBwd cuda_bwd) {
       DeviceBuffer<T> d_g(pad(g)), d_u(pad(u)), d_d(pad(d)), d_out(n + offset), d_dg(n + offset), d_du(n + offset);
       cuda_fwd(d_g.get() + offset, d_u.get() + offset, d_out.get() + offset, n, nullptr);
       cuda_bwd(d_g.get() + offset, d_u.get() + offset, d_d.get() + offset, d_dg.get() + offset, d_du.get() + offset, n,
-               nullptr);
+               nullptr, nullptr);
       auto strip = [&](const std::vector<T>& v) { return std::vector<T>(v.begin() + offset, v.end()); };
+      // The backward's optional value: the forward kernel's output bit for bit, written over dout
+      // (in place, as ops::glu_backward_with_value runs it), the gradients unchanged.
+      DeviceBuffer<T> d_dg2(n + offset), d_du2(n + offset);
+      cuda_bwd(d_g.get() + offset, d_u.get() + offset, d_d.get() + offset, d_dg2.get() + offset, d_du2.get() + offset,
+               n, nullptr, d_d.get() + offset);
+      EXPECT_EQ(to_f64(strip(d_d.to_host())), to_f64(strip(d_out.to_host()))) << "n=" << n << " offset=" << offset;
+      EXPECT_EQ(to_f64(strip(d_dg2.to_host())), to_f64(strip(d_dg.to_host()))) << "n=" << n << " offset=" << offset;
+      EXPECT_EQ(to_f64(strip(d_du2.to_host())), to_f64(strip(d_du.to_host()))) << "n=" << n << " offset=" << offset;
       // expf / tanhf against libm differ by a few ulp, and the GPU may fuse multiply-adds: f32
       // outputs agree to ~1e-6 (tol<float>() 1e-5); bf16 outputs differ by at most the occasional
       // one-ulp rounding flip (tol<bf16>()).
