@@ -245,6 +245,17 @@ void scale_by_scalar_(Tensor& x, const Tensor& scalar);
 // param/exp_avg/exp_avg_sq f32, grad f32 or bf16, all the same numel; writes bf16 copy if given.
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWParams& p,
                 Tensor* param_bf16 = nullptr);
+// adamw_step for each item, the same bits; on one CUDA device with one gradient dtype, beta2, eps and
+// gradient scale, in a few launches for all of them (cuda::adamw_step_many), else one by one.
+struct AdamWItem {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* exp_avg;
+  Tensor* exp_avg_sq;
+  const AdamWParams* p;
+  Tensor* param_bf16 = nullptr;
+};
+void adamw_step_many(const std::vector<AdamWItem>& items);
 // Philox counter-based fills: the same numbers on CPU and CUDA for the same (seed, offset).
 void uniform_(Tensor& t, uint64_t seed, uint64_t offset, float lo, float hi);
 void normal_(Tensor& t, uint64_t seed, uint64_t offset, float mean, float std);

@@ -8,9 +8,10 @@
 namespace loom::ops {
 using namespace detail;
 
-void adamw_step(Tensor& param, const Tensor& grad_in, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWParams& p,
-                Tensor* param_bf16) {
-  const char* op = "adamw_step";
+namespace {
+// adamw_step's checks; the bf16 copy's data, or null.
+bf16* check_adamw(const char* op, const Tensor& param, const Tensor& grad_in, const Tensor& exp_avg,
+                  const Tensor& exp_avg_sq, Tensor* param_bf16) {
   for (const Tensor* t : {&exp_avg, &exp_avg_sq}) {
     same_device(op, param, *t);
     expect_dtype(op, *t, DType::f32, "optimizer state");
@@ -29,6 +30,14 @@ void adamw_step(Tensor& param, const Tensor& grad_in, Tensor& exp_avg, Tensor& e
     LOOM_CHECK(param_bf16->numel() == param.numel(), op, ": bf16 copy ", param_bf16->str(), " vs ", param.str());
     copy = param_bf16->data<bf16>();
   }
+  return copy;
+}
+}  // namespace
+
+void adamw_step(Tensor& param, const Tensor& grad_in, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWParams& p,
+                Tensor* param_bf16) {
+  const char* op = "adamw_step";
+  bf16* copy = check_adamw(op, param, grad_in, exp_avg, exp_avg_sq, param_bf16);
   Tensor grad = grad_in.contiguous();
   auto run = [&](auto tag) {
     using G = decltype(tag);
@@ -47,6 +56,42 @@ void adamw_step(Tensor& param, const Tensor& grad_in, Tensor& exp_avg, Tensor& e
   if (grad.dtype() == DType::f32) run(float{});
   else if (grad.dtype() == DType::bf16) run(bf16{});
   else LOOM_CHECK(false, op, ": grad must be f32 or bf16, got ", grad.str());
+}
+
+void adamw_step_many(const std::vector<AdamWItem>& items) {
+  const char* op = "adamw_step_many";
+  bool batch = !items.empty() && items[0].param->is_cuda();
+  for (const AdamWItem& it : items) {
+    const AdamWItem& a = items[0];
+    batch = batch && it.param->device() == a.param->device() && it.grad->dtype() == a.grad->dtype() &&
+            it.grad->is_contiguous() && it.p->beta2 == a.p->beta2 && it.p->eps == a.p->eps &&
+            it.p->grad_scale == a.p->grad_scale && it.p->grad_scale_at == a.p->grad_scale_at;
+  }
+  if (!batch) {
+    for (const AdamWItem& it : items) adamw_step(*it.param, *it.grad, *it.exp_avg, *it.exp_avg_sq, *it.p, it.param_bf16);
+    return;
+  }
+#if LOOM_WITH_CUDA
+  std::vector<cuda::AdamWSpan> spans;
+  spans.reserve(items.size());
+  for (const AdamWItem& it : items) {
+    LOOM_CHECK(it.p->step >= 1, op, ": step is 1-based and already incremented, got ", it.p->step);
+    bf16* copy = check_adamw(op, *it.param, *it.grad, *it.exp_avg, *it.exp_avg_sq, it.param_bf16);
+    spans.push_back(cuda::AdamWSpan{it.param->data<float>(), it.grad->data_ptr(), it.exp_avg->data<float>(),
+                                    it.exp_avg_sq->data<float>(), copy, it.param->numel(), adamw_scalars(*it.p)});
+  }
+  const AdamWParams& p = *items[0].p;
+  const Stream s = stream_of(*items[0].param);
+  const auto count = static_cast<int64_t>(spans.size());
+  if (items[0].grad->dtype() == DType::f32)
+    cuda::adamw_step_many<float>(spans.data(), count, p.beta2, p.eps, p.grad_scale, p.grad_scale_at, s);
+  else if (items[0].grad->dtype() == DType::bf16)
+    cuda::adamw_step_many<bf16>(spans.data(), count, p.beta2, p.eps, p.grad_scale, p.grad_scale_at, s);
+  else
+    LOOM_CHECK(false, op, ": grad must be f32 or bf16, got ", items[0].grad->str());
+#else
+  LOOM_CHECK(false, op, ": Loom was built without CUDA (LOOM_CUDA=OFF)");
+#endif
 }
 
 namespace {

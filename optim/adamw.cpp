@@ -25,6 +25,21 @@ class AdamW : public UpdateRule {
     ops::adamw_step(master, grad, state[0], state[1], p, bf16_copy ? compute : nullptr);
     if (compute && !bf16_copy) compute->copy_(master);
   }
+  void update_many(std::vector<Item>& items) override {
+    std::vector<AdamWParams> params;
+    params.reserve(items.size());  // (steps point into it)
+    std::vector<ops::AdamWItem> steps;
+    for (Item& it : items) {
+      LOOM_CHECK(it.state->size() == 2, "adamw update: expected 2 state tensors, got ", it.state->size());
+      const bool bf16_copy = it.compute && it.compute->dtype() == DType::bf16;
+      params.push_back(adamw_params(c_, it.args));
+      steps.push_back({it.master, it.grad, &(*it.state)[0], &(*it.state)[1], &params.back(),
+                       bf16_copy ? it.compute : nullptr});
+    }
+    ops::adamw_step_many(steps);
+    for (Item& it : items)
+      if (it.compute && it.compute->dtype() != DType::bf16) it.compute->copy_(*it.master);
+  }
 
  private:
   AdamConfig c_;

@@ -80,6 +80,9 @@ void Optimizer::step(float lr, const Tensor& grad_scale) {
 }
 
 void Optimizer::step_on_device(float lr, float grad_scale, const Tensor* grad_scale_at) {
+  std::vector<UpdateRule::Item> items;
+  std::vector<Tensor> computes;  // the compute copies items point into (no reallocation below)
+  computes.reserve(params_.size());
   for (Param& p : params_) {
     const Tensor& grad = p.var.grad();
     if (!grad.defined()) continue;
@@ -90,10 +93,11 @@ void Optimizer::step_on_device(float lr, float grad_scale, const Tensor* grad_sc
     a.grad_scale = grad_scale;
     if (grad_scale_at) a.grad_scale_at = grad_scale_at->data<float>();
     a.step = ++p.step;
-    Tensor compute = p.var.value();
-    const bool separate = p.master.storage() != compute.storage();
-    rule_->update(p.master, grad, p.state, a, separate ? &compute : nullptr);
+    computes.push_back(p.var.value());
+    const bool separate = p.master.storage() != computes.back().storage();
+    items.push_back({&p.master, &grad, &p.state, a, separate ? &computes.back() : nullptr});
   }
+  rule_->update_many(items);
 }
 
 void Optimizer::step_on_host(float lr, float grad_scale) {

@@ -49,6 +49,18 @@ class UpdateRule {
   // (possibly restored); compute: when given, a bf16 tensor of master's numel receiving the result.
   virtual void update(Tensor& master, const Tensor& grad, std::vector<Tensor>& state, const StepArgs& args,
                       Tensor* compute) = 0;
+  // update() for each of many tensors (an Optimizer's whole step): the same results; a rule may run
+  // them together (AdamW: a few launches for a LoRA model's hundreds of adapter tensors).
+  struct Item {
+    Tensor* master;
+    const Tensor* grad;
+    std::vector<Tensor>* state;
+    StepArgs args;
+    Tensor* compute;
+  };
+  virtual void update_many(std::vector<Item>& items) {
+    for (Item& it : items) update(*it.master, *it.grad, *it.state, it.args, it.compute);
+  }
   // State shared by every range (8-bit code books), saved under these names once.
   virtual std::vector<std::pair<std::string, Tensor>> shared_state() const { return {}; }
   virtual absl::Status load_shared_state(const std::map<std::string, Tensor>& tensors, const std::string& where) {

@@ -1,5 +1,6 @@
 // CUDA AdamW step against the CPU reference over several steps, f32 and bf16 gradients, odd sizes.
 #include <cstring>
+#include <memory>
 
 #include "kernels/adamw.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -69,6 +70,62 @@ TEST(AdamWCudaNoCopy, NullBf16CopyIsSkipped) {
   cuda::adamw_step(dp.get(), dg.get(), dm.get(), dv.get(), n, hp, nullptr, nullptr);
   EXPECT_LT(rel_error(dp.to_host(), p), 1e-6);
   EXPECT_EQ(bit_mismatches(dp.to_host(), p), 0);
+}
+
+// Many tensors in one call (more than one launch's 32, sizes from 0 up, each its own lr, weight
+// decay, step and bf16 copy or none, the scale read on the device): every tensor as the CPU
+// reference updates it alone, bit for bit.
+TYPED_TEST(AdamWCuda, ManyTensorsMatchEachAlone) {
+  LOOM_REQUIRE_GPU();
+  using G = TypeParam;
+  const int count = 71;
+  struct One {
+    std::vector<float> p, m, v;
+    std::vector<G> g;
+    std::vector<bf16> p16;
+    AdamWParams hp;
+    DeviceBuffer<float> dp, dm, dv;
+    DeviceBuffer<G> dg;
+    DeviceBuffer<bf16> dp16;
+  };
+  std::vector<std::unique_ptr<One>> t;  // (device buffers do not move)
+  const float scale = 0.75f;
+  DeviceBuffer<float> dscale(std::vector<float>{scale});
+  std::vector<cuda::AdamWSpan> spans;
+  for (int j = 0; j < count; ++j) {
+    const int64_t n = j == 0 ? 0 : (j * 977) % 5000 + (j % 7 == 0 ? 70000 : 1);
+    AdamWParams hp;
+    hp.lr = 1e-3f * float(1 + j % 5);
+    hp.beta1 = j % 2 ? 0.9f : 0.3f;
+    hp.weight_decay = 0.01f * float(j % 3);
+    hp.step = 1 + j % 4;
+    hp.grad_scale = scale;
+    auto p = random_vec<float>(n, 11 + j), m = random_vec<float>(n, 12 + j, -0.1f, 0.1f),
+         v = random_vec<float>(n, 13 + j, 0.f, 1e-2f);
+    auto g = random_vec<G>(n, 14 + j, -3.f, 3.f);
+    t.push_back(std::unique_ptr<One>(new One{p, m, v, g, std::vector<bf16>(n), hp, DeviceBuffer<float>(p),
+                                             DeviceBuffer<float>(m), DeviceBuffer<float>(v), DeviceBuffer<G>(g),
+                                             DeviceBuffer<bf16>(n)}));
+    One& o = *t.back();
+    const bool copy = j % 3 != 0;
+    cpu::adamw_step(o.p.data(), o.g.data(), o.m.data(), o.v.data(), n, hp, copy ? o.p16.data() : nullptr);
+    spans.push_back({o.dp.get(), o.dg.get(), o.dm.get(), o.dv.get(), copy ? o.dp16.get() : nullptr, n,
+                     adamw_scalars(hp)});
+  }
+  // beta1 differs per tensor only through the scalars; beta2, eps and the scale are shared.
+  cuda::adamw_step_many<G>(spans.data(), count, t[0]->hp.beta2, t[0]->hp.eps, 1.f, dscale.get(), nullptr);
+  for (int j = 0; j < count; ++j) {
+    One& o = *t[j];
+    EXPECT_EQ(bit_mismatches(o.dp.to_host(), o.p), 0) << "param of tensor " << j;
+    EXPECT_EQ(bit_mismatches(o.dm.to_host(), o.m), 0) << "exp_avg of tensor " << j;
+    EXPECT_EQ(bit_mismatches(o.dv.to_host(), o.v), 0) << "exp_avg_sq of tensor " << j;
+    if (j % 3 != 0) {
+      const auto gp16 = o.dp16.to_host();
+      int64_t bad16 = 0;
+      for (size_t i = 0; i < gp16.size(); ++i) bad16 += gp16[i].bits != o.p16[i].bits;
+      EXPECT_EQ(bad16, 0) << "param_bf16 of tensor " << j;
+    }
+  }
 }
 
 }  // namespace
