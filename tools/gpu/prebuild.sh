@@ -5,6 +5,9 @@
 # compiling. The GPU scripts source tools/gpu/prebuilt.sh, which unpacks the archive when it was
 # made from the same sources and its binaries start there, and builds as before otherwise.
 #   tools/gpu/prebuild.sh            # then carry .prebuilt (with .devdeps) in the device call
+#   tools/gpu/prebuild.sh loom loom_bench kernels_test_rope_cuda   # only these targets (a fresh checkout
+#                                    # builds every target in about an hour on 2 cores); ctest then runs
+#                                    # only the tests whose binaries were built
 # Portable build: shared Loom libraries (14 MB packed), host code for x86-64-v3 (AVX2: any server
 # processor of the last ten years; -march=native would be this machine's), CUDA 13 as on that machine.
 # The binaries and CTest's files name this checkout's absolute path; prebuilt.sh links that path to
@@ -18,7 +21,7 @@ hash=$(tools/gpu/source_hash.sh)  # checked again once packed: sources edited me
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DLOOM_BUILD_BENCH=ON -DLOOM_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DBUILD_SHARED_LIBS=ON -DLOOM_BUILD_EXAMPLES=OFF \
   "-DCMAKE_BUILD_RPATH=$root/build-gpu/extra-libs;/usr/local/cuda/lib64;/usr/local/cuda/targets/x86_64-linux/lib" > /dev/null
-ninja -C build-gpu -j"${JOBS:-$(nproc)}"
+ninja -C build-gpu -j"${JOBS:-$(nproc)}" "$@"
 
 # Debian's Google Benchmark soname (libbenchmark.so.1debian) is not on the GPU machine's Ubuntu:
 # it travels in build-gpu/extra-libs, which the RUNPATH above names.
