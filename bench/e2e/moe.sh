@@ -24,7 +24,9 @@
 #   LOOM_MOE_QLORA_MODES  the same with --qlora (default "none offload")
 #   LOOM_MOE_PEERS    moe_peer.py modes (default "probe peft peft-gc bnb bnb-gc unsloth unsloth-nogc
 #                     unsloth-qlora"; "probe" picks the experts implementation the peft/bnb modes use;
-#                     unsloth* need .peers carried, bnb needs bitsandbytes: .peers or installed)
+#                     unsloth* need .peers carried, bnb needs bitsandbytes: .peers or installed; peft and
+#                     bnb draw their base in memory, unsloth reads the bf16 folder, written first)
+#   MOE_PEER_SOURCE   folder: peft and bnb read that folder too (from_pretrained), as sessions before 43 ran bnb
 #   LOOM_MOE_EXPERTS  transformers' experts implementation, skipping the probe (grouped_mm, batched_mm, eager)
 #   LOOM_MOE_BATCH    rows a step (default: 4 for the 30B/8x7B shapes), LOOM_MOE_SEQ (default 2048)
 #   LOOM_MOE_STEPS    Loom's steps (default 12, the first quarter warm-up); the peers run 3 warm-up steps and
@@ -221,6 +223,9 @@ for shape in ${@:-qwen3moe_smoke}; do
       peft|peft-gc)
         emit "$(peer_run "$shape" "$layers" "$batch" "$p")" ;;
       bnb*|unsloth*)
+        if [[ $p == bnb* ]] && [ "${MOE_PEER_SOURCE:-init}" != folder ]; then  # drawn in memory, quantised there
+          emit "$(peer_run "$shape" "$layers" "$batch" "$p")"; continue
+        fi
         if [[ $p == unsloth* ]] && [ ! -d /tmp/site/unsloth ]; then
           emit "$(fail_line "$shape" "$layers" "$p" "no .peers folder carried (Unsloth's wheels)")"; continue
         fi

@@ -17,9 +17,13 @@ MODE:
                       mlp.experts.down_proj: lora.ParamWrapper, one rank-16 A/B pair per expert and projection,
                       W + s B A merged on every forward). The base is drawn in memory (from_config, seed 0,
                       N(0, 0.02) as moe_model.py draws it) unless --model-dir is given with MOE_PEER_SOURCE=folder.
-  bnb, bnb-gc         the same on from_pretrained(DIR, BitsAndBytesConfig NF4, double quantisation, bf16 compute).
-                      transformers 5.17 quantises only nn.Linear modules: the 3-D experts and the router stay bf16
-                      (the line's "quantised" says what was, and its size). prepare_model_for_kbit_training is not
+  bnb, bnb-gc         the same with BitsAndBytesConfig NF4, double quantisation, bf16 compute: the base drawn in
+                      memory as peft's and its layers converted as from_pretrained converts them (transformers'
+                      own skip list and module test, then bitsandbytes quantises each weight on the device), or
+                      from_pretrained(DIR, quantization_config=...) with MOE_PEER_SOURCE=folder: the 48-layer
+                      Qwen3 and the Mixtral folders (61 and 93 GB) do not fit the GPU machine's disk, their models
+                      do fit an H200. transformers 5.17 quantises only nn.Linear modules: the 3-D experts and the
+                      router stay bf16 (the line's "quantised" says what was, and its size). prepare_model_for_kbit_training is not
                       called: it casts every bf16 parameter to f32, the unquantised experts included (2x the
                       largest part of the model); MOE_BNB_PREPARE=1 calls it.
   unsloth, unsloth-nogc, unsloth-qlora, unsloth-qlora-nogc
@@ -146,6 +150,48 @@ def quantised_summary(model):
     return out
 
 
+def drawn_in_memory(a, dtype):
+    """The base drawn on the device (from_config under seed 0): no checkpoint to write or read."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    cfg = hf_config(a)
+    cfg._experts_implementation = a.experts
+    with torch.device(a.device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+
+
+def quantise_in_memory(model, qc, device):
+    """What from_pretrained(quantization_config=qc) does to a model's layers, on one drawn in memory:
+    transformers' own list of modules to leave alone (the bnb quantizer's get_modules_to_not_convert: the
+    output embedding, tied and last modules, _keep_in_fp32_modules) and its test (a module whose type is
+    nn.Linear, should_convert_module), each such layer replaced by a bitsandbytes Linear4bit whose weight
+    bitsandbytes quantises on the device (Params4bit.to), and the flag PEFT reads to wrap them
+    (is_loaded_in_4bit)."""
+    import bitsandbytes as bnb
+    import torch
+    from transformers.quantizers.auto import AutoHfQuantizer
+    from transformers.quantizers.quantizers_utils import should_convert_module
+    quantizer = AutoHfQuantizer.from_config(qc, pre_quantized=False)
+    skip = quantizer.get_modules_to_not_convert(model, qc.llm_int8_skip_modules, model._keep_in_fp32_modules)
+    for name, module in list(model.named_modules()):
+        if type(module) is not torch.nn.Linear or not should_convert_module(name, skip):
+            continue
+        q = bnb.nn.Linear4bit(module.in_features, module.out_features, module.bias is not None,
+                              qc.bnb_4bit_compute_dtype, compress_statistics=qc.bnb_4bit_use_double_quant,
+                              quant_type=qc.bnb_4bit_quant_type, quant_storage=qc.bnb_4bit_quant_storage,
+                              device="meta")
+        q.weight = bnb.nn.Params4bit(module.weight.data, requires_grad=False,
+                                     compress_statistics=qc.bnb_4bit_use_double_quant, quant_type=qc.bnb_4bit_quant_type,
+                                     quant_storage=qc.bnb_4bit_quant_storage, module=q).to(device)
+        if module.bias is not None:
+            q.bias = torch.nn.Parameter(module.bias.data, requires_grad=False)
+        q.source_cls = torch.nn.Linear
+        q.requires_grad_(False)
+        model.set_submodule(name, q)
+    model.is_loaded_in_4bit = True
+    return model
+
+
 def run_mode(a, mode):
     os.makedirs("/tmp/unsloth_bench_work", exist_ok=True)
     os.chdir("/tmp/unsloth_bench_work")
@@ -190,24 +236,29 @@ def run_mode(a, mode):
         info["target_parameters"] = sorted(getattr(model.peft_config["default"], "target_parameters", None) or [])
     else:
         kw = dict(dtype=dtype, attn_implementation="sdpa", experts_implementation=a.experts)
+        from_folder = os.environ.get("MOE_PEER_SOURCE", "init") == "folder" and a.model_dir
         if mode.startswith("bnb"):
             from transformers import BitsAndBytesConfig
-            kw["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                           bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
-            model = AutoModelForCausalLM.from_pretrained(a.model_dir, device_map={"": a.device}, **kw)
+            qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                    bnb_4bit_compute_dtype=dtype)
+            if from_folder:
+                model = AutoModelForCausalLM.from_pretrained(a.model_dir, device_map={"": a.device},
+                                                             quantization_config=qc, **kw)
+                info["source"] = "folder"
+            else:
+                model = drawn_in_memory(a, dtype)
+                quantise_in_memory(model, qc, a.device)
+                info["source"] = "init (seed 0, in memory), nn.Linear layers quantised as from_pretrained does"
             info["quantised"] = quantised_summary(model)
             if os.environ.get("MOE_BNB_PREPARE", "0") == "1":
                 from peft import prepare_model_for_kbit_training
                 model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
                 info["prepare_model_for_kbit_training"] = True
-        elif os.environ.get("MOE_PEER_SOURCE", "init") == "folder" and a.model_dir:
+        elif from_folder:
             model = AutoModelForCausalLM.from_pretrained(a.model_dir, device_map={"": a.device}, **kw)
             info["source"] = "folder"
-        else:  # drawn in memory on the device: no checkpoint to write or read
-            cfg = hf_config(a)
-            cfg._experts_implementation = a.experts
-            with torch.device(a.device):
-                model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+        else:
+            model = drawn_in_memory(a, dtype)
             info["source"] = "init (seed 0, in memory)"
         info["weights_GiB"] = gib(torch.cuda.memory_allocated()) if cuda else None
         for p in model.parameters():
@@ -297,7 +348,8 @@ def main(argv):
         print(json.dumps(run_mode(a, a.modes[0])), flush=True)
         return 0
     for mode in a.modes:
-        if (mode.startswith("bnb") or mode.startswith("unsloth")) and not a.model_dir:
+        folder = mode.startswith("unsloth") or (mode.startswith("bnb") and os.environ.get("MOE_PEER_SOURCE") == "folder")
+        if folder and not a.model_dir:
             print(json.dumps({"shape": a.shape, "who": who(mode, a.experts), "mode": mode, "ok": False,
                               "error": "needs --model-dir (a folder written by moe_model.py)"}), flush=True)
             continue
