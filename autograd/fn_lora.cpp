@@ -83,14 +83,19 @@ Variable glu_lora_linear(const Variable& gate, const Variable& up, bool gelu, co
   // The activation's node: gate's and up's gradients, act(gate) * up made again in the same pass
   // (over dh's buffer when the tape handed it over alone), and with it the adapter's dA that
   // lora_linear's backward, which ran just before, left here. It holds A as an input for that.
+  // (With A frozen, h is not made again: the plain backward.)
   auto backward = [gv, uv, gelu, defer](Node& n, Grads& g) mutable {
-    ops::GluGrads r = ops::glu_backward_with_value(std::move(gv), std::move(uv), std::move(g[0]), gelu);
-    Tensor da;
-    if (n.needs_grad(2) && defer->dt.defined()) {
-      da = adapter_a_grad(defer->dt, r.value.reshape({-1, r.value.size(-1)}), defer->split, defer->scale, defer->r,
-                          defer->a_dtype);
-      defer->dt = Tensor();
+    if (!n.needs_grad(2)) {
+      auto [dgate, dup] = gelu ? ops::geglu_backward_consuming(std::move(gv), std::move(uv), g[0])
+                               : ops::swiglu_backward_consuming(std::move(gv), std::move(uv), g[0]);
+      return Grads{dgate, dup, Tensor()};
     }
+    // lora_linear's backward ran first (it made this node's output gradient) and left dt here.
+    LOOM_CHECK(defer->dt.defined(), "glu_lora_linear: the adapter's backward left no dt for dA");
+    ops::GluGrads r = ops::glu_backward_with_value(std::move(gv), std::move(uv), std::move(g[0]), gelu);
+    const Tensor da = adapter_a_grad(defer->dt, r.value.reshape({-1, r.value.size(-1)}), defer->split, defer->scale,
+                                     defer->r, defer->a_dtype);
+    defer->dt = Tensor();
     return Grads{r.dgate, r.dup, da};
   };
   const Variable h = record1(node_of(gelu ? "geglu" : "swiglu", backward), {&gate, &up, &a}, hv);

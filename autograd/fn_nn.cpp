@@ -16,7 +16,8 @@ Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one)
     // x's gradient from its other consumers so far (a pre-norm block's residual add, whose backward
     // ran first), added in the norm's own pass instead of by the tape afterwards: the same bits as
     // the tape's add, one [tokens, hidden] add a layer fewer (the 1B step's 16 of 67 us, H100).
-    const Tensor so_far = n.take_grad_so_far(0);
+    // Only read: also when shared, as a recomputed layer's residual add hands it to both inputs.
+    const Tensor so_far = n.take_grad_so_far(0, Node::GradUse::kRead);
     Tensor dx = ops::rms_norm_backward(xv, wv, rstd, g[0], dw.defined() ? &dw : nullptr, add_one,
                                        so_far.defined() ? &so_far : nullptr);
     if (dw.defined() && dw.dtype() != wv.dtype()) dw = dw.to(wv.dtype());

@@ -124,13 +124,15 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
   }
 }
 
-Tensor Node::take_grad_so_far(size_t i) {
+Tensor Node::take_grad_so_far(size_t i, GradUse use) {
   if (!needs_grad(i)) return Tensor();
   GradCell& c = *inputs[i];
   // A leaf's gradient is accumulated and reduced in place later (grad accumulation, data
   // parallelism), but for a recomputed checkpoint's input, which hands it on to the layer before.
   const bool ours = !c.is_leaf || detail::ShortLivedLeaves::contains(&c);
-  if (!ours || !c.grad.defined() || !c.grad.is_contiguous()) return Tensor();
+  if (!ours || !c.grad.defined()) return Tensor();
+  if (use == GradUse::kRead) return std::exchange(c.grad, Tensor());
+  if (!c.grad.is_contiguous()) return Tensor();
   Tensor g = std::exchange(c.grad, Tensor());
   if (exclusively_held(g)) return g;
   c.grad = std::move(g);  // shared with another cell or a saved tensor, or borrowed memory: not ours to write

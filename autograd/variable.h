@@ -70,11 +70,17 @@ class Node {
   // Whether input i needs a gradient (cheap check for backward implementations).
   bool needs_grad(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
   // The gradient that other consumers of input i have accumulated so far, handed over for this
-  // node to add its own into in place (a GEMM's beta = 1 output instead of a separate add pass):
-  // only an intermediate's, contiguous, and held by nothing else (a gradient one node handed to
-  // two inputs is shared and stays put); else undefined. A node that takes it returns the sum as
-  // input i's gradient: the cell is left empty, so nothing is counted twice.
-  Tensor take_grad_so_far(size_t i);
+  // node to add its own into: only an intermediate's (or a recomputed checkpoint's input's); else
+  // undefined. A node that takes it returns the sum as input i's gradient: the cell is left empty,
+  // so nothing is counted twice.
+  //   kWrite: to add into in place (a GEMM's beta = 1 output instead of a separate add pass), so
+  //     only one that is contiguous and held by nothing else (a gradient one node handed to two
+  //     inputs is shared and stays put).
+  //   kRead: only read (a kernel that writes the sum into a new tensor: rms_norm's backward), so a
+  //     shared one too (intermediates' gradients are never modified in place), e.g. the one a
+  //     recomputed layer's residual add hands to both its inputs.
+  enum class GradUse { kWrite, kRead };
+  Tensor take_grad_so_far(size_t i, GradUse use = GradUse::kWrite);
 };
 
 }  // namespace loom::ag

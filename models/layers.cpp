@@ -34,7 +34,10 @@ ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute
 }
 
 ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu, ag::OutputUse use) const {
-  const bool fused = lora && lora->enabled && lora_args(*lora).dropout <= 0.f && !(weight.defined() && weight.requires_grad());
+  // Fused where the activation's backward runs anyway (gate or up needs a gradient): it makes h
+  // again there for the adapter's dA. Else h is kept, as below, and no dgate/dup is computed.
+  const bool fused = lora && lora->enabled && lora_args(*lora).dropout <= 0.f &&
+                     !(weight.defined() && weight.requires_grad()) && (gate.requires_grad() || up.requires_grad());
   if (fused) {
     const auto [w, rematerialize] = product_weight(*this, gate.dtype(), use);
     return ag::glu_lora_linear(gate, up, gelu, w, lora->A, lora->B, lora_args(*lora), bias.defined() ? &bias : nullptr,

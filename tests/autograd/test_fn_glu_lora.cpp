@@ -37,21 +37,31 @@ struct Result {
   Tensor y, dgate, dup, da, db;
 };
 
+struct How {
+  bool train_a = true;  // false: A frozen (the activation's plain backward, h not made again)
+  bool sole = false;    // gate and up intermediates held by nothing but the activation's node at backward
+                        // (as in a model): their gradients are written over them
+};
+
 // The MLP's down projection on gate and up in dtype dt: fused (glu_lora_linear) or apart.
 Result run(bool fused, bool gelu, DType dt, const Tensor& gate, const Tensor& up, const Tensor& w, const Tensor& a,
-           const Tensor& b, const Tensor& dy) {
+           const Tensor& b, const Tensor& dy, How how = {}) {
   Variable g(gate.to(dt), true), u(up.to(dt), true), wv(w.to(dt), false);
   const DType master = dt == DType::f64 ? DType::f64 : DType::f32;  // f32 masters, as the trainer keeps them
-  Variable av(a.to(master), true), bv(b.to(master), true);
+  Variable av(a.to(master), how.train_a), bv(b.to(master), true);
   const ag::LoraArgs args{2.f, 0.f, 0, 0};
   Variable y;
-  if (fused) {
-    y = ag::glu_lora_linear(g, u, gelu, wv, av, bv, args);
-  } else {
-    ag::InputFn again = [gv = g.value(), uv = u.value(), gelu] {
-      return gelu ? ops::geglu(gv, uv) : ops::swiglu(gv, uv);
-    };
-    y = ag::lora_linear(gelu ? ag::geglu(g, u) : ag::swiglu(g, u), wv, av, bv, args, nullptr, {}, again);
+  {
+    // x 1 is exact: the same values, in tensors only the tape's nodes will hold once this scope ends.
+    const Variable gi = how.sole ? ag::scale(g, 1.f) : g, ui = how.sole ? ag::scale(u, 1.f) : u;
+    if (fused) {
+      y = ag::glu_lora_linear(gi, ui, gelu, wv, av, bv, args);
+    } else {
+      ag::InputFn again = [gv = gi.value(), uv = ui.value(), gelu] {
+        return gelu ? ops::geglu(gv, uv) : ops::swiglu(gv, uv);
+      };
+      y = ag::lora_linear(gelu ? ag::geglu(gi, ui) : ag::swiglu(gi, ui), wv, av, bv, args, nullptr, {}, again);
+    }
   }
   const Tensor yv = y.value();
   ag::backward(y, dy.to(dt));
@@ -74,6 +84,31 @@ TEST(GluLora, TheSameBitsAsTheTwoFunctionsApart) {
       double largest = 0;  // (a dA of zeros would pass the comparisons above vacuously)
       for (double v : f.da.to_doubles()) largest = std::max(largest, std::abs(v));
       EXPECT_GT(largest, 1e-3) << what;
+    }
+  }
+}
+
+// A frozen (no dA: the activation's plain backward), and gate and up held by nothing but the
+// activation's node (their gradients written over them, as in a model's MLP): still the same bits.
+TEST(GluLora, TheSameBitsWithAFrozenAndWithSoleInputs) {
+  const Tensor gate = bf16_values({29, 32}, 11, 2.0), up = bf16_values({29, 32}, 12, 1.0);
+  const Tensor w = bf16_values({24, 32}, 13, 0.1), a = bf16_values({4, 32}, 14, 0.1), b = bf16_values({24, 4}, 15, 0.1);
+  const Tensor dy = bf16_values({29, 24}, 16, 1.0);
+  for (DType dt : {DType::f64, DType::bf16}) {
+    for (bool gelu : {false, true}) {
+      for (How how : {How{false, false}, How{true, true}, How{false, true}}) {
+        const Result f = run(true, gelu, dt, gate, up, w, a, b, dy, how), p = run(false, gelu, dt, gate, up, w, a, b, dy, how);
+        const std::string what = std::string(name(dt)) + (gelu ? " geglu" : " swiglu") + (how.train_a ? "" : " A frozen") +
+                                 (how.sole ? " sole" : "");
+        EXPECT_EQ(f.y.to_doubles(), p.y.to_doubles()) << what;
+        EXPECT_EQ(f.dgate.to_doubles(), p.dgate.to_doubles()) << what;
+        EXPECT_EQ(f.dup.to_doubles(), p.dup.to_doubles()) << what;
+        EXPECT_EQ(f.db.to_doubles(), p.db.to_doubles()) << what;
+        EXPECT_EQ(f.da.defined(), how.train_a) << what;
+        if (how.train_a) {
+          EXPECT_EQ(f.da.to_doubles(), p.da.to_doubles()) << what;
+        }
+      }
     }
   }
 }
