@@ -49,7 +49,7 @@ absl::StatusOr<std::vector<Example>> load_jsonl(const std::string& path, const T
 
 // One step's rows on the host: input_ids/labels i32 [batch, seq] (labels -100 where no loss is
 // taken and at each document's first token), positions i32 [batch*seq] restarting per document,
-// segment_ids i32 [batch, seq].
+// segment_ids i32 [batch, seq]; seq is the batch's width, at most --seq-len (PackedLoader).
 struct Batch {
   Tensor input_ids, labels, positions, segment_ids;
   int64_t tokens = 0;         // non-padding tokens
@@ -89,7 +89,9 @@ struct LoaderState {
 // longer than seq_len: then it fills the rest of the row and continues in the following rows. Each
 // piece of a split document is its own segment with positions restarting at 0 (and label -100 at its
 // first token), since attention cannot see the previous row. Batches never span two epochs: the
-// last batch of an epoch is padded (rows of pure padding if needed). The shuffle is a Fisher-Yates
+// last batch of an epoch is padded (rows of pure padding if needed). A batch is as wide as its
+// longest row, rounded up to a multiple of 64 and at most seq_len: one whose rows all end in padding
+// (an epoch's last; documents that fill rows only partly) computes no more than it holds. The shuffle is a Fisher-Yates
 // driven by splitmix64 of (seed, epoch): the same order on every platform and standard library.
 // The epoch's order of n items: a Fisher-Yates shuffle driven by splitmix64 of (seed, epoch), the
 // same on every platform (the packer's and the pair loader's).

@@ -11,6 +11,9 @@ namespace loom {
 namespace {
 
 constexpr int32_t kIgnore = -100;
+// A batch's width is its longest row rounded up to this (at most seq_len): few distinct shapes (each
+// new GEMM shape costs a heuristic query, or timed trials under --gemm-autotune), whole attention tiles.
+constexpr int64_t kWidthStep = 64;
 
 // Uniform in [0, n) without modulo bias (rejects the low 2^64 mod n values).
 uint64_t uniform_below(uint64_t* state, uint64_t n) {
@@ -143,10 +146,23 @@ Batch PackedLoader::next() {
     state_.offset = 0;
     reshuffle();
   }
-  batch.input_ids = Tensor::from_ints(ids, {B, S});
-  batch.labels = Tensor::from_ints(labels, {B, S});
-  batch.positions = Tensor::from_ints(positions, {B * S});
-  batch.segment_ids = Tensor::from_ints(segments, {B, S});
+  // The batch as wide as its longest row needs (a multiple of kWidthStep, at most seq_len), as a
+  // collator padding to the longest: an epoch's last batch holds what was left (a small data set's
+  // every epoch ended with a step over mostly padding: the demo's 66 tokens in two rows of 256), and
+  // rows that each hold one document too long to share them end early.
+  const int64_t longest = *std::max_element(batch.row_tokens.begin(), batch.row_tokens.end());
+  const int64_t W = std::min(S, std::max<int64_t>(1, (longest + kWidthStep - 1) / kWidthStep) * kWidthStep);
+  if (W < S) {
+    auto narrow = [&](std::vector<int32_t>& v) {
+      for (int64_t r = 0; r < B; ++r) std::copy_n(v.begin() + r * S, W, v.begin() + r * W);
+      v.resize(B * W);
+    };
+    for (std::vector<int32_t>* v : {&ids, &labels, &positions, &segments}) narrow(*v);
+  }
+  batch.input_ids = Tensor::from_ints(ids, {B, W});
+  batch.labels = Tensor::from_ints(labels, {B, W});
+  batch.positions = Tensor::from_ints(positions, {B * W});
+  batch.segment_ids = Tensor::from_ints(segments, {B, W});
   return batch;
 }
 

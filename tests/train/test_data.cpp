@@ -272,13 +272,24 @@ bool same(const Host& a, const Host& b) {
 }
 
 // Checks one batch's invariants; appends the (doc, token) pairs it emitted and each row's piece
-// starts (doc, first token) to the outputs.
-void check_batch(const Batch& b, int64_t B, int64_t S, std::vector<std::pair<int64_t, int64_t>>* emitted) {
+// starts (doc, first token) to the outputs. seq_len S; the batch is as wide as its longest row
+// rounded up to 64, at most S.
+void check_batch(const Batch& b, int64_t B, int64_t seq_len, std::vector<std::pair<int64_t, int64_t>>* emitted) {
+  ASSERT_EQ(b.input_ids.dim(), 2);
+  const int64_t S = b.input_ids.size(1);  // from here on the width
   ASSERT_EQ(b.input_ids.shape(), (Shape{B, S}));
   ASSERT_EQ(b.labels.shape(), (Shape{B, S}));
   ASSERT_EQ(b.segment_ids.shape(), (Shape{B, S}));
   ASSERT_EQ(b.positions.shape(), (Shape{B * S}));
+  ASSERT_EQ(b.row_tokens.size(), static_cast<size_t>(B));
+  const int64_t longest = *std::max_element(b.row_tokens.begin(), b.row_tokens.end());
+  EXPECT_EQ(S, std::min(seq_len, std::max<int64_t>(64, (longest + 63) / 64 * 64))) << "longest row " << longest;
   const Host h = host(b);
+  for (int64_t r = 0; r < B; ++r) {  // row_tokens: the tokens before the row's padding
+    int64_t n = 0;
+    while (n < S && h.ids[r * S + n] != kPad) ++n;
+    EXPECT_EQ(b.row_tokens[r], n) << "row " << r;
+  }
   int64_t tokens = 0, targets = 0;
   for (int64_t r = 0; r < B; ++r) {
     bool in_pad = false;
@@ -346,7 +357,8 @@ std::vector<int64_t> doc_order(const std::vector<std::pair<int64_t, int64_t>>& e
 const std::vector<int64_t> kLengths = {5, 17, 3, 40, 1, 9, 16, 16, 2, 33, 7, 12, 1, 25, 6, 11, 4, 19, 8, 14};
 
 TEST(PackedLoader, EveryTokenOnceWithCorrectLabelsAndSegments) {
-  for (const auto& [B, S] : {std::pair<int64_t, int64_t>{2, 16}, {3, 7}, {1, 64}, {4, 1}}) {
+  // (The wide ones: rows of up to 300 hold several documents, and the epoch's last batch is narrower.)
+  for (const auto& [B, S] : {std::pair<int64_t, int64_t>{2, 16}, {3, 7}, {1, 64}, {4, 1}, {2, 200}, {3, 300}}) {
     SCOPED_TRACE(testing::Message() << "batch " << B << " seq " << S);
     PackedLoader loader(make_docs(kLengths), S, B, /*seed=*/1, 0, 1, kPad);
     int64_t batches = 0;
@@ -400,6 +412,35 @@ TEST(PackedLoader, GreedyRowsAndLongDocumentSplit) {
   EXPECT_EQ(h3.pos, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3}));
   EXPECT_EQ(h3.tokens, 4);
   EXPECT_EQ(one.state().epoch, 1);
+}
+
+TEST(PackedLoader, ABatchIsAsWideAsItsLongestRowRoundedUpTo64) {
+  // 300 tokens in rows of 256: a full row, then the 44-token tail in a batch 64 wide (not 256): the
+  // tail, then 20 padding tokens as their own segment with positions from 0.
+  PackedLoader one(make_docs({300}), 256, 1, 3, 0, 1, kPad);
+  EXPECT_EQ(one.next().input_ids.shape(), (Shape{1, 256}));
+  const Batch tail = one.next();
+  ASSERT_EQ(tail.input_ids.shape(), (Shape{1, 64}));
+  ASSERT_EQ(tail.positions.shape(), (Shape{64}));
+  const Host h = host(tail);
+  for (int64_t c = 0; c < 64; ++c) {
+    EXPECT_EQ(h.ids[c], c < 44 ? 1000 + 256 + c : kPad) << c;
+    EXPECT_EQ(h.pos[c], c < 44 ? c : c - 44) << c;
+    EXPECT_EQ(h.seg[c], c < 44 ? 0 : 1) << c;
+    if (c >= 44) {
+      EXPECT_EQ(h.labels[c], -100) << c;
+    }
+  }
+  EXPECT_EQ(tail.row_tokens, (std::vector<int64_t>{44}));
+  EXPECT_EQ(h.tokens, 44);
+  // Two rows: the widest sets the width (a row of pure padding is as narrow as the batch).
+  PackedLoader two(make_docs({70}), 256, 2, 3, 0, 1, kPad);
+  const Batch b = two.next();
+  EXPECT_EQ(b.input_ids.shape(), (Shape{2, 128}));
+  EXPECT_EQ(b.row_tokens, (std::vector<int64_t>{70, 0}));
+  // Never wider than seq_len, also when seq_len is no multiple of 64.
+  PackedLoader odd(make_docs({90}), 100, 1, 3, 0, 1, kPad);
+  EXPECT_EQ(odd.next().input_ids.shape(), (Shape{1, 100}));
 }
 
 TEST(PackedLoader, OneSegmentPerRowOnlyForRowsOfOneDocumentPieceWithoutPadding) {
