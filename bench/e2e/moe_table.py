@@ -167,7 +167,8 @@ def main():
                 q = r["quantised"]
                 notes.append(f"- {r['who']}: 4-bit {q['4bit_GiB']} GiB in {q['4bit_tensors']} tensors "
                              f"({q['linear4bit_modules']} Linear4bit), 16-bit {q['16bit_GiB']} GiB; expert tensors "
-                             f"4-bit {q['experts_4bit']}, 16-bit {q['experts_16bit']}")
+                             f"4-bit {q['experts_4bit']}, 16-bit {q['experts_16bit']}"
+                             + (f"; base {r['source']}" if r.get("source") else ""))
             if r.get("ok") and r.get("peer") == "unsloth" and "unsloth_moe_backend" in r:
                 notes.append(f"- {r['who']}: MoE backend {r.get('unsloth_moe_backend')}, experts implementation "
                              f"{r.get('experts_impl')}, target_parameters {r.get('target_parameters')}, "
