@@ -213,7 +213,10 @@ std::shared_ptr<Storage> allocate_pinned(size_t nbytes) {
     static PinnedCacheCloser closer;
     {
       std::lock_guard<std::mutex> lock(cache.mu);
-      for (auto it = cache.free.lower_bound(n); it != cache.free.end() && it->first <= n + n / 4; ++it)
+      // The smallest free block that holds n and is at most 4 times its size: a narrower batch (an epoch's
+      // last, train/packing.cpp) reuses the full-width steps' blocks instead of caching a set of its own
+      // each new width; kilobyte stagings never take megabyte blocks.
+      for (auto it = cache.free.lower_bound(n); it != cache.free.end() && it->first <= 4 * n; ++it)
         if (!it->second.empty()) {
           p = it->second.back();
           it->second.pop_back();

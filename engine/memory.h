@@ -62,9 +62,10 @@ class LongLivedPoolScope {
 };
 // Page-locked host memory (falls back to ordinary memory in a CPU-only build).
 std::shared_ptr<Storage> allocate_pinned(size_t nbytes);
-// The size of the pinned block allocate_pinned takes for nbytes: up to 4 KiB the size itself, above
+// The size of the pinned block allocate_pinned makes for nbytes: up to 4 KiB the size itself, above
 // it rounded up to a sixteenth of its largest power of two (at most 6.25 % more), so that sizes that
-// differ a little from step to step share the cached blocks.
+// differ a little from step to step share the cached blocks. A cached block of that size up to 4 times
+// it is taken first.
 size_t pinned_block_size(size_t nbytes);
 // Returns the pinned blocks kept for reuse (allocate_pinned caches them by size) to the driver;
 // the bytes released. Called at exit, and by whoever knows those sizes will not come back.

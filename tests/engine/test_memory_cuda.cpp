@@ -48,5 +48,26 @@ TEST(LongLivedPool, CountsInTheReservedPeak) {
   }
 }
 
+// Pinned blocks (allocate_pinned): a freed block comes back for a request it holds up to 4 times over
+// (a narrower batch's activation copies take the full-width steps' blocks), not for a smaller one.
+TEST(PinnedCache, AFreedBlockServesRequestsUpToAQuarterOfIt) {
+  release_cached_pinned_memory();
+  void* block = nullptr;
+  {
+    const std::shared_ptr<Storage> s = allocate_pinned(4 * kMiB);
+    block = s->data();
+  }
+  {
+    const std::shared_ptr<Storage> s = allocate_pinned(1 * kMiB + 1);  // 4 MiB <= 4 x its size
+    EXPECT_EQ(s->data(), block);
+    EXPECT_EQ(s->nbytes(), static_cast<size_t>(kMiB + 1));
+  }
+  {
+    const std::shared_ptr<Storage> s = allocate_pinned(kMiB / 2);  // 4 MiB > 4 x 512 KiB: a block of its own
+    EXPECT_NE(s->data(), block);
+  }
+  release_cached_pinned_memory();
+}
+
 }  // namespace
 }  // namespace loom
