@@ -106,14 +106,21 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
   if (cell.is_leaf) {
     // A leaf owns its gradient: a node may hand the same tensor to several inputs (add), and leaf
     // gradients are later accumulated and reduced in place (grad accumulation, data parallelism).
+    const bool short_lived = detail::ShortLivedLeaves::contains(&cell);
     if (cell.grad.defined()) {
-      ops::add_(cell.grad, g);
-    } else if (detail::ShortLivedLeaves::contains(&cell)) {
-      // Taken as it is when nothing but the node's returned list holds it (not handed to a second
-      // input, not a view of what the node keeps) and it spans its storage (holds no more memory
-      // than its own): a recomputed layer's input gradient, one [tokens, hidden] copy a layer fewer.
+      // A short-lived leaf's may be shared (below): then the sum is a new tensor.
+      if (short_lived && !exclusively_held(cell.grad))
+        cell.grad = ops::add(cell.grad, g);
+      else
+        ops::add_(cell.grad, g);
+    } else if (short_lived) {
+      // A recomputed layer's input gradient, passed on to the layer before at once: taken as it is
+      // when it spans its storage (holds no more memory than its own), also when shared (a pre-norm
+      // block's residual add hands one tensor to the layer input and to the attention output): it is
+      // never written in place while shared (the add above; Node::take_grad_so_far's kWrite checks
+      // too), so one [tokens, hidden] copy a layer fewer.
       const bool whole = g.is_contiguous() && static_cast<size_t>(g.nbytes()) == g.storage()->nbytes();
-      cell.grad = exclusively_held(g) && whole ? g : g.clone();
+      cell.grad = whole && !g.storage()->borrowed() ? g : g.clone();
     } else {
       const LongLivedPoolScope held_until_the_step;  // out of the activations' pool (engine/memory.h)
       cell.grad = g.clone();
