@@ -41,7 +41,7 @@ void swiglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup
     // silu'(g) = sg (1 + g (1 - sg))
     dgate[i] = from_acc<T>(d * u * sg * (A(1) + g * (A(1) - sg)));
     dup[i] = from_acc<T>(d * g * sg);
-    if (value) value[i] = from_acc<T>(g * sigmoid(g) * u);  // swiglu_forward's expression
+    if (value) value[i] = from_acc<T>(g * sg * u);  // swiglu_forward's expression and bits
   }
 }
 
@@ -66,11 +66,7 @@ void geglu_backward(const T* gate, const T* up, const T* dout, T* dgate, T* dup,
     gelu_tanh<A>(g, &v, &dv);
     dgate[i] = from_acc<T>(d * u * dv);
     dup[i] = from_acc<T>(d * v);
-    if (value) {  // geglu_forward's expression
-      A fv;
-      gelu_tanh<A>(g, &fv, nullptr);
-      value[i] = from_acc<T>(fv * u);
-    }
+    if (value) value[i] = from_acc<T>(v * u);  // geglu_forward's expression and bits (v does not depend on dv)
   }
 }
 

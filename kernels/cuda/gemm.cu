@@ -154,8 +154,9 @@ int64_t c_extent(const GemmArgs& g) {
 // two events, on g's own A and B, in place on a stream-ordered scratch the size of C that starts as a
 // copy of C when beta != 0 (C itself is left alone). In place, as the real call runs: with C and D
 // apart the trials ran other nvjet kernels (`bx`, where the in-place calls run `badd`: session 41's H200
-// profile), likely why the gate/up input gradient's timed choice then ran about 5 % slower than the
-// heuristic's in the benchmark on both GPUs (unmeasured since the change). A candidate's time is its
+// profile), and the gate/up input gradient's timed choice then ran about 5 % slower than the heuristic's
+// in the benchmark on both GPUs; timed in place, every product's choice is at least as fast (H100,
+// bench/results/session42: that one 1.013x the heuristic's). A candidate's time is its
 // fastest round; the fastest candidate becomes p.algo where it beats the heuristic's first by more than
 // 2 %. Returns without changing p.algo when the scratch cannot be had or the stream is being captured;
 // a candidate that fails to launch is skipped.
