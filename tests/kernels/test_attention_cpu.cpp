@@ -27,6 +27,10 @@ const Case kCases[] = {
     {"segments", 2, 11, 4, 2, 6, 0.f, 0.f, 0, true},
     {"everything", 2, 12, 4, 2, 6, 1.f, 1.5f, 4, true},
     {"seq1", 2, 1, 2, 1, 3, 0.f, 0.f, 0, false},
+    // Past one tile of 64 query rows (the kernels' unit of work): a second tile that sees the first
+    // tile's keys, and with a window, segments and a cap, one whose first key is past 0.
+    {"two_tiles", 1, 70, 2, 1, 4, 0.f, 0.f, 0, false},
+    {"two_tiles_everything", 2, 70, 1, 1, 4, 1.f, 1.5f, 20, true},
 };
 
 // Batch 0: contiguous packed documents; batch 1: an interleaved pattern (the kernels must not
@@ -214,6 +218,59 @@ TEST(AttentionCpuMask, AWindowAsLongAsTheSequenceIsNone) {
   p.window = 32;  // the last row no longer sees key 0
   cpu::attention_forward(p, q.data(), k.data(), v.data(), windowed.data(), lse.data());
   EXPECT_NE(none, windowed);
+}
+
+// A NaN value (key 70, element 3) and an infinite key (key 100, a +inf score for every query) among packed documents that span
+// three tiles: every output that sees one is NaN, every other one matches a clean run bit for bit. A
+// query that sees key 70 gets a NaN out[3] (and so a NaN D = dout . out and dS); one that sees key 100
+// an infinite score (a NaN row, NaN probabilities); dK of a key is NaN when a NaN query row sees it, dV when a query
+// row with NaN probabilities does; dV of key 70 itself stays finite (it does not read V).
+TEST(AttentionCpuMask, NonFiniteInputsReachExactlyTheOutputsThatSeeThem) {
+  const int64_t seq = 150, d = 8;
+  std::vector<int32_t> seg(seq);
+  for (int64_t i = 0; i < seq; ++i) seg[i] = i < 40 ? 0 : i < 90 ? 1 : 2;
+  AttentionParams p;
+  p.batch = 1, p.seq = seq, p.heads = 1, p.kv_heads = 1, p.head_dim = d, p.scale = 0.35f, p.segment_ids = seg.data();
+  auto q = random_vec<float>(seq * d, 51);
+  for (int64_t i = 0; i < seq; ++i) q[i * d + 5] = std::fabs(q[i * d + 5]) + 0.1f;  // q . k_100 = +inf
+  const auto dout = random_vec<float>(seq * d, 54);
+  const auto k_clean = random_vec<float>(seq * d, 52), v_clean = random_vec<float>(seq * d, 53);
+  auto k = k_clean, v = v_clean;
+  v[70 * d + 3] = NAN;
+  k[100 * d + 5] = INFINITY;
+  struct Run {
+    std::vector<float> out, lse, dq, dk, dv;
+  };
+  auto run = [&](const std::vector<float>& kk, const std::vector<float>& vv) {
+    Run r{std::vector<float>(seq * d), std::vector<float>(seq), std::vector<float>(seq * d),
+          std::vector<float>(seq * d), std::vector<float>(seq * d)};
+    cpu::attention_forward(p, q.data(), kk.data(), vv.data(), r.out.data(), r.lse.data());
+    cpu::attention_backward(p, q.data(), kk.data(), vv.data(), r.out.data(), dout.data(), r.lse.data(), r.dq.data(),
+                            r.dk.data(), r.dv.data());
+    return r;
+  };
+  const Run clean = run(k_clean, v_clean), bad = run(k, v);
+  auto sees = [&](int64_t i, int64_t j) { return j <= i && seg[i] == seg[j]; };
+  for (int64_t i = 0; i < seq; ++i) {
+    const bool nan_row = sees(i, 70) || sees(i, 100), nan_p = sees(i, 100);
+    bool nan_dk = false, nan_dv = false;  // key i: seen by a NaN row / a row with NaN probabilities
+    for (int64_t r = i; r < seq; ++r)
+      if (sees(r, i)) nan_dk |= sees(r, 70) || sees(r, 100), nan_dv |= sees(r, 100);
+    EXPECT_EQ(std::isnan(bad.lse[i]), nan_p) << "lse " << i;
+    if (!nan_p) EXPECT_EQ(bad.lse[i], clean.lse[i]) << "lse " << i;
+    for (int64_t x = 0; x < d; ++x) {
+      const int64_t e = i * d + x;
+      const std::pair<const std::vector<float>*, const std::vector<float>*> cmp[] = {
+          {&bad.out, &clean.out}, {&bad.dq, &clean.dq}, {&bad.dk, &clean.dk}, {&bad.dv, &clean.dv}};
+      const bool expect_nan[] = {nan_p || (sees(i, 70) && x == 3), nan_row, nan_dk, nan_dv};
+      const char* names[] = {"out", "dq", "dk", "dv"};
+      for (int w = 0; w < 4; ++w) {
+        const float got = (*cmp[w].first)[e], want = (*cmp[w].second)[e];
+        if (expect_nan[w]) EXPECT_TRUE(std::isnan(got)) << names[w] << " row " << i;
+        else EXPECT_EQ(got, want) << names[w] << " row " << i;
+      }
+    }
+  }
 }
 
 TEST(AttentionCpuMask, RejectsBadParams) {
