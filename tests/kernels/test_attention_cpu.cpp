@@ -257,7 +257,9 @@ TEST(AttentionCpuMask, NonFiniteInputsReachExactlyTheOutputsThatSeeThem) {
     for (int64_t r = i; r < seq; ++r)
       if (sees(r, i)) nan_dk |= sees(r, 70) || sees(r, 100), nan_dv |= sees(r, 100);
     EXPECT_EQ(std::isnan(bad.lse[i]), nan_p) << "lse " << i;
-    if (!nan_p) EXPECT_EQ(bad.lse[i], clean.lse[i]) << "lse " << i;
+    if (!nan_p) {
+      EXPECT_EQ(bad.lse[i], clean.lse[i]) << "lse " << i;
+    }
     for (int64_t x = 0; x < d; ++x) {
       const int64_t e = i * d + x;
       const std::pair<const std::vector<float>*, const std::vector<float>*> cmp[] = {
@@ -266,8 +268,11 @@ TEST(AttentionCpuMask, NonFiniteInputsReachExactlyTheOutputsThatSeeThem) {
       const char* names[] = {"out", "dq", "dk", "dv"};
       for (int w = 0; w < 4; ++w) {
         const float got = (*cmp[w].first)[e], want = (*cmp[w].second)[e];
-        if (expect_nan[w]) EXPECT_TRUE(std::isnan(got)) << names[w] << " row " << i;
-        else EXPECT_EQ(got, want) << names[w] << " row " << i;
+        if (expect_nan[w]) {
+          EXPECT_TRUE(std::isnan(got)) << names[w] << " row " << i;
+        } else {
+          EXPECT_EQ(got, want) << names[w] << " row " << i;
+        }
       }
     }
   }
