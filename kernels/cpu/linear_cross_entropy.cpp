@@ -65,10 +65,13 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
     if constexpr (std::is_same_v<T, bf16>)  // bf16 logits, as the bf16 lm_head gives them
       for (A& x : logits) x = bf16_to_float(float_to_bf16(x));
     // The exps through Eigen's vectorised exp (libm's scalar expf was 8 % of a SmolLM2 LoRA step on
-    // 2 cores); NaN is carried by hand, not left to the polynomial.
+    // 2 cores); NaN is carried by hand, not left to the polynomial. Eigen computes the elements
+    // before the destination's first vector-aligned address with the scalar exp, so the destination
+    // is Eigen's own aligned array: which elements those are never depends on where malloc put it,
+    // and a run's bits do not change from one run to the next.
 #pragma omp parallel if (rows * vocab > 65536)
     {
-      std::vector<A> e(static_cast<size_t>(vocab));
+      Eigen::Array<A, 1, Eigen::Dynamic> e(vocab);
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         A* row = logits.data() + r * vocab;
@@ -80,13 +83,12 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
           m = nan_max(m, row[v]);  // a NaN logit makes the row's loss NaN
         }
         const Eigen::Map<const Eigen::Array<A, 1, Eigen::Dynamic>> z(row, vocab);
-        Eigen::Map<Eigen::Array<A, 1, Eigen::Dynamic>> ez(e.data(), vocab);
         double sum = 0;
         if (std::isnan(m) || m == std::numeric_limits<A>::infinity()) {  // exp(inf - inf): NaN
           sum = std::numeric_limits<double>::quiet_NaN();
         } else if (m != -std::numeric_limits<A>::infinity()) {
-          ez = (z == -std::numeric_limits<A>::infinity()).select(A(0), (z - m).exp());
-          for (int64_t v = 0; v < vocab; ++v) sum += double(e[v]);
+          e = (z == -std::numeric_limits<A>::infinity()).select(A(0), (z - m).exp());
+          for (int64_t v = 0; v < vocab; ++v) sum += double(e(v));
         }
         const A lse = sum != 0 ? m + static_cast<A>(std::log(sum)) : m;
         if (t == ignore_index) {
@@ -94,13 +96,13 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
           continue;
         }
         row_loss[r0 + r] = double(lse - row[t]);
-        if (std::isnan(lse)) ez.setConstant(std::numeric_limits<A>::quiet_NaN());
-        else ez = (z == -std::numeric_limits<A>::infinity()).select(A(0), (z - lse).exp());
+        if (std::isnan(lse)) e.setConstant(std::numeric_limits<A>::quiet_NaN());
+        else e = (z == -std::numeric_limits<A>::infinity()).select(A(0), (z - lse).exp());
         for (int64_t v = 0; v < vocab; ++v) {
           const A zv = row[v];
           // dz/dl = 1 - tanh^2(l / c) = 1 - (z / c)^2
           const A dz = softcap > 0.f ? A(1) - (zv / A(softcap)) * (zv / A(softcap)) : A(1);
-          grad[v] = from_acc<T>((e[v] - (v == t ? A(1) : A(0))) * dz * row_scale);
+          grad[v] = from_acc<T>((e(v) - (v == t ? A(1) : A(0))) * dz * row_scale);
         }
       }
     }
