@@ -126,6 +126,17 @@ void mask_row(A* row, int64_t n, const AttentionParams& p, int64_t b, int64_t i,
     if (c < sp.lo || c > sp.hi || !same_segment(p, b, i, k0 + c)) row[c] = ninf;
 }
 
+// x[c] <- exp(x[c] - shift) in place: exactly 0 where x[c] is -inf, NaN kept. Eigen 3.4 evaluates
+// select() one element at a time with libm's exp, so the exps go through its vectorised exp into
+// `ex` (its own aligned array: which elements take the scalar exp never depends on malloc) and a
+// plain loop picks.
+template <class A>
+void exp_shifted(A* x, int64_t n, A shift, Eigen::Array<A, 1, Eigen::Dynamic>& ex) {
+  ex.head(n) = (RowArray<A>(x, n) - shift).exp();
+  const A ninf = -std::numeric_limits<A>::infinity();
+  for (int64_t c = 0; c < n; ++c) x[c] = x[c] == ninf ? A(0) : x[c] != x[c] ? x[c] : ex[c];
+}
+
 }  // namespace
 
 template <class T>
@@ -140,6 +151,7 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
 #pragma omp parallel if (p.batch * p.heads * p.seq * p.seq * d > 65536)
   {
     Mat<A> qb(kBlock, d), kb(p.seq, d), vb(p.seq, d), v_clean, s(kBlock, p.seq), o(kBlock, d);
+    Eigen::Array<A, 1, Eigen::Dynamic> ex(p.seq);
     std::vector<A> m(kBlock), sum(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
@@ -164,9 +176,8 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
           RowArray<A>(row, nk).setZero();
           continue;
         }
-        RowArray<A> e(row, nk);
-        e = (e == -inf).select(A(0), (e - mx).exp());
-        sum[r] = e.sum();
+        exp_shifted(row, nk, mx, ex);
+        sum[r] = RowArray<A>(row, nk).sum();
       }
       const std::vector<Bad> bad = nonfinite(vb, nk, v_clean);
       o.topRows(n).noalias() = S * (bad.empty() ? vb : v_clean).topRows(nk);
@@ -200,6 +211,7 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
   {
     Mat<A> kb(p.seq, d), vb(p.seq, d), k_clean, qb(kBlock, d), q_clean, dob(kBlock, d), do_clean;
     Mat<A> s(kBlock, p.seq), dp(kBlock, p.seq), dcap(kBlock, p.seq), dqb(kBlock, d), dk_acc(p.seq, d), dv_acc(p.seq, d);
+    Eigen::Array<A, 1, Eigen::Dynamic> ex(p.seq);
     std::vector<A> lse_r(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -228,17 +240,16 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
             A *pr = &s(r, 0), *dsr = &dp(r, 0), *cr = &dcap(r, 0);
             logits(pr, nk, p, cr);
             mask_row(pr, nk, p, b, i, k0);
-            RowArray<A> P(pr, nk), dS(dsr, nk), dc(cr, nk);
             if (li == -inf) {
-              P.setZero(), dS.setZero();
+              std::fill(pr, pr + nk, A(0)), std::fill(dsr, dsr + nk, A(0));
               continue;
             }
             // A NaN lse (a NaN score in the forward) or logit gives NaN probabilities: NaN gradients.
             if (li != li)
               for (int64_t c = 0; c < nk; ++c) pr[c] = pr[c] == -inf ? A(0) : nan;
             else
-              P = (P == -inf).select(A(0), (P != P).select(nan, (P - li).exp()));
-            dS = (P == A(0)).select(A(0), P * (dS - D) * dc);
+              exp_shifted(pr, nk, li, ex);
+            for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] == A(0) ? A(0) : pr[c] * (dsr[c] - D) * cr[c];
           }
           const auto Pm = s.topLeftCorner(n, nk), dSm = dp.topLeftCorner(n, nk);
           // dQ = scale dS K: K's non-finite rows are added where each query sees them.

@@ -87,8 +87,8 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
         if (std::isnan(m) || m == std::numeric_limits<A>::infinity()) {  // exp(inf - inf): NaN
           sum = std::numeric_limits<double>::quiet_NaN();
         } else if (m != -std::numeric_limits<A>::infinity()) {
-          e = (z == -std::numeric_limits<A>::infinity()).select(A(0), (z - m).exp());
-          for (int64_t v = 0; v < vocab; ++v) sum += double(e(v));
+          e = (z - m).exp();  // (Eigen 3.4's select() is not vectorised: -inf is picked out below)
+          for (int64_t v = 0; v < vocab; ++v) sum += row[v] == -std::numeric_limits<A>::infinity() ? 0.0 : double(e(v));
         }
         const A lse = sum != 0 ? m + static_cast<A>(std::log(sum)) : m;
         if (t == ignore_index) {
@@ -97,12 +97,13 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
         }
         row_loss[r0 + r] = double(lse - row[t]);
         if (std::isnan(lse)) e.setConstant(std::numeric_limits<A>::quiet_NaN());
-        else e = (z == -std::numeric_limits<A>::infinity()).select(A(0), (z - lse).exp());
+        else e = (z - lse).exp();
         for (int64_t v = 0; v < vocab; ++v) {
           const A zv = row[v];
           // dz/dl = 1 - tanh^2(l / c) = 1 - (z / c)^2
           const A dz = softcap > 0.f ? A(1) - (zv / A(softcap)) * (zv / A(softcap)) : A(1);
-          grad[v] = from_acc<T>((e(v) - (v == t ? A(1) : A(0))) * dz * row_scale);
+          const A p = zv == -std::numeric_limits<A>::infinity() ? A(0) : e(v);
+          grad[v] = from_acc<T>((p - (v == t ? A(1) : A(0))) * dz * row_scale);
         }
       }
     }
