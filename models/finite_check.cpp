@@ -56,8 +56,10 @@ namespace {
 // tensor-by-tensor check below, never a wrong answer. Vacuously true without such tensors.
 bool cuda_tensors_finite(const std::vector<std::pair<std::string, Tensor>>& tensors) {
   std::vector<std::pair<Device, std::vector<Tensor>>> groups;
-  for (const auto& [name, t] : tensors) {
-    if (!t.defined() || !t.is_cuda() || t.numel() == 0 || (t.dtype() != DType::f32 && t.dtype() != DType::bf16)) continue;
+  for (const auto& entry : tensors) {
+    const Tensor& t = entry.second;  // (not a structured binding: clang 14 cannot capture one)
+    if (!t.defined() || !t.is_cuda() || t.numel() == 0) continue;
+    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) continue;
     auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == t.device(); });
     if (g == groups.end()) g = groups.insert(groups.end(), {t.device(), {}});
     g->second.push_back(t);
