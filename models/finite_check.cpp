@@ -49,6 +49,11 @@ absl::Status check_finite(const Tensor& t, const std::string& where, const std::
 
 namespace {
 
+// The tensors a save checks on their device (the rest on the host, as first_nonfinite does).
+bool summed_on_device(const Tensor& t) {
+  return t.defined() && t.is_cuda() && t.numel() > 0 && (t.dtype() == DType::f32 || t.dtype() == DType::bf16);
+}
+
 // True when every f32/bf16 CUDA tensor among `tensors` is known finite from one multi-tensor sum of
 // squares per device and one copy to the host (the save at a run's end checks ~900 adapter and
 // optimizer tensors: one sum and one host sync each made it tens of milliseconds). A NaN or infinity
@@ -58,8 +63,7 @@ bool cuda_tensors_finite(const std::vector<std::pair<std::string, Tensor>>& tens
   std::vector<std::pair<Device, std::vector<Tensor>>> groups;
   for (const auto& entry : tensors) {
     const Tensor& t = entry.second;  // (not a structured binding: clang 14 cannot capture one)
-    if (!t.defined() || !t.is_cuda() || t.numel() == 0) continue;
-    if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) continue;
+    if (!summed_on_device(t)) continue;
     auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == t.device(); });
     if (g == groups.end()) g = groups.insert(groups.end(), {t.device(), {}});
     g->second.push_back(t);
@@ -74,7 +78,7 @@ bool cuda_tensors_finite(const std::vector<std::pair<std::string, Tensor>>& tens
 absl::Status check_finite_to_save(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& path) {
   const bool cuda_finite = cuda_tensors_finite(tensors);
   for (const auto& [name, t] : tensors) {
-    if (cuda_finite && t.defined() && t.is_cuda() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16)) continue;
+    if (cuda_finite && summed_on_device(t)) continue;
     const int64_t bad = first_nonfinite(t);
     if (bad >= 0)
       return absl::FailedPreconditionError(absl::StrCat(

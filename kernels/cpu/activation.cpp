@@ -2,12 +2,8 @@
 // computed in Acc<T> and rounded once per output.
 #include "kernels/activation.h"
 
-// GCC 12 warns that Eigen's AVX-512 packets "may be used uninitialized" inside its own headers
-// (see kernels/cpu/gemm.cpp): not Loom's code, so the warning is off for this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
+#include "kernels/cpu/eigen_exp.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -22,7 +18,7 @@ namespace {
 constexpr int64_t kChunk = 4096;
 
 template <class A>
-using Chunk = Eigen::Array<A, 1, Eigen::Dynamic>;
+using Chunk = EigenRow<A>;
 
 // g[0, n) = gate in Acc, sg[0, n) = sigmoid(g): exactly 0 where exp(-g) overflows (as 1 / (1 + inf)
 // is with libm; Eigen's exp saturates at the largest finite value instead).

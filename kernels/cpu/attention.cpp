@@ -10,12 +10,8 @@
 // where they are visible: a non-finite input reaches exactly the outputs that see it.
 #include "kernels/attention.h"
 
-// GCC 12 warns that Eigen's AVX-512 packets "may be used uninitialized" inside its own headers
-// (see kernels/cpu/gemm.cpp): not Loom's code, so the warning is off for this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
+#include "kernels/cpu/eigen_exp.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,7 +23,7 @@ namespace {
 template <class A>
 using Mat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class A>
-using RowArray = Eigen::Map<Eigen::Array<A, 1, Eigen::Dynamic>>;
+using RowArray = Eigen::Map<EigenRow<A>>;
 
 constexpr int64_t kBlock = 64;  // query rows per tile
 
@@ -110,31 +106,11 @@ void logits(A* s, int64_t n, const AttentionParams& p, A* dcap) {
   }
 }
 
-// Query i's columns in a tile whose first key is k0 that its window and causality leave visible:
-// [lo, hi]; segment masks are per element on top.
-struct Span {
-  int64_t lo, hi;
-};
-Span span_of(const AttentionParams& p, int64_t i, int64_t k0) { return {first_key(p, i) - k0, i - k0}; }
-
-// -inf at row's masked columns among its first n (outside span, another segment).
+// -inf at the masked columns among row's first n: query i's scores against keys k0, k0 + 1, ...
 template <class A>
 void mask_row(A* row, int64_t n, const AttentionParams& p, int64_t b, int64_t i, int64_t k0) {
-  const Span sp = span_of(p, i, k0);
-  const A ninf = -std::numeric_limits<A>::infinity();
   for (int64_t c = 0; c < n; ++c)
-    if (c < sp.lo || c > sp.hi || !same_segment(p, b, i, k0 + c)) row[c] = ninf;
-}
-
-// x[c] <- exp(x[c] - shift) in place: exactly 0 where x[c] is -inf, NaN kept. Eigen 3.4 evaluates
-// select() one element at a time with libm's exp, so the exps go through its vectorised exp into
-// `ex` (its own aligned array: which elements take the scalar exp never depends on malloc) and a
-// plain loop picks.
-template <class A>
-void exp_shifted(A* x, int64_t n, A shift, Eigen::Array<A, 1, Eigen::Dynamic>& ex) {
-  ex.head(n) = (RowArray<A>(x, n) - shift).exp();
-  const A ninf = -std::numeric_limits<A>::infinity();
-  for (int64_t c = 0; c < n; ++c) x[c] = x[c] == ninf ? A(0) : x[c] != x[c] ? x[c] : ex[c];
+    if (!visible(p, b, i, k0 + c)) row[c] = -std::numeric_limits<A>::infinity();
 }
 
 }  // namespace
@@ -151,7 +127,7 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
 #pragma omp parallel if (p.batch * p.heads * p.seq * p.seq * d > 65536)
   {
     Mat<A> qb(kBlock, d), kb(p.seq, d), vb(p.seq, d), v_clean, s(kBlock, p.seq), o(kBlock, d);
-    Eigen::Array<A, 1, Eigen::Dynamic> ex(p.seq);
+    EigenRow<A> ex(p.seq);
     std::vector<A> m(kBlock), sum(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
@@ -176,7 +152,7 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
           RowArray<A>(row, nk).setZero();
           continue;
         }
-        exp_shifted(row, nk, mx, ex);
+        exp_shifted(row, nk, mx, row, ex);
         sum[r] = RowArray<A>(row, nk).sum();
       }
       const std::vector<Bad> bad = nonfinite(vb, nk, v_clean);
@@ -211,7 +187,7 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
   {
     Mat<A> kb(p.seq, d), vb(p.seq, d), k_clean, qb(kBlock, d), q_clean, dob(kBlock, d), do_clean;
     Mat<A> s(kBlock, p.seq), dp(kBlock, p.seq), dcap(kBlock, p.seq), dqb(kBlock, d), dk_acc(p.seq, d), dv_acc(p.seq, d);
-    Eigen::Array<A, 1, Eigen::Dynamic> ex(p.seq);
+    EigenRow<A> ex(p.seq);
     std::vector<A> lse_r(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -248,21 +224,21 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
             if (li != li)
               for (int64_t c = 0; c < nk; ++c) pr[c] = pr[c] == -inf ? A(0) : nan;
             else
-              exp_shifted(pr, nk, li, ex);
+              exp_shifted(pr, nk, li, pr, ex);
             for (int64_t c = 0; c < nk; ++c) dsr[c] = pr[c] == A(0) ? A(0) : pr[c] * (dsr[c] - D) * cr[c];
           }
           const auto Pm = s.topLeftCorner(n, nk), dSm = dp.topLeftCorner(n, nk);
-          // dQ = scale dS K: K's non-finite rows are added where each query sees them.
+          // dQ = scale dS K: K's non-finite elements are added where each query sees them.
           dqb.topRows(n).noalias() = dSm * kc.middleRows(k0, nk);
           for (const Bad& e : k_bad)
             for (int64_t r = 0; r < n; ++r)
-              if (e.row >= k0 && e.row < k0 + nk && lse_r[r] != -inf && visible(p, b, i0 + r, e.row))
+              if (lse_r[r] != -inf && visible(p, b, i0 + r, e.row))  // (visible: k0 <= e.row <= i)
                 dqb(r, e.col) += dp(r, e.row - k0) * kb(e.row, e.col);
           for (int64_t r = 0; r < n; ++r) {
             T* dqi = dq + L.q(b, i0 + r, h);
             for (int64_t x = 0; x < d; ++x) dqi[x] = from_acc<T>(A(p.scale) * dqb(r, x));
           }
-          // dK += dS^T Q and dV += P^T dO: non-finite query or dout rows added where they see the key.
+          // dK += dS^T Q and dV += P^T dO: non-finite query or dout elements added where they see the key.
           const std::vector<Bad> q_bad = nonfinite(qb, n, q_clean), do_bad = nonfinite(dob, n, do_clean);
           dk_acc.middleRows(k0, nk).noalias() += dSm.transpose() * (q_bad.empty() ? qb : q_clean).topRows(n);
           dv_acc.middleRows(k0, nk).noalias() += Pm.transpose() * (do_bad.empty() ? dob : do_clean).topRows(n);

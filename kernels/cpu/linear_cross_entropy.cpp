@@ -2,12 +2,8 @@
 // (cpu::gemm for the three products, a per-row log-sum-exp with an f64 sum), T = float, double, bf16.
 #include "kernels/linear_cross_entropy.h"
 
-// GCC 12 warns that Eigen's AVX-512 packets "may be used uninitialized" inside its own headers
-// (see kernels/cpu/gemm.cpp): not Loom's code, so the warning is off for this file.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
+#include "kernels/cpu/eigen_exp.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -64,31 +60,27 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
     gemm(g);
     if constexpr (std::is_same_v<T, bf16>)  // bf16 logits, as the bf16 lm_head gives them
       for (A& x : logits) x = bf16_to_float(float_to_bf16(x));
-    // The exps through Eigen's vectorised exp (libm's scalar expf was 8 % of a SmolLM2 LoRA step on
-    // 2 cores); NaN is carried by hand, not left to the polynomial. Eigen computes the elements
-    // before the destination's first vector-aligned address with the scalar exp, so the destination
-    // is Eigen's own aligned array: which elements those are never depends on where malloc put it,
-    // and a run's bits do not change from one run to the next.
+    // The exps through exp_shifted (Eigen's vectorised exp); NaN is carried by hand.
 #pragma omp parallel if (rows * vocab > 65536)
     {
-      Eigen::Array<A, 1, Eigen::Dynamic> e(vocab);
+      EigenRow<A> e(vocab);
+      const A ninf = -std::numeric_limits<A>::infinity();
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         A* row = logits.data() + r * vocab;
         T* grad = dlogits.data() + r * vocab;
         const int32_t t = targets[r0 + r];
-        A m = -std::numeric_limits<A>::infinity();
+        A m = ninf;
         for (int64_t v = 0; v < vocab; ++v) {
           if (softcap > 0.f) row[v] = A(softcap) * std::tanh(row[v] / A(softcap));  // keep z; dz from z below
           m = nan_max(m, row[v]);  // a NaN logit makes the row's loss NaN
         }
-        const Eigen::Map<const Eigen::Array<A, 1, Eigen::Dynamic>> z(row, vocab);
         double sum = 0;
-        if (std::isnan(m) || m == std::numeric_limits<A>::infinity()) {  // exp(inf - inf): NaN
+        if (std::isnan(m) || m == -ninf) {  // exp(inf - inf): NaN
           sum = std::numeric_limits<double>::quiet_NaN();
-        } else if (m != -std::numeric_limits<A>::infinity()) {
-          e = (z - m).exp();  // (Eigen 3.4's select() is not vectorised: -inf is picked out below)
-          for (int64_t v = 0; v < vocab; ++v) sum += row[v] == -std::numeric_limits<A>::infinity() ? 0.0 : double(e(v));
+        } else if (m != ninf) {
+          exp_shifted(row, vocab, m, e.data(), e);
+          for (int64_t v = 0; v < vocab; ++v) sum += double(e(v));
         }
         const A lse = sum != 0 ? m + static_cast<A>(std::log(sum)) : m;
         if (t == ignore_index) {
@@ -96,14 +88,15 @@ void linear_cross_entropy(const T* h, const T* w, const int32_t* targets, Acc<T>
           continue;
         }
         row_loss[r0 + r] = double(lse - row[t]);
-        if (std::isnan(lse)) e.setConstant(std::numeric_limits<A>::quiet_NaN());
-        else e = (z - lse).exp();
+        if (std::isnan(lse))  // NaN probabilities, 0 at -inf logits as exp_shifted gives
+          for (int64_t v = 0; v < vocab; ++v) e(v) = row[v] == ninf ? A(0) : std::numeric_limits<A>::quiet_NaN();
+        else
+          exp_shifted(row, vocab, lse, e.data(), e);
         for (int64_t v = 0; v < vocab; ++v) {
-          const A zv = row[v];
+          const A z = row[v];
           // dz/dl = 1 - tanh^2(l / c) = 1 - (z / c)^2
-          const A dz = softcap > 0.f ? A(1) - (zv / A(softcap)) * (zv / A(softcap)) : A(1);
-          const A p = zv == -std::numeric_limits<A>::infinity() ? A(0) : e(v);
-          grad[v] = from_acc<T>((p - (v == t ? A(1) : A(0))) * dz * row_scale);
+          const A dz = softcap > 0.f ? A(1) - (z / A(softcap)) * (z / A(softcap)) : A(1);
+          grad[v] = from_acc<T>((e(v) - (v == t ? A(1) : A(0))) * dz * row_scale);
         }
       }
     }
