@@ -1,6 +1,9 @@
 // CPU SwiGLU / GeGLU against naive f64 formulas (forward) and central finite differences of
 // those formulas (backward), over gates that reach the saturated tails.
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 #include <numbers>
 
 #include "kernels/activation.h"
@@ -80,6 +83,39 @@ TEST(ActivationCpuF32, SaturatedGatesStayFinite) {
   EXPECT_EQ(out[0], 0.f);
   EXPECT_EQ(out[3], 1000.f);
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(std::isfinite(dg[i]) && std::isfinite(du[i])) << i;
+}
+
+// A NaN gate reaches exactly its own outputs (the forward's, dgate, dup), wherever it falls in the
+// kernels' chunks (a vector's first lane, the middle, the scalar tail), and no other element changes.
+TYPED_TEST(ActivationCpu, NanGateReachesOnlyItsOwnOutputs) {
+  using T = TypeParam;
+  const int64_t n = 4099;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto g = random_vec<T>(n, 81, -8.f, 8.f), u = random_vec<T>(n, 82, -2.f, 2.f), d = random_vec<T>(n, 83);
+  auto bad = g;
+  const std::vector<int64_t> at = {0, 1001, 4095, 4098};
+  for (int64_t i : at) bad[i] = from_acc<T>(static_cast<Acc<T>>(nan));
+  using Fwd = void (*)(const T*, const T*, T*, int64_t);
+  using Bwd = void (*)(const T*, const T*, const T*, T*, T*, int64_t, T*);
+  for (auto [fwd, bwd] : {std::pair<Fwd, Bwd>{cpu::swiglu_forward<T>, cpu::swiglu_backward<T>},
+                          std::pair<Fwd, Bwd>{cpu::geglu_forward<T>, cpu::geglu_backward<T>}}) {
+    std::vector<T> out(n), dg(n), du(n), out2(n), dg2(n), du2(n);
+    fwd(g.data(), u.data(), out.data(), n);
+    bwd(g.data(), u.data(), d.data(), dg.data(), du.data(), n, nullptr);
+    fwd(bad.data(), u.data(), out2.data(), n);
+    bwd(bad.data(), u.data(), d.data(), dg2.data(), du2.data(), n, nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      const bool hit = std::find(at.begin(), at.end(), i) != at.end();
+      for (auto [clean, dirty] : {std::pair{out[i], out2[i]}, std::pair{dg[i], dg2[i]}, std::pair{du[i], du2[i]}}) {
+        const double c = double(to_acc(clean)), x = double(to_acc(dirty));
+        if (hit) {
+          EXPECT_TRUE(std::isnan(x)) << "i=" << i;
+        } else {
+          EXPECT_EQ(x, c) << "i=" << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
