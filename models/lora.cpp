@@ -1,4 +1,4 @@
-// LoRA injection, PEFT adapter files, merging and saving merged checkpoints (see lora.h).
+// LoRA injection and PEFT adapter files (see lora.h); its config in lora_config.cpp, merging in lora_merge.cpp.
 #include "models/lora.h"
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "engine/json_file.h"
 #include "engine/splitmix64.h"
 #include "engine/tensor_io.h"
+#include "engine/text_file.h"
 #include "models/finite_check.h"
 #include "models/gguf_model.h"
 #include "models/lora_experts.h"
@@ -39,29 +40,6 @@ bool matches(const std::string& module, const LoraConfig& c, bool is_head) {
   return false;
 }
 
-// Writes text to path through a temporary name and a rename.
-absl::Status write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write ", tmp));
-    f << text;
-    f.flush();
-    if (!f) return absl::DataLossError(absl::StrCat("failed writing ", tmp));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
-  return absl::OkStatus();
-}
-
-absl::Status ensure_dir(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create folder ", dir, ": ", ec.message()));
-  return absl::OkStatus();
-}
-
 void attach(Linear& l, Tensor a, Tensor b, const LoraConfig& c) {
   auto lora = std::make_unique<LoraAdapter>();
   lora->A = ag::Variable(std::move(a), true);
@@ -82,88 +60,6 @@ absl::Status check_config(const LoraConfig& c) {
 }
 
 }  // namespace
-
-float LoraConfig::scale() const {
-  return use_rslora ? alpha / std::sqrt(static_cast<float>(r)) : alpha / static_cast<float>(r);
-}
-
-namespace {
-// A pattern key of rank_pattern / alpha_pattern as PEFT writes them: module names with "\." for a dot,
-// "." for any character and ".*" for any run of them. Other regular-expression syntax is refused when
-// the config is read (a backtracking regex engine on a downloaded file's pattern can take forever:
-// fuzz_adapter_config found one), so these are matched by a linear wildcard walk instead.
-struct PatternToken {
-  enum Kind { kChar, kAny, kStar } kind;
-  char c = 0;
-};
-
-std::optional<std::vector<PatternToken>> tokenize_pattern(const std::string& key) {
-  std::vector<PatternToken> out;
-  for (size_t i = 0; i < key.size(); ++i) {
-    const char ch = key[i];
-    if (ch == '\\') {
-      if (i + 1 >= key.size() || key[i + 1] != '.') return std::nullopt;
-      out.push_back({PatternToken::kChar, '.'});
-      ++i;
-    } else if (ch == '.') {
-      if (i + 1 < key.size() && key[i + 1] == '*') {
-        out.push_back({PatternToken::kStar});
-        ++i;
-      } else {
-        out.push_back({PatternToken::kAny});
-      }
-    } else if (std::string_view("[](){}|+?^$*").find(ch) != std::string_view::npos) {
-      return std::nullopt;
-    } else {
-      out.push_back({PatternToken::kChar, ch});
-    }
-  }
-  return out;
-}
-
-// Whole-string match of s against the tokens (the classic wildcard walk: linear with one backtrack point).
-bool wildcard_match(std::string_view s, const std::vector<PatternToken>& p) {
-  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
-  while (i < s.size()) {
-    if (j < p.size() && p[j].kind != PatternToken::kStar && (p[j].kind == PatternToken::kAny || p[j].c == s[i])) {
-      ++i, ++j;
-    } else if (j < p.size() && p[j].kind == PatternToken::kStar) {
-      star = j++, mark = i;
-    } else if (star != std::string::npos) {
-      j = star + 1, i = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (j < p.size() && p[j].kind == PatternToken::kStar) ++j;
-  return j == p.size();
-}
-
-// PEFT's get_pattern_key: re.match(rf"(.*\.)?({key})$", name), the first key in order that matches.
-template <class V>
-const V* pattern_value(const std::vector<std::pair<std::string, V>>& patterns, const std::string& name) {
-  for (const auto& [key, v] : patterns) {
-    const auto tokens = tokenize_pattern(key);
-    if (!tokens) continue;  // refused when read; not reached
-    for (size_t start = 0; start <= name.size(); start = name.find('.', start) + 1) {
-      if (wildcard_match(std::string_view(name).substr(start), *tokens)) return &v;
-      if (name.find('.', start) == std::string::npos) break;
-    }
-  }
-  return nullptr;
-}
-}  // namespace
-
-int64_t LoraConfig::rank_for(const std::string& name) const {
-  const int64_t* v = pattern_value(rank_pattern, name);
-  return v ? *v : r;
-}
-
-float LoraConfig::scale_for(const std::string& name) const {
-  const float* a = pattern_value(alpha_pattern, name);
-  const float rank = static_cast<float>(rank_for(name)), al = a ? *a : alpha;
-  return use_rslora ? al / std::sqrt(rank) : al / rank;
-}
 
 std::string peft_tensor_name(const std::string& module, bool lora_a) {
   return absl::StrCat(kPeftPrefix, module, lora_a ? ".lora_A.weight" : ".lora_B.weight");
@@ -267,7 +163,7 @@ std::vector<std::pair<std::string, Tensor>> peft_adapter_tensors(const CausalLM&
 }
 
 absl::Status save_adapter(const CausalLM& model, const LoraConfig& config, const std::string& dir) {
-  if (absl::Status s = ensure_dir(dir); !s.ok()) return s;
+  if (absl::Status s = create_folder(dir); !s.ok()) return s;
   std::vector<std::pair<std::string, Tensor>> tensors = peft_adapter_tensors(model);
   std::set<std::string> short_targets, full_targets;
   for (const Linear* l : model.linears()) {
@@ -388,7 +284,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty("rank_pattern")) {
       if (!j["rank_pattern"].is_object()) return bad("rank_pattern must be an object of module pattern -> rank");
       for (const auto& [k, v] : j["rank_pattern"].items()) {
-        if (k.empty() || k.size() > 256 || !tokenize_pattern(k))
+        if (k.empty() || k.size() > 256 || !LoraConfig::pattern_supported(k))
           return bad(absl::StrCat("rank_pattern key \"", k.substr(0, 80), "\" is not supported: module names with \\. ",
                                   "for a dot and .* for any run of characters, 1 to 256 characters"));
         if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 65536)
@@ -399,7 +295,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (nonempty("alpha_pattern")) {
       if (!j["alpha_pattern"].is_object()) return bad("alpha_pattern must be an object of module pattern -> alpha");
       for (const auto& [k, v] : j["alpha_pattern"].items()) {
-        if (k.empty() || k.size() > 256 || !tokenize_pattern(k))
+        if (k.empty() || k.size() > 256 || !LoraConfig::pattern_supported(k))
           return bad(absl::StrCat("alpha_pattern key \"", k.substr(0, 80), "\" is not supported: module names with \\. ",
                                   "for a dot and .* for any run of characters, 1 to 256 characters"));
         if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() > 0) || v.get<double>() > 1e30)
@@ -457,76 +353,6 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
       return absl::InvalidArgumentError(absl::StrCat(st_path, ": tensor ", t.name, " matches no adapted module of the model"));
   if (used.empty()) return bad("the adapter matches no module of the model");
   return c;
-}
-
-void merge_lora(CausalLM& model) {
-  detail::merge_expert_lora(model);
-  for (Linear* l : model.linears()) {
-    if (!l->lora && !l->quantized()) continue;
-    // A 4-bit weight is dequantised (QLoRA merges into a dense model in the model's dtype).
-    const DType dtype = l->quantized() ? model.dtype() : l->weight.dtype();
-    Tensor base = l->dense_weight(DType::f32);
-    l->nf4.reset();
-    if (!l->lora) {
-      l->weight = ag::Variable(base.to(dtype), false);
-      continue;
-    }
-    // [out, in] = scale * B [out, r] x A [r, in], added in f32, rounded once to the weight dtype.
-    Tensor delta = ops::matmul(l->lora->B.value(), l->lora->A.value());
-    Tensor merged = ops::axpby(base, delta, 1.f, l->lora->scale);
-    l->weight = ag::Variable(merged.to(dtype), false);
-    l->lora.reset();
-  }
-}
-
-absl::Status save_pretrained(const CausalLM& model, const std::string& out_dir) {
-  const fs::path tmp(out_dir);  // each file below is written to a temporary name and renamed
-  std::error_code ec;
-  // A sharded model's index beside the new single file would be loaded instead of it.
-  if (fs::exists(tmp / "model.safetensors.index.json", ec))
-    return absl::AlreadyExistsError(absl::StrCat(out_dir, " holds a sharded model (model.safetensors.index.json): a model ",
-                                                 "written there would not be the one loaded; choose another folder"));
-  if (absl::Status s = ensure_dir(tmp.string()); !s.ok()) return s;
-  for (const Linear* l : model.linears())
-    if (l->quantized())
-      return absl::FailedPreconditionError(absl::StrCat(l->name, " is 4-bit: merge_lora() dequantises before saving a ",
-                                                        "full-precision model (loom merge does)"));
-  auto tensors = hf_state_dict(model);  // fused Hugging Face tensors concatenated back from Loom's parts
-  if (!tensors.ok()) return tensors.status();
-  if (absl::Status s = check_finite_to_save(*tensors, (tmp / "model.safetensors").string()); !s.ok()) return s;
-  if (absl::Status s = save_tensors((tmp / "model.safetensors").string(), *tensors, DType::bf16, {{"format", "pt"}}); !s.ok())
-    return s;
-  nlohmann::json config;
-  if (is_gguf_path(model.source_dir())) {  // a model loaded from a .gguf: its config rebuilt from the metadata
-    auto gguf = GgufFile::open(model.source_dir());
-    if (!gguf.ok()) return gguf.status();
-    auto j = gguf_hf_config(*gguf);
-    if (!j.ok()) return j.status();
-    config = *std::move(j);
-  } else {
-    auto j = read_json_file((fs::path(model.source_dir()) / "config.json").string());
-    if (!j.ok()) return j.status();
-    config = *std::move(j);
-  }
-  // A multimodal source is written as its language model alone (the weights written are only those).
-  config = ModelConfig::language_model_json(config, *model.config().family);
-  config["dtype"] = "bfloat16";
-  if (config.contains("torch_dtype")) config["torch_dtype"] = "bfloat16";
-  config.erase("quantization_config");  // the weights written here are dense (a 4-bit source was dequantised)
-  if (absl::Status s = write_text_atomic((tmp / "config.json").string(), config.dump(2) + "\n"); !s.ok()) return s;
-  // The files that make the folder a complete Hugging Face model besides the weights (tokenizer.model
-  // and added_tokens.json too: `loom export` of the merged folder then writes the GGUF vocabulary the
-  // source folder gives; chat_template.jinja: where transformers 5 keeps the chat template).
-  for (const char* extra : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                            "tokenizer.model", "added_tokens.json", "chat_template.jinja"}) {
-    const fs::path src = fs::path(model.source_dir()) / extra;
-    if (!fs::exists(src) || fs::equivalent(src.parent_path(), tmp, ec)) continue;
-    const fs::path part = tmp / absl::StrCat(extra, ".tmp.", getpid());
-    fs::copy_file(src, part, fs::copy_options::overwrite_existing, ec);
-    if (!ec) fs::rename(part, tmp / extra, ec);
-    if (ec) return absl::InternalError(absl::StrCat("cannot copy ", src.string(), " to ", out_dir, ": ", ec.message()));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace loom

@@ -35,6 +35,9 @@ struct LoraConfig {
   float scale() const;
   int64_t rank_for(const std::string& name) const;
   float scale_for(const std::string& name) const;
+  // Whether a rank_pattern / alpha_pattern key is one Loom matches: module names with "\." for a
+  // dot, "." for any character and ".*" for any run of them (no other regular-expression syntax).
+  static bool pattern_supported(const std::string& key);
 };
 
 // Adds fresh adapters: A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming_uniform_ with a = sqrt(5))

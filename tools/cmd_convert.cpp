@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
 #include "engine/tensor_io.h"
+#include "engine/text_file.h"
 #include "models/causal_lm.h"
 #include "models/gguf_model.h"
 #include "models/gguf_provenance.h"
@@ -36,20 +37,6 @@ const std::vector<FlagSpec> kFlags = {
 int fail(const absl::Status& s) {
   std::fprintf(stderr, "loom convert: %s\n", std::string(s.message()).c_str());
   return 1;
-}
-
-absl::Status write_text(const fs::path& path, const std::string& text) {
-  const fs::path part = path.string() + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(part, std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat(part.string(), ": cannot write: ", std::strerror(errno)));
-  }
-  std::error_code ec;
-  fs::rename(part, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", part.string(), " to ", path.string(), ": ", ec.message()));
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -113,7 +100,7 @@ int run_convert(const std::vector<std::string>& argv) {
     std::vector<std::pair<std::string, Tensor>> named;
     for (auto& [name, t] : *tensors) named.emplace_back(name, t);
     LOOM_RETURN_IF_ERROR(save_tensors((tmp / "model.safetensors").string(), named, dtype, {{"format", "pt"}}));
-    for (const auto& [name, text] : texts) LOOM_RETURN_IF_ERROR(write_text(tmp / name, text));
+    for (const auto& [name, text] : texts) LOOM_RETURN_IF_ERROR(write_text_atomic((tmp / name).string(), text));
     if (auto back = CausalLM::load(tmp.string(), {dtype, Device::cpu()}); !back.ok())
       return absl::InvalidArgumentError(
           absl::StrCat(src, ": the converted model does not load: ", back.status().message()));

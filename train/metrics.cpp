@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/io_error.h"
+#include "engine/text_file.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -26,21 +27,6 @@ absl::StatusOr<std::vector<std::string>> read_lines(const std::string& path) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
   return lines;
-}
-
-// Writes text to a temporary name beside path, then renames it over path.
-absl::Status write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -76,7 +62,7 @@ absl::StatusOr<MetricsWriter> MetricsWriter::open(const std::string& out_dir, st
       if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= *resume_step)
         kept += line + "\n";
     }
-    if (auto st = write_atomically(path, kept); !st.ok()) return st;
+    if (auto st = write_text_atomic(path, kept); !st.ok()) return st;
   }
   // Opened for appending either way, so that a fresh run that fails before its first step leaves
   // an earlier run's metrics as they were; the first write of a fresh run truncates.
@@ -254,7 +240,7 @@ absl::Status write_loss_svg(const std::string& metrics_jsonl_path, const std::st
     << "<rect x=\"0\" y=\"0\" width=\"" << width << "\" height=\"" << height << "\" fill=\"white\"/>\n";
   for (size_t k = 0; k < panels.size(); ++k) draw_panel(s, panels[k], 480.0 * static_cast<double>(k));
   s << "</svg>\n";
-  return write_atomically(svg_path, s.str());
+  return write_text_atomic(svg_path, s.str());
 }
 
 }  // namespace loom
