@@ -5,22 +5,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <optional>
-#include <string_view>
 #include <set>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/json_file.h"
 #include "engine/splitmix64.h"
 #include "engine/tensor_io.h"
 #include "engine/text_file.h"
 #include "models/finite_check.h"
-#include "models/gguf_model.h"
 #include "models/lora_experts.h"
-#include "models/weight_map.h"
 #include "nlohmann/json.hpp"
 
 namespace loom {

@@ -1,13 +1,9 @@
 // `loom convert --gguf FILE --out DIR`: a llama.cpp GGUF model written as the Hugging Face folder it
 // stands for (config.json, model.safetensors, generation_config.json, tokenizer files, and a
 // README.md model card with the GGUF's license, languages and base model).
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"

@@ -166,8 +166,7 @@ void check_backward(const Case& c, uint32_t seed, const std::string& what, Bwd b
   // from a GEMM and D from a dot product, ~1e-7 of the terms), so a relative error between them is
   // noise over noise: both must instead be 0 to within the tolerance of the terms that cancel,
   // scale |dout . v| |k| for dq and scale |dout . v| |q| for dk.
-  const auto host = [](const std::vector<T>& x) { return to_f64(x); };
-  const std::vector<double> q64 = host(q), k64 = host(k), v64 = host(v), do64 = host(dout);
+  const std::vector<double> q64 = to_f64(q), k64 = to_f64(k), v64 = to_f64(v), do64 = to_f64(dout);
   double terms_q = 0, terms_k = 0;
   for (int64_t h = 0; h < c.heads; ++h) {
     const int64_t g = h / (c.heads / c.kv_heads);
