@@ -19,7 +19,7 @@
 # Unsloth's QLoRA; LOOM_E2E_CTX_PEER_TOTAL (default 560 s) bounds Unsloth's whole search),
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, the first left
 # out (load, and each GEMM shape's algorithm trials), for the kernel-by-kernel time of a step:
-# $OUT/profile-<shape>-<mode>.txt, see tools/gpu/kernel_profile.sh),
+# $OUT/profile-<shape>-<mode>.txt, the raw launches in .csv.gz, see tools/gpu/kernel_profile.sh),
 # LOOM_E2E_AUTOTUNE_MODES (checkpointing modes to run again with --gemm-autotune, named so in the rows),
 # LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
 # $OUT/timing-<shape>-<mode>-<seq>.txt), LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
@@ -107,6 +107,7 @@ for shape in ${@:-1b}; do
     STEPS=2 SKIP=1 TOP=45 timeout 400 tools/gpu/kernel_profile.sh "$work/profile.csv" "$loom" train --overwrite --model "$(model_dir "$shape")" \
       --data "$(data_file)" --out "$work/profile-run" --device cuda --dtype bf16 --seq-len 2048 --batch-size "$batch" \
       --max-steps 3 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$out/profile-$shape-$mode.txt" 2>&1
+    gzip -c "$work/profile.csv" > "$out/profile-$shape-$mode.csv.gz"  # every launch with its grid, for the shapes
     rm -rf "$work/profile-run"
   done
   for p in $peers; do
