@@ -4,10 +4,10 @@
 // the dispatcher sends those to the sm90 kernel), head_dim 64 to 256. A window starts each query
 // tile's keys at the tile holding its first row's first visible key.
 //
-// Work item = (128 query rows, head, batch row), numbered with heads fastest, then batch rows, then
+// Work item = (64 kC query rows, head, batch row), numbered with heads fastest, then batch rows, then
 // query tiles from the last (the longest causal rows first), so out and lse are written exactly
-// as the sm90 kernel (flash_attention_fwd_sm90.cu) writes them. A block of 3 warpgroups (384
-// threads) takes items blockIdx.x, blockIdx.x + gridDim.x, ...: one each when the grid has a block
+// as the sm90 kernel (flash_attention_fwd_sm90.cu) writes them. A block of kC + 1 warpgroups
+// takes items blockIdx.x, blockIdx.x + gridDim.x, ...: one each when the grid has a block
 // per item (sm90_ws), or one block per SM walking them (sm90_ws_persistent: the producer loads the
 // next item's first keys and Q while the consumers finish the last one's products and write it,
 // instead of a new block starting cold).
@@ -15,13 +15,14 @@
 //     (128-byte swizzle, the wgmma::sw128 layout) of each item's Q, then its key tiles' K and V (K
 //     one tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand,
 //     each stage guarded by a full and an empty mbarrier. The ring runs on across items.
-//   warpgroups 1 and 2, consumers (64 query rows each): setmaxnreg up to 240; S = Q K^T and
+//   warpgroups 1 .. kC, consumers (64 query rows each): setmaxnreg up to 240 (kC = 2, head_dim 128
+//     and 256) or 160 (kC = 3, head_dim 64: FlashAttention-3's 192-row tiles there); S = Q K^T and
 //     O += P V with wgmma (Q, K, V from shared memory, P from registers), online softmax as in
 //     the sm90 kernel, S(t+1) issued together with P(t) V(t) so that the softmax of tile t overlaps the
 //     tensor cores within a warpgroup.
 // Pipeline: kStages = 2 stages of K and V tiles of 128 keys. Shared memory at head_dim 128: Q 32 KB
 // + 2 x (K 32 KB + V 32 KB) = 160 KB (+ 1 KB alignment slack; 3 stages, 225 KB, would fit too);
-// at head_dim 64 half that. Head dims 129 to 256 run the 256-wide kernel (the TMA boxes past the
+// at head_dim 64 Q 24 KB (192 rows) + 2 x (16 + 16 KB) = 88 KB. Head dims 129 to 256 run the 256-wide kernel (the TMA boxes past the
 // row read zeros) with key tiles of 80, FlashAttention-3's choice there: Q 64 KB + 2 x (K 40 KB +
 // V 40 KB) = 224 KB, and a consumer thread holds O (128 registers), S (40) and P (20).
 // Barrier protocol (key tile n counts the block's key tiles over all its items):
@@ -33,12 +34,12 @@
 //   bar_q (count 1): the block's k-th item's Q landed (parity k & 1). empty_q (count 8): the
 //     consumers' last S = Q K^T of its k-th item has completed; the producer waits for it (parity
 //     (k & 1) ^ 1) before loading the next item's Q over it.
-//   Named barriers 1 and 2 (256 threads): consumer 0's and consumer 1's turn to issue its wgmma
-//     batch. A consumer syncs on its own barrier, issues, then arrives on the other's; consumer 1
-//     arrives once on consumer 0's at the start (0 goes first) and consumer 0 syncs once more at the
-//     end (consuming 1's last arrival). Both take the same items and key tiles, so the turns
-//     alternate across items too. One warpgroup's softmax runs while the other's products occupy
-//     the tensor cores (ping-pong).
+//   Named barriers 1 .. kC (256 threads): consumer c's turn to issue its wgmma batch. A consumer
+//     syncs on its own barrier, issues, then arrives on the next one's (c + 1 mod kC); the last
+//     consumer arrives once on consumer 0's at the start (0 goes first) and consumer 0 syncs once
+//     more at the end (consuming the last one's final arrival). All take the same items and key
+//     tiles, so the turns go round across items too. One warpgroup's softmax runs while the others'
+//     products occupy the tensor cores (ping-pong).
 #include <cudaTypedefs.h>
 
 #include <algorithm>
@@ -56,22 +57,36 @@ namespace {
 
 using wgmma::Wgmma;
 
-constexpr int kWsThreads = 384, kWsBr = 128;
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
-constexpr int kTurnBar0 = 1;                            // named barriers 1, 2 (0 is __syncthreads)
+// kC consumer warpgroups of 64 query rows each: the block's threads and query rows, and the
+// consumers' registers (128 x 24 + kC x 128 x regs <= 64 K registers: 240 for two, 160 for three).
+template <int kC>
+constexpr int ws_threads() {
+  return 128 * (kC + 1);
+}
+template <int kC>
+constexpr int ws_br() {
+  return 64 * kC;
+}
+constexpr int kProducerRegs = 24;
+template <int kC>
+constexpr int ws_consumer_regs() {
+  return kC == 2 ? 240 : 160;
+}
+constexpr int kTurnBar0 = 1;  // named barriers 1 .. kC (0 is __syncthreads)
 
-template <int kD, int kBc, int kStages>
+template <int kD, int kBc, int kStages, int kC>
 constexpr size_t ws_smem() {
-  return size_t(kWsBr + 2 * kStages * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align to 1024 bytes
+  return size_t(ws_br<kC>() + 2 * kStages * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align to 1024 bytes
 }
 
-template <int kD, int kBc, int kStages>
-__global__ void __launch_bounds__(kWsThreads, 1)
+template <int kD, int kBc, int kStages, int kC>
+__global__ void __launch_bounds__(ws_threads<kC>(), 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                              const __grid_constant__ CUtensorMap map_v, AttentionParams p, bf16* __restrict__ out,
                              float* __restrict__ lse) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBr = kWsBr, kNs = kBc / 8, kNo = kD / 8, kBlocks = kD / 64;  // 64-column blocks per row
+  static_assert(kC == 2 || kC == 3, "two or three consumer warpgroups");
+  constexpr int kBr = ws_br<kC>(), kNs = kBc / 8, kNo = kD / 8, kBlocks = kD / 64;  // 64-column blocks per row
   constexpr uint32_t kTileBytes = kBc * kD * sizeof(bf16), kQBytes = kBr * kD * sizeof(bf16);
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bars[2 + 4 * kStages];
@@ -107,13 +122,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   if (tid == 0) {
     tma::mbar_init(bar_q, 1);
-    tma::mbar_init(empty_q, 8);
+    tma::mbar_init(empty_q, 4 * kC);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       tma::mbar_init(&full_k[s], 1);
       tma::mbar_init(&full_v[s], 1);
-      tma::mbar_init(&empty_k[s], 8);
-      tma::mbar_init(&empty_v[s], 8);
+      tma::mbar_init(&empty_k[s], 4 * kC);
+      tma::mbar_init(&empty_v[s], 4 * kC);
     }
     tma::mbar_init_fence();
   }
@@ -157,9 +172,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 
   // ---- consumers ----
-  tma::regs_inc<kConsumerRegs>();
-  const int cw = wg - 1;  // consumer 0 or 1: query rows q0 + 64 cw ..
-  const int my_turn = kTurnBar0 + cw, other_turn = kTurnBar0 + (cw ^ 1);
+  tma::regs_inc<ws_consumer_regs<kC>()>();
+  const int cw = wg - 1;  // consumer 0 .. kC - 1: query rows q0 + 64 cw ..
+  const int my_turn = kTurnBar0 + cw, other_turn = kTurnBar0 + (cw + 1) % kC;
   auto release = [&](uint64_t* bar) {  // this warp's wgmma reading the stage have completed
     __syncwarp();
     if (lane == 0) tma::mbar_arrive(bar);
@@ -170,7 +185,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   float sacc[kBc / 2], oacc[kD / 2];
   uint32_t pf[kBc / 16][4];
 
-  if (cw == 1) tma::named_arrive(kTurnBar0, 256);  // consumer 0 issues first
+  if (cw == kC - 1) tma::named_arrive(kTurnBar0, 256);  // consumer 0 issues first
   int n0 = 0;  // as the producer's
 #pragma unroll 1
   for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
@@ -248,24 +263,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     sm90::store_rows<kNo>(p, oacc, m, l, it.b, it.h, row0, col0, lane, out, lse);
     n0 += t_end - t_begin;
   }
-  if (cw == 0) tma::named_sync(kTurnBar0, 256);  // consumer 1's arrival after its last batch
+  if (cw == 0) tma::named_sync(kTurnBar0, 256);  // the last consumer's arrival after its last batch
 #else
   __trap();  // built without sm_90a; forward_sm90_ws is never called then (sm90_ready())
 #endif
 }
 
-template <int kD, int kBc, int kStages>
+template <int kD, int kBc, int kStages, int kC>
 void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
                int64_t blocks, Stream s) {
-  auto* kernel = flash_fwd_sm90_ws_kernel<kD, kBc, kStages>;
-  constexpr size_t kSmem = ws_smem<kD, kBc, kStages>();
-  allow_dynamic_smem<flash_fwd_sm90_ws_kernel<kD, kBc, kStages>>(kSmem);
-  const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kWsBr);
+  auto* kernel = flash_fwd_sm90_ws_kernel<kD, kBc, kStages, kC>;
+  constexpr size_t kSmem = ws_smem<kD, kBc, kStages, kC>();
+  constexpr int kBr = ws_br<kC>();
+  allow_dynamic_smem<flash_fwd_sm90_ws_kernel<kD, kBc, kStages, kC>>(kSmem);
+  const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kBr);
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
-  const int64_t items = (p.seq + kWsBr - 1) / kWsBr * p.heads * p.batch;
+  const int64_t items = (p.seq + kBr - 1) / kBr * p.heads * p.batch;
   LOOM_CHECK(items < (int64_t(1) << 31), "flash forward_sm90_ws: ", items, " query tiles do not fit an int");
-  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), kWsThreads, kSmem, s>>>(mq, mk, mv, p, out, lse);
+  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), ws_threads<kC>(), kSmem, s>>>(mq, mk, mv, p, out, lse);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -280,9 +296,9 @@ bool sm90_ws_supported(const AttentionParams& p) {
 
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
                      Stream s, int64_t blocks) {
-  if (p.head_dim <= 64) launch_ws<64, 128, 2>(p, q, k, v, out, lse, blocks, s);
-  else if (p.head_dim <= 128) launch_ws<128, 128, 2>(p, q, k, v, out, lse, blocks, s);
-  else launch_ws<256, 80, 2>(p, q, k, v, out, lse, blocks, s);
+  if (p.head_dim <= 64) launch_ws<64, 128, 2, 3>(p, q, k, v, out, lse, blocks, s);
+  else if (p.head_dim <= 128) launch_ws<128, 128, 2, 2>(p, q, k, v, out, lse, blocks, s);
+  else launch_ws<256, 80, 2, 2>(p, q, k, v, out, lse, blocks, s);
 }
 
 }  // namespace loom::cuda::flash
