@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: a before/after of a change on one card in one call. "before" is an archive
 # tools/gpu/prebuild.sh made from the sources before the change (copy .prebuilt/build-gpu.tar.xz to
-# .prebuilt/base.tar.xz, then change the sources and run prebuild.sh again); "after" is this
+# .prebuilt/base.tar.xz, or the archive AB_BASE names, then change the sources and run prebuild.sh
+# again); "after" is this
 # tree's build-gpu (tools/gpu/prebuilt.sh, else built here). Both loom_bench runs alternate for
 # AB_ROUNDS rounds (default 2) on the benchmarks AB_FILTER picks; AB_E2E names `loom train`
 # checkpointing modes for the 1B scoreboard row of each (bench/e2e/run.sh, Loom only).
@@ -14,8 +15,9 @@ export OUT=${OUT:-ab-out}; mkdir -p "$OUT"
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
 source tools/gpu/prebuilt.sh
 [ "$LOOM_PREBUILT" = 1 ] || tools/gpu/build.sh loom loom_bench > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-[ -f .prebuilt/base.tar.xz ] || { echo "ab.sh: no .prebuilt/base.tar.xz (the 'before' archive)"; exit 1; }
-rm -rf build-base && mkdir -p build-base && tar -C build-base -xJf .prebuilt/base.tar.xz || exit 1
+base=${AB_BASE:-.prebuilt/base.tar.xz}
+[ -f "$base" ] || { echo "ab.sh: no $base (the 'before' archive)"; exit 1; }
+rm -rf build-base && mkdir -p build-base && tar -C build-base -xJf "$base" || exit 1
 echo "before: sources $(cat build-base/SOURCE_HASH); after: sources $(tools/gpu/source_hash.sh)"
 # The base binaries' RUNPATH names the CPU machine's build-gpu (linked to this one's): its own
 # libraries go first through LD_LIBRARY_PATH.
