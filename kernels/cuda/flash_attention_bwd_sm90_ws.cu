@@ -15,7 +15,8 @@
 //       .tensor add, f32 map of dq_acc) of the consumer's dQ tile in shared memory: two boxes of 64
 //       rows x 32 columns, 128-byte swizzle. (Per-row bulk reductions were 128 copy-engine
 //       operations per item, sharing the unit with the producer's Q and dO loads; the kernel then
-//       took about as long per item at head_dim 64 as at 128.)
+//       took about as long per item at head_dim 64 as at 128.) At head_dim 64 one tile an item: the
+//       two consumers' partial sums are added in shared memory first.
 //   warpgroups 1 and 2, consumers (keys 64 c .. 64 c + 63 of the block): setmaxnreg up to 240; per
 //     item S^T = K Q^T and dP^T = V dO^T (wgmma, shared operands), P^T in registers and at once dV +=
 //     P^T dO (P^T from registers: it runs while dS^T is made), then dS^T = P^T (dP^T - D) in
@@ -40,7 +41,10 @@
 //   dq_full[c] (count 128): consumer c's threads wrote their dQ fragments (and fenced them to the
 //     async proxy); the writer waits with parity n & 1.
 //   dq_empty[c] (count 1): the writer's reductions have read consumer c's tile; the consumer waits
-//     with parity (n & 1) ^ 1 before writing item n's.
+//     with parity (n & 1) ^ 1 before writing item n's. At head_dim 64 only dq_full[0] (consumer 1's
+//     threads, once they added their dQ to consumer 0's) and dq_empty[0] (consumer 0 waits).
+//   Named barrier kMergeBar (256 threads; head_dim 64): consumer 0 arrives once its dQ of item n is
+//     in the tile, consumer 1 syncs before adding its own.
 //   Named barrier kOwnBar + c (consumer c's 128 threads): its dS^T rows of the item are in shared
 //     memory (all its four warps wrote them); dQ reads them (at head_dim 64 only those).
 //   Named barriers kCrossBar + 2 c + (n & 1) (256 threads; head_dim 128): consumer c arrives once its
@@ -68,7 +72,8 @@ constexpr int ws_stages() {
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 64 K registers
 // Named barriers: kOwnBar + c, consumer c's 128 threads; kCrossBar + 2 c + (n & 1), consumer c's
 // dS^T of item n for the other consumer (head_dim 128).
-constexpr int kCrossBar = 1, kOwnBar = 5;
+// kMergeBar (head_dim 64): consumer 0's partial dQ of the item is in the tile, for consumer 1 to add to.
+constexpr int kCrossBar = 1, kOwnBar = 5, kMergeBar = 7;
 
 template <int kD>
 constexpr size_t ws_bwd_smem() {
@@ -224,11 +229,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) tma::mbar_arrive(&empty_q[s]);
     wgmma::wait_regs<0>(dqa);
 
-    // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
-    tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
-    sm90::store_dq_tile<kNq>(dqa, dq_tile, warp, lane);
-    wgmma::fence_proxy_async();
-    tma::mbar_arrive(&dq_full[cw]);
+    if constexpr (kSplitK) {
+      // Head_dim 64: consumer 0 writes its partial dQ once the writer has read the previous item's
+      // sum; consumer 1 adds its own into the same tile and hands the sum to the writer (one
+      // reduction to L2 an item instead of two). Consumer 0 writes item n + 1's only after the
+      // writer read item n's, which was after consumer 1's addition: one barrier id serves.
+      if (cw == 0) {
+        tma::mbar_wait(&dq_empty[0], uint32_t(n & 1) ^ 1u);
+        sm90::store_dq_tile<kNq>(dqa, sdQ, warp, lane);
+        tma::named_arrive(kMergeBar, 256);
+      } else {
+        tma::named_sync(kMergeBar, 256);
+        sm90::store_dq_tile<kNq, true>(dqa, sdQ, warp, lane);
+        wgmma::fence_proxy_async();
+        tma::mbar_arrive(&dq_full[0]);
+      }
+    } else {
+      // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
+      tma::mbar_wait(&dq_empty[cw], uint32_t(n & 1) ^ 1u);
+      sm90::store_dq_tile<kNq>(dqa, dq_tile, warp, lane);
+      wgmma::fence_proxy_async();
+      tma::mbar_arrive(&dq_full[cw]);
+    }
   }
 
   sm90::store_dkv<kD>(dka, dva, p, b, g, k0 + jl, 0, col0, dk, dv);

@@ -111,22 +111,25 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_q, const CUtensor
 }
 
 // The dQ writer (one thread): per item, consumer c's tile (sdQ + c kBr kNq: kNq / kDqBox boxes) is
-// added to dq_acc from column kNq c (0 with kSplitK) once dq_full[c] says it is written; both
-// consumers' reductions go out before either is waited for, then dq_empty[c] once read. Rows past
-// seq and boxes past head_dim lie outside the map and are skipped (a tile's first box starts inside
+// added to dq_acc from column kNq c once dq_full[c] says it is written; both consumers' reductions go
+// out before either is waited for, then dq_empty[c] once read. With kSplitK (each consumer's dQ over
+// its own keys, all columns) the second consumer has added its partial sum into the first's tile:
+// one tile an item, on dq_full[0] and dq_empty[0], half the reduction traffic to L2. Rows past seq
+// and boxes past head_dim lie outside the map and are skipped (a tile's first box starts inside
 // head_dim: column kNq c < head_dim for both kernels' widths).
 template <int kBr, int kBc, int kNq, bool kSplitK>
 __device__ __forceinline__ void write_dq(const CUtensorMap* map_dq, const float* sdQ, uint64_t* dq_full,
                                          uint64_t* dq_empty, const Items<kBr, kBc>& items, int hd, int b) {
+  constexpr int kTiles = kSplitK ? 1 : 2;
   tma::prefetch_tensormap(map_dq);
 #pragma unroll 1
   for (int n = 0; n < items.count; ++n) {
     const int h = items.head(n), q0 = items.start(n);
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
+    for (int c = 0; c < kTiles; ++c) {
       tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
       const float* tile = sdQ + c * kBr * kNq;
-      const int n0 = kSplitK ? 0 : kNq * c;  // inside head_dim for every caller: the first box always goes
+      const int n0 = kNq * c;  // inside head_dim for every caller: the first box always goes
       tma::reduce_add_4d(map_dq, tile, n0, h, q0, b);
 #pragma unroll
       for (int x = 1; x < kNq / sm90::kDqBox; ++x)
@@ -134,10 +137,12 @@ __device__ __forceinline__ void write_dq(const CUtensorMap* map_dq, const float*
           tma::reduce_add_4d(map_dq, tile + x * kBr * sm90::kDqBox, n0 + sm90::kDqBox * x, h, q0, b);
       tma::bulk_commit();
     }
-    tma::bulk_wait_read<1>();  // consumer 0's tile has been read
-    tma::mbar_arrive(&dq_empty[0]);
+    if constexpr (kTiles == 2) {
+      tma::bulk_wait_read<1>();  // consumer 0's tile has been read
+      tma::mbar_arrive(&dq_empty[0]);
+    }
     tma::bulk_wait_read<0>();
-    tma::mbar_arrive(&dq_empty[1]);
+    tma::mbar_arrive(&dq_empty[kTiles - 1]);
   }
   tma::bulk_wait_all<false>();
 }

@@ -97,9 +97,10 @@ __device__ __forceinline__ void issue_dv_dk(float (&dva)[kN / 2], float (&dka)[k
 // 128-byte swizzle of tma::make_bshd_map_f32, one box after another). store_dq_tile: a consumer
 // thread's m64 accumulator fragment (kNq columns) into its tile: row r0 (+ 8), columns 8 nn + col0
 // (+ 1) go to box (8 nn) / 32, 16-byte chunk ((8 nn) % 32 + col0) / 4 swizzled with the row's low
-// three bits (lane >> 2).
+// three bits (lane >> 2). With kAdd the fragment is added to what the tile holds at the same places
+// (another warpgroup's fragment of the same rows and columns, written by the same thread index).
 constexpr int kDqBox = 32;
-template <int kNq>
+template <int kNq, bool kAdd = false>
 __device__ __forceinline__ void store_dq_tile(const float (&dqa)[kNq / 2], float* tile, int warp, int lane) {
   constexpr int kRows = 64;
   const int r0 = 16 * (warp & 3) + (lane >> 2), sw = lane >> 2, col0 = 2 * (lane & 3);
@@ -108,8 +109,15 @@ __device__ __forceinline__ void store_dq_tile(const float (&dqa)[kNq / 2], float
     const int cc = (8 * nn) % kDqBox + col0;
     float* box = tile + (8 * nn / kDqBox) * (kRows * kDqBox) + ((((cc >> 2) ^ sw) << 2) | (cc & 3));
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      *reinterpret_cast<float2*>(box + (r0 + 8 * r) * kDqBox) = make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
+    for (int r = 0; r < 2; ++r) {
+      float2* at = reinterpret_cast<float2*>(box + (r0 + 8 * r) * kDqBox);
+      float2 v = make_float2(dqa[4 * nn + 2 * r], dqa[4 * nn + 2 * r + 1]);
+      if constexpr (kAdd) {
+        const float2 old = *at;
+        v.x += old.x, v.y += old.y;
+      }
+      *at = v;
+    }
   }
 }
 
