@@ -136,6 +136,7 @@ void register_attention_cases() {
   const int64_t B = 4, S = 2048, H = 32, KV = 8;
   register_attention_case({B, S, H, KV, 128}, true);  // the target shape
   register_attention_case({B, S, H, KV, 64}, true);
+  register_attention_case({8, S, H, KV, 64}, true);  // the 1B training shape: b4 hid what the dQ sum does there
   register_attention_case({B, S, 16, 8, 256}, true);  // Gemma-2-like heads
   register_attention_case({1, 8192, H, KV, 128}, true);
   register_attention_case({1, 32768, H, KV, 128}, true);
@@ -144,6 +145,7 @@ void register_attention_cases() {
   register_attention_case({B, S, 8, 4, 256, 1024}, true);      // Gemma 3's sliding layers (4B: 8/4 heads)
   register_flash_kernel_cases({B, S, H, KV, 128});
   register_flash_kernel_cases({B, S, H, KV, 64});
+  register_flash_kernel_cases({8, S, H, KV, 64});
   register_flash_kernel_cases({B, S, 16, 8, 256});
   register_flash_kernel_cases({B, S, H, KV, 128, 0, 512});
   register_flash_kernel_cases({1, 8192, H, KV, 128, 4096});
