@@ -28,7 +28,7 @@
 //     are written at the end.
 // Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB (3 x 16 KB at head_dim 64); dS^T 2 x 16 KB (double
 // buffered: a consumer writes item n's while the other may still read item n - 1's); dQ tiles
-// 2 x 16 KB; lse, D 1 KB: 193 KB (+ 1 KB alignment slack).
+// 2 x 16 KB (at head_dim 64 only the first holds the consumers' sum; the second is left unused); lse, D 1 KB: 193 KB (+ 1 KB alignment slack).
 // Barrier protocol (mbarrier phase n of a barrier used once per item has parity n & 1; a fresh
 // barrier's "previous" phase, parity 1, counts as complete, so first-pass waits on empty barriers
 // return at once):

@@ -28,10 +28,10 @@
 // Barrier protocol (key tile n counts the block's key tiles over all its items):
 //   full_k[s], full_v[s] (count 1): the producer's arrive.expect_tx(tile bytes); TMA completes the
 //     transactions. Key tile n uses stage n % kStages and phase parity (n / kStages) & 1.
-//   empty_k[s], empty_v[s] (count 8: one arrival per consumer warp) once the wgmma reading the stage
+//   empty_k[s], empty_v[s] (count 4 kC: one arrival per consumer warp) once the wgmma reading the stage
 //     has completed (K after S(t) is waited for, V after P(t) V(t) is). The producer waits on them
 //     with the opposite parity, so its first pass through the ring does not wait.
-//   bar_q (count 1): the block's k-th item's Q landed (parity k & 1). empty_q (count 8): the
+//   bar_q (count 1): the block's k-th item's Q landed (parity k & 1). empty_q (count 4 kC): the
 //     consumers' last S = Q K^T of its k-th item has completed; the producer waits for it (parity
 //     (k & 1) ^ 1) before loading the next item's Q over it.
 //   Named barriers 1 .. kC (256 threads): consumer c's turn to issue its wgmma batch. A consumer
