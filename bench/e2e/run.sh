@@ -20,6 +20,9 @@
 # LOOM_E2E_PROFILE (checkpointing modes to run once more, 3 steps under Nsight Compute, the first left
 # out (load, and each GEMM shape's algorithm trials), for the kernel-by-kernel time of a step:
 # $OUT/profile-<shape>-<mode>.txt, the raw launches in .csv.gz, see tools/gpu/kernel_profile.sh),
+# LOOM_E2E_TRACE (checkpointing modes to run once more, 6 steps, under the CUPTI tracer
+# tools/gpu/trace: $OUT/trace-<shape>-<mode>.txt says where the last 3 steps' wall time went on the
+# device, gaps the host caused included; the timeline itself in .csv.gz),
 # LOOM_E2E_AUTOTUNE_MODES (checkpointing modes to run again with --gemm-autotune, named so in the rows),
 # LOOM_STEP_TIMING=1 (each Loom run's per-step timing lines, see train/trainer.cpp, go to
 # $OUT/timing-<shape>-<mode>-<seq>.txt), LOOM_E2E_PREVIOUS (an e2e.jsonl from an earlier call, same machine kind: its lines open this
@@ -109,6 +112,16 @@ for shape in ${@:-1b}; do
       --max-steps 3 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$out/profile-$shape-$mode.txt" 2>&1
     gzip -c "$work/profile.csv" > "$out/profile-$shape-$mode.csv.gz"  # every launch with its grid, for the shapes
     rm -rf "$work/profile-run"
+  done
+  for mode in ${LOOM_E2E_TRACE:-}; do  # the run as it ran: kernels, copies and API calls on one clock
+    if [ -z "${LOOM_TRACE_ENV:-}" ]; then eval "$(tools/gpu/trace/build.sh)" || continue; fi
+    env $LOOM_TRACE_ENV LOOM_TRACE_OUT="$work/trace.csv" timeout 300 "$loom" train --overwrite --model "$(model_dir "$shape")" \
+      --data "$(data_file)" --out "$work/trace-run" --device cuda --dtype bf16 --seq-len 2048 --batch-size "$batch" \
+      --max-steps 6 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$work/trace-run.log" 2>&1
+    { tail -3 "$work/trace-run.log"; python3 tools/gpu/trace/timeline.py "$work/trace.csv" --last 3 --top 30; } \
+      > "$out/trace-$shape-$mode.txt" 2>&1
+    gzip -c "$work/trace.csv" > "$out/trace-$shape-$mode.csv.gz"
+    rm -rf "$work/trace-run" "$work/trace.csv"
   done
   for p in $peers; do
     case $p in
