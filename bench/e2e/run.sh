@@ -114,7 +114,8 @@ for shape in ${@:-1b}; do
     rm -rf "$work/profile-run"
   done
   for mode in ${LOOM_E2E_TRACE:-}; do  # the run as it ran: kernels, copies and API calls on one clock
-    if [ -z "${LOOM_TRACE_ENV:-}" ]; then eval "$(tools/gpu/trace/build.sh)" || continue; fi
+    if [ -z "${LOOM_TRACE_ENV:-}" ]; then eval "$(tools/gpu/trace/build.sh)"; fi
+    [ -n "${LOOM_TRACE_ENV:-}" ] || { echo "no trace: tools/gpu/trace/build.sh failed" > "$out/trace-$shape-$mode.txt"; continue; }
     env $LOOM_TRACE_ENV LOOM_TRACE_OUT="$work/trace.csv" timeout 300 "$loom" train --overwrite --model "$(model_dir "$shape")" \
       --data "$(data_file)" --out "$work/trace-run" --device cuda --dtype bf16 --seq-len 2048 --batch-size "$batch" \
       --max-steps 6 --lora-r 16 --lora-alpha 16 --lr 2e-4 --checkpointing "$mode" --quiet > "$work/trace-run.log" 2>&1

@@ -6,10 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 cuda=${CUDA_HOME:-/usr/local/cuda}
-lib=$(find -L "$cuda" /usr/lib/x86_64-linux-gnu -name 'libcupti.so*' 2> /dev/null | head -1)
-inc=$(find -L "$cuda" -name cupti.h 2> /dev/null | head -1)
+lib=$(find -L "$cuda" /usr/lib/x86_64-linux-gnu -name 'libcupti.so*' -print -quit 2> /dev/null || true)
+inc=$(find -L "$cuda" -name cupti.h -print -quit 2> /dev/null || true)
 [ -n "$lib" ] && [ -n "$inc" ] || { echo "echo 'trace: no CUPTI under $cuda' >&2"; exit 1; }
 mkdir -p build-gpu
 g++ -std=c++17 -O2 -shared -fPIC -I"$(dirname "$inc")" tools/gpu/trace/cupti_trace.cpp "$lib" \
-  -Wl,-rpath,"$(dirname "$lib")" -o build-gpu/libcupti_trace.so >&2
+  -Wl,-rpath,"$(dirname "$lib")" -o build-gpu/libcupti_trace.so >&2 || { echo "echo 'trace: compiling failed' >&2"; exit 1; }
 echo "export LOOM_TRACE_ENV='CUDA_INJECTION64_PATH=$(pwd)/build-gpu/libcupti_trace.so'"
