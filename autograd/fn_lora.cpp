@@ -13,6 +13,13 @@
 // adapter). H200, `bench/e2e/run.sh 1b` without checkpointing (bench/results/2026-12-02-h200-session19.md):
 // 80,621 tok/s adapter first, 78,042 in PEFT's order (base, then the adapter added). PEFT's order
 // stays for f32 and f64 and for a layer with a bias (added to the base output, as PEFT adds to it).
+//
+// Where the caller left spare columns after x's rows (LoraArgs::x_spare: the norm before q/k/v and
+// gate/up writes its output that way, models/block.cpp), the two products become one: t's bf16
+// parts go into the spare columns and y = [x, t_hlh] [W, scale b_hhl]^T is a single GEMM with K =
+// in + 3r, y written once and rounded once. It costs a copy of W beside b_hhl per call and 3r more
+// columns of K, and saves writing y and reading it back in the base GEMM's epilogue: 2 of 3 passes
+// over [tokens, out], most for gate and up (out = intermediate size).
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 
@@ -121,7 +128,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   const bool split = cdt == DType::bf16;
   Shape out_shape = xv.shape();
   out_shape.back() = out;
-  const Tensor x2 = xv.reshape({-1, in});
+  const Tensor x2 = ops::rows_of(xv);  // a view also of a norm's output with spare columns
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
   const bool first = split && !bias;  // the adapter's product first: see the top of the file
   const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
@@ -145,7 +152,16 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
     // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
     const Tensor b_hhl = ops::bf16_split(b.value().to(DType::f32), "hhl");  // [out, 3r]
-    if (read) {
+    // With 3r spare columns after x's rows: t's parts go there and y = [x, t_hlh] [W, s b_hhl]^T is
+    // one GEMM, y written once (the two products below write it, then read and write it again).
+    const Tensor x_ext = read && first && lora.dropout <= 0.f && lora.x_spare >= 3 * r ? ops::widen_rows(x2, 3 * r) : Tensor();
+    if (x_ext.defined()) {
+      Tensor tail = x_ext.narrow(1, in, 3 * r);
+      ops::copy_rows_(tail, t_parts[0]);
+      const Tensor bs = lora.scale == 1.f ? b_hhl : ops::bf16_split(ops::scale(b.value().to(DType::f32), lora.scale), "hhl");
+      y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
+      ops::matmul_into(x_ext, ops::cat_last({w.value(), bs}, {in, 3 * r}), y, false, true, 1.f, 0.f);
+    } else if (read) {
       if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
       ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);
       if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T

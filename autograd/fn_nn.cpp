@@ -7,8 +7,8 @@ namespace loom::ag {
 using detail::Grads;
 using detail::node_of;
 
-Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one) {
-  ops::RmsNormOut r = ops::rms_norm(x.value(), w.value(), eps, add_one);
+Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one, int64_t spare) {
+  ops::RmsNormOut r = ops::rms_norm(x.value(), w.value(), eps, add_one, spare);
   Tensor xv = x.value(), wv = w.value(), rstd = r.rstd;
   auto backward = [xv, wv, rstd, add_one](Node& n, const Grads& g) {
     Tensor dw;
@@ -27,8 +27,8 @@ Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one)
 }
 
 std::pair<Variable, Variable> add_rms_norm(const Variable& x, const Variable& r, const Variable& w, float eps,
-                                           bool add_one) {
-  ops::AddRmsNormOut o = ops::add_rms_norm(x.value(), r.value(), w.value(), eps, add_one);
+                                           bool add_one, int64_t spare) {
+  ops::AddRmsNormOut o = ops::add_rms_norm(x.value(), r.value(), w.value(), eps, add_one, spare);
   Tensor hv = o.h, wv = w.value(), rstd = o.rstd;
   auto backward = [hv, wv, rstd, add_one](Node& n, const Grads& g) {
     // g[0]: h's gradient from the residual stream; g[1]: the norm output's. Either may be absent.

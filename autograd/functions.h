@@ -57,6 +57,11 @@ struct LoraArgs {
   float scale = 1.f;    // alpha / r (or alpha / sqrt(r) with rsLoRA)
   float dropout = 0.f;  // applied to the adapter's input only, regenerated in backward (never stored)
   uint64_t seed = 0, offset = 0;
+  // Columns after each row of x that the product may write (a norm's output with spare columns,
+  // ops::rms_norm): in bf16 without bias or dropout, with x_spare >= 3 r, the adapter's input goes
+  // there and y = [x, t] [W, B]^T is one GEMM (see fn_lora.cpp). The callers of x's other
+  // products are ordered after this one's on the stream, so they may reuse the same columns.
+  int64_t x_spare = 0;
 };
 // x [..., in] W[out, in]^T + scale * (dropout(x) A[r, in]^T) B[out, r]^T: every product a GEMM in
 // x's dtype with f32 accumulation; A and B (f32 masters) are used in that dtype and their gradients
@@ -83,12 +88,13 @@ Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rem
                        OutputUse use = OutputUse::kRead);
 
 // ---- normalization, position, activation, lookup (fn_nn.cpp) ----
-Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one = false);
+// spare: the output's rows carry that many columns after them (ops::rms_norm; LoraArgs::x_spare).
+Variable rms_norm(const Variable& x, const Variable& w, float eps, bool add_one = false, int64_t spare = 0);
 // The residual add and the norm after it as one node: {h = x + r, rms_norm(h)} (ops::add_rms_norm),
 // with backward's two gradients of h (the residual stream's and the norm's) summed in the norm's
 // backward pass instead of a separate addition. Same values as add then rms_norm.
 std::pair<Variable, Variable> add_rms_norm(const Variable& x, const Variable& r, const Variable& w, float eps,
-                                           bool add_one = false);
+                                           bool add_one = false, int64_t spare = 0);
 // x [batch, seq, heads, head_dim]; positions i32 [batch*seq]; inv_freq f32 [rotary_dim/2] (ops::rope:
 // partial rotation, cos/sin scaled by mscale).
 Variable rope(const Variable& x, const Tensor& positions, const Tensor& inv_freq, float mscale = 1.f);

@@ -34,6 +34,9 @@ void scale_blocks_(Tensor& t, const std::vector<int64_t>& blocks, float beta);
 // The parts [..., n_i] (same leading shape, dtype and device; undefined = zeros of `widths[i]`
 // columns) side by side along the last dim: [..., sum n_i]. One strided 2-D copy per part.
 Tensor cat_last(const std::vector<Tensor>& parts, const std::vector<int64_t>& widths);
+// dst [rows, C] (its rows any stride apart, columns contiguous: a narrow of wider rows) <- src
+// [rows, C] of the same dtype and device: one strided 2-D copy.
+void copy_rows_(Tensor& dst, const Tensor& src);
 Tensor add_bias(const Tensor& a, const Tensor& bias);  // a [..., C] + bias [C]
 // Column sums of a viewed as [rows, C] (C = last dim): into a new tensor of dtype `out`, or
 // accumulated into `into` ([C], f32 or a's dtype).
@@ -100,8 +103,10 @@ struct RmsNormOut {
   Tensor y;     // like x
   Tensor rstd;  // acc dtype, [rows]
 };
-// x [..., C], w [C]; add_one: Gemma's (1 + w).
-RmsNormOut rms_norm(const Tensor& x, const Tensor& w, float eps, bool add_one);
+// x [..., C], w [C]; add_one: Gemma's (1 + w). spare > 0: y is a view of the first C columns of a
+// [..., C + spare] buffer, its rows C + spare apart, the spare columns left for a LoRA product to
+// put its adapter input beside y (ag::LoraArgs::x_spare; see rows_of and widen_rows below).
+RmsNormOut rms_norm(const Tensor& x, const Tensor& w, float eps, bool add_one, int64_t spare = 0);
 // h = x + r (the residual add) and rms_norm(h), in one pass on CUDA (the same bits as add, then
 // rms_norm).
 struct AddRmsNormOut {
@@ -109,7 +114,14 @@ struct AddRmsNormOut {
   Tensor y;     // rms_norm(h)
   Tensor rstd;  // acc dtype, [rows]
 };
-AddRmsNormOut add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, float eps, bool add_one);
+AddRmsNormOut add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, float eps, bool add_one,
+                           int64_t spare = 0);
+// x [..., C] as [rows, C]: a view when its rows are evenly strided (contiguous, or a norm's output
+// with spare columns), else a contiguous copy.
+Tensor rows_of(const Tensor& x);
+// The [rows, C + extra] view of a [rows, C] row-strided x and the `extra` columns after each row, or
+// an undefined tensor where its rows are not that far apart or its storage ends sooner.
+Tensor widen_rows(const Tensor& x, int64_t extra);
 // Returns dx; accumulates into *dw (acc dtype, [C]) when dw is non-null. dres (nullable, like x):
 // a gradient x gets by another path, added to dx (in the same pass on CUDA; the bits of add(dres, dx)).
 Tensor rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, Tensor* dw,

@@ -303,4 +303,25 @@ Tensor cat_last(const std::vector<Tensor>& parts, const std::vector<int64_t>& wi
   return out;
 }
 
+void copy_rows_(Tensor& dst, const Tensor& src_in) {
+  LOOM_CHECK(dst.dim() == 2 && dst.shape() == src_in.shape() && (dst.size(0) <= 1 || dst.strides()[1] == 1) &&
+                 (dst.size(0) <= 1 || dst.strides()[0] >= dst.size(1)),
+             "copy_rows_: ", src_in.str(), " into ", dst.str(), " (rows with contiguous columns)");
+  same_device("copy_rows_", dst, src_in);
+  same_dtype("copy_rows_", dst, src_in);
+  const Tensor src = src_in.contiguous();
+  const int64_t rows = dst.size(0), cols = dst.size(1);
+  if (rows == 0 || cols == 0) return;
+  const size_t es = bytes_for(dst.dtype(), 1), w = cols * es, pitch = (rows > 1 ? dst.strides()[0] : cols) * es;
+  auto* d = static_cast<char*>(dst.data_ptr());
+  if (dst.is_cuda()) {
+#if LOOM_WITH_CUDA
+    LOOM_CUDA_CHECK(cudaMemcpy2DAsync(d, pitch, src.data_ptr(), w, w, rows, cudaMemcpyDeviceToDevice, stream_of(dst)));
+#endif
+  } else {
+    const auto* s = static_cast<const char*>(src.data_ptr());
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(d + r * pitch, s + r * w, w);
+  }
+}
+
 }  // namespace loom::ops

@@ -1,4 +1,5 @@
 // ops:: RMSNorm, rotary embedding, gated activations and embedding lookup.
+#include <algorithm>
 #include <tuple>
 
 #include "engine/dispatch.h"
@@ -12,10 +13,19 @@ namespace loom::ops {
 using namespace detail;
 
 namespace {
+// [rows, ld] over x's storage from x's first element (x's rows ld apart, the columns after each
+// included), or undefined where the storage ends before the last row's ld-th column.
+Tensor widen_rows_to(const Tensor& x, int64_t rows, int64_t ld) {
+  const auto& storage = x.storage();
+  if (!storage || static_cast<size_t>(bytes_for(x.dtype(), x.offset() + rows * ld)) > storage->nbytes()) return Tensor();
+  return Tensor::from_storage(storage, {rows, ld}, x.dtype(), x.offset());
+}
+
 // rms_norm of x, or with a residual of h = x + residual (then out.h is h): on CUDA the add is
 // fused into the norm's pass, on the CPU it is the add op itself.
 AddRmsNormOut norm_of(const char* op, const Tensor& x_in, const Tensor* residual, const Tensor& w_in, float eps,
-                      bool add_one) {
+                      bool add_one, int64_t spare) {
+  LOOM_CHECK(spare >= 0, op, ": negative spare columns ", spare);
   AddRmsNormOut o;
   const Tensor* src = &x_in;
   if (residual) {
@@ -34,7 +44,14 @@ AddRmsNormOut norm_of(const char* op, const Tensor& x_in, const Tensor* residual
              " does not match the last dim of ", src->str());
   Tensor x = src->contiguous(), w = w_in.contiguous(), r = residual ? residual->contiguous() : Tensor();
   const int64_t cols = w.numel(), rows = cols ? x.numel() / cols : 0;
-  o.y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (spare > 0) {
+    Shape wide = x.shape();
+    wide.back() += spare;
+    o.y = Tensor::empty(wide, x.dtype(), x.device()).narrow(-1, 0, cols);
+  } else {
+    o.y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  }
+  const int64_t ldy = cols + spare;
   o.rstd = Tensor::empty({rows}, acc_dtype(x.dtype()), x.device());
   if (residual) o.h = Tensor::empty(x.shape(), x.dtype(), x.device());
   dispatch_float(op, x.dtype(), [&](auto tag) {
@@ -43,21 +60,43 @@ AddRmsNormOut norm_of(const char* op, const Tensor& x_in, const Tensor* residual
     if (x.is_cuda())
       LOOM_ON_CUDA(op, T, cuda::rms_norm_forward(x.data<T>(), w.data<T>(), o.y.data<T>(), o.rstd.data<A>(), rows, cols,
                                                  eps, add_one, stream_of(x), residual ? r.data<T>() : nullptr,
-                                                 residual ? o.h.data<T>() : nullptr));
+                                                 residual ? o.h.data<T>() : nullptr, ldy));
     else
-      cpu::rms_norm_forward(x.data<T>(), w.data<T>(), o.y.data<T>(), o.rstd.data<A>(), rows, cols, eps, add_one);
+      cpu::rms_norm_forward(x.data<T>(), w.data<T>(), o.y.data<T>(), o.rstd.data<A>(), rows, cols, eps, add_one, ldy);
   });
   return o;
 }
 }  // namespace
 
-RmsNormOut rms_norm(const Tensor& x, const Tensor& w, float eps, bool add_one) {
-  AddRmsNormOut o = norm_of("rms_norm", x, nullptr, w, eps, add_one);
+RmsNormOut rms_norm(const Tensor& x, const Tensor& w, float eps, bool add_one, int64_t spare) {
+  AddRmsNormOut o = norm_of("rms_norm", x, nullptr, w, eps, add_one, spare);
   return {o.y, o.rstd};
 }
 
-AddRmsNormOut add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, float eps, bool add_one) {
-  return norm_of("add_rms_norm", x, &r, w, eps, add_one);
+Tensor rows_of(const Tensor& x) {
+  LOOM_CHECK(x.dim() >= 1, "rows_of: a scalar");
+  const int64_t d = x.dim(), cols = x.size(-1);
+  const Shape& st = x.strides();
+  bool even = st[d - 1] == 1 || cols == 1;
+  for (int64_t i = 0; even && i + 2 < d; ++i) even = x.size(i) == 1 || st[i] == st[i + 1] * x.size(i + 1);
+  if (!even || d == 1 || x.is_contiguous()) return x.reshape({-1, cols});
+  const int64_t rows = x.numel() / std::max<int64_t>(cols, 1), ld = st[d - 2];
+  if (rows <= 1 || ld < cols) return x.reshape({-1, cols});
+  const Tensor all = widen_rows_to(x, rows, ld);
+  return all.defined() ? all.narrow(1, 0, cols) : x.reshape({-1, cols});
+}
+
+Tensor widen_rows(const Tensor& x, int64_t extra) {
+  LOOM_CHECK(x.dim() == 2 && extra >= 0, "widen_rows: ", x.str(), " by ", extra);
+  const int64_t rows = x.size(0), cols = x.size(1), ld = rows > 1 ? x.strides()[0] : cols + extra;
+  if (x.strides()[1] != 1 || ld < cols + extra) return Tensor();
+  const Tensor all = widen_rows_to(x, rows, ld);
+  return all.defined() ? all.narrow(1, 0, cols + extra) : all;
+}
+
+AddRmsNormOut add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, float eps, bool add_one,
+                           int64_t spare) {
+  return norm_of("add_rms_norm", x, &r, w, eps, add_one, spare);
 }
 
 Tensor rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd, const Tensor& dy_in, Tensor* dw,

@@ -9,10 +9,11 @@
 
 namespace loom::cpu {
 // x, y [rows, cols]; w [cols]; rstd [rows] (written; may be nullptr when no backward follows).
-// g = add_one ? 1 + w : w. y = x * rstd * g, computed in Acc<T>, rounded once to T.
+// g = add_one ? 1 + w : w. y = x * rstd * g, computed in Acc<T>, rounded once to T. ldy: y's row
+// stride (0: cols; more leaves columns after each row untouched, e.g. for a LoRA product's input).
 template <class T>
 void rms_norm_forward(const T* x, const T* w, T* y, Acc<T>* rstd, int64_t rows, int64_t cols, float eps,
-                      bool add_one);
+                      bool add_one, int64_t ldy = 0);
 // dx [rows, cols] is overwritten; dw [cols] is accumulated into (+=) and may be nullptr (frozen
 // weight). rstd is what the forward saved.
 //   dx = rstd * g * dy - x * rstd^3 / cols * sum_j(dy_j g_j x_j);   dw_j += sum_rows dy_j x_j rstd
@@ -27,7 +28,7 @@ namespace loom::cuda {
 // add's value), h written to sum [rows, cols]: the residual add fused into the norm's pass.
 template <class T>
 void rms_norm_forward(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t cols, float eps,
-                      bool add_one, Stream s, const T* residual = nullptr, T* sum = nullptr);
+                      bool add_one, Stream s, const T* residual = nullptr, T* sum = nullptr, int64_t ldy = 0);
 // Scratch for the deterministic weight gradient (per-block partial column sums, f32). With
 // dw = nullptr no workspace is needed (pass nullptr). cols * 4 bytes of shared memory per block
 // must fit the device's opt-in limit (~58k columns on H100/H200); a loom::Error says otherwise.

@@ -5,14 +5,16 @@
 
 namespace loom::detail {
 
-ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window) {
+ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window,
+                            int64_t x_spare) {
   const ModelConfig& c = *ctx.config;
   ag::Variable q, k, v;
+  auto product = [&](const Linear& l) { return l.forward(h, {}, ag::OutputUse::kRead, x_spare); };
   if (present(attn.qkv_proj)) {  // Phi-3: one product, its rows q, then k, then v
-    std::vector<ag::Variable> p = ag::split(attn.qkv_proj.forward(h), {c.q_dim(), c.kv_dim(), c.kv_dim()});
+    std::vector<ag::Variable> p = ag::split(product(attn.qkv_proj), {c.q_dim(), c.kv_dim(), c.kv_dim()});
     q = p[0], k = p[1], v = p[2];
   } else {
-    q = attn.q_proj.forward(h), k = attn.k_proj.forward(h), v = attn.v_proj.forward(h);
+    q = product(attn.q_proj), k = product(attn.k_proj), v = product(attn.v_proj);
   }
   q = ag::reshape(q, {ctx.batch, ctx.seq, c.num_attention_heads, c.head_dim});
   k = ag::reshape(k, {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
@@ -44,8 +46,9 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
   return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));
 }
 
-ag::Variable mlp(const DecoderLayer& L, const ag::Variable& h, const LayerContext& ctx, ag::OutputUse use) {
-  if (!L.moe) return L.mlp.forward(h, use);
+ag::Variable mlp(const DecoderLayer& L, const ag::Variable& h, const LayerContext& ctx, ag::OutputUse use,
+                 int64_t x_spare) {
+  if (!L.moe) return L.mlp.forward(h, use, x_spare);
   RouterOutput r;
   const ag::Variable y =
       L.moe->forward(ag::reshape(h, {ctx.batch * ctx.seq, h.size(-1)}), ctx.routers ? &r : nullptr, use);
@@ -54,21 +57,25 @@ ag::Variable mlp(const DecoderLayer& L, const ag::Variable& h, const LayerContex
 }
 
 ag::Variable prenorm_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
-  // The attention's residual add and the MLP's norm in one pass (forward and backward).
-  auto [h, normed] =
-      L.post_attention_layernorm.forward_residual(x, self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window));
+  // The norms' outputs carry spare columns for their readers' adapters (one GEMM each, see
+  // ag::LoraArgs::x_spare). The attention's residual add and the MLP's norm in one pass (forward
+  // and backward).
+  const int64_t attn_spare = L.self_attn.input_spare(x.dtype()), mlp_spare = L.moe ? 0 : L.mlp.input_spare(x.dtype());
+  auto [h, normed] = L.post_attention_layernorm.forward_residual(
+      x, self_attention(L.self_attn, L.input_layernorm.forward(x, attn_spare), ctx, L.window, attn_spare), mlp_spare);
   // In a checkpoint's rerun nothing reads the layer's output: down's product (about a quarter of a
   // dense layer's products, a third of the experts') and the last add are recorded, not computed.
   const ag::OutputUse use = ctx.output_unread ? ag::OutputUse::kRootOnly : ag::OutputUse::kRead;
-  return ag::add(h, mlp(L, normed, ctx, use), use);
+  return ag::add(h, mlp(L, normed, ctx, use, mlp_spare), use);
 }
 
 ag::Variable sandwich_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
   LOOM_CHECK(L.pre_feedforward_layernorm && L.post_feedforward_layernorm,
              "sandwich_block: the family's weight map lists no pre/post_feedforward_layernorm");
-  ag::Variable a = self_attention(L.self_attn, L.input_layernorm.forward(x), ctx, L.window);
+  const int64_t attn_spare = L.self_attn.input_spare(x.dtype()), mlp_spare = L.moe ? 0 : L.mlp.input_spare(x.dtype());
+  ag::Variable a = self_attention(L.self_attn, L.input_layernorm.forward(x, attn_spare), ctx, L.window, attn_spare);
   ag::Variable h = ag::add(x, L.post_attention_layernorm.forward(a));
-  ag::Variable m = mlp(L, L.pre_feedforward_layernorm->forward(h), ctx);
+  ag::Variable m = mlp(L, L.pre_feedforward_layernorm->forward(h, mlp_spare), ctx, ag::OutputUse::kRead, mlp_spare);
   return ag::add(h, L.post_feedforward_layernorm->forward(m));
 }
 

@@ -28,13 +28,16 @@ struct LayerContext {
 
 // The layer's MLP on h [batch, seq, hidden]: the dense one, or the mixture of experts (which
 // reports its router to ctx.routers).
+// x_spare: h's spare columns (RmsNorm::forward's spare, Mlp::input_spare), dense MLPs only.
 ag::Variable mlp(const DecoderLayer& layer, const ag::Variable& h, const LayerContext& ctx,
-                 ag::OutputUse use = ag::OutputUse::kRead);
+                 ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0);
 
 // Grouped-query self-attention with RoPE, and whatever optional parts the layer has: q/k norms
 // (present when the family's weight map lists them), the config's soft-cap and query scale, the
 // layer's sliding window. h [batch, seq, hidden] -> [batch, seq, hidden].
-ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window);
+// x_spare: h's spare columns (Attention::input_spare) for the projections' adapters.
+ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const LayerContext& ctx, int64_t window,
+                            int64_t x_spare = 0);
 
 // The pre-norm block (Llama, and every family built on it):
 //   x = x + attention(input_layernorm(x));  x = x + mlp(post_attention_layernorm(x))

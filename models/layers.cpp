@@ -20,17 +20,43 @@ std::pair<ag::Variable, ag::WeightFn> product_weight(const Linear& l, DType dtyp
 }
 // The adapter's arguments: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
 // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
-ag::LoraArgs lora_args(const LoraAdapter& a) {
-  return ag::LoraArgs{a.scale, a.training ? a.dropout : 0.f, a.dropout_seed, a.dropout_offset};
+ag::LoraArgs lora_args(const LoraAdapter& a, int64_t x_spare = 0) {
+  return ag::LoraArgs{a.scale, a.training ? a.dropout : 0.f, a.dropout_seed, a.dropout_offset, x_spare};
 }
 }  // namespace
 
-ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute_x, ag::OutputUse use) const {
+ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute_x, ag::OutputUse use,
+                             int64_t x_spare) const {
   const ag::Variable* b = bias.defined() ? &bias : nullptr;
   const auto [w, rematerialize] = product_weight(*this, x.dtype(), use);
   if (!lora || !lora->enabled)
     return nf4 ? ag::frozen_linear(x, w, rematerialize, b, use) : ag::linear(x, weight, b, use);
-  return ag::lora_linear(x, w, lora->A, lora->B, lora_args(*lora), b, rematerialize, recompute_x, use);
+  return ag::lora_linear(x, w, lora->A, lora->B, lora_args(*lora, x_spare), b, rematerialize, recompute_x, use);
+}
+
+int64_t Linear::adapter_spare(DType dtype) const {
+  if (dtype != DType::bf16 || !lora || !lora->enabled || bias.defined() || lora_args(*lora).dropout > 0.f) return 0;
+  return 3 * lora->A.size(0);
+}
+
+int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype) {
+  int64_t spare = 0;
+  for (const Linear* l : readers) {
+    const int64_t s = l->adapter_spare(dtype);
+    if (s == 0) return 0;
+    spare = std::max(spare, s);
+  }
+  return (spare + 7) / 8 * 8;  // rows 16-byte aligned in bf16
+}
+
+int64_t Attention::input_spare(DType dtype) const {
+  if (present(qkv_proj)) return loom::input_spare({&qkv_proj}, dtype);
+  return loom::input_spare({&q_proj, &k_proj, &v_proj}, dtype);
+}
+
+int64_t Mlp::input_spare(DType dtype) const {
+  if (present(gate_up_proj)) return loom::input_spare({&gate_up_proj}, dtype);
+  return loom::input_spare({&gate_proj, &up_proj}, dtype);
 }
 
 ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu, ag::OutputUse use) const {
@@ -66,14 +92,15 @@ std::vector<Linear*> Mlp::linears() {
   return out;
 }
 
-ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use) const {
+ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use, int64_t x_spare) const {
   ag::Variable gate, up;
   if (present(gate_up_proj)) {  // transformers' Phi3MLP: gate, up = gate_up_proj(x).chunk(2, dim=-1)
     const int64_t inter = gate_up_proj.out_features() / 2;
-    std::vector<ag::Variable> parts = ag::split(gate_up_proj.forward(x), {inter, inter});
+    std::vector<ag::Variable> parts = ag::split(gate_up_proj.forward(x, {}, ag::OutputUse::kRead, x_spare), {inter, inter});
     gate = parts[0], up = parts[1];
   } else {
-    gate = gate_proj.forward(x), up = up_proj.forward(x);
+    gate = gate_proj.forward(x, {}, ag::OutputUse::kRead, x_spare);
+    up = up_proj.forward(x, {}, ag::OutputUse::kRead, x_spare);
   }
   return down_proj.forward_glu(gate, up, gelu, use);
 }

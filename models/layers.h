@@ -42,8 +42,13 @@ struct Linear {
   Tensor dense_weight(DType dtype) const;
   // recompute_x: how backward gets x again instead of keeping it (used by the LoRA path only).
   // use: kRootOnly skips the product (and an NF4 weight's dequantisation) when nothing reads it.
+  // x_spare: columns after x's rows the adapter's product may write (ag::LoraArgs::x_spare).
   ag::Variable forward(const ag::Variable& x, const ag::InputFn& recompute_x = {},
-                       ag::OutputUse use = ag::OutputUse::kRead) const;
+                       ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0) const;
+  // The spare columns this product's adapter takes after the rows of an input of dtype (3 r when it
+  // computes y = [x, t] [W, B]^T as one GEMM: bf16, an enabled adapter, no bias, no dropout in
+  // effect), or 0.
+  int64_t adapter_spare(DType dtype) const;
   // forward(act(gate) * up) for a gated MLP's down projection (act silu, or gelu_tanh with gelu):
   // with an adapter on a frozen weight and no dropout in effect, ag::glu_lora_linear (the activation's
   // backward makes act(gate) * up again for the adapter's dA in its own pass); else the two apart,
@@ -57,15 +62,25 @@ struct RmsNorm {
   ag::Variable weight;  // [dim]
   float eps = 1e-6f;
   bool add_one = false;  // Gemma: x * (1 + w)
-  ag::Variable forward(const ag::Variable& x) const { return ag::rms_norm(x, weight, eps, add_one); }
+  // spare: columns left after each output row for the adapters of the products that read it
+  // (input_spare below; ops::rms_norm).
+  ag::Variable forward(const ag::Variable& x, int64_t spare = 0) const {
+    return ag::rms_norm(x, weight, eps, add_one, spare);
+  }
   // {h = x + r, forward(h)}: the residual add before the norm, fused with it (ag::add_rms_norm).
-  std::pair<ag::Variable, ag::Variable> forward_residual(const ag::Variable& x, const ag::Variable& r) const {
-    return ag::add_rms_norm(x, r, weight, eps, add_one);
+  std::pair<ag::Variable, ag::Variable> forward_residual(const ag::Variable& x, const ag::Variable& r,
+                                                         int64_t spare = 0) const {
+    return ag::add_rms_norm(x, r, weight, eps, add_one, spare);
   }
 };
 
 // A Linear that a family may leave out has an empty name (not built, not listed, never called).
 inline bool present(const Linear& l) { return !l.name.empty(); }
+
+// The spare columns a norm's output [.., in] of dtype should carry for the products that read it:
+// the largest of their adapter_spare when every one takes the one-GEMM path (its x_spare then goes
+// to each product in turn), else 0 (a product without it would copy the strided input).
+int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype);
 
 struct Attention {
   Linear q_proj, k_proj, v_proj, o_proj;
@@ -75,15 +90,20 @@ struct Attention {
   std::optional<RmsNorm> q_norm, k_norm;  // Qwen3: per-head RMSNorm of q and k before RoPE
   // The projections present, in checkpoint order.
   std::vector<Linear*> linears();
+  // input_spare of the projections that read the layer's normed input (q, k, v or qkv).
+  int64_t input_spare(DType dtype) const;
 };
 
 struct Mlp {
   Linear gate_proj, up_proj, down_proj;
   Linear gate_up_proj;  // Phi-3: gate and up fused (rows gate, then up) in place of the two
   bool gelu = false;  // gelu_pytorch_tanh (Gemma) instead of SiLU
-  // use: whether anything reads the output (down_proj's product is skipped when not).
-  ag::Variable forward(const ag::Variable& x, ag::OutputUse use = ag::OutputUse::kRead) const;
+  // use: whether anything reads the output (down_proj's product is skipped when not). x_spare:
+  // the columns after x's rows (input_spare) for gate's and up's adapters.
+  ag::Variable forward(const ag::Variable& x, ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0) const;
   std::vector<Linear*> linears();  // present ones, in checkpoint order
+  // input_spare of gate and up (or gate_up).
+  int64_t input_spare(DType dtype) const;
 };
 
 // One projection of every expert of a mixture-of-experts layer, stacked as transformers 5.x holds

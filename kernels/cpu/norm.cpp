@@ -9,9 +9,11 @@ namespace loom::cpu {
 
 template <class T>
 void rms_norm_forward(const T* x, const T* w, T* y, Acc<T>* rstd, int64_t rows, int64_t cols, float eps,
-                      bool add_one) {
+                      bool add_one, int64_t ldy) {
   using A = Acc<T>;
   LOOM_CHECK(rows >= 0 && cols > 0, "rms_norm_forward: bad shape [", rows, ", ", cols, "]");
+  if (ldy == 0) ldy = cols;
+  LOOM_CHECK(ldy >= cols, "rms_norm_forward: output row stride ", ldy, " under ", cols, " columns");
   std::vector<A> g(cols);
   for (int64_t c = 0; c < cols; ++c) g[c] = add_one ? A(1) + to_acc(w[c]) : to_acc(w[c]);
 #pragma omp parallel for if (rows * cols > 65536)
@@ -24,7 +26,7 @@ void rms_norm_forward(const T* x, const T* w, T* y, Acc<T>* rstd, int64_t rows, 
     }
     const A inv = A(1) / std::sqrt(A(ss / double(cols)) + A(eps));
     if (rstd) rstd[r] = inv;
-    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = from_acc<T>(to_acc(xr[c]) * inv * g[c]);
+    for (int64_t c = 0; c < cols; ++c) y[r * ldy + c] = from_acc<T>(to_acc(xr[c]) * inv * g[c]);
   }
 }
 
@@ -57,7 +59,7 @@ void rms_norm_backward(const T* x, const T* w, const Acc<T>* rstd, const T* dy, 
 }
 
 #define LOOM_INST(T)                                                                                       \
-  template void rms_norm_forward<T>(const T*, const T*, T*, Acc<T>*, int64_t, int64_t, float, bool);      \
+  template void rms_norm_forward<T>(const T*, const T*, T*, Acc<T>*, int64_t, int64_t, float, bool, int64_t); \
   template void rms_norm_backward<T>(const T*, const T*, const Acc<T>*, const T*, T*, Acc<T>*, int64_t,   \
                                      int64_t, bool);
 LOOM_INST(float)

@@ -28,10 +28,10 @@ int64_t backward_blocks(int64_t rows, int64_t cols) {
 template <class T, int N>
 __global__ void __launch_bounds__(1024)
     rms_forward_kernel(const T* x, const T* w, T* y, float* rstd, int64_t cols, float eps, bool add_one,
-                       const T* residual, T* sum) {
+                       const T* residual, T* sum, int64_t ldy) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * cols;
-  T* yr = y + row * cols;
+  T* yr = y + row * ldy;
   const int64_t step = int64_t(blockDim.x) * N;
   float ss = 0.f;
   for (int64_t c = int64_t(threadIdx.x) * N; c < cols; c += step) {
@@ -146,9 +146,9 @@ __global__ void dw_reduce_kernel(const float* partial, int64_t parts, int64_t co
 
 template <class T, int N>
 void launch_forward(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t cols, float eps, bool add_one,
-                    const T* residual, T* sum, Stream s) {
+                    const T* residual, T* sum, int64_t ldy, Stream s) {
   rms_forward_kernel<T, N><<<static_cast<unsigned>(rows), threads_for(cols), 0, s>>>(x, w, y, rstd, cols, eps,
-                                                                                   add_one, residual, sum);
+                                                                                   add_one, residual, sum, ldy);
 }
 
 template <class T, int N>
@@ -173,15 +173,17 @@ void launch_backward(const T* x, const T* w, const float* rstd, const T* dy, T* 
 
 template <class T>
 void rms_norm_forward(const T* x, const T* w, T* y, float* rstd, int64_t rows, int64_t cols, float eps,
-                      bool add_one, Stream s, const T* residual, T* sum) {
+                      bool add_one, Stream s, const T* residual, T* sum, int64_t ldy) {
   LOOM_CHECK(rows >= 0 && rows <= INT32_MAX && cols > 0, "rms_norm_forward: bad shape [", rows, ", ", cols, "]");
   LOOM_CHECK(!residual == !sum, "rms_norm_forward: a residual needs the sum's output and the other way round");
+  if (ldy == 0) ldy = cols;
+  LOOM_CHECK(ldy >= cols, "rms_norm_forward: output row stride ", ldy, " under ", cols, " columns");
   if (rows == 0) return;
-  if (cols % kVecN<T> == 0 && aligned16(x) && aligned16(w) && aligned16(y) && (!residual || (aligned16(residual) &&
-                                                                                             aligned16(sum))))
-    launch_forward<T, kVecN<T>>(x, w, y, rstd, rows, cols, eps, add_one, residual, sum, s);
+  if (cols % kVecN<T> == 0 && ldy % kVecN<T> == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
+      (!residual || (aligned16(residual) && aligned16(sum))))
+    launch_forward<T, kVecN<T>>(x, w, y, rstd, rows, cols, eps, add_one, residual, sum, ldy, s);
   else
-    launch_forward<T, 1>(x, w, y, rstd, rows, cols, eps, add_one, residual, sum, s);
+    launch_forward<T, 1>(x, w, y, rstd, rows, cols, eps, add_one, residual, sum, ldy, s);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -213,7 +215,7 @@ void rms_norm_backward(const T* x, const T* w, const float* rstd, const T* dy, T
 
 #define LOOM_INST(T)                                                                                         \
   template void rms_norm_forward<T>(const T*, const T*, T*, float*, int64_t, int64_t, float, bool, Stream,   \
-                                    const T*, T*);                                                           \
+                                    const T*, T*, int64_t);                                                  \
   template void rms_norm_backward<T>(const T*, const T*, const float*, const T*, T*, float*, int64_t, int64_t, \
                                      bool, void*, Stream, const T*);
 LOOM_INST(float)

@@ -152,6 +152,28 @@ TEST(OpsCuda, AddRmsNormEqualsTheUnfusedOps) {
   }
 }
 
+// Spare columns after the norm's output rows (for the one-GEMM LoRA product): the same bits as
+// without, on the vector path (2048 columns, spare 48) and the scalar one (13 columns, rows 21 apart).
+TEST(OpsCuda, NormWithSpareColumnsEqualsWithout) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  for (int64_t cols : {int64_t(2048), int64_t(13)}) {
+    const Tensor x = in.randn({6, cols}), r = in.randn({6, cols}), w = in.randn({cols}, 0.5f, 1.5f);
+    for (DType t : {DType::f32, DType::bf16}) {
+      const Device d = Device::cuda(0);
+      const int64_t spare = cols == 13 ? 8 : 48;
+      const ops::RmsNormOut a = ops::rms_norm(x.to(d, t), w.to(d, t), 1e-6f, true);
+      const ops::RmsNormOut b = ops::rms_norm(x.to(d, t), w.to(d, t), 1e-6f, true, spare);
+      EXPECT_EQ(b.y.strides()[0], cols + spare);
+      EXPECT_EQ(b.y.to_floats(), a.y.to_floats()) << loom::name(t) << " cols " << cols;
+      const ops::AddRmsNormOut c = ops::add_rms_norm(x.to(d, t), r.to(d, t), w.to(d, t), 1e-6f, false);
+      const ops::AddRmsNormOut e = ops::add_rms_norm(x.to(d, t), r.to(d, t), w.to(d, t), 1e-6f, false, spare);
+      EXPECT_EQ(e.y.to_floats(), c.y.to_floats()) << loom::name(t) << " cols " << cols;
+      EXPECT_EQ(e.h.to_floats(), c.h.to_floats());
+    }
+  }
+}
+
 // q and k rotated in one launch: the bits of two separate ropes, forward and backward, with
 // different head counts (grouped-query), and one of the two absent in backward.
 TEST(OpsCuda, RopePairEqualsTwoRopes) {
