@@ -291,8 +291,7 @@ Tensor cat_last(const std::vector<Tensor>& parts, const std::vector<int64_t>& wi
     const size_t w = widths[i] * es, pitch = total * es;
     if (out.is_cuda()) {
 #if LOOM_WITH_CUDA
-      LOOM_CUDA_CHECK(cudaMemcpy2DAsync(dst + col * es, pitch, src.data_ptr(), w, w, rows, cudaMemcpyDeviceToDevice,
-                                        stream_of(out)));
+      cuda::copy_2d(src.data_ptr(), int64_t(w), dst + col * es, int64_t(pitch), int64_t(w), rows, stream_of(out));
 #endif
     } else {
       const auto* s = static_cast<const char*>(src.data_ptr());
@@ -316,7 +315,7 @@ void copy_rows_(Tensor& dst, const Tensor& src_in) {
   auto* d = static_cast<char*>(dst.data_ptr());
   if (dst.is_cuda()) {
 #if LOOM_WITH_CUDA
-    LOOM_CUDA_CHECK(cudaMemcpy2DAsync(d, pitch, src.data_ptr(), w, w, rows, cudaMemcpyDeviceToDevice, stream_of(dst)));
+    cuda::copy_2d(src.data_ptr(), int64_t(w), d, int64_t(pitch), int64_t(w), rows, stream_of(dst));
 #endif
   } else {
     const auto* s = static_cast<const char*>(src.data_ptr());

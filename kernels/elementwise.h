@@ -78,6 +78,11 @@ template <class T> void softcap_forward(const T* a, T* out, int64_t n, float cap
 template <class T> void softcap_backward(const T* a, const T* dout, T* da, int64_t n, float cap, Stream s);
 template <class S, class D> void copy_strided(const S* src, const StridedLayout& layout, D* dst, Stream s);
 void copy_strided_bytes(const void* src, const StridedLayout& layout, void* dst, int elem_size, Stream s);
+// rows x row_bytes from src (rows src_pitch bytes apart) to dst (dst_pitch apart), 16 bytes a thread
+// where every address and pitch allows: cudaMemcpy2DAsync's pitched device copies ran far under the
+// memory's bandwidth for [out, in] weights (ops::cat_last, ops::copy_rows_).
+void copy_2d(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes, int64_t rows,
+             Stream s);
 // *out (device f32) = sum(a) / sum(a^2); deterministic two-pass reduction using workspace.
 template <class T> void sum(const T* a, int64_t n, float* out, float* workspace, Stream s);
 template <class T> void sum_squares(const T* a, int64_t n, float* out, float* workspace, Stream s);

@@ -2,6 +2,7 @@
 // layout is first simplified (size-1 dims dropped, mergeable dims merged), then one of four paths:
 // contiguous (memcpy or a 16-byte vectorized cast), a 32x32 shared-memory tiled transpose for
 // (batched) 2-D transposes, 16-byte packs along a contiguous innermost dim, or a scalar gather.
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -182,7 +183,45 @@ void launch_copy(const S* src, const StridedLayout& layout, D* dst, Stream s) {
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
+// One row's W units a thread at a time over the grid: unit u of row r at r * pitch + u * sizeof(W).
+template <class W>
+__global__ void __launch_bounds__(kThreads) copy_2d_kernel(const char* src, int64_t src_pitch, char* dst,
+                                                         int64_t dst_pitch, int64_t units, int64_t rows) {
+  const int64_t n = units * rows, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t r = i / units, u = i - r * units;
+    *reinterpret_cast<W*>(dst + r * dst_pitch + u * int64_t(sizeof(W))) =
+        *reinterpret_cast<const W*>(src + r * src_pitch + u * int64_t(sizeof(W)));
+  }
+}
+
+template <class W>
+void launch_copy_2d(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes, int64_t rows,
+                    Stream s) {
+  const int64_t units = row_bytes / int64_t(sizeof(W)), n = units * rows;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(sm_count()) * kBlocksPerSm * 4);
+  copy_2d_kernel<W><<<unsigned(std::max<int64_t>(blocks, 1)), kThreads, 0, s>>>(
+      static_cast<const char*>(src), src_pitch, static_cast<char*>(dst), dst_pitch, units, rows);
+}
+
 }  // namespace
+
+void copy_2d(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes, int64_t rows,
+             Stream s) {
+  LOOM_CHECK(row_bytes >= 0 && rows >= 0 && src_pitch >= row_bytes && dst_pitch >= row_bytes, "copy_2d: ", rows,
+             " rows of ", row_bytes, " bytes, pitches ", src_pitch, " and ", dst_pitch);
+  if (rows == 0 || row_bytes == 0) return;
+  const auto all = [&](int64_t a) {
+    return (reinterpret_cast<uintptr_t>(src) % a) == 0 && (reinterpret_cast<uintptr_t>(dst) % a) == 0 &&
+           src_pitch % a == 0 && dst_pitch % a == 0 && row_bytes % a == 0;
+  };
+  if (all(16)) launch_copy_2d<int4>(src, src_pitch, dst, dst_pitch, row_bytes, rows, s);
+  else if (all(8)) launch_copy_2d<int2>(src, src_pitch, dst, dst_pitch, row_bytes, rows, s);
+  else if (all(4)) launch_copy_2d<int>(src, src_pitch, dst, dst_pitch, row_bytes, rows, s);
+  else if (all(2)) launch_copy_2d<short>(src, src_pitch, dst, dst_pitch, row_bytes, rows, s);
+  else launch_copy_2d<char>(src, src_pitch, dst, dst_pitch, row_bytes, rows, s);
+  LOOM_CUDA_LAUNCH_CHECK();
+}
 
 template <class S, class D>
 void copy_strided(const S* src, const StridedLayout& l, D* dst, Stream s) {

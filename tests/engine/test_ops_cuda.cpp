@@ -152,6 +152,21 @@ TEST(OpsCuda, AddRmsNormEqualsTheUnfusedOps) {
   }
 }
 
+// Pitched copies (cuda::copy_2d) through cat_last and copy_rows_: the CPU's values, with 16-byte
+// aligned rows (bf16 widths 2048 + 48) and unaligned ones (widths 13 + 3, a narrow starting mid-row).
+TEST(OpsCuda, PitchedCopiesMatchTheCpu) {
+  LOOM_REQUIRE_CUDA();
+  Inputs in;
+  const Tensor a = in.randn({40, 2048}), b = in.randn({40, 48}), c = in.randn({7, 13}), e = in.randn({7, 3});
+  check("cat_last/copy_rows_", [&](Device d, DType t) {
+    Tensor wide = Tensor::zeros({7, 21}, t, d);
+    Tensor mid = wide.narrow(1, 5, 13);
+    ops::copy_rows_(mid, c.to(d, t));
+    return std::vector<Tensor>{ops::cat_last({a.to(d, t), b.to(d, t)}, {2048, 48}),
+                               ops::cat_last({c.to(d, t), Tensor(), e.to(d, t)}, {13, 2, 3}), wide};
+  });
+}
+
 // Spare columns after the norm's output rows (for the one-GEMM LoRA product): the same bits as
 // without, on the vector path (2048 columns, spare 48) and the scalar one (13 columns, rows 21 apart).
 TEST(OpsCuda, NormWithSpareColumnsEqualsWithout) {
