@@ -17,9 +17,11 @@
 // Where the caller left spare columns after x's rows (LoraArgs::x_spare: the norm before q/k/v and
 // gate/up writes its output that way, models/block.cpp), the two products become one: t's bf16
 // parts go into the spare columns and y = [x, t_hlh] [W, scale b_hhl]^T is a single GEMM with K =
-// in + 3r, y written once and rounded once. It costs a copy of W beside b_hhl per call and 3r more
-// columns of K, and saves writing y and reading it back in the base GEMM's epilogue: 2 of 3 passes
-// over [tokens, out], most for gate and up (out = intermediate size).
+// in + 3r, y written once and rounded once (a bias rides along as a column of ones in x and the
+// bias as a column of the weight: rounded once too, where PEFT rounds base + bias, then adds the
+// adapter). It costs a copy of W beside b_hhl per call and 3r (+ 1) more columns of K, and saves
+// writing y and reading it back in the base GEMM's epilogue: 2 of 3 passes over [tokens, out],
+// most for gate and up (out = intermediate size).
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 
@@ -132,10 +134,15 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
   const bool first = split && !bias;  // the adapter's product first: see the top of the file
   const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
+  // With spare columns after x's rows for t's parts (and a column of ones for the bias): y = [x,
+  // t_hlh, 1] [W, s b_hhl, bias]^T, one GEMM, one rounding (see the top of the file).
+  const int64_t ext = 3 * r + (bias ? 1 : 0);
+  const Tensor x_ext =
+      split && read && lora.dropout <= 0.f && lora.x_spare >= ext ? ops::widen_rows(x2, ext) : Tensor();
   Tensor y;
   if (!read) {
     y = detail::unread_value({x2.size(0), out}, cdt, xv.device());
-  } else if (!first) {
+  } else if (!first && !x_ext.defined()) {
     y = ops::matmul(x2, w.value(), false, true);    // [n, in] x [out, in]^T -> [n, out]
     if (bias) y = ops::add_bias(y, bias->value());  // the base layer's output, rounded, as PEFT adds to it
   }
@@ -152,15 +159,20 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
     // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
     const Tensor b_hhl = ops::bf16_split(b.value().to(DType::f32), "hhl");  // [out, 3r]
-    // With 3r spare columns after x's rows: t's parts go there and y = [x, t_hlh] [W, s b_hhl]^T is
-    // one GEMM, y written once (the two products below write it, then read and write it again).
-    const Tensor x_ext = read && first && lora.dropout <= 0.f && lora.x_spare >= 3 * r ? ops::widen_rows(x2, 3 * r) : Tensor();
-    if (x_ext.defined()) {
+    if (x_ext.defined()) {  // y written once, where the two products below write it, read and write it again
       Tensor tail = x_ext.narrow(1, in, 3 * r);
       ops::copy_rows_(tail, t_parts[0]);
       const Tensor bs = lora.scale == 1.f ? b_hhl : ops::bf16_split(ops::scale(b.value().to(DType::f32), lora.scale), "hhl");
+      std::vector<Tensor> w_parts{w.value(), bs};
+      std::vector<int64_t> widths{in, 3 * r};
+      if (bias) {
+        Tensor ones = x_ext.narrow(1, in + 3 * r, 1);
+        ops::copy_rows_(ones, Tensor::full({x2.size(0), 1}, 1.f, cdt, xv.device()));
+        w_parts.push_back(bias->value().to(cdt).reshape({out, 1}));
+        widths.push_back(1);
+      }
       y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-      ops::matmul_into(x_ext, ops::cat_last({w.value(), bs}, {in, 3 * r}), y, false, true, 1.f, 0.f);
+      ops::matmul_into(x_ext, ops::cat_last(w_parts, widths), y, false, true, 1.f, 0.f);
     } else if (read) {
       if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
       ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);

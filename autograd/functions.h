@@ -58,8 +58,8 @@ struct LoraArgs {
   float dropout = 0.f;  // applied to the adapter's input only, regenerated in backward (never stored)
   uint64_t seed = 0, offset = 0;
   // Columns after each row of x that the product may write (a norm's output with spare columns,
-  // ops::rms_norm): in bf16 without bias or dropout, with x_spare >= 3 r, the adapter's input goes
-  // there and y = [x, t] [W, B]^T is one GEMM (see fn_lora.cpp). The callers of x's other
+  // ops::rms_norm): in bf16 without dropout, with x_spare >= 3 r (+ 1 with a bias), the adapter's
+  // input goes there and y = [x, t, 1] [W, B, bias]^T is one GEMM (see fn_lora.cpp). The callers of x's other
   // products are ordered after this one's on the stream, so they may reuse the same columns.
   int64_t x_spare = 0;
 };

@@ -35,8 +35,8 @@ ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute
 }
 
 int64_t Linear::adapter_spare(DType dtype) const {
-  if (dtype != DType::bf16 || !lora || !lora->enabled || bias.defined() || lora_args(*lora).dropout > 0.f) return 0;
-  return 3 * lora->A.size(0);
+  if (dtype != DType::bf16 || !lora || !lora->enabled || lora_args(*lora).dropout > 0.f) return 0;
+  return 3 * lora->A.size(0) + (bias.defined() ? 1 : 0);  // t's bf16 parts, and a column of ones for the bias
 }
 
 int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype) {

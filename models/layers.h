@@ -45,9 +45,9 @@ struct Linear {
   // x_spare: columns after x's rows the adapter's product may write (ag::LoraArgs::x_spare).
   ag::Variable forward(const ag::Variable& x, const ag::InputFn& recompute_x = {},
                        ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0) const;
-  // The spare columns this product's adapter takes after the rows of an input of dtype (3 r when it
-  // computes y = [x, t] [W, B]^T as one GEMM: bf16, an enabled adapter, no bias, no dropout in
-  // effect), or 0.
+  // The spare columns this product's adapter takes after the rows of an input of dtype (3 r, + 1
+  // with a bias, when it computes y = [x, t, 1] [W, B, bias]^T as one GEMM: bf16, an enabled adapter,
+  // no dropout in effect), or 0.
   int64_t adapter_spare(DType dtype) const;
   // forward(act(gate) * up) for a gated MLP's down projection (act silu, or gelu_tanh with gelu):
   // with an adapter on a frozen weight and no dropout in effect, ag::glu_lora_linear (the activation's

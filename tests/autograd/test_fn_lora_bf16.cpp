@@ -62,43 +62,55 @@ Tensor with_spare(const Tensor& x, int64_t spare) {
 // [W, s B]^T is one GEMM: t's parts land in the spare columns, y stays as close to the f64 function
 // as the two-product path, and backward, which does not read y, gives the same bits. With fewer
 // spare columns the two products run and the spare columns stay untouched.
-void check_spare(int64_t n, int64_t in, int64_t out, int64_t r, float scale) {
+void check_spare(int64_t n, int64_t in, int64_t out, int64_t r, float scale, bool with_bias) {
   const Tensor x = bf16_values({n, in}, 11, 1.0), w = bf16_values({out, in}, 12, 0.1);
   const Tensor a = bf16_values({r, in}, 13, 0.1), b = bf16_values({out, r}, 14, 0.1), dy = bf16_values({n, out}, 15, 1.0);
+  const Tensor bias = bf16_values({out}, 16, 1.0);
+  const int64_t ext = 3 * r + (with_bias ? 1 : 0);
   struct Got {
-    Tensor y, dx, da, db;
+    Tensor y, dx, da, db, dbias;
   };
   auto run = [&](const Tensor& xin, int64_t spare) {
     const DType dt = xin.dtype();
-    Variable xv(xin, true), wv(w.to(dt), false);
+    Variable xv(xin, true), wv(w.to(dt), false), biasv(bias.to(dt), true);
     Variable av(dt == DType::f64 ? a : a.to(DType::f32), true), bv(dt == DType::f64 ? b : b.to(DType::f32), true);
-    Variable y = ag::lora_linear(xv, wv, av, bv, ag::LoraArgs{scale, 0.f, 0, 0, spare});
+    Variable y = ag::lora_linear(xv, wv, av, bv, ag::LoraArgs{scale, 0.f, 0, 0, spare}, with_bias ? &biasv : nullptr);
     const Tensor yv = y.value();
     ag::backward(y, dy.to(dt));
-    return Got{yv, xv.grad(), av.grad(), bv.grad()};
+    return Got{yv, xv.grad(), av.grad(), bv.grad(), with_bias ? biasv.grad() : Tensor::zeros({1}, DType::f32)};
   };
   const Got ref = run(x, 0), plain = run(x.to(DType::bf16), 0);
-  const Tensor xs = with_spare(x.to(DType::bf16), 3 * r);
-  const Got one = run(xs, 3 * r);
-  const std::vector<float> tail = ops::widen_rows(xs, 3 * r).narrow(1, in, 3 * r).contiguous().to_floats();
-  for (float v : tail) ASSERT_FALSE(std::isnan(v)) << "t's parts were not written beside x";
+  const Tensor xs = with_spare(x.to(DType::bf16), ext);
+  const Got one = run(xs, ext);
+  const std::vector<float> tail = ops::widen_rows(xs, ext).narrow(1, in, ext).contiguous().to_floats();
+  for (size_t i = 0; i < tail.size(); ++i) {
+    ASSERT_FALSE(std::isnan(tail[i])) << "t's parts were not written beside x";
+    if (with_bias && int64_t(i % ext) == ext - 1) ASSERT_EQ(tail[i], 1.f) << "the bias's column of ones";
+  }
   EXPECT_EQ(one.dx.to_floats(), plain.dx.to_floats());
   EXPECT_EQ(one.da.to_floats(), plain.da.to_floats());
   EXPECT_EQ(one.db.to_floats(), plain.db.to_floats());
+  EXPECT_EQ(one.dbias.to_floats(), plain.dbias.to_floats());
   EXPECT_LT(rel_err(one.y, ref.y), 1e-2);
-  const Tensor base = ops::matmul(x, w, false, true);
+  Tensor base = ops::matmul(x, w, false, true);
+  if (with_bias) base = ops::add_bias(base, bias);
   EXPECT_LT(rel_err(ops::sub(one.y.to(DType::f64), base), ops::sub(ref.y, base)), 3e-2);
 
-  const Tensor short_x = with_spare(x.to(DType::bf16), 3 * r - 1);
-  const Got two = run(short_x, 3 * r - 1);
+  const Tensor short_x = with_spare(x.to(DType::bf16), ext - 1);
+  const Got two = run(short_x, ext - 1);
   EXPECT_EQ(two.y.to_floats(), plain.y.to_floats());
-  for (float v : ops::widen_rows(short_x, 3 * r - 1).narrow(1, in, 3 * r - 1).contiguous().to_floats())
+  for (float v : ops::widen_rows(short_x, ext - 1).narrow(1, in, ext - 1).contiguous().to_floats())
     ASSERT_TRUE(std::isnan(v));
 }
 
 TEST(LoraBf16, SpareColumnsMakeOneProduct) {
-  check_spare(37, 48, 40, 4, 2.f);
-  check_spare(64, 32, 96, 16, 1.f);
+  check_spare(37, 48, 40, 4, 2.f, false);
+  check_spare(64, 32, 96, 16, 1.f, false);
+}
+
+TEST(LoraBf16, SpareColumnsCarryTheBias) {
+  check_spare(37, 48, 40, 4, 2.f, true);
+  check_spare(64, 32, 96, 16, 1.f, true);
 }
 
 }  // namespace
