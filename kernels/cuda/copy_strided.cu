@@ -183,25 +183,27 @@ void launch_copy(const S* src, const StridedLayout& layout, D* dst, Stream s) {
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
-// One row's W units a thread at a time over the grid: unit u of row r at r * pitch + u * sizeof(W).
+// Row blockIdx.y (+ gridDim.y ...), units blockIdx.x * kThreads + threadIdx.x (+ gridDim.x * kThreads ...):
+// unit u of row r at r * pitch + u * sizeof(W); no division per element.
 template <class W>
 __global__ void __launch_bounds__(kThreads) copy_2d_kernel(const char* src, int64_t src_pitch, char* dst,
                                                          int64_t dst_pitch, int64_t units, int64_t rows) {
-  const int64_t n = units * rows, stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t r = i / units, u = i - r * units;
-    *reinterpret_cast<W*>(dst + r * dst_pitch + u * int64_t(sizeof(W))) =
-        *reinterpret_cast<const W*>(src + r * src_pitch + u * int64_t(sizeof(W)));
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const W* s = reinterpret_cast<const W*>(src + r * src_pitch);
+    W* d = reinterpret_cast<W*>(dst + r * dst_pitch);
+    for (int64_t u = int64_t(blockIdx.x) * kThreads + threadIdx.x; u < units; u += int64_t(gridDim.x) * kThreads)
+      d[u] = s[u];
   }
 }
 
 template <class W>
 void launch_copy_2d(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t row_bytes, int64_t rows,
                     Stream s) {
-  const int64_t units = row_bytes / int64_t(sizeof(W)), n = units * rows;
-  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t(sm_count()) * kBlocksPerSm * 4);
-  copy_2d_kernel<W><<<unsigned(std::max<int64_t>(blocks, 1)), kThreads, 0, s>>>(
-      static_cast<const char*>(src), src_pitch, static_cast<char*>(dst), dst_pitch, units, rows);
+  const int64_t units = row_bytes / int64_t(sizeof(W));
+  const dim3 grid(unsigned(std::min<int64_t>((units + kThreads - 1) / kThreads, 1024)),
+                  unsigned(std::min<int64_t>(rows, 65535)));
+  copy_2d_kernel<W><<<grid, kThreads, 0, s>>>(static_cast<const char*>(src), src_pitch, static_cast<char*>(dst),
+                                             dst_pitch, units, rows);
 }
 
 }  // namespace
