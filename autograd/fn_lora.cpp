@@ -19,7 +19,9 @@
 // parts go into the spare columns and y = [x, t_hlh] [W, scale b_hhl]^T is a single GEMM with K =
 // in + 3r, y written once and rounded once (a bias rides along as a column of ones in x and the
 // bias as a column of the weight: rounded once too, where PEFT rounds base + bias, then adds the
-// adapter). It costs a copy of W beside b_hhl per call and 3r (+ 1) more columns of K, and saves
+// adapter). W's storage has the spare columns too (LoraArgs::w_spare, Linear::widen_for_adapter):
+// s b_hhl is written there per call, [out, 3r], W itself never copied. It costs 3r (+ 1) more
+// columns of K, and saves
 // writing y and reading it back in the base GEMM's epilogue: 2 of 3 passes over [tokens, out],
 // most for gate and up (out = intermediate size).
 #include "autograd/functions.h"
@@ -137,8 +139,10 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   // With spare columns after x's rows for t's parts (and a column of ones for the bias): y = [x,
   // t_hlh, 1] [W, s b_hhl, bias]^T, one GEMM, one rounding (see the top of the file).
   const int64_t ext = 3 * r + (bias ? 1 : 0);
-  const Tensor x_ext =
-      split && read && lora.dropout <= 0.f && lora.x_spare >= ext ? ops::widen_rows(x2, ext) : Tensor();
+  const bool one_gemm = split && read && lora.dropout <= 0.f && lora.x_spare >= ext && lora.w_spare >= ext;
+  Tensor x_ext = one_gemm ? ops::widen_rows(x2, ext) : Tensor();
+  const Tensor w_ext = x_ext.defined() ? ops::widen_rows(w.value(), ext) : Tensor();
+  if (!w_ext.defined()) x_ext = Tensor();
   Tensor y;
   if (!read) {
     y = detail::unread_value({x2.size(0), out}, cdt, xv.device());
@@ -162,17 +166,18 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     if (x_ext.defined()) {  // y written once, where the two products below write it, read and write it again
       Tensor tail = x_ext.narrow(1, in, 3 * r);
       ops::copy_rows_(tail, t_parts[0]);
+      // s B's parts (and the bias) beside W in its spare columns: B changed since the last step.
       const Tensor bs = lora.scale == 1.f ? b_hhl : ops::bf16_split(ops::scale(b.value().to(DType::f32), lora.scale), "hhl");
-      std::vector<Tensor> w_parts{w.value(), bs};
-      std::vector<int64_t> widths{in, 3 * r};
+      Tensor w_tail = w_ext.narrow(1, in, 3 * r);
+      ops::copy_rows_(w_tail, bs);
       if (bias) {
         Tensor ones = x_ext.narrow(1, in + 3 * r, 1);
         ops::copy_rows_(ones, Tensor::full({x2.size(0), 1}, 1.f, cdt, xv.device()));
-        w_parts.push_back(bias->value().to(cdt).reshape({out, 1}));
-        widths.push_back(1);
+        Tensor w_bias = w_ext.narrow(1, in + 3 * r, 1);
+        ops::copy_rows_(w_bias, bias->value().to(cdt).reshape({out, 1}));
       }
       y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-      ops::matmul_into(x_ext, ops::cat_last(w_parts, widths), y, false, true, 1.f, 0.f);
+      ops::matmul_into(x_ext, w_ext, y, false, true, 1.f, 0.f);
     } else if (read) {
       if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
       ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);

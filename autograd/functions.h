@@ -62,6 +62,10 @@ struct LoraArgs {
   // input goes there and y = [x, t, 1] [W, B, bias]^T is one GEMM (see fn_lora.cpp). The callers of x's other
   // products are ordered after this one's on the stream, so they may reuse the same columns.
   int64_t x_spare = 0;
+  // The same for the weight: columns after W's rows that the product may write (Linear::weight_spare,
+  // a frozen bf16 weight allocated wider when its adapter was attached). The one GEMM runs only when
+  // both x and W have the room: B's columns (and the bias) are written beside W, W is never copied.
+  int64_t w_spare = 0;
 };
 // x [..., in] W[out, in]^T + scale * (dropout(x) A[r, in]^T) B[out, r]^T: every product a GEMM in
 // x's dtype with f32 accumulation; A and B (f32 masters) are used in that dtype and their gradients

@@ -395,6 +395,16 @@ std::vector<Linear*> CausalLM::linears() {
   return out;
 }
 
+std::vector<Linear*> CausalLM::norm_readers() {
+  std::vector<Linear*> out;
+  for (DecoderLayer& L : layers_) {
+    for (Linear* l : L.self_attn.input_readers()) out.push_back(l);
+    if (!L.moe)
+      for (Linear* l : L.mlp.input_readers()) out.push_back(l);
+  }
+  return out;
+}
+
 std::vector<ExpertLinear*> CausalLM::expert_linears() {
   std::vector<ExpertLinear*> out;
   for (DecoderLayer& L : layers_)

@@ -136,6 +136,9 @@ class CausalLM {
   // Every Linear in model order (LoRA injection walks these).
   std::vector<Linear*> linears();
   std::vector<const Linear*> linears() const;
+  // The Linears whose input is a norm's output, which may carry spare columns for their adapters
+  // (q/k/v or qkv, and a dense MLP's gate/up or gate_up): the ones Linear::widen_for_adapter serves.
+  std::vector<Linear*> norm_readers();
   // Every expert projection of the mixture-of-experts layers, in model order (gate_up, then down).
   std::vector<ExpertLinear*> expert_linears();
   std::vector<const ExpertLinear*> expert_linears() const;

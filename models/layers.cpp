@@ -20,8 +20,14 @@ std::pair<ag::Variable, ag::WeightFn> product_weight(const Linear& l, DType dtyp
 }
 // The adapter's arguments: bf16 GEMMs with f32 accumulation, B's product accumulated into the base
 // output by the GEMM, the adapter's small operands at nearly f32 precision (see fn_lora.cpp).
-ag::LoraArgs lora_args(const LoraAdapter& a, int64_t x_spare = 0) {
-  return ag::LoraArgs{a.scale, a.training ? a.dropout : 0.f, a.dropout_seed, a.dropout_offset, x_spare};
+ag::LoraArgs lora_args(const LoraAdapter& a, int64_t x_spare = 0, int64_t w_spare = 0) {
+  return ag::LoraArgs{a.scale, a.training ? a.dropout : 0.f, a.dropout_seed, a.dropout_offset, x_spare, w_spare};
+}
+// The adapter's one-GEMM columns (3 r, + 1 for the bias) for a product in dtype, before asking
+// whether the weight has room for them.
+int64_t one_gemm_columns(const Linear& l, DType dtype) {
+  if (dtype != DType::bf16 || !l.lora || !l.lora->enabled || l.lora->dropout > 0.f) return 0;
+  return 3 * l.lora->A.size(0) + (l.bias.defined() ? 1 : 0);  // t's bf16 parts, and a column of ones for the bias
 }
 }  // namespace
 
@@ -31,12 +37,29 @@ ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute
   const auto [w, rematerialize] = product_weight(*this, x.dtype(), use);
   if (!lora || !lora->enabled)
     return nf4 ? ag::frozen_linear(x, w, rematerialize, b, use) : ag::linear(x, weight, b, use);
-  return ag::lora_linear(x, w, lora->A, lora->B, lora_args(*lora, x_spare), b, rematerialize, recompute_x, use);
+  return ag::lora_linear(x, w, lora->A, lora->B, lora_args(*lora, x_spare, nf4 ? 0 : weight_spare), b, rematerialize,
+                         recompute_x, use);
 }
 
 int64_t Linear::adapter_spare(DType dtype) const {
-  if (dtype != DType::bf16 || !lora || !lora->enabled || lora_args(*lora).dropout > 0.f) return 0;
-  return 3 * lora->A.size(0) + (bias.defined() ? 1 : 0);  // t's bf16 parts, and a column of ones for the bias
+  const int64_t ext = one_gemm_columns(*this, dtype);
+  // The weight must have the room too (and still be the widened view: a merge or a move to another
+  // device makes it contiguous again).
+  if (ext == 0 || nf4 || weight_spare < ext || weight.dtype() != dtype || !ops::widen_rows(weight.value(), ext).defined())
+    return 0;
+  return ext;
+}
+
+void Linear::widen_for_adapter() {
+  if (nf4 || !weight.defined() || weight.requires_grad() || weight.dtype() != DType::bf16 || weight.value().dim() != 2) return;
+  const int64_t ext = one_gemm_columns(*this, DType::bf16);
+  if (ext == 0 || weight_spare >= ext) return;
+  const int64_t out = weight.size(0), in = weight.size(1), spare = (ext + 7) / 8 * 8;  // rows 16-byte aligned
+  Tensor wide = Tensor::empty({out, in + spare}, weight.dtype(), weight.value().device());
+  Tensor body = wide.narrow(1, 0, in);
+  ops::copy_rows_(body, weight.value());
+  weight = ag::Variable(body, false);
+  weight_spare = spare;
 }
 
 int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype) {
@@ -47,6 +70,20 @@ int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype) {
     spare = std::max(spare, s);
   }
   return (spare + 7) / 8 * 8;  // rows 16-byte aligned in bf16
+}
+
+std::vector<Linear*> Attention::input_readers() {
+  std::vector<Linear*> out;
+  for (Linear* l : {&q_proj, &k_proj, &v_proj, &qkv_proj})
+    if (present(*l)) out.push_back(l);
+  return out;
+}
+
+std::vector<Linear*> Mlp::input_readers() {
+  std::vector<Linear*> out;
+  for (Linear* l : {&gate_proj, &up_proj, &gate_up_proj})
+    if (present(*l)) out.push_back(l);
+  return out;
 }
 
 int64_t Attention::input_spare(DType dtype) const {

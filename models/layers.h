@@ -34,6 +34,10 @@ struct Linear {
   std::shared_ptr<const Nf4Weight> nf4;  // the frozen 4-bit weight, or null
   ag::Variable bias;    // [out] or undefined
   std::unique_ptr<LoraAdapter> lora;
+  // Columns after each row of the dense weight's storage (weight is a view of its first in_features
+  // columns) where the one-GEMM LoRA product writes its adapter's B beside W (ag::LoraArgs::w_spare),
+  // set by widen_for_adapter; 0 for a contiguous weight.
+  int64_t weight_spare = 0;
 
   bool quantized() const { return nf4 != nullptr; }
   int64_t in_features() const { return nf4 ? nf4->shape[1] : weight.size(1); }
@@ -49,6 +53,10 @@ struct Linear {
   // with a bias, when it computes y = [x, t, 1] [W, B, bias]^T as one GEMM: bf16, an enabled adapter,
   // no dropout in effect), or 0.
   int64_t adapter_spare(DType dtype) const;
+  // Gives a frozen dense bf16 weight with an adapter (no dropout) the spare columns adapter_spare
+  // asks for: the weight moves once into a [out, in + spare] buffer (spare rounded up to 16 bytes) and
+  // becomes the view of its first in columns. A no-op otherwise (NF4, trained or f32 weights).
+  void widen_for_adapter();
   // forward(act(gate) * up) for a gated MLP's down projection (act silu, or gelu_tanh with gelu):
   // with an adapter on a frozen weight and no dropout in effect, ag::glu_lora_linear (the activation's
   // backward makes act(gate) * up again for the adapter's dA in its own pass); else the two apart,
@@ -92,6 +100,8 @@ struct Attention {
   std::vector<Linear*> linears();
   // input_spare of the projections that read the layer's normed input (q, k, v or qkv).
   int64_t input_spare(DType dtype) const;
+  // Those projections, present ones.
+  std::vector<Linear*> input_readers();
 };
 
 struct Mlp {
@@ -104,6 +114,7 @@ struct Mlp {
   std::vector<Linear*> linears();  // present ones, in checkpoint order
   // input_spare of gate and up (or gate_up).
   int64_t input_spare(DType dtype) const;
+  std::vector<Linear*> input_readers();  // gate and up (or gate_up), present ones
 };
 
 // One projection of every expert of a mixture-of-experts layer, stacked as transformers 5.x holds

@@ -42,6 +42,13 @@ void attach(Linear& l, Tensor a, Tensor b, const LoraConfig& c) {
   l.lora = std::move(lora);
 }
 
+// Room beside W for B in the one-GEMM product (Linear::widen_for_adapter) for the adapted
+// projections that read a norm's output (the only inputs given spare columns).
+void widen_norm_readers(CausalLM& model) {
+  for (Linear* l : model.norm_readers())
+    if (l->lora) l->widen_for_adapter();
+}
+
 absl::Status check_config(const LoraConfig& c) {
   if (c.r <= 0) return absl::InvalidArgumentError(absl::StrCat("LoRA rank r must be positive, got ", c.r));
   if (!(c.alpha > 0.f)) return absl::InvalidArgumentError(absl::StrCat("lora_alpha must be positive, got ", c.alpha));
@@ -92,6 +99,7 @@ absl::Status add_lora(CausalLM& model, const LoraConfig& config, uint64_t seed) 
     ops::uniform_(a, seed, index << 32, -bound, bound);
     attach(*l, a, Tensor::zeros({out, r}, adapter, model.device_of(l->name)), config);
   }
+  widen_norm_readers(model);
   if (absl::Status s = detail::add_expert_lora(model, config, seed, &matched); !s.ok()) return s;
   if (matched == 0) {
     std::string names;
@@ -340,6 +348,7 @@ absl::StatusOr<LoraConfig> load_adapter(CausalLM& model, const std::string& dir)
     if (!b.ok()) return b.status();
     attach(*l, *std::move(a), *std::move(b), c);
   }
+  widen_norm_readers(model);
   if (absl::Status s = detail::load_expert_lora(model, c, read); !s.ok()) return s;
   for (const TensorInfo& t : st->tensors())
     if (!used.count(t.name))

@@ -27,6 +27,7 @@ void merge_lora(CausalLM& model) {
     const DType dtype = l->quantized() ? model.dtype() : l->weight.dtype();
     Tensor base = l->dense_weight(DType::f32);
     l->nf4.reset();
+    l->weight_spare = 0;  // the merged weight below is contiguous
     if (!l->lora) {
       l->weight = ag::Variable(base.to(dtype), false);
       continue;

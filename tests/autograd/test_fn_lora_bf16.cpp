@@ -58,10 +58,11 @@ Tensor with_spare(const Tensor& x, int64_t spare) {
   return v;
 }
 
-// With 3r spare columns after x's rows (LoraArgs::x_spare, a norm's output in a model), y = [x, t]
-// [W, s B]^T is one GEMM: t's parts land in the spare columns, y stays as close to the f64 function
-// as the two-product path, and backward, which does not read y, gives the same bits. With fewer
-// spare columns the two products run and the spare columns stay untouched.
+// With 3r spare columns after x's rows (LoraArgs::x_spare, a norm's output in a model) and after W's
+// (LoraArgs::w_spare, Linear::widen_for_adapter), y = [x, t] [W, s B]^T is one GEMM: t's parts land
+// in x's spare columns and s B's in W's, W's own columns are untouched, y stays as close to the f64
+// function as the two-product path, and backward, which does not read y, gives the same bits. With
+// fewer spare columns in x, or none in W, the two products run and x's spare columns stay untouched.
 void check_spare(int64_t n, int64_t in, int64_t out, int64_t r, float scale, bool with_bias) {
   const Tensor x = bf16_values({n, in}, 11, 1.0), w = bf16_values({out, in}, 12, 0.1);
   const Tensor a = bf16_values({r, in}, 13, 0.1), b = bf16_values({out, r}, 14, 0.1), dy = bf16_values({n, out}, 15, 1.0);
@@ -70,23 +71,37 @@ void check_spare(int64_t n, int64_t in, int64_t out, int64_t r, float scale, boo
   struct Got {
     Tensor y, dx, da, db, dbias;
   };
-  auto run = [&](const Tensor& xin, int64_t spare) {
+  const Tensor w_wide = with_spare(w.to(DType::bf16), ext);
+  auto run = [&](const Tensor& xin, int64_t spare, bool wide_w = false) {
     const DType dt = xin.dtype();
-    Variable xv(xin, true), wv(w.to(dt), false), biasv(bias.to(dt), true);
+    Variable xv(xin, true), wv(wide_w ? w_wide : w.to(dt), false), biasv(bias.to(dt), true);
     Variable av(dt == DType::f64 ? a : a.to(DType::f32), true), bv(dt == DType::f64 ? b : b.to(DType::f32), true);
-    Variable y = ag::lora_linear(xv, wv, av, bv, ag::LoraArgs{scale, 0.f, 0, 0, spare}, with_bias ? &biasv : nullptr);
+    Variable y = ag::lora_linear(xv, wv, av, bv, ag::LoraArgs{scale, 0.f, 0, 0, spare, wide_w ? ext : 0},
+                                 with_bias ? &biasv : nullptr);
     const Tensor yv = y.value();
     ag::backward(y, dy.to(dt));
     return Got{yv, xv.grad(), av.grad(), bv.grad(), with_bias ? biasv.grad() : Tensor::zeros({1}, DType::f32)};
   };
   const Got ref = run(x, 0), plain = run(x.to(DType::bf16), 0);
   const Tensor xs = with_spare(x.to(DType::bf16), ext);
-  const Got one = run(xs, ext);
+  // x with room but W without: the two products, x's spare columns untouched.
+  const Got no_w_room = run(xs, ext);
+  EXPECT_EQ(no_w_room.y.to_floats(), plain.y.to_floats());
+  for (float v : ops::widen_rows(xs, ext).narrow(1, in, ext).contiguous().to_floats()) {
+    ASSERT_TRUE(std::isnan(v));
+  }
+  const Got one = run(xs, ext, true);
   const std::vector<float> tail = ops::widen_rows(xs, ext).narrow(1, in, ext).contiguous().to_floats();
   for (size_t i = 0; i < tail.size(); ++i) {
     ASSERT_FALSE(std::isnan(tail[i])) << "t's parts were not written beside x";
-    if (with_bias && int64_t(i % ext) == ext - 1) ASSERT_EQ(tail[i], 1.f) << "the bias's column of ones";
+    if (with_bias && int64_t(i % ext) == ext - 1) {
+      ASSERT_EQ(tail[i], 1.f) << "the bias's column of ones";
+    }
   }
+  for (float v : ops::widen_rows(w_wide, ext).narrow(1, in, ext).contiguous().to_floats()) {
+    ASSERT_FALSE(std::isnan(v)) << "s B's parts were not written beside W";
+  }
+  EXPECT_EQ(w_wide.contiguous().to_floats(), w.to(DType::bf16).to_floats()) << "W's own columns changed";
   EXPECT_EQ(one.dx.to_floats(), plain.dx.to_floats());
   EXPECT_EQ(one.da.to_floats(), plain.da.to_floats());
   EXPECT_EQ(one.db.to_floats(), plain.db.to_floats());
@@ -97,7 +112,7 @@ void check_spare(int64_t n, int64_t in, int64_t out, int64_t r, float scale, boo
   EXPECT_LT(rel_err(ops::sub(one.y.to(DType::f64), base), ops::sub(ref.y, base)), 3e-2);
 
   const Tensor short_x = with_spare(x.to(DType::bf16), ext - 1);
-  const Got two = run(short_x, ext - 1);
+  const Got two = run(short_x, ext - 1, true);
   EXPECT_EQ(two.y.to_floats(), plain.y.to_floats());
   for (float v : ops::widen_rows(short_x, ext - 1).narrow(1, in, ext - 1).contiguous().to_floats())
     ASSERT_TRUE(std::isnan(v));
