@@ -158,18 +158,19 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     const Tensor a_hhl = split_rows(a.value(), "hhl");
     // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], blocks summed -> [n, r].
     // Kept as its [t_hi, t_lo] parts for dB, and as [t_hi, t_lo, t_hi] for the product below.
-    const std::vector<Tensor> t_parts = ops::block_sum_split(
-        ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), 2, 1.f, {"hlh", "hl"});
+    // With the one GEMM below, t's [t_hi, t_lo, t_hi] go straight into x's spare columns.
+    Tensor x_tail = x_ext.defined() ? x_ext.narrow(1, in, 3 * r) : Tensor();
+    const std::vector<Tensor> t_parts =
+        ops::block_sum_split(ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), 2, 1.f,
+                             {"hlh", "hl"}, x_ext.defined() ? &x_tail : nullptr);
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
     // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
     const Tensor b_hhl = ops::bf16_split(b.value().to(DType::f32), "hhl");  // [out, 3r]
     if (x_ext.defined()) {  // y written once, where the two products below write it, read and write it again
-      Tensor tail = x_ext.narrow(1, in, 3 * r);
-      ops::copy_rows_(tail, t_parts[0]);
       // s B's parts (and the bias) beside W in its spare columns: B changed since the last step.
-      const Tensor bs = lora.scale == 1.f ? b_hhl : ops::bf16_split(ops::scale(b.value().to(DType::f32), lora.scale), "hhl");
       Tensor w_tail = w_ext.narrow(1, in, 3 * r);
-      ops::copy_rows_(w_tail, bs);
+      ops::bf16_split(lora.scale == 1.f ? b.value().to(DType::f32) : ops::scale(b.value().to(DType::f32), lora.scale), "hhl",
+                      &w_tail);
       if (bias) {
         Tensor ones = x_ext.narrow(1, in + 3 * r, 1);
         ops::copy_rows_(ones, Tensor::full({x2.size(0), 1}, 1.f, cdt, xv.device()));

@@ -92,11 +92,16 @@ void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const s
                             float alpha = 1.f, float beta = 0.f);
 // f32 x [rows, k] -> bf16 [rows, len(pattern) * k]: block p holds x's hi ('h': bf16(x)) or lo ('l':
 // bf16(x - hi)) part (kernels/bf16_split.h), for products at nearly f32 precision through bf16 GEMMs.
-Tensor bf16_split(const Tensor& x, const std::string& pattern);
+// into: a [rows, count * k] bf16 view whose rows may lie further apart (a weight's spare columns)
+// to write the parts into instead of a new tensor; returned.
+Tensor bf16_split(const Tensor& x, const std::string& pattern, Tensor* into = nullptr);
 // f32 in [rows, m * k] -> f32 [rows, k]: alpha times the sum of the m blocks of each row.
 Tensor block_sum(const Tensor& in, int m, float alpha = 1.f);
 // bf16_split(block_sum(in, m, alpha), pattern) for one or two patterns, in one pass (the same bits).
-std::vector<Tensor> block_sum_split(const Tensor& in, int m, float alpha, const std::vector<std::string>& patterns);
+// into_a: the first pattern's parts go there ([rows, count * k] bf16, rows any pitch apart: x's spare
+// columns) instead of a new tensor.
+std::vector<Tensor> block_sum_split(const Tensor& in, int m, float alpha, const std::vector<std::string>& patterns,
+                                    Tensor* into_a = nullptr);
 
 // ---- normalization, position, activation, lookup ----
 struct RmsNormOut {

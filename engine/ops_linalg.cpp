@@ -126,18 +126,33 @@ SplitPattern split_pattern(const char* op, const std::string& pattern) {
 }
 }  // namespace
 
-Tensor bf16_split(const Tensor& x_in, const std::string& pattern) {
+namespace {
+// The row pitch of `into`, a [rows, cols] bf16 view with contiguous columns on x's device, for a
+// split kernel to write into (checked), or 0 for a new tensor.
+int64_t pitch_of(const char* op, const Tensor* into, const Tensor& x, int64_t rows, int64_t cols) {
+  if (!into) return 0;
+  LOOM_CHECK(into->dtype() == DType::bf16 && into->dim() == 2 && into->size(0) == rows && into->size(1) == cols &&
+                 (rows <= 1 || (into->strides()[1] == 1 && into->strides()[0] >= cols)),
+             op, ": cannot write [", rows, ", ", cols, "] bf16 rows into ", into->str());
+  same_device(op, *into, x);
+  return rows > 1 ? into->strides()[0] : cols;
+}
+}  // namespace
+
+Tensor bf16_split(const Tensor& x_in, const std::string& pattern, Tensor* into) {
   const char* op = "bf16_split";
   expect_dtype(op, x_in, DType::f32, "x");
   LOOM_CHECK(x_in.dim() == 2, op, ": x must be [rows, k], got ", x_in.str());
   const SplitPattern p = split_pattern(op, pattern);
   const Tensor x = x_in.contiguous();
   const int64_t rows = x.size(0), k = x.size(1);
-  Tensor out = Tensor::empty({rows, p.count * k}, DType::bf16, x.device());
+  const int64_t ld = pitch_of(op, into, x, rows, p.count * k);
+  Tensor out = into ? *into : Tensor::empty({rows, p.count * k}, DType::bf16, x.device());
+  if (rows * k == 0) return out;
   if (x.is_cpu()) {
-    cpu::bf16_split(x.data<float>(), out.data<bf16>(), rows, k, p);
+    cpu::bf16_split(x.data<float>(), out.data<bf16>(), rows, k, p, ld);
   } else {
-    LOOM_ON_CUDA(op, float, cuda::bf16_split(x.data<float>(), out.data<bf16>(), rows, k, p, stream_of(x)));
+    LOOM_ON_CUDA(op, float, cuda::bf16_split(x.data<float>(), out.data<bf16>(), rows, k, p, stream_of(x), ld));
   }
   return out;
 }
@@ -158,7 +173,8 @@ Tensor block_sum(const Tensor& in_t, int m, float alpha) {
   return out;
 }
 
-std::vector<Tensor> block_sum_split(const Tensor& in_t, int m, float alpha, const std::vector<std::string>& patterns) {
+std::vector<Tensor> block_sum_split(const Tensor& in_t, int m, float alpha, const std::vector<std::string>& patterns,
+                                    Tensor* into_a) {
   const char* op = "block_sum_split";
   expect_dtype(op, in_t, DType::f32, "in");
   LOOM_CHECK(in_t.dim() == 2 && m >= 1 && in_t.size(1) % m == 0, op, ": in must be [rows, m * k] with m = ", m,
@@ -168,18 +184,25 @@ std::vector<Tensor> block_sum_split(const Tensor& in_t, int m, float alpha, cons
   const int64_t rows = in.size(0), k = in.size(1) / m;
   std::vector<SplitPattern> ps;
   std::vector<Tensor> out;
+  int64_t ld_a = 0;
   for (const std::string& pattern : patterns) {
     ps.push_back(split_pattern(op, pattern));
-    out.push_back(Tensor::empty({rows, ps.back().count * k}, DType::bf16, in.device()));
+    if (out.empty() && into_a) {
+      ld_a = pitch_of(op, into_a, in, rows, ps.back().count * k);
+      out.push_back(*into_a);
+    } else {
+      out.push_back(Tensor::empty({rows, ps.back().count * k}, DType::bf16, in.device()));
+    }
   }
+  if (rows * k == 0) return out;
   bf16* b = out.size() > 1 ? out[1].data<bf16>() : nullptr;
   const SplitPattern pb = ps.size() > 1 ? ps[1] : SplitPattern{};
   if (in.is_cpu()) {
-    cpu::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb);
+    cpu::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb, ld_a);
   } else {
     LOOM_ON_CUDA(op, float,
                  cuda::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb,
-                                       stream_of(in)));
+                                       stream_of(in), ld_a));
   }
   return out;
 }

@@ -23,20 +23,21 @@ LOOM_HD float bf16_split_part(float x, char part) {
 }  // namespace loom
 
 namespace loom::cpu {
-// out [rows, count * k] bf16: block p of row r is part p of x [rows, k] (f32).
-void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern);
+// out [rows, count * k] bf16: block p of row r is part p of x [rows, k] (f32). ld_out: out's row
+// pitch in elements (0: count * k; larger writes into a row-strided view, e.g. a weight's spare columns).
+void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, int64_t ld_out = 0);
 // out [rows, k] f32 = alpha * sum over the m blocks of in [rows, m * k] (f32).
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha);
 // block_sum, then bf16_split of its result with pattern a into out_a [rows, a.count * k] and, when
 // out_b is not null, with pattern b into out_b: the same values as the three calls, in one pass,
-// without the f32 sum in memory.
+// without the f32 sum in memory. ld_a: out_a's row pitch in elements (0: a.count * k).
 void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
-                     bf16* out_b, SplitPattern b);
+                     bf16* out_b, SplitPattern b, int64_t ld_a = 0);
 }  // namespace loom::cpu
 
 namespace loom::cuda {
-void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, Stream s);
+void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, Stream s, int64_t ld_out = 0);
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha, Stream s);
 void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
-                     bf16* out_b, SplitPattern b, Stream s);
+                     bf16* out_b, SplitPattern b, Stream s, int64_t ld_a = 0);
 }  // namespace loom::cuda

@@ -71,5 +71,28 @@ TEST(Bf16Split, BlockSumSplitEqualsBlockSumThenSplit) {
   }
 }
 
+// A row pitch wider than the parts (a weight's or an input's spare columns): each row's parts as
+// without it, the columns past them untouched.
+TEST(Bf16Split, PitchedRowsMatchAndLeaveTheRestAlone) {
+  const int64_t rows = 5, k = 7, ld = 3 * k + 5;
+  const auto x = random_vec<float>(rows * k, 21);
+  const auto in = random_vec<float>(rows * 2 * k, 22);
+  SplitPattern p;
+  p.parts[0] = 'h', p.parts[1] = 'h', p.parts[2] = 'l', p.count = 3;
+  std::vector<bf16> flat(rows * 3 * k), wide(rows * ld, float_to_bf16(-7.f)), sum_flat(rows * 3 * k),
+      sum_wide(rows * ld, float_to_bf16(-7.f));
+  cpu::bf16_split(x.data(), flat.data(), rows, k, p);
+  cpu::bf16_split(x.data(), wide.data(), rows, k, p, ld);
+  cpu::block_sum_split(in.data(), rows, k, 2, 0.5f, sum_flat.data(), p, nullptr, SplitPattern{});
+  cpu::block_sum_split(in.data(), rows, k, 2, 0.5f, sum_wide.data(), p, nullptr, SplitPattern{}, ld);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < ld; ++c) {
+      const float want = c < 3 * k ? bf16_to_float(flat[r * 3 * k + c]) : -7.f;
+      const float want_sum = c < 3 * k ? bf16_to_float(sum_flat[r * 3 * k + c]) : -7.f;
+      EXPECT_EQ(bf16_to_float(wide[r * ld + c]), want) << r << "," << c;
+      EXPECT_EQ(bf16_to_float(sum_wide[r * ld + c]), want_sum) << r << "," << c;
+    }
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -48,5 +48,24 @@ TEST(Bf16SplitCuda, BlockSumSplitMatchesCpuExactly) {
   }
 }
 
+// Written into rows a pitch apart (spare columns), as the CPU writes them, the gaps untouched.
+TEST(Bf16SplitCuda, PitchedRowsMatchCpu) {
+  LOOM_REQUIRE_GPU();
+  SplitPattern p;
+  for (char c : {'h', 'h', 'l'}) p.parts[p.count++] = c;
+  const int64_t rows = 16384, k = 16, ld = 2048 + 3 * k + 8;
+  const auto x = random_vec<float>(rows * k, 41), in = random_vec<float>(rows * 2 * k, 42);
+  std::vector<bf16> ref(rows * ld, float_to_bf16(-7.f)), ref_sum(rows * ld, float_to_bf16(-7.f));
+  cpu::bf16_split(x.data(), ref.data(), rows, k, p, ld);
+  cpu::block_sum_split(in.data(), rows, k, 2, 0.3f, ref_sum.data(), p, nullptr, SplitPattern{}, ld);
+  DeviceBuffer<float> d_x(x), d_in(in);
+  DeviceBuffer<bf16> d_out(std::vector<bf16>(rows * ld, float_to_bf16(-7.f))),
+      d_sum(std::vector<bf16>(rows * ld, float_to_bf16(-7.f)));
+  cuda::bf16_split(d_x.get(), d_out.get(), rows, k, p, nullptr, ld);
+  cuda::block_sum_split(d_in.get(), rows, k, 2, 0.3f, d_sum.get(), p, nullptr, SplitPattern{}, nullptr, ld);
+  EXPECT_EQ(rel_error(d_out.to_host(), ref), 0.0);
+  EXPECT_EQ(rel_error(d_sum.to_host(), ref_sum), 0.0);
+}
+
 }  // namespace
 }  // namespace loom::test
