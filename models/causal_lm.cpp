@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     enable_peer_access(gpus);
   }
   detail::WeightLoader w(c, ck, options.dtype, place.embed, seed, options.quantize_4bit, bnb);
+  w.set_adapter_room(options.adapter_room);
   const FamilySpec& fam = *c.family;
   LOOM_CHECK(fam.block != nullptr, "family ", fam.name, " has no block forward");
 
@@ -139,11 +140,11 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
     // Fused projections (Phi-3) exist where the family's weight map names them as Loom modules.
     if (fam.has_layer_module("self_attn.qkv_proj")) {
       LOOM_RETURN_IF_ERROR(w.linear(a.qkv_proj, p + "self_attn.qkv_proj", c.q_dim() + 2 * c.kv_dim(), c.hidden_size,
-                                    c.attention_bias));
+                                    c.attention_bias, true));
     } else {
-      LOOM_RETURN_IF_ERROR(w.linear(a.q_proj, p + "self_attn.q_proj", c.q_dim(), c.hidden_size, c.attention_bias));
-      LOOM_RETURN_IF_ERROR(w.linear(a.k_proj, p + "self_attn.k_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
-      LOOM_RETURN_IF_ERROR(w.linear(a.v_proj, p + "self_attn.v_proj", c.kv_dim(), c.hidden_size, c.attention_bias));
+      LOOM_RETURN_IF_ERROR(w.linear(a.q_proj, p + "self_attn.q_proj", c.q_dim(), c.hidden_size, c.attention_bias, true));
+      LOOM_RETURN_IF_ERROR(w.linear(a.k_proj, p + "self_attn.k_proj", c.kv_dim(), c.hidden_size, c.attention_bias, true));
+      LOOM_RETURN_IF_ERROR(w.linear(a.v_proj, p + "self_attn.v_proj", c.kv_dim(), c.hidden_size, c.attention_bias, true));
     }
     LOOM_RETURN_IF_ERROR(w.linear(a.o_proj, p + "self_attn.o_proj", c.hidden_size, c.q_dim(), c.o_proj_bias));
     LOOM_RETURN_IF_ERROR(optional_norm(a.q_norm, "self_attn.q_norm", c.head_dim));
@@ -154,10 +155,10 @@ absl::StatusOr<std::unique_ptr<CausalLM>> CausalLM::build(const ModelConfig& con
       LOOM_RETURN_IF_ERROR(w.moe(L.moe.emplace(), p));
     } else if (fam.has_layer_module("mlp.gate_up_proj")) {
       LOOM_RETURN_IF_ERROR(
-          w.linear(L.mlp.gate_up_proj, p + "mlp.gate_up_proj", 2 * c.intermediate_size, c.hidden_size, c.mlp_bias));
+          w.linear(L.mlp.gate_up_proj, p + "mlp.gate_up_proj", 2 * c.intermediate_size, c.hidden_size, c.mlp_bias, true));
     } else {
-      LOOM_RETURN_IF_ERROR(w.linear(L.mlp.gate_proj, p + "mlp.gate_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
-      LOOM_RETURN_IF_ERROR(w.linear(L.mlp.up_proj, p + "mlp.up_proj", c.intermediate_size, c.hidden_size, c.mlp_bias));
+      LOOM_RETURN_IF_ERROR(w.linear(L.mlp.gate_proj, p + "mlp.gate_proj", c.intermediate_size, c.hidden_size, c.mlp_bias, true));
+      LOOM_RETURN_IF_ERROR(w.linear(L.mlp.up_proj, p + "mlp.up_proj", c.intermediate_size, c.hidden_size, c.mlp_bias, true));
     }
     if (!L.moe)
       LOOM_RETURN_IF_ERROR(w.linear(L.mlp.down_proj, p + "mlp.down_proj", c.hidden_size, c.intermediate_size, c.mlp_bias));

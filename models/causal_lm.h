@@ -42,6 +42,12 @@ struct LoadOptions {
   // Where each part lives and runs (--device-map); unset: everything on `device`. Layers it streams
   // load on their device and then move to host memory, one at a time.
   std::optional<Placement> placement = std::nullopt;
+  // Spare columns to give, as they load, the dense bf16 weights of the projections that read a
+  // norm's output (norm_readers()), for the one-GEMM product of a LoRA adapter of rank r to come
+  // (3 r + 1; Linear::widen_for_adapter). Widened at load, each contiguous copy is freed before the
+  // next weight loads and the pool reuses it; widened later, at attach, the freed copies stay holes
+  // in the pool (half a GiB more reserved on the 1B shape). 0: none.
+  int64_t adapter_room = 0;
 };
 
 // Positions {start, length} of a forward's flattened [batch*seq] tokens.

@@ -51,10 +51,14 @@ int64_t Linear::adapter_spare(DType dtype) const {
 }
 
 void Linear::widen_for_adapter() {
-  if (nf4 || !weight.defined() || weight.requires_grad() || weight.dtype() != DType::bf16 || weight.value().dim() != 2) return;
   const int64_t ext = one_gemm_columns(*this, DType::bf16);
-  if (ext == 0 || weight_spare >= ext) return;
-  const int64_t out = weight.size(0), in = weight.size(1), spare = (ext + 7) / 8 * 8;  // rows 16-byte aligned
+  if (ext > 0) widen(ext);
+}
+
+void Linear::widen(int64_t columns) {
+  if (nf4 || !weight.defined() || weight.requires_grad() || weight.dtype() != DType::bf16 || weight.value().dim() != 2) return;
+  if (columns <= 0 || (weight_spare >= columns && ops::widen_rows(weight.value(), columns).defined())) return;
+  const int64_t out = weight.size(0), in = weight.size(1), spare = (columns + 7) / 8 * 8;  // rows 16-byte aligned
   Tensor wide = Tensor::empty({out, in + spare}, weight.dtype(), weight.value().device());
   Tensor body = wide.narrow(1, 0, in);
   ops::copy_rows_(body, weight.value());

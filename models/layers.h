@@ -54,9 +54,13 @@ struct Linear {
   // no dropout in effect), or 0.
   int64_t adapter_spare(DType dtype) const;
   // Gives a frozen dense bf16 weight with an adapter (no dropout) the spare columns adapter_spare
-  // asks for: the weight moves once into a [out, in + spare] buffer (spare rounded up to 16 bytes) and
-  // becomes the view of its first in columns. A no-op otherwise (NF4, trained or f32 weights).
+  // asks for, unless it has them already (loaded wide: LoadOptions::adapter_room). A no-op otherwise
+  // (NF4, trained or f32 weights).
   void widen_for_adapter();
+  // Moves a frozen dense bf16 weight into a [out, in + spare] buffer (spare rounded up to 16 bytes)
+  // and makes it the view of its first in columns (weight_spare = the rounded spare); a no-op for
+  // other weights or when it has that room already.
+  void widen(int64_t spare);
   // forward(act(gate) * up) for a gated MLP's down projection (act silu, or gelu_tanh with gelu):
   // with an adapter on a frozen weight and no dropout in effect, ag::glu_lora_linear (the activation's
   // backward makes act(gate) * up again for the adapter's dA in its own pass); else the two apart,

@@ -54,7 +54,8 @@ absl::StatusOr<ag::Variable> WeightLoader::get(const std::string& name, const Sh
   return ag::Variable(*std::move(t), false);
 }
 
-absl::Status WeightLoader::linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias) {
+absl::Status WeightLoader::linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias,
+                                  bool norm_reader) {
   l.name = name;
   const std::string wname = name + ".weight";
   auto src = ck_ ? hf_source(family_, config_, wname) : absl::StatusOr<HfSource>(HfSource{wname});
@@ -76,6 +77,7 @@ absl::Status WeightLoader::linear(Linear& l, const std::string& name, int64_t ou
       l.nf4 = std::make_shared<const Nf4Weight>(Nf4Weight::quantize(w->value()));
     } else {
       l.weight = *std::move(w);
+      if (norm_reader && adapter_room_ > 0) l.widen(adapter_room_);
     }
   }
   if (bias) {

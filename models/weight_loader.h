@@ -31,7 +31,10 @@ class WeightLoader {
   // checkpoint (NaN: random normal).
   absl::StatusOr<ag::Variable> get(const std::string& name, const Shape& shape, float init_fill = NAN);
   // Loom's module `name` ("model.layers.0.self_attn.q_proj"), [out, in] (+ bias [out]).
-  absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias);
+  // norm_reader: the projection reads a norm's output; its dense bf16 weight then gets the adapter
+  // room set by set_adapter_room (LoadOptions::adapter_room).
+  absl::Status linear(Linear& l, const std::string& name, int64_t out, int64_t in, bool bias, bool norm_reader = false);
+  void set_adapter_room(int64_t columns) { adapter_room_ = columns; }
   absl::Status norm(RmsNorm& n, const std::string& name, int64_t dim);
   // A mixture-of-experts projection stacked over `experts`: [experts, sum of part_rows, cols]. Each
   // expert e's rows are its parts' tensors one after another, the Hugging Face names of `parts` with
@@ -57,6 +60,7 @@ class WeightLoader {
  private:
   // The model's one scratch for its NF4 experts' dequantised weights (models/dequant_scratch.h).
   std::shared_ptr<DequantScratch> dequant_scratch_ = std::make_shared<DequantScratch>();
+  int64_t adapter_room_ = 0;
   absl::StatusOr<Tensor> load_part(const HfSource& src, const Shape& shape);
   void choose_layout();
 

@@ -114,6 +114,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg)
   load.device = s->device;
   load.quantize_4bit = cfg.qlora;
   load.allow_nonfinite = cfg.allow_nonfinite;
+  if (!cfg.full && !cfg.qlora && s->dtype == DType::bf16 && cfg.lora.dropout == 0.f) {
+    // The norm readers' weights load with room for the adapters' one-GEMM product (3 r + 1 columns,
+    // the largest rank of the run; LoadOptions::adapter_room), not widened later when attached.
+    int64_t r = cfg.lora.r;
+    for (const auto& [pattern, rank] : cfg.lora.rank_pattern) r = std::max(r, rank);
+    load.adapter_room = 3 * r + 1;
+  }
   std::optional<Checkpointing> planned_mode;  // --device-map chooses the mode with the plan
   if (!cfg.device_map.empty()) {
     if (is_gguf_path(cfg.model_dir))

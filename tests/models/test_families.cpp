@@ -28,6 +28,29 @@ TEST_P(Family, LoraBf16WithinTorchsBf16Error) {
   check_lora(GetParam(), {DType::bf16, Device::cpu()}, Tolerances{0, 0, 0, 0, true});
 }
 
+// Loaded with room for the adapters (LoadOptions::adapter_room, what `loom train` asks for LoRA in
+// bf16): the norm readers' weights are already wide, attaching the adapter moves nothing, and the
+// product matches PyTorch's bf16 error as above.
+TEST_P(Family, LoraBf16WithRoomAtLoad) {
+  LoadOptions opt{DType::bf16, Device::cpu()};
+  opt.adapter_room = 3 * 64 + 1;  // more than any fixture adapter's 3 r + 1
+  auto model = CausalLM::load(fixture_dir(GetParam()), opt);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<const void*> before;
+  for (const Linear* l : (**model).norm_readers()) {
+    EXPECT_GE(l->weight_spare, opt.adapter_room) << l->name;
+    before.push_back(l->weight.value().data_ptr());
+  }
+  ASSERT_FALSE(before.empty());
+  ASSERT_TRUE(load_adapter(**model, fixture_dir(GetParam()) + "/adapter").ok());
+  size_t i = 0;
+  for (const Linear* l : (**model).norm_readers()) {
+    EXPECT_EQ(l->weight.value().data_ptr(), before[i++]) << l->name << " moved when its adapter was attached";
+    EXPECT_GT(l->adapter_spare(DType::bf16), 0) << l->name;
+  }
+  check_lora(GetParam(), opt, Tolerances{0, 0, 0, 0, true});
+}
+
 TEST_P(Family, MergedAdapterMatchesPeftMerge) { check_merged(GetParam(), {DType::f32, Device::cpu()}, kF32); }
 
 TEST_P(Family, AdapterRoundTripsInPeftFormat) {
