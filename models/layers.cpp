@@ -23,6 +23,18 @@ std::pair<ag::Variable, ag::WeightFn> product_weight(const Linear& l, DType dtyp
 ag::LoraArgs lora_args(const LoraAdapter& a, int64_t x_spare = 0, int64_t w_spare = 0) {
   return ag::LoraArgs{a.scale, a.training ? a.dropout : 0.f, a.dropout_seed, a.dropout_offset, x_spare, w_spare};
 }
+}  // namespace
+
+int64_t padded_spare(int64_t cols, int64_t spare) {
+  // Rows 128 bytes apart in bf16 where cols allows it (a multiple of 8): the GEMMs' row loads start
+  // on whole 128-byte lines. The padding is memory only; K stays cols + the columns used. H100,
+  // 1B shape: rows 2104 elements apart (16-byte aligned) ran 0.6-1.1 % slower than 2096 (32-byte).
+  if (spare <= 0) return 0;
+  const int64_t unit = cols % 8 == 0 ? 64 : 8;
+  return (cols + spare + unit - 1) / unit * unit - cols;
+}
+
+namespace {
 // The adapter's one-GEMM columns (3 r, + 1 for the bias) for a product in dtype, before asking
 // whether the weight has room for them.
 int64_t one_gemm_columns(const Linear& l, DType dtype) {
@@ -58,7 +70,7 @@ void Linear::widen_for_adapter() {
 void Linear::widen(int64_t columns) {
   if (nf4 || !weight.defined() || weight.requires_grad() || weight.dtype() != DType::bf16 || weight.value().dim() != 2) return;
   if (columns <= 0 || (weight_spare >= columns && ops::widen_rows(weight.value(), columns).defined())) return;
-  const int64_t out = weight.size(0), in = weight.size(1), spare = (columns + 7) / 8 * 8;  // rows 16-byte aligned
+  const int64_t out = weight.size(0), in = weight.size(1), spare = padded_spare(in, columns);
   Tensor wide = Tensor::empty({out, in + spare}, weight.dtype(), weight.value().device());
   Tensor body = wide.narrow(1, 0, in);
   ops::copy_rows_(body, weight.value());
@@ -73,7 +85,7 @@ int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype) {
     if (s == 0) return 0;
     spare = std::max(spare, s);
   }
-  return (spare + 7) / 8 * 8;  // rows 16-byte aligned in bf16
+  return padded_spare(readers.front()->in_features(), spare);
 }
 
 std::vector<Linear*> Attention::input_readers() {

@@ -93,6 +93,9 @@ inline bool present(const Linear& l) { return !l.name.empty(); }
 // the largest of their adapter_spare when every one takes the one-GEMM path (its x_spare then goes
 // to each product in turn), else 0 (a product without it would copy the strided input).
 int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype);
+// At least `spare` columns after rows of `cols`, rounded up so that the rows of the wider buffer
+// start 128 bytes apart in bf16 (16 when cols is not a multiple of 8).
+int64_t padded_spare(int64_t cols, int64_t spare);
 
 struct Attention {
   Linear q_proj, k_proj, v_proj, o_proj;
