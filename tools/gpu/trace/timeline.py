@@ -4,7 +4,10 @@ went on the device: time with some kernel or copy running, and the gaps between 
 called "host" when the API call that launched the next piece of work started after the device had
 gone idle (the device waited for the host to queue it) and "device" otherwise (launch latency, a
 wait on another stream). Steps are found by a kernel launched once a step (--step-kernel).
-  python3 tools/gpu/trace/timeline.py trace.csv [--step-kernel embedding_forward] [--last 3]"""
+  python3 tools/gpu/trace/timeline.py trace.csv [--step-kernel embedding_forward] [--last 3]
+  ... --show rms_forward 2 4   the last step's work, one line each (start, duration, grid, name),
+                               from the 2nd to the 4th launch of a kernel named like rms_forward
+                               (one decoder layer's forward; rms_backward for its backward)"""
 import argparse
 import collections
 import csv
@@ -25,6 +28,8 @@ def main():
     ap.add_argument("--step-kernel", default="embedding_forward")
     ap.add_argument("--last", type=int, default=3, help="steps to report (the last complete ones)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--show", nargs=3, metavar=("KERNEL", "FROM", "TO"),
+                    help="list the last step's work between two launches of a kernel")
     a = ap.parse_args()
     opener = gzip.open if a.trace.endswith(".gz") else open
     work, api = [], {}
@@ -33,7 +38,7 @@ def main():
             s, e = int(r["start_ns"]), int(r["end_ns"])
             if r["what"] in ("kernel", "memcpy", "memset"):
                 name = r["name"] if r["what"] == "kernel" else f'{r["what"]} {r["name"]} {r["extra"]} B'
-                work.append((s, e, int(r["stream_or_thread"]), int(r["correlation"]), name))
+                work.append((s, e, int(r["stream_or_thread"]), int(r["correlation"]), name, r["extra"]))
             elif r["what"] in ("runtime", "driver"):
                 c = int(r["correlation"])
                 # a runtime launch and the driver call inside it: keep the outer (earlier) start
@@ -56,7 +61,7 @@ def main():
         items = [w for w in work if t0 <= w[0] < t1]
         wall = t1 - t0
         busy, end, prev = 0, t0, None
-        for s, e, stream, corr, name in items:
+        for s, e, stream, corr, name, _ in items:
             kern[short(name)] += e - s
             kcount[short(name)] += 1
             streams[stream] += e - s
@@ -89,6 +94,16 @@ def main():
         print(f"\ngaps ({kind}), largest sums: ms/step, count/step, us each, previous -> next")
         for k, v in gap_by[kind].most_common(a.top):
             print(f"  {ms(v):8.3f} {gap_n[kind][k] / n:7.1f} {v / gap_n[kind][k] / 1e3:8.1f}  {k}")
+    if a.show:
+        pattern, first, last = a.show[0], int(a.show[1]), int(a.show[2])
+        t0, t1 = steps[-1]
+        items = [w for w in work if t0 <= w[0] < t1]
+        at = [i for i, w in enumerate(items) if pattern in w[4]]
+        if len(at) < max(first, last):
+            sys.exit(f"timeline: the last step has {len(at)} launches like '{pattern}'")
+        print(f"\nthe last step from launch {first} to {last} of '{pattern}': start (us from the step's), us, grid, name")
+        for s, e, _, _, name, extra in items[at[first - 1]:at[last - 1] + 1]:
+            print(f"  {(s - t0) / 1e3:10.1f} {(e - s) / 1e3:8.1f} {extra:>7}  {short(name, 70)}")
     # The host's API time a step, by call.
     calls = collections.Counter()
     ncalls = collections.Counter()
