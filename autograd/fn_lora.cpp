@@ -19,11 +19,10 @@
 // parts go into the spare columns and y = [x, t_hlh] [W, scale b_hhl]^T is a single GEMM with K =
 // in + 3r, y written once and rounded once (a bias rides along as a column of ones in x and the
 // bias as a column of the weight: rounded once too, where PEFT rounds base + bias, then adds the
-// adapter). W's storage has the spare columns too (LoraArgs::w_spare, Linear::widen_for_adapter):
-// s b_hhl is written there per call, [out, 3r], W itself never copied. It costs 3r (+ 1) more
-// columns of K, and saves
-// writing y and reading it back in the base GEMM's epilogue: 2 of 3 passes over [tokens, out],
-// most for gate and up (out = intermediate size).
+// adapter). W's storage has the spare columns too (LoraArgs::w_spare, Linear::widen): s b_hhl is
+// written there per call, [out, 3r], W itself never copied. It costs 3r (+ 1) more columns of K,
+// and saves writing y and reading it back in the base GEMM's epilogue: 2 of 3 passes over
+// [tokens, out], most for gate and up (out = intermediate size).
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 

@@ -63,7 +63,7 @@ struct LoraArgs {
   // products are ordered after this one's on the stream, so they may reuse the same columns.
   int64_t x_spare = 0;
   // The same for the weight: columns after W's rows that the product may write (Linear::weight_spare,
-  // a frozen bf16 weight allocated wider when its adapter was attached). The one GEMM runs only when
+  // a frozen bf16 weight loaded wide or widened when its adapter was attached). The one GEMM runs only when
   // both x and W have the room: B's columns (and the bias) are written beside W, W is never copied.
   int64_t w_spare = 0;
 };

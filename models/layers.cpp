@@ -79,6 +79,7 @@ void Linear::widen(int64_t columns) {
 }
 
 int64_t input_spare(const std::vector<const Linear*>& readers, DType dtype) {
+  if (readers.empty()) return 0;
   int64_t spare = 0;
   for (const Linear* l : readers) {
     const int64_t s = l->adapter_spare(dtype);
@@ -103,13 +104,13 @@ std::vector<Linear*> Mlp::input_readers() {
 }
 
 int64_t Attention::input_spare(DType dtype) const {
-  if (present(qkv_proj)) return loom::input_spare({&qkv_proj}, dtype);
-  return loom::input_spare({&q_proj, &k_proj, &v_proj}, dtype);
+  const std::vector<Linear*> readers = const_cast<Attention*>(this)->input_readers();
+  return loom::input_spare({readers.begin(), readers.end()}, dtype);
 }
 
 int64_t Mlp::input_spare(DType dtype) const {
-  if (present(gate_up_proj)) return loom::input_spare({&gate_up_proj}, dtype);
-  return loom::input_spare({&gate_proj, &up_proj}, dtype);
+  const std::vector<Linear*> readers = const_cast<Mlp*>(this)->input_readers();
+  return loom::input_spare({readers.begin(), readers.end()}, dtype);
 }
 
 ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu, ag::OutputUse use) const {

@@ -36,7 +36,7 @@ struct Linear {
   std::unique_ptr<LoraAdapter> lora;
   // Columns after each row of the dense weight's storage (weight is a view of its first in_features
   // columns) where the one-GEMM LoRA product writes its adapter's B beside W (ag::LoraArgs::w_spare),
-  // set by widen_for_adapter; 0 for a contiguous weight.
+  // set by widen; 0 for a contiguous weight.
   int64_t weight_spare = 0;
 
   bool quantized() const { return nf4 != nullptr; }
@@ -57,8 +57,8 @@ struct Linear {
   // asks for, unless it has them already (loaded wide: LoadOptions::adapter_room). A no-op otherwise
   // (NF4, trained or f32 weights).
   void widen_for_adapter();
-  // Moves a frozen dense bf16 weight into a [out, in + spare] buffer (spare rounded up to 16 bytes)
-  // and makes it the view of its first in columns (weight_spare = the rounded spare); a no-op for
+  // Moves a frozen dense bf16 weight into a [out, in + padded_spare(in, spare)] buffer and makes it
+  // the view of its first in columns (weight_spare = the padded spare); a no-op for
   // other weights or when it has that room already.
   void widen(int64_t spare);
   // forward(act(gate) * up) for a gated MLP's down projection (act silu, or gelu_tanh with gelu):
