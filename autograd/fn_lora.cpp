@@ -25,32 +25,84 @@
 // [tokens, out], most for gate and up (out = intermediate size).
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
+#include "autograd/lora_split.h"
 
 namespace loom::ag {
 using detail::Grads;
 using detail::node_of;
 
-namespace {
+namespace detail {
 
-// [rows, cols] f32 -> bf16 [parts * rows, cols]: the parts stacked along the rows (a view of the
-// flattened split).
-Tensor split_rows(const Tensor& m, const std::string& pattern) {
-  const int64_t rows = m.size(0), cols = m.size(1);
-  return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern)
-      .view({static_cast<int64_t>(pattern.size()) * rows, cols});
+Tensor split_rows(const Tensor& m, const std::string& pattern, Tensor* into) {
+  const int64_t rows = m.size(0), cols = m.size(1), parts = static_cast<int64_t>(pattern.size());
+  Tensor flat_into = into ? into->view({1, parts * rows * cols}) : Tensor();
+  return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern, into ? &flat_into : nullptr)
+      .view({parts * rows, cols});
 }
-// x's gradient from its other consumers so far, as [rows, in], for dx to be added into by the GEMMs
-// themselves (q/k/v and gate/up read one x: two and one add passes per layer fewer), or undefined
-// (see Node::take_grad_so_far).
 Tensor grad_so_far(Node& n, int64_t in) {
   const Tensor g = n.take_grad_so_far(0);
   return g.defined() ? g.view({-1, in}) : g;
 }
-// [parts * rows, cols] f32 -> [rows, cols]: alpha times the sum of the stacked parts.
 Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
   const int64_t rows = m.size(0) / parts, cols = m.size(1);
   return ops::block_sum(m.reshape({1, m.numel()}), parts, alpha).view({rows, cols});
 }
+
+SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
+                           const LoraArgs& lora, OutputUse use) {
+  const int64_t in = w.size(1), out = w.size(0), r = b.size(1), n = x2.size(0);
+  const DType cdt = x2.dtype();
+  const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
+  // With spare columns after x's rows for t's parts (and a column of ones for the bias): y = [x,
+  // t_hlh, 1] [W, s b_hhl, bias]^T, one GEMM, one rounding (see the top of fn_lora.cpp).
+  const int64_t ext = 3 * r + (bias ? 1 : 0);
+  const bool one_gemm = read && lora.dropout <= 0.f && lora.x_spare >= ext && lora.w_spare >= ext;
+  Tensor x_ext = one_gemm ? ops::widen_rows(x2, ext) : Tensor();
+  const Tensor w_ext = x_ext.defined() ? ops::widen_rows(w, ext) : Tensor();
+  if (!w_ext.defined()) x_ext = Tensor();
+  SplitProduct p;
+  if (!read) {
+    p.y = unread_value({n, out}, cdt, x2.device());
+  } else if (bias && !x_ext.defined()) {
+    p.y = ops::add_bias(ops::matmul(x2, w, false, true), *bias);  // the base layer's output, rounded, as PEFT adds to it
+  }
+  // t = x (A_hi + A_lo)^T, blocks summed -> [n, r]: kept as its [t_hi, t_lo] parts for dB, and as
+  // [t_hi, t_lo, t_hi] for the product below (with the one GEMM, straight into x's spare columns).
+  Tensor x_tail = x_ext.defined() ? x_ext.narrow(1, in, 3 * r) : Tensor();
+  const std::vector<Tensor> t_parts =
+      ops::block_sum_split(t32, 2, 1.f, {"hlh", "hl"}, x_ext.defined() ? &x_tail : nullptr);
+  // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
+  const Tensor b_hhl = ops::bf16_split(b.to(DType::f32), "hhl");  // [out, 3r]
+  if (x_ext.defined()) {  // y written once, where the two products below write it, read and write it again
+    // s B's parts (and the bias) beside W in its spare columns: B changed since the last step.
+    Tensor w_tail = w_ext.narrow(1, in, 3 * r);
+    ops::bf16_split(lora.scale == 1.f ? b.to(DType::f32) : ops::scale(b.to(DType::f32), lora.scale), "hhl", &w_tail);
+    if (bias) {
+      Tensor ones = x_ext.narrow(1, in + 3 * r, 1);
+      ops::copy_rows_(ones, Tensor::full({n, 1}, 1.f, cdt, x2.device()));
+      Tensor w_bias = w_ext.narrow(1, in + 3 * r, 1);
+      ops::copy_rows_(w_bias, bias->to(cdt).reshape({out, 1}));
+    }
+    p.y = Tensor::empty({n, out}, cdt, x2.device());
+    ops::matmul_into(x_ext, w_ext, p.y, false, true, 1.f, 0.f);
+  } else if (read) {
+    // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T, first (written) without a bias.
+    const bool first = !bias;
+    if (first) p.y = Tensor::empty({n, out}, cdt, x2.device());
+    ops::matmul_into(t_parts[0], b_hhl, p.y, false, true, lora.scale, first ? 0.f : 1.f);
+    if (first) ops::matmul_into(x2, w, p.y, false, true, 1.f, 1.f);  // y += x W^T
+  }
+  p.t_keep = t_parts[1];                 // [n, 2r]
+  p.b_keep = b_hhl.narrow(1, r, 2 * r);  // [out, 2r], row stride 3r (GEMMs take it as it is)
+  return p;
+}
+
+}  // namespace detail
+
+namespace {
+using detail::grad_so_far;
+using detail::split_rows;
+using detail::sum_row_parts;
 
 // dA = scale * dt^T x: [r, n] x [n, in], from dt's [dt_hi, dt_lo] parts (split, [n, 2r]) or dt [n, r].
 Tensor adapter_a_grad(const Tensor& dt, const Tensor& x, bool split, float scale, int64_t r, DType a_dtype) {
@@ -134,63 +186,28 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   const Tensor x2 = ops::rows_of(xv);  // a view also of a norm's output with spare columns
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
   const bool first = split && !bias;  // the adapter's product first: see the top of the file
-  const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
-  // With spare columns after x's rows for t's parts (and a column of ones for the bias): y = [x,
-  // t_hlh, 1] [W, s b_hhl, bias]^T, one GEMM, one rounding (see the top of the file).
-  const int64_t ext = 3 * r + (bias ? 1 : 0);
-  const bool one_gemm = split && read && lora.dropout <= 0.f && lora.x_spare >= ext && lora.w_spare >= ext;
-  Tensor x_ext = one_gemm ? ops::widen_rows(x2, ext) : Tensor();
-  const Tensor w_ext = x_ext.defined() ? ops::widen_rows(w.value(), ext) : Tensor();
-  if (!w_ext.defined()) x_ext = Tensor();
-  Tensor y;
-  if (!read) {
-    y = detail::unread_value({x2.size(0), out}, cdt, xv.device());
-  } else if (!first && !x_ext.defined()) {
-    y = ops::matmul(x2, w.value(), false, true);    // [n, in] x [out, in]^T -> [n, out]
-    if (bias) y = ops::add_bias(y, bias->value());  // the base layer's output, rounded, as PEFT adds to it
-  }
-
   // What backward keeps: t (or its bf16 parts), B and A in the forms the GEMMs take.
-  Tensor t_keep, b_keep, a_keep;
+  Tensor y, t_keep, b_keep, a_keep;
   if (split) {
     // [A_hi; A_hi; A_lo] for dx; its last 2r rows are [A_hi; A_lo] (one split for both).
     const Tensor a_hhl = split_rows(a.value(), "hhl");
-    // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], blocks summed -> [n, r].
-    // Kept as its [t_hi, t_lo] parts for dB, and as [t_hi, t_lo, t_hi] for the product below.
-    // With the one GEMM below, t's [t_hi, t_lo, t_hi] go straight into x's spare columns.
-    Tensor x_tail = x_ext.defined() ? x_ext.narrow(1, in, 3 * r) : Tensor();
-    const std::vector<Tensor> t_parts =
-        ops::block_sum_split(ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), 2, 1.f,
-                             {"hlh", "hl"}, x_ext.defined() ? &x_tail : nullptr);
-    // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T.
-    // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
-    const Tensor b_hhl = ops::bf16_split(b.value().to(DType::f32), "hhl");  // [out, 3r]
-    if (x_ext.defined()) {  // y written once, where the two products below write it, read and write it again
-      // s B's parts (and the bias) beside W in its spare columns: B changed since the last step.
-      Tensor w_tail = w_ext.narrow(1, in, 3 * r);
-      ops::bf16_split(lora.scale == 1.f ? b.value().to(DType::f32) : ops::scale(b.value().to(DType::f32), lora.scale), "hhl",
-                      &w_tail);
-      if (bias) {
-        Tensor ones = x_ext.narrow(1, in + 3 * r, 1);
-        ops::copy_rows_(ones, Tensor::full({x2.size(0), 1}, 1.f, cdt, xv.device()));
-        Tensor w_bias = w_ext.narrow(1, in + 3 * r, 1);
-        ops::copy_rows_(w_bias, bias->value().to(cdt).reshape({out, 1}));
-      }
-      y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-      ops::matmul_into(x_ext, w_ext, y, false, true, 1.f, 0.f);
-    } else if (read) {
-      if (first) y = Tensor::empty({x2.size(0), out}, cdt, xv.device());
-      ops::matmul_into(t_parts[0], b_hhl, y, false, true, lora.scale, first ? 0.f : 1.f);
-      if (first) ops::matmul_into(x2, w.value(), y, false, true, 1.f, 1.f);  // y += x W^T
-    }
-    t_keep = t_parts[1];                                                        // [n, 2r]
-    b_keep = b_hhl.narrow(1, r, 2 * r);  // [out, 2r], row stride 3r (GEMMs take it as it is)
-    if (x.requires_grad()) a_keep = a_hhl;                                      // [3r, in]
+    // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], its blocks summed in split_product.
+    detail::SplitProduct p = detail::split_product(
+        x2, ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), w.value(), b.value(),
+        bias ? &bias->value() : nullptr, lora, use);
+    y = std::move(p.y), t_keep = std::move(p.t_keep), b_keep = std::move(p.b_keep);
+    if (x.requires_grad()) a_keep = a_hhl;  // [3r, in]
   } else {
+    if (use != OutputUse::kRead) {
+      y = detail::unread_value({x2.size(0), out}, cdt, xv.device());
+    } else {
+      y = ops::matmul(x2, w.value(), false, true);    // [n, in] x [out, in]^T -> [n, out]
+      if (bias) y = ops::add_bias(y, bias->value());  // the base layer's output, rounded, as PEFT adds to it
+    }
     const Tensor ac = a.value().to(cdt);
     b_keep = b.value().to(cdt);
-    t_keep = ops::matmul(xd, ac, false, true);                     // [n, in] x [r, in]^T -> [n, r]
-    if (read) ops::matmul_into(t_keep, b_keep, y, false, true, lora.scale, 1.f);  // y += scale * [n, r] x [out, r]^T
+    t_keep = ops::matmul(xd, ac, false, true);  // [n, in] x [r, in]^T -> [n, r]
+    if (use == OutputUse::kRead) ops::matmul_into(t_keep, b_keep, y, false, true, lora.scale, 1.f);  // y += scale * [n, r] x [out, r]^T
     if (x.requires_grad()) a_keep = ac;
   }
 

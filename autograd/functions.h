@@ -87,6 +87,24 @@ Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, co
 Variable glu_lora_linear(const Variable& gate, const Variable& up, bool gelu, const Variable& w, const Variable& a,
                          const Variable& b, const LoraArgs& lora, const Variable* bias = nullptr,
                          const WeightFn& rematerialize = {}, OutputUse use = OutputUse::kRead);
+// One of several products that read the same x (q, k and v; gate and up), for lora_linears.
+struct LoraProduct {
+  Tensor weight;         // the frozen base weight [out, in] (a view of its wide storage: LoraArgs::w_spare)
+  WeightFn make_weight;  // or, when weight is undefined, how to make it (an NF4 weight dequantised):
+                         // made for its product in forward and again in backward, never held between
+  const Variable* a = nullptr;     // lora_A [r, in]
+  const Variable* b = nullptr;     // lora_B [out, r]
+  const Variable* bias = nullptr;  // [out] or null
+  LoraArgs lora;                   // scale, x_spare and w_spare (no dropout here)
+};
+// lora_linear of each product over one x in bf16, with what the products share done once: x's
+// adapter inputs t = x A^T of every adapter are one GEMM (x read once, not once per product), and
+// in backward dA of every adapter is one GEMM over x, and their scale * dt A terms of dx one GEMM
+// before the base products add dy W onto it. The same values as lora_linear of each, up to the
+// order of f32 sums. Needs x in bf16, frozen weights, no adapter dropout and
+// one scale for all (ag callers: models/layers.cpp's forward_shared_input falls back to lora_linear
+// otherwise).
+std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProduct>& products);
 // x W^T (+ bias) with W frozen (no gradient) and re-materialised by `rematerialize` for backward.
 Variable frozen_linear(const Variable& x, const Variable& w, const WeightFn& rematerialize, const Variable* bias = nullptr,
                        OutputUse use = OutputUse::kRead);

@@ -98,10 +98,11 @@ Tensor bf16_split(const Tensor& x, const std::string& pattern, Tensor* into = nu
 // f32 in [rows, m * k] -> f32 [rows, k]: alpha times the sum of the m blocks of each row.
 Tensor block_sum(const Tensor& in, int m, float alpha = 1.f);
 // bf16_split(block_sum(in, m, alpha), pattern) for one or two patterns, in one pass (the same bits).
-// into_a: the first pattern's parts go there ([rows, count * k] bf16, rows any pitch apart: x's spare
-// columns) instead of a new tensor.
+// into_a, into_b: the first and second pattern's parts go there ([rows, count * k] bf16, rows any pitch
+// apart: x's spare columns, one adapter's columns of several) instead of new tensors. in's rows may be
+// any pitch apart too (one adapter's columns of a product for several, ag::lora_linears).
 std::vector<Tensor> block_sum_split(const Tensor& in, int m, float alpha, const std::vector<std::string>& patterns,
-                                    Tensor* into_a = nullptr);
+                                    Tensor* into_a = nullptr, Tensor* into_b = nullptr);
 
 // ---- normalization, position, activation, lookup ----
 struct RmsNormOut {

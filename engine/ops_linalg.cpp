@@ -174,22 +174,26 @@ Tensor block_sum(const Tensor& in_t, int m, float alpha) {
 }
 
 std::vector<Tensor> block_sum_split(const Tensor& in_t, int m, float alpha, const std::vector<std::string>& patterns,
-                                    Tensor* into_a) {
+                                    Tensor* into_a, Tensor* into_b) {
   const char* op = "block_sum_split";
   expect_dtype(op, in_t, DType::f32, "in");
   LOOM_CHECK(in_t.dim() == 2 && m >= 1 && in_t.size(1) % m == 0, op, ": in must be [rows, m * k] with m = ", m,
              ", got ", in_t.str());
   LOOM_CHECK(patterns.size() == 1 || patterns.size() == 2, op, ": one or two patterns, got ", patterns.size());
-  const Tensor in = in_t.contiguous();
-  const int64_t rows = in.size(0), k = in.size(1) / m;
+  LOOM_CHECK(!into_b || patterns.size() == 2, op, ": into_b given for one pattern");
+  // Rows any pitch apart (a column block of a wider matrix) are read where they are.
+  const bool pitched = in_t.size(0) > 1 && in_t.strides()[1] == 1 && in_t.strides()[0] >= in_t.size(1);
+  const Tensor in = pitched || in_t.is_contiguous() ? in_t : in_t.contiguous();
+  const int64_t rows = in.size(0), k = in.size(1) / m, ld_in = pitched ? in.strides()[0] : 0;
   std::vector<SplitPattern> ps;
   std::vector<Tensor> out;
-  int64_t ld_a = 0;
+  int64_t ld[2] = {0, 0};
   for (const std::string& pattern : patterns) {
     ps.push_back(split_pattern(op, pattern));
-    if (out.empty() && into_a) {
-      ld_a = pitch_of(op, into_a, in, rows, ps.back().count * k);
-      out.push_back(*into_a);
+    Tensor* into = out.empty() ? into_a : into_b;
+    if (into) {
+      ld[out.size()] = pitch_of(op, into, in, rows, ps.back().count * k);
+      out.push_back(*into);
     } else {
       out.push_back(Tensor::empty({rows, ps.back().count * k}, DType::bf16, in.device()));
     }
@@ -198,11 +202,11 @@ std::vector<Tensor> block_sum_split(const Tensor& in_t, int m, float alpha, cons
   bf16* b = out.size() > 1 ? out[1].data<bf16>() : nullptr;
   const SplitPattern pb = ps.size() > 1 ? ps[1] : SplitPattern{};
   if (in.is_cpu()) {
-    cpu::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb, ld_a);
+    cpu::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb, ld[0], ld[1], ld_in);
   } else {
     LOOM_ON_CUDA(op, float,
                  cuda::block_sum_split(in.data<float>(), rows, k, m, alpha, out[0].data<bf16>(), ps[0], b, pb,
-                                       stream_of(in), ld_a));
+                                       stream_of(in), ld[0], ld[1], ld_in));
   }
   return out;
 }

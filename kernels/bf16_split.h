@@ -30,14 +30,15 @@ void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha);
 // block_sum, then bf16_split of its result with pattern a into out_a [rows, a.count * k] and, when
 // out_b is not null, with pattern b into out_b: the same values as the three calls, in one pass,
-// without the f32 sum in memory. ld_a: out_a's row pitch in elements (0: a.count * k).
+// without the f32 sum in memory. ld_a, ld_b: out_a's and out_b's row pitch in elements (0: count * k);
+// ld_in: in's (0: m * k; larger reads a column block of a wider matrix, e.g. one adapter's of several).
 void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
-                     bf16* out_b, SplitPattern b, int64_t ld_a = 0);
+                     bf16* out_b, SplitPattern b, int64_t ld_a = 0, int64_t ld_b = 0, int64_t ld_in = 0);
 }  // namespace loom::cpu
 
 namespace loom::cuda {
 void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, Stream s, int64_t ld_out = 0);
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha, Stream s);
 void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
-                     bf16* out_b, SplitPattern b, Stream s, int64_t ld_a = 0);
+                     bf16* out_b, SplitPattern b, Stream s, int64_t ld_a = 0, int64_t ld_b = 0, int64_t ld_in = 0);
 }  // namespace loom::cuda

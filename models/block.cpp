@@ -14,7 +14,8 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
     std::vector<ag::Variable> p = ag::split(product(attn.qkv_proj), {c.q_dim(), c.kv_dim(), c.kv_dim()});
     q = p[0], k = p[1], v = p[2];
   } else {
-    q = product(attn.q_proj), k = product(attn.k_proj), v = product(attn.v_proj);
+    const std::vector<ag::Variable> qkv = forward_shared_input({&attn.q_proj, &attn.k_proj, &attn.v_proj}, h, x_spare);
+    q = qkv[0], k = qkv[1], v = qkv[2];
   }
   q = ag::reshape(q, {ctx.batch, ctx.seq, c.num_attention_heads, c.head_dim});
   k = ag::reshape(k, {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});

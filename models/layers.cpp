@@ -53,6 +53,44 @@ ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute
                          recompute_x, use);
 }
 
+std::vector<ag::Variable> forward_shared_input(const std::vector<const Linear*>& ls, const ag::Variable& x,
+                                               int64_t x_spare) {
+  // Those that can share: an enabled adapter without dropout in effect on a frozen weight, bf16, the
+  // first such one's scale.
+  std::vector<size_t> shared;
+  for (size_t i = 0; i < ls.size(); ++i) {
+    const Linear& l = *ls[i];
+    if (x.dtype() == DType::bf16 && l.lora && l.lora->enabled && lora_args(*l.lora).dropout <= 0.f &&
+        (l.nf4 || (!l.weight.requires_grad() && l.weight.dtype() == DType::bf16)) &&
+        (shared.empty() || l.lora->scale == ls[shared.front()]->lora->scale))
+      shared.push_back(i);
+  }
+  if (shared.size() < 2) shared.clear();
+  std::vector<ag::LoraProduct> products;
+  for (size_t i : shared) {
+    const Linear& l = *ls[i];
+    ag::LoraProduct p;
+    if (l.nf4) {
+      p.make_weight = [q = l.nf4] { return q->dequantize(DType::bf16); };
+    } else {
+      p.weight = l.weight.value();
+    }
+    p.a = &l.lora->A, p.b = &l.lora->B, p.bias = l.bias.defined() ? &l.bias : nullptr;
+    p.lora = lora_args(*l.lora, x_spare, l.nf4 ? 0 : l.weight_spare);
+    products.push_back(std::move(p));
+  }
+  const std::vector<ag::Variable> together = products.empty() ? std::vector<ag::Variable>{} : ag::lora_linears(x, products);
+  std::vector<ag::Variable> out;
+  for (size_t i = 0, j = 0; i < ls.size(); ++i) {
+    if (j < shared.size() && shared[j] == i) {
+      out.push_back(together[j++]);
+    } else {
+      out.push_back(ls[i]->forward(x, {}, ag::OutputUse::kRead, x_spare));
+    }
+  }
+  return out;
+}
+
 int64_t Linear::adapter_spare(DType dtype) const {
   const int64_t ext = one_gemm_columns(*this, dtype);
   // The weight must have the room too (and still be the widened view: a merge or a move to another
@@ -153,8 +191,8 @@ ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use, int64_t x_sp
     std::vector<ag::Variable> parts = ag::split(gate_up_proj.forward(x, {}, ag::OutputUse::kRead, x_spare), {inter, inter});
     gate = parts[0], up = parts[1];
   } else {
-    gate = gate_proj.forward(x, {}, ag::OutputUse::kRead, x_spare);
-    up = up_proj.forward(x, {}, ag::OutputUse::kRead, x_spare);
+    const std::vector<ag::Variable> gu = forward_shared_input({&gate_proj, &up_proj}, x, x_spare);
+    gate = gu[0], up = gu[1];
   }
   return down_proj.forward_glu(gate, up, gelu, use);
 }

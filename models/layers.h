@@ -69,6 +69,13 @@ struct Linear {
                            ag::OutputUse use = ag::OutputUse::kRead) const;
 };
 
+// The products of Linears that read one x (q, k and v; gate and up): ag::lora_linears (x's adapter
+// passes shared) where every one has an enabled adapter with no dropout in effect on a frozen weight,
+// x is bf16 and the adapters share their scale; else each Linear::forward on its own. x_spare as
+// for Linear::forward.
+std::vector<ag::Variable> forward_shared_input(const std::vector<const Linear*>& ls, const ag::Variable& x,
+                                               int64_t x_spare = 0);
+
 struct RmsNorm {
   std::string name;
   ag::Variable weight;  // [dim]

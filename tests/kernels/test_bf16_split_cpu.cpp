@@ -94,5 +94,29 @@ TEST(Bf16Split, PitchedRowsMatchAndLeaveTheRestAlone) {
     }
 }
 
+// One adapter's column block of a product for several (ag::lora_linears): in's rows ld_in apart, both
+// patterns written into rows of their own pitch; the same bits as the unpitched call on a copy of
+// the block, and nothing outside the block's columns written.
+TEST(Bf16Split, BlockSumReadsAColumnBlockAndWritesBothPatternsPitched) {
+  const int64_t rows = 6, k = 5, ld_in = 4 * k + 3, col = 2 * k + 1, ld_a = 2 * k + 4, ld_b = 3 * k + 9;
+  const auto wide_in = random_vec<float>(rows * ld_in, 23);
+  std::vector<float> block(rows * 2 * k);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < 2 * k; ++c) block[r * 2 * k + c] = wide_in[r * ld_in + col + c];
+  SplitPattern hl, hlh;
+  for (char c : {'h', 'l'}) hl.parts[hl.count++] = c;
+  for (char c : {'h', 'l', 'h'}) hlh.parts[hlh.count++] = c;
+  std::vector<bf16> ref_a(rows * 2 * k), ref_b(rows * 3 * k), a(rows * ld_a, float_to_bf16(-7.f)),
+      b(rows * ld_b, float_to_bf16(-7.f));
+  cpu::block_sum_split(block.data(), rows, k, 2, 0.75f, ref_a.data(), hl, ref_b.data(), hlh);
+  cpu::block_sum_split(wide_in.data() + col, rows, k, 2, 0.75f, a.data(), hl, b.data(), hlh, ld_a, ld_b, ld_in);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < ld_a; ++c)
+      EXPECT_EQ(bf16_to_float(a[r * ld_a + c]), c < 2 * k ? bf16_to_float(ref_a[r * 2 * k + c]) : -7.f) << r << "," << c;
+    for (int64_t c = 0; c < ld_b; ++c)
+      EXPECT_EQ(bf16_to_float(b[r * ld_b + c]), c < 3 * k ? bf16_to_float(ref_b[r * 3 * k + c]) : -7.f) << r << "," << c;
+  }
+}
+
 }  // namespace
 }  // namespace loom::test

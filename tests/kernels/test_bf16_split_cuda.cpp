@@ -67,5 +67,26 @@ TEST(Bf16SplitCuda, PitchedRowsMatchCpu) {
   EXPECT_EQ(rel_error(d_sum.to_host(), ref_sum), 0.0);
 }
 
+// The pitched input and both pitched outputs of ag::lora_linears (a [rows, 2r] block of a [rows, 6r]
+// product; dt's parts into their columns of [rows, 6r] and [rows, 9r]): the CPU kernel's bits.
+TEST(Bf16SplitCuda, BlockSumPitchedInputAndOutputsMatchCpu) {
+  LOOM_REQUIRE_GPU();
+  SplitPattern hl, hlh;
+  for (char c : {'h', 'l'}) hl.parts[hl.count++] = c;
+  for (char c : {'h', 'l', 'h'}) hlh.parts[hlh.count++] = c;
+  const int64_t rows = 16384, k = 16, ld_in = 6 * k, col = 2 * k, ld_a = 6 * k, ld_b = 9 * k;
+  const auto in = random_vec<float>(rows * ld_in, 43);
+  std::vector<bf16> ref_a(rows * ld_a, float_to_bf16(-7.f)), ref_b(rows * ld_b, float_to_bf16(-7.f));
+  cpu::block_sum_split(in.data() + col, rows, k, 2, 1.f, ref_a.data() + 2 * k, hl, ref_b.data() + 3 * k, hlh, ld_a, ld_b,
+                       ld_in);
+  DeviceBuffer<float> d_in(in);
+  DeviceBuffer<bf16> d_a(std::vector<bf16>(rows * ld_a, float_to_bf16(-7.f))),
+      d_b(std::vector<bf16>(rows * ld_b, float_to_bf16(-7.f)));
+  cuda::block_sum_split(d_in.get() + col, rows, k, 2, 1.f, d_a.get() + 2 * k, hl, d_b.get() + 3 * k, hlh, nullptr, ld_a,
+                        ld_b, ld_in);
+  EXPECT_EQ(rel_error(d_a.to_host(), ref_a), 0.0);
+  EXPECT_EQ(rel_error(d_b.to_host(), ref_b), 0.0);
+}
+
 }  // namespace
 }  // namespace loom::test
