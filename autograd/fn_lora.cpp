@@ -33,11 +33,10 @@ using detail::node_of;
 
 namespace detail {
 
-Tensor split_rows(const Tensor& m, const std::string& pattern, Tensor* into) {
-  const int64_t rows = m.size(0), cols = m.size(1), parts = static_cast<int64_t>(pattern.size());
-  Tensor flat_into = into ? into->view({1, parts * rows * cols}) : Tensor();
-  return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern, into ? &flat_into : nullptr)
-      .view({parts * rows, cols});
+Tensor split_rows(const Tensor& m, const std::string& pattern) {
+  const int64_t rows = m.size(0), cols = m.size(1);
+  return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern)
+      .view({static_cast<int64_t>(pattern.size()) * rows, cols});
 }
 Tensor grad_so_far(Node& n, int64_t in) {
   const Tensor g = n.take_grad_so_far(0);

@@ -46,10 +46,11 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
   // ([2 total, in]: t's), each split written in place.
   Tensor a_hhl = Tensor::empty({3 * total, in}, DType::bf16, xv.device());
   Tensor a_hl = Tensor::empty({2 * total, in}, DType::bf16, xv.device());
-  for (size_t i = 0; i < products.size(); ++i) {
-    Tensor hhl = a_hhl.narrow(0, 3 * off[i], 3 * rank[i]), hl = a_hl.narrow(0, 2 * off[i], 2 * rank[i]);
-    detail::split_rows(products[i].a->value(), "hhl", &hhl);
-    detail::split_rows(products[i].a->value(), "hl", &hl);
+  for (size_t i = 0; i < products.size(); ++i) {  // both splits of A in one pass (a block sum of one block)
+    const int64_t cells = rank[i] * in;
+    Tensor hhl = a_hhl.narrow(0, 3 * off[i], 3 * rank[i]).view({1, 3 * cells});
+    Tensor hl = a_hl.narrow(0, 2 * off[i], 2 * rank[i]).view({1, 2 * cells});
+    ops::block_sum_split(products[i].a->value().to(DType::f32).reshape({1, cells}), 1, 1.f, {"hhl", "hl"}, &hhl, &hl);
   }
   const Tensor t32 = ops::matmul(x2, a_hl, false, true, DType::f32);  // [n, 2 total]: x read once
   std::vector<Tensor> ys, t_keep, b_keep;

@@ -7,9 +7,9 @@
 
 namespace loom::ag::detail {
 
-// [rows, cols] f32 -> bf16 [parts * rows, cols]: the parts stacked along the rows, written into
-// *into ([parts * rows, cols], contiguous) when given.
-Tensor split_rows(const Tensor& m, const std::string& pattern, Tensor* into = nullptr);
+// [rows, cols] f32 -> bf16 [parts * rows, cols]: the parts stacked along the rows (a view of the
+// flattened split).
+Tensor split_rows(const Tensor& m, const std::string& pattern);
 // [parts * rows, cols] f32 (contiguous) -> [rows, cols]: alpha times the sum of the stacked parts.
 Tensor sum_row_parts(const Tensor& m, int parts, float alpha);
 // x's gradient from its other consumers so far, as [rows, in], for dx to be added into by the GEMMs

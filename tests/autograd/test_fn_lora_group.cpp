@@ -120,15 +120,19 @@ void check(int64_t n, int64_t in, const std::vector<Spec>& specs, float scale, c
     if (specs[i].bias) base = ops::add_bias(base, bias[i]);
     EXPECT_LT(rel_err(ops::sub(got.y[i].to(DType::f64), base), ops::sub(ref.y[i], base)), 3e-2);
     if (!has_grad[i]) {  // no gradient reached it: its adapter's gradients are nothing (or zero)
-      for (const Tensor& t : {got.da[i], got.db[i]})
-        if (t.defined())
+      for (const Tensor& t : {got.da[i], got.db[i]}) {
+        if (t.defined()) {
           for (float v : t.to_floats()) ASSERT_EQ(v, 0.f);
+        }
+      }
       continue;
     }
     EXPECT_EQ(got.da[i].dtype(), DType::f32);
     EXPECT_LT(rel_err(got.da[i], ref.da[i]), 1e-2);
     EXPECT_LT(rel_err(got.db[i], ref.db[i]), 1e-2);
-    if (specs[i].bias) EXPECT_LT(rel_err(got.dbias[i], ref.dbias[i]), 1e-2);
+    if (specs[i].bias) {
+      EXPECT_LT(rel_err(got.dbias[i], ref.dbias[i]), 1e-2);
+    }
   }
   // W's own columns are untouched where s B's parts were written beside them.
   for (size_t i = 0; i < m; ++i)

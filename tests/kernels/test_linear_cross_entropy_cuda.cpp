@@ -20,13 +20,14 @@ struct Case {
   float softcap;
   bool dw;
 };
-// The row kernel reads 4 logits per thread (tiles of 1024) when vocab % 4 == 0, else 1 (tiles
-// of 256). vocab 3000 (4-wide) and 5003 (1-wide) are not multiples of their tiles, so the bf16
-// in-place rewrite crosses tiles and ends in a partial one; vocab 1000 is one partial 4-wide
-// tile. n = 300 with chunk 128 gives chunks of 128, 128, 44.
+// The row kernel reads 8 bf16, 4 f32 or 1 logit per thread at a time (256 threads: tiles of 2048,
+// 1024 or 256): vocab 3000, 5003 and 9000 cross tiles and end in a partial one, vocab 1000 is one
+// partial bf16 tile. n = 300 with chunk 128 gives chunks of 128, 128, 44; n = 1100 with chunk 1024
+// chunks of 1024 and 76.
 const Case kCases[] = {{300, 1000, 64, 128, 0.f, true}, {300, 1000, 64, 128, 5.f, true},
                        {77, 3000, 32, 32, 2.f, true},   {77, 5003, 32, 32, 0.f, false},
-                       {77, 5003, 32, 0, 3.f, true},    {1, 7, 16, 1, 0.f, true}};
+                       {77, 5003, 32, 0, 3.f, true},    {1, 7, 16, 1, 0.f, true},
+                       {1100, 9000, 16, 1024, 0.f, true}, {1100, 5003, 16, 1024, 4.f, false}};
 
 // Every fourth row ignored; row 5 carries an out-of-range target, which CUDA treats as ignored
 // (the CPU reference, which would throw, gets ignore_index there).
