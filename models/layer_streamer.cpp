@@ -56,32 +56,46 @@ void for_each_frozen_tensor(DecoderLayer& L, const std::function<void(Tensor&)>&
   }
 }
 
+namespace {
+// A weight whose rows lie further apart than its columns (spare columns after them: Linear::widen,
+// for the one-GEMM LoRA product) as the contiguous [rows, pitch] it is a view of, or undefined.
+Tensor wide_form(const Tensor& t) {
+  if (t.dim() != 2 || t.size(0) < 2 || t.strides()[1] != 1 || t.strides()[0] <= t.size(1)) return Tensor();
+  return ops::widen_rows(t, t.strides()[0] - t.size(1));
+}
+// The piece's tensor over `storage` at byte `base`: the stored tensor, or its first cols columns.
+Tensor piece_view(const std::shared_ptr<Storage>& storage, int64_t base, const LayerStreamer::Piece& p) {
+  const Tensor whole = Tensor::from_storage(storage, p.shape, p.dtype, (base + p.offset) / bytes_for(p.dtype, 1));
+  return p.cols > 0 ? whole.narrow(1, 0, p.cols) : whole;
+}
+}  // namespace
+
 void LayerStreamer::adopt(int64_t index, DecoderLayer& layer) {
   LOOM_CHECK(!entries_.count(index), "LayerStreamer: layer ", index, " is adopted twice");
   Entry e;
   e.layer = &layer;
+  // A weight with spare columns is streamed with them, so that a streamed layer computes what the
+  // resident one does (the one-GEMM LoRA product needs the room: ag::LoraArgs::w_spare).
   for_each_frozen_tensor(layer, [&](Tensor& t) {
-    e.pieces.push_back({t.shape(), t.dtype(), e.bytes});
-    e.bytes += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+    const Tensor wide = wide_form(t);
+    const Tensor& stored = wide.defined() ? wide : t;
+    e.pieces.push_back({stored.shape(), stored.dtype(), e.bytes, wide.defined() ? t.size(1) : 0});
+    e.bytes += (stored.nbytes() + kAlign - 1) / kAlign * kAlign;
   });
   e.host = compute_.is_cuda() ? Tensor::empty_pinned({e.bytes}, DType::u8) : Tensor::empty({e.bytes}, DType::u8);
   size_t k = 0;
   for_each_frozen_tensor(layer, [&](Tensor& t) {
     const Piece& p = e.pieces[k++];
-    Tensor view = Tensor::from_storage(e.host.storage(), p.shape, p.dtype, p.offset / bytes_for(p.dtype, 1));
-    view.copy_(t);
-    t = view;
+    Tensor stored = Tensor::from_storage(e.host.storage(), p.shape, p.dtype, p.offset / bytes_for(p.dtype, 1));
+    stored.copy_(p.cols > 0 ? wide_form(t) : t);
+    t = piece_view(e.host.storage(), 0, p);
   });
   entries_.emplace(index, std::move(e));
 }
 
 void LayerStreamer::point(Entry& e, const Tensor& storage) {
   size_t k = 0;
-  for_each_frozen_tensor(*e.layer, [&](Tensor& t) {
-    const Piece& p = e.pieces[k++];
-    t = Tensor::from_storage(storage.storage(), p.shape, p.dtype,
-                             (storage.offset() + p.offset) / bytes_for(p.dtype, 1));
-  });
+  for_each_frozen_tensor(*e.layer, [&](Tensor& t) { t = piece_view(storage.storage(), storage.offset(), e.pieces[k++]); });
 }
 
 int LayerStreamer::slot_of(int64_t index) const {

@@ -41,12 +41,15 @@ class LayerStreamer {
   int64_t slot_bytes() const;  // one slot: the largest streamed layer
   int64_t copies() const { return copies_; }  // layer copies made so far (a prefetch hit costs none)
 
- private:
+  // One frozen tensor of a layer's buffer.
   struct Piece {
-    Shape shape;
+    Shape shape;  // as stored: a weight with spare columns after its rows (Linear::widen) whole
     DType dtype;
     int64_t offset = 0;  // bytes into the layer's buffer
+    int64_t cols = 0;    // > 0: the tensor is the first cols columns of the stored [rows, pitch]
   };
+
+ private:
   struct Entry {
     DecoderLayer* layer = nullptr;
     std::vector<Piece> pieces;  // in for_each_frozen order

@@ -37,6 +37,7 @@ inline StreamRun train_streamed(const std::string& dir, bool qlora, std::optiona
   LoadOptions lo{dtype, device};
   lo.quantize_4bit = qlora;
   lo.placement = placement;
+  lo.adapter_room = 3 * LoraConfig{}.r + 1;  // as `loom train` loads for LoRA (the one-GEMM product in bf16)
   auto model = CausalLM::load(dir, lo);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return out;
