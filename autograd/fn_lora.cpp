@@ -47,6 +47,10 @@ Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
   return ops::block_sum(m.reshape({1, m.numel()}), parts, alpha).view({rows, cols});
 }
 
+Tensor split_b_grad(const Tensor& dy, const Tensor& t_parts, float scale, DType b_dtype) {
+  return ops::block_sum(ops::matmul(dy, t_parts, true, false, DType::f32), 2, scale).to(b_dtype);
+}
+
 SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
                            const LoraArgs& lora, OutputUse use) {
   const int64_t in = w.size(1), out = w.size(0), r = b.size(1), n = x2.size(0);
@@ -228,7 +232,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     };
     if (n.needs_grad(3)) {  // dB = scale * dy^T t: [out, n] x [n, r] (or [n, 2r] parts, summed)
       if (split) {
-        db = ops::block_sum(ops::matmul(dy, t_keep, true, false, DType::f32), 2, scale).to(b_dtype);
+        db = detail::split_b_grad(dy, t_keep, scale, b_dtype);
       } else {
         db = Tensor::empty({dy.size(1), r}, b_dtype, dy.device());
         ops::matmul_into(dy, t_keep, db, true, false, scale, 0.f);

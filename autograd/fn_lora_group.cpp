@@ -96,12 +96,12 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
     };
     Tensor dt_hl = any_a ? parts(2 * total) : Tensor();
     Tensor dt_hlh = want_dx ? parts(3 * total) : Tensor();
+    std::vector<Tensor> dys(m);  // [n, out_i], undefined where output i got no gradient
     for (size_t i = 0; i < m; ++i) {
       if (!g[i].defined()) continue;
-      const Tensor dy = g[i].reshape({-1, g[i].size(-1)});  // [n, out_i]
-      if (node.needs_grad(grad_index(i, 1)))  // dB = scale * dy^T t: [out, n] x [n, 2r] parts, summed
-        out[grad_index(i, 1)] =
-            ops::block_sum(ops::matmul(dy, t_keep[i], true, false, DType::f32), 2, scale).to(kept[i].b_dtype);
+      const Tensor& dy = dys[i] = g[i].reshape({-1, g[i].size(-1)});
+      if (node.needs_grad(grad_index(i, 1)))
+        out[grad_index(i, 1)] = detail::split_b_grad(dy, t_keep[i], scale, kept[i].b_dtype);
       if (node.needs_grad(grad_index(i, 2))) out[grad_index(i, 2)] = ops::sum_rows(dy, kept[i].bias_dtype);
       // dt = dy B: [n, out] x [out, 2r] parts, summed in f32 and split into this adapter's columns.
       Tensor hl = any_a ? dt_hl.narrow(1, 2 * off[i], 2 * rank[i]) : Tensor();
@@ -125,9 +125,9 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
       Tensor dx = so_far.defined() ? so_far : Tensor::empty({n, in}, DType::bf16, x2.device());
       ops::matmul_into(dt_hlh, keep_a_hhl, dx, false, false, scale, so_far.defined() ? 1.f : 0.f);
       for (size_t i = 0; i < m; ++i) {
-        if (!g[i].defined()) continue;
+        if (!dys[i].defined()) continue;
         const Tensor w = kept[i].weight.defined() ? kept[i].weight : kept[i].make_weight();
-        ops::matmul_into(g[i].reshape({-1, g[i].size(-1)}), w, dx, false, false, 1.f, 1.f);
+        ops::matmul_into(dys[i], w, dx, false, false, 1.f, 1.f);
       }
       out[0] = dx.view(xshape);
     }

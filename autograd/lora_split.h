@@ -16,6 +16,10 @@ Tensor sum_row_parts(const Tensor& m, int parts, float alpha);
 // themselves, or undefined (see Node::take_grad_so_far).
 Tensor grad_so_far(Node& n, int64_t in);
 
+// dB = scale * dy^T t from t's [t_hi, t_lo] parts ([n, 2r]): [out, n] x [n, 2r] in f32, the two
+// blocks summed, in B's dtype.
+Tensor split_b_grad(const Tensor& dy, const Tensor& t_parts, float scale, DType b_dtype);
+
 // What the forward of one bf16 adapter product keeps for backward.
 struct SplitProduct {
   Tensor y;       // [n, out] (an unread value unless use is kRead)

@@ -12,9 +12,13 @@ Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dt
 namespace {
 // The weight a product uses: the dense Variable, or an NF4 weight dequantised in dtype for this
 // product (unless nothing reads it) with how backward dequantises it again.
+// How an NF4 weight is made dense in dtype (each call dequantises it again).
+ag::WeightFn dequantizer(const Linear& l, DType dtype) {
+  return [q = l.nf4, dtype] { return q->dequantize(dtype); };
+}
 std::pair<ag::Variable, ag::WeightFn> product_weight(const Linear& l, DType dtype, ag::OutputUse use) {
   if (!l.nf4) return {l.weight, {}};
-  ag::WeightFn again = [q = l.nf4, dtype] { return q->dequantize(dtype); };
+  ag::WeightFn again = dequantizer(l, dtype);
   Tensor w = use == ag::OutputUse::kRead ? again() : Tensor::empty(l.nf4->shape, dtype, l.nf4->device());
   return {ag::Variable(w, false), std::move(again)};
 }
@@ -71,7 +75,7 @@ std::vector<ag::Variable> forward_shared_input(const std::vector<const Linear*>&
     const Linear& l = *ls[i];
     ag::LoraProduct p;
     if (l.nf4) {
-      p.make_weight = [q = l.nf4] { return q->dequantize(DType::bf16); };
+      p.make_weight = dequantizer(l, DType::bf16);
     } else {
       p.weight = l.weight.value();
     }
