@@ -26,6 +26,7 @@
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 #include "autograd/lora_split.h"
+#include "engine/ops_lora.h"
 
 namespace loom::ag {
 using detail::Grads;
@@ -47,8 +48,24 @@ Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
   return ops::block_sum(m.reshape({1, m.numel()}), parts, alpha).view({rows, cols});
 }
 
-Tensor split_b_grad(const Tensor& dy, const Tensor& t_parts, float scale, DType b_dtype) {
+// dB = scale * dy^T t: [out, n] x [n, 2r] in f32, the two blocks summed, in B's dtype.
+static Tensor split_b_grad(const Tensor& dy, const Tensor& t_parts, float scale, DType b_dtype) {
   return ops::block_sum(ops::matmul(dy, t_parts, true, false, DType::f32), 2, scale).to(b_dtype);
+}
+
+DyGrads split_dy_grads(const Tensor& dy, const Tensor& t_parts, const Tensor& b_parts, float scale, DType b_dtype,
+                       bool want_db, const std::vector<std::string>& patterns, Tensor* into_a, Tensor* into_b) {
+  DyGrads g;
+  if (want_db && !patterns.empty()) {
+    ops::LoraDyProducts p = ops::lora_dy_products(dy, b_parts, t_parts, 2, scale);
+    g.db = p.db.to(b_dtype);
+    g.dt_parts = ops::block_sum_split(p.dt, 1, 1.f, patterns, into_a, into_b);
+    return g;
+  }
+  if (want_db) g.db = split_b_grad(dy, t_parts, scale, b_dtype);
+  if (!patterns.empty())
+    g.dt_parts = ops::block_sum_split(ops::matmul(dy, b_parts, false, false, DType::f32), 2, 1.f, patterns, into_a, into_b);
+  return g;
 }
 
 SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
@@ -230,29 +247,26 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     auto dropped = [&] {
       return lora.dropout > 0.f ? ops::dropout(input(), lora.dropout, lora.seed, lora.offset) : input();
     };
-    if (n.needs_grad(3)) {  // dB = scale * dy^T t: [out, n] x [n, r] (or [n, 2r] parts, summed)
-      if (split) {
-        db = detail::split_b_grad(dy, t_keep, scale, b_dtype);
-      } else {
+    // dB = scale * dy^T t: [out, n] x [n, r]; dt = dy B (scale applied below): [n, out] x [out, r].
+    // In bf16 both from [.., 2r] parts, summed in f32 (one pass over dy for both), dt split at once into
+    // the parts dA ([dt_hi, dt_lo]) and dx ([dt_hi, dt_lo, dt_hi]) take.
+    Tensor dt, dt_hl, dt_hlh;
+    if (split) {
+      std::vector<std::string> patterns;
+      if (n.needs_grad(2)) patterns.push_back("hl");
+      if (n.needs_grad(0)) patterns.push_back("hlh");
+      detail::DyGrads d = detail::split_dy_grads(dy, t_keep, b_keep, scale, b_dtype, n.needs_grad(3), patterns);
+      db = std::move(d.db);
+      if (n.needs_grad(2)) dt_hl = d.dt_parts[0];
+      if (n.needs_grad(0)) dt_hlh = d.dt_parts.back();
+    } else {
+      if (n.needs_grad(3)) {
         db = Tensor::empty({dy.size(1), r}, b_dtype, dy.device());
         ops::matmul_into(dy, t_keep, db, true, false, scale, 0.f);
       }
+      if (n.needs_grad(0) || n.needs_grad(2)) dt = ops::matmul(dy, b_keep);
     }
     if (n.needs_grad(0) || n.needs_grad(2)) {
-      // dt = dy B (scale applied below): [n, out] x [out, r]; in bf16 [out, 2r] parts, summed in f32
-      // and split at once into the parts dA ([dt_hi, dt_lo]) and dx ([dt_hi, dt_lo, dt_hi]) take.
-      Tensor dt, dt_hl, dt_hlh;
-      if (split) {
-        std::vector<std::string> patterns;
-        if (n.needs_grad(2)) patterns.push_back("hl");
-        if (n.needs_grad(0)) patterns.push_back("hlh");
-        const std::vector<Tensor> parts =
-            ops::block_sum_split(ops::matmul(dy, b_keep, false, false, DType::f32), 2, 1.f, patterns);
-        if (n.needs_grad(2)) dt_hl = parts[0];
-        if (n.needs_grad(0)) dt_hlh = parts.back();
-      } else {
-        dt = ops::matmul(dy, b_keep);
-      }
       if (n.needs_grad(2) && defer_a) {  // dA is finished where x is made again (glu_lora_linear)
         *defer_a = DeferredA{split ? dt_hl : dt, split, scale, r, a_dtype};
       } else if (n.needs_grad(2)) {  // dA = scale * dt^T dropout(x): [r, n] x [n, in]

@@ -100,18 +100,17 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
     for (size_t i = 0; i < m; ++i) {
       if (!g[i].defined()) continue;
       const Tensor& dy = dys[i] = g[i].reshape({-1, g[i].size(-1)});
-      if (node.needs_grad(grad_index(i, 1)))
-        out[grad_index(i, 1)] = detail::split_b_grad(dy, t_keep[i], scale, kept[i].b_dtype);
       if (node.needs_grad(grad_index(i, 2))) out[grad_index(i, 2)] = ops::sum_rows(dy, kept[i].bias_dtype);
-      // dt = dy B: [n, out] x [out, 2r] parts, summed in f32 and split into this adapter's columns.
+      // dB, and dt = dy B ([n, out] x [out, 2r] parts, summed in f32) split into this adapter's columns.
       Tensor hl = any_a ? dt_hl.narrow(1, 2 * off[i], 2 * rank[i]) : Tensor();
       Tensor hlh = want_dx ? dt_hlh.narrow(1, 3 * off[i], 3 * rank[i]) : Tensor();
       std::vector<std::string> patterns;
       if (any_a) patterns.push_back("hl");
       if (want_dx) patterns.push_back("hlh");
-      if (!patterns.empty())
-        ops::block_sum_split(ops::matmul(dy, b_keep[i], false, false, DType::f32), 2, 1.f, patterns,
-                             any_a ? &hl : &hlh, any_a && want_dx ? &hlh : nullptr);
+      const bool want_db = node.needs_grad(grad_index(i, 1));
+      detail::DyGrads d = detail::split_dy_grads(dy, t_keep[i], b_keep[i], scale, kept[i].b_dtype, want_db, patterns,
+                                                 any_a ? &hl : &hlh, any_a && want_dx ? &hlh : nullptr);
+      if (want_db) out[grad_index(i, 1)] = std::move(d.db);
     }
     if (any_a) {  // [dA_1; dA_2; ..] = scale * DT^T x: one [2 total, n] x [n, in] product, each block summed
       const Tensor da = ops::matmul(dt_hl, x2, true, false, DType::f32);

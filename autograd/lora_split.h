@@ -2,6 +2,7 @@
 // says how it works) that ag::lora_linear and ag::lora_linears share.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "autograd/functions.h"
 
@@ -16,9 +17,18 @@ Tensor sum_row_parts(const Tensor& m, int parts, float alpha);
 // themselves, or undefined (see Node::take_grad_so_far).
 Tensor grad_so_far(Node& n, int64_t in);
 
-// dB = scale * dy^T t from t's [t_hi, t_lo] parts ([n, 2r]): [out, n] x [n, 2r] in f32, the two
-// blocks summed, in B's dtype.
-Tensor split_b_grad(const Tensor& dy, const Tensor& t_parts, float scale, DType b_dtype);
+// A bf16 adapter's gradients that come from dy alone: dB = scale dy^T t from t's [t_hi, t_lo] parts
+// ([n, 2r]; with want_db, in b_dtype), and dt = dy B from B's [B_hi, B_lo] parts ([out, 2r]), summed
+// in f32 and split into each of `patterns` (the parts dA and dx take; written into into_a / into_b
+// where given, as ops::block_sum_split). Where both are wanted, one pass over dy makes them
+// (ops::lora_dy_products), else one GEMM each.
+struct DyGrads {
+  Tensor db;                     // undefined without want_db
+  std::vector<Tensor> dt_parts;  // one per pattern
+};
+DyGrads split_dy_grads(const Tensor& dy, const Tensor& t_parts, const Tensor& b_parts, float scale, DType b_dtype,
+                       bool want_db, const std::vector<std::string>& patterns, Tensor* into_a = nullptr,
+                       Tensor* into_b = nullptr);
 
 // What the forward of one bf16 adapter product keeps for backward.
 struct SplitProduct {

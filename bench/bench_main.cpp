@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
   register_optim();
   register_quant();
   register_moe();
+  register_lora();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -106,5 +106,6 @@ void register_loss();       // fused linear + cross-entropy
 void register_optim();      // adamw, uniform/normal fills
 void register_quant();      // nf4 dequantise / quantise
 void register_moe();        // MoE routing, aux loss, dispatch, combine
+void register_lora();       // the LoRA backward's products of dy
 
 }  // namespace loom::bench

@@ -1,0 +1,59 @@
+// ops_lora.h: the LoRA backward's products of dy on the CPU reference kernel, the CUDA kernel, or
+// (operands the kernel does not take) two GEMMs.
+#include "engine/ops_lora.h"
+
+#include "engine/dispatch.h"
+#include "engine/ops.h"
+#include "kernels/lora_dy.h"
+
+namespace loom::ops {
+using namespace detail;
+
+namespace {
+// t as [rows, cols] rows a pitch apart with contiguous columns: the pitch (a copy where t is not).
+Tensor pitched_rows(const Tensor& t, int64_t& ld) {
+  const bool pitched = t.dim() == 2 && t.strides()[1] == 1 && (t.size(0) <= 1 || t.strides()[0] >= t.size(1));
+  const Tensor c = pitched ? t : t.contiguous();
+  ld = c.size(0) > 1 ? c.strides()[0] : c.size(1);
+  return c;
+}
+}  // namespace
+
+LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const Tensor& t_in, int m, float alpha) {
+  const char* op = "lora_dy_products";
+  for (const Tensor* x : {&dy_in, &b_in, &t_in}) expect_dtype(op, *x, DType::bf16, "dy, b and t");
+  same_device(op, dy_in, b_in);
+  same_device(op, dy_in, t_in);
+  LOOM_CHECK(m >= 1 && dy_in.dim() == 2 && b_in.dim() == 2 && t_in.dim() == 2 && b_in.size(0) == dy_in.size(1) &&
+                 t_in.size(0) == dy_in.size(0) && b_in.size(1) == t_in.size(1) && b_in.size(1) % m == 0 &&
+                 b_in.size(1) > 0,
+             op, ": dy ", dy_in.str(), ", b ", b_in.str(), " and t ", t_in.str(), " are not [n, out], [out, ", m,
+             " r] and [n, ", m, " r]");
+  const int64_t n = dy_in.size(0), out = dy_in.size(1), r = b_in.size(1) / m;
+  int64_t ld_dy = 0, ld_b = 0, ld_t = 0;
+  const Tensor dy = pitched_rows(dy_in, ld_dy), b = pitched_rows(b_in, ld_b), t = pitched_rows(t_in, ld_t);
+  LoraDyProducts p;
+  if (dy.is_cpu()) {
+    p.dt = Tensor::empty({n, r}, DType::f32, dy.device());
+    p.db = Tensor::empty({out, r}, DType::f32, dy.device());
+    cpu::lora_dy_products(dy.data<bf16>(), ld_dy, b.data<bf16>(), ld_b, t.data<bf16>(), ld_t, n, out, r, m, alpha,
+                          p.dt.data<float>(), p.db.data<float>());
+    return p;
+  }
+#if LOOM_WITH_CUDA
+  if (cuda::lora_dy_products_supported(dy.data<bf16>(), ld_dy, b.data<bf16>(), ld_b, t.data<bf16>(), ld_t, out, r, m)) {
+    p.dt = Tensor::empty({n, r}, DType::f32, dy.device());
+    p.db = Tensor::empty({out, r}, DType::f32, dy.device());
+    Tensor work = Tensor::empty({cuda::lora_dy_products_workspace(n, out, r, m)}, DType::f32, dy.device());
+    cuda::lora_dy_products(dy.data<bf16>(), ld_dy, b.data<bf16>(), ld_b, t.data<bf16>(), ld_t, n, out, r, m, alpha,
+                           p.dt.data<float>(), p.db.data<float>(), work.data<float>(), stream_of(dy));
+    return p;
+  }
+#endif
+  // Two GEMMs (each reads dy), their column blocks summed.
+  p.dt = block_sum(matmul(dy, b, false, false, DType::f32), m, 1.f);
+  p.db = block_sum(matmul(dy, t, true, false, DType::f32), m, alpha);
+  return p;
+}
+
+}  // namespace loom::ops
