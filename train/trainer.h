@@ -3,6 +3,7 @@
 // accumulation, global-norm clipping, LR schedules, metrics, atomic checkpoints and exact resume.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,8 +17,6 @@
 #include "train/train_config.h"
 
 namespace loom {
-
-
 
 class Trainer {
  public:
@@ -39,8 +38,16 @@ class Trainer {
 
  private:
   struct State;
+  struct QueuedStep;  // a step queued on the device, its results not read yet (trainer.cpp)
+  struct StepTiming;  // LOOM_STEP_TIMING's marks
   explicit Trainer(std::unique_ptr<State> state);
+  // One step's work queued (false: its rows had nothing to learn from), and its results read.
+  absl::StatusOr<bool> queue_step(StepTiming& timing, int64_t& micro, int64_t& empty_steps, QueuedStep& q);
+  absl::Status finish_step(StepTiming& timing, QueuedStep& q, std::chrono::steady_clock::time_point& last_finish,
+                           bool& line_open, bool& stopped);
   std::unique_ptr<State> s_;
+  std::chrono::steady_clock::time_point run_start_;
+  int64_t first_step_ = 0;
 };
 
 }  // namespace loom
