@@ -152,6 +152,9 @@ struct Trainer::QueuedStep {
   std::vector<std::string> device_names;        // the measures read from the device, in the scalars' order
   bool has_loss = false, has_norm = false;      // the scalars: [loss sum]? [norm, clip coefficient]? then the measures
   ScalarsInFlight scalars;
+  // Its batches' pinned staging stays alive until the step is read: their copies to the device are
+  // queued behind the previous step's work, and a freed pinned block goes back to the cache at once.
+  std::vector<DeviceBatch> uploaded;
   GradNorm gn;       // distributed: the reduced norm, known when the update was queued
   bool deferred = false;  // read after the next step was queued (see run())
 };
@@ -187,7 +190,7 @@ absl::StatusOr<bool> Trainer::queue_step(StepTiming& timing, int64_t& micro, int
     timing.data_done = std::chrono::steady_clock::now();
     timing.start = StreamMark::record(s.device);
   }
-  std::vector<DeviceBatch> uploaded;
+  std::vector<DeviceBatch>& uploaded = q.uploaded;
   LOOM_ASSIGN_OR_RETURN(uploaded, upload(batches, s.device, s.model->config().vocab_size));
   Tensor loss_total;
   // The objective's measures, unit-weighted; every rank lists them all (a rank whose rows had no
