@@ -5,7 +5,8 @@
 # again); "after" is this
 # tree's build-gpu (tools/gpu/prebuilt.sh, else built here). Both loom_bench runs alternate for
 # AB_ROUNDS rounds (default 2) on the benchmarks AB_FILTER picks; AB_E2E names `loom train`
-# checkpointing modes for the 1B scoreboard row of each (bench/e2e/run.sh, Loom only).
+# checkpointing modes for the 1B scoreboard row of each (bench/e2e/run.sh, Loom only), AB_E2E_ROUNDS times
+# alternating (default 1; the medians are printed).
 #   export OUT; AB_FILTER='d64' AB_E2E="none" tools/gpu/ab.sh      (carry .devdeps and .prebuilt)
 # Results under $OUT: bench-{before,after}-<round>.json and .txt, e2e-{before,after}.jsonl, ab.txt
 # (each benchmark's median real time before and after, and their ratio).
@@ -52,6 +53,7 @@ for name, t in times.items():
         print(f"{name:72} {b:9.1f} {unit:2} {a:9.1f} {unit:2} {a / b:12.3f}")
 PY
 cat "$OUT/ab.txt"
+for r in $(seq "${AB_E2E_ROUNDS:-1}"); do
 for mode in ${AB_E2E:-}; do
   for side in before after; do
     if [ $side = before ]; then
@@ -65,3 +67,21 @@ for mode in ${AB_E2E:-}; do
     echo "$side $mode: $(tail -1 "$OUT/e2e-$side.jsonl" | cut -c1-260)"
   done
 done
+done
+# Each mode's median tokens/s over the rounds, before and after (the rounds alternate the two builds).
+[ -n "${AB_E2E:-}" ] && python3 - "$OUT" << 'PY'
+import json, statistics, sys
+rows = {}
+for side in ("before", "after"):
+    try:
+        for line in open(f"{sys.argv[1]}/e2e-{side}.jsonl"):
+            r = json.loads(line)
+            if r.get("ok"):
+                rows.setdefault(r["who"], {}).setdefault(side, []).append(r["tok_s"])
+    except OSError:
+        pass
+for who, t in rows.items():
+    if "before" in t and "after" in t:
+        b, a = statistics.median(t["before"]), statistics.median(t["after"])
+        print(f"e2e {who}: before {t['before']} median {b:.0f}, after {t['after']} median {a:.0f}: {a / b:.4f}x")
+PY
