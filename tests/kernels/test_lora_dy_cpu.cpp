@@ -1,21 +1,14 @@
 // The CPU reference of kernels/lora_dy.h against the products written out in f64.
 #include "kernels/lora_dy.h"
-#include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/lora_dy_case.h"
 
 namespace loom::test {
 namespace {
 
-struct Case {
-  int64_t n, out, r;
-  int m;
-  int64_t pad_dy, pad_b, pad_t;  // spare columns after each row
-};
-
 // dt = sum_p dy b_p and db = alpha sum_p dy^T t_p in f64 from the same bf16 inputs.
-void check(const Case& c, uint32_t seed) {
-  const int64_t mr = c.m * c.r, ld_dy = c.out + c.pad_dy, ld_b = mr + c.pad_b, ld_t = mr + c.pad_t;
-  const auto dy = random_vec<bf16>(c.n * ld_dy, seed), b = random_vec<bf16>(c.out * ld_b, seed + 1, -0.1f, 0.1f),
-             t = random_vec<bf16>(c.n * ld_t, seed + 2, -2.f, 2.f);
+void check(const LoraDyCase& c, uint32_t seed) {
+  const int64_t ld_dy = c.ld_dy(), ld_b = c.ld_b(), ld_t = c.ld_t();
+  const auto [dy, b, t] = lora_dy_inputs(c, seed);
   const float alpha = 0.625f;
   std::vector<float> dt(c.n * c.r), db(c.out * c.r);
   cpu::lora_dy_products(dy.data(), ld_dy, b.data(), ld_b, t.data(), ld_t, c.n, c.out, c.r, c.m, alpha, dt.data(),
@@ -30,8 +23,8 @@ void check(const Case& c, uint32_t seed) {
           ref_db[o * c.r + j] += alpha * g * bf16_to_float(t[i * ld_t + p * c.r + j]);
         }
     }
-  EXPECT_LT(rel_error(dt, ref_dt), ref_tol<float>()) << c.n << "x" << c.out << " r" << c.r << " m" << c.m;
-  EXPECT_LT(rel_error(db, ref_db), ref_tol<float>()) << c.n << "x" << c.out << " r" << c.r << " m" << c.m;
+  EXPECT_LT(rel_error(dt, ref_dt), ref_tol<float>()) << c.name();
+  EXPECT_LT(rel_error(db, ref_db), ref_tol<float>()) << c.name();
 }
 
 TEST(LoraDyProducts, MatchF64Products) {

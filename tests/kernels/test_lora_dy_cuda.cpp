@@ -2,21 +2,14 @@
 // summation order (f32 tolerance), over the shapes the LoRA backward gives it and the edges of its
 // tiles (rows and columns past a 128 x 64 tile, ranks that leave the padded width part empty).
 #include "kernels/lora_dy.h"
-#include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/lora_dy_case.h"
 
 namespace loom::test {
 namespace {
 
-struct Case {
-  int64_t n, out, r;
-  int m;
-  int64_t pad_dy, pad_b, pad_t;
-};
-
-void check(const Case& c, uint32_t seed) {
-  const int64_t mr = c.m * c.r, ld_dy = c.out + c.pad_dy, ld_b = mr + c.pad_b, ld_t = mr + c.pad_t;
-  const auto dy = random_vec<bf16>(c.n * ld_dy, seed), b = random_vec<bf16>(c.out * ld_b, seed + 1, -0.1f, 0.1f),
-             t = random_vec<bf16>(c.n * ld_t, seed + 2, -2.f, 2.f);
+void check(const LoraDyCase& c, uint32_t seed) {
+  const int64_t ld_dy = c.ld_dy(), ld_b = c.ld_b(), ld_t = c.ld_t();
+  const auto [dy, b, t] = lora_dy_inputs(c, seed);
   const float alpha = 0.625f;
   std::vector<float> ref_dt(c.n * c.r), ref_db(c.out * c.r);
   cpu::lora_dy_products(dy.data(), ld_dy, b.data(), ld_b, t.data(), ld_t, c.n, c.out, c.r, c.m, alpha, ref_dt.data(),
@@ -27,8 +20,7 @@ void check(const Case& c, uint32_t seed) {
       work(cuda::lora_dy_products_workspace(c.n, c.out, c.r, c.m));
   cuda::lora_dy_products(d_dy.get(), ld_dy, d_b.get(), ld_b, d_t.get(), ld_t, c.n, c.out, c.r, c.m, alpha, d_dt.get(),
                          d_db.get(), work.get(), nullptr);
-  const std::string what = std::to_string(c.n) + "x" + std::to_string(c.out) + " r" + std::to_string(c.r) + " m" +
-                           std::to_string(c.m);
+  const std::string what = c.name();
   EXPECT_LT(rel_error(d_dt.to_host(), ref_dt), tol<float>()) << what;
   EXPECT_LT(rel_error(d_db.to_host(), ref_db), tol<float>()) << what;
 }
