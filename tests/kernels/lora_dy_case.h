@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/lora_dy.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace loom::test {
@@ -29,6 +30,17 @@ struct LoraDyInputs {
 inline LoraDyInputs lora_dy_inputs(const LoraDyCase& c, uint32_t seed) {
   return {random_vec<bf16>(c.n * c.ld_dy(), seed), random_vec<bf16>(c.out * c.ld_b(), seed + 1, -0.1f, 0.1f),
           random_vec<bf16>(c.n * c.ld_t(), seed + 2, -2.f, 2.f)};
+}
+
+// The CPU reference's dt [n, r] and db [out, r] of those operands.
+struct LoraDyOutputs {
+  std::vector<float> dt, db;
+};
+inline LoraDyOutputs lora_dy_cpu(const LoraDyCase& c, const LoraDyInputs& in, float alpha) {
+  LoraDyOutputs o{std::vector<float>(c.n * c.r), std::vector<float>(c.out * c.r)};
+  cpu::lora_dy_products(in.dy.data(), c.ld_dy(), in.b.data(), c.ld_b(), in.t.data(), c.ld_t(), c.n, c.out, c.r, c.m,
+                        alpha, o.dt.data(), o.db.data());
+  return o;
 }
 
 }  // namespace loom::test

@@ -1,7 +1,6 @@
 // The CUDA kernel of kernels/lora_dy.h against its CPU reference: the same products in another
 // summation order (f32 tolerance), over the shapes the LoRA backward gives it and the edges of its
 // tiles (rows and columns past a 128 x 64 tile, ranks that leave the padded width part empty).
-#include "kernels/lora_dy.h"
 #include "tests/kernels/lora_dy_case.h"
 
 namespace loom::test {
@@ -9,12 +8,10 @@ namespace {
 
 void check(const LoraDyCase& c, uint32_t seed) {
   const int64_t ld_dy = c.ld_dy(), ld_b = c.ld_b(), ld_t = c.ld_t();
-  const auto [dy, b, t] = lora_dy_inputs(c, seed);
+  const LoraDyInputs in = lora_dy_inputs(c, seed);
   const float alpha = 0.625f;
-  std::vector<float> ref_dt(c.n * c.r), ref_db(c.out * c.r);
-  cpu::lora_dy_products(dy.data(), ld_dy, b.data(), ld_b, t.data(), ld_t, c.n, c.out, c.r, c.m, alpha, ref_dt.data(),
-                        ref_db.data());
-  DeviceBuffer<bf16> d_dy(dy), d_b(b), d_t(t);
+  const auto [ref_dt, ref_db] = lora_dy_cpu(c, in, alpha);
+  DeviceBuffer<bf16> d_dy(in.dy), d_b(in.b), d_t(in.t);
   ASSERT_TRUE(cuda::lora_dy_products_supported(d_dy.get(), ld_dy, d_b.get(), ld_b, d_t.get(), ld_t, c.out, c.r, c.m));
   DeviceBuffer<float> d_dt(std::vector<float>(c.n * c.r, NAN)), d_db(std::vector<float>(c.out * c.r, NAN)),
       work(cuda::lora_dy_products_workspace(c.n, c.out, c.r, c.m));
