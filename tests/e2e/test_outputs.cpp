@@ -85,6 +85,19 @@ TEST(Outputs, ADivergedRunStopsWithAnErrorAndKeepsItsCheckpoints) {
   EXPECT_FALSE(fs::exists(out + "/model.safetensors")) << "a diverged model was saved as the result";
 }
 
+// Without checkpoints along the way a step's loss is read once the next step is queued (trainer.cpp):
+// the divergence is reported one step late, and still nothing is saved.
+TEST(Outputs, ADivergedRunWithDeferredReadsSavesNothing) {
+  const std::string out = fresh_dir("diverged_deferred");
+  RunResult r = run_loom("train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " + out +
+                         " --full --lr 1e30 --max-steps 6 --seq-len 64 --batch-size 2 --dtype f32 --quiet");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/model.safetensors")) << "a diverged model was saved as the result";
+  for (const auto& e : fs::directory_iterator(out))
+    EXPECT_EQ(e.path().filename().string().rfind("checkpoint-", 0), std::string::npos) << e.path() << " was saved";
+}
+
 TEST(Outputs, NumberFlagsRefuseInfinityAndNan) {
   const std::string common = "train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " +
                              fresh_dir("nonfinite") + " --max-steps 1 --seq-len 64 --quiet";
