@@ -147,6 +147,7 @@ struct Trainer::QueuedStep {
   int64_t step = 0;
   float lr = 0.f;
   int64_t targets = 0, tokens = 0;
+  double epoch = 0.0;                           // metrics.jsonl's epoch: the data's position after its batches
   std::chrono::steady_clock::time_point t0;     // its host work began
   std::vector<std::pair<std::string, double>> extra;  // the objective's measures; the device ones filled at the read
   std::vector<std::string> device_names;        // the measures read from the device, in the scalars' order
@@ -261,6 +262,9 @@ absl::StatusOr<bool> Trainer::queue_step(StepTiming& timing, int64_t& micro, int
     timing.opt = StreamMark::record(s.device);
   }
   q.step = ++s.step;
+  // Where the data stands after this step's batches (the next step's draw moves it before this one is read).
+  q.epoch = static_cast<double>(s.loader->state().epoch) +
+            static_cast<double>(s.loader->state().cursor) / std::max<int64_t>(1, s.stats.examples);
   // The step's scalars start their way back (a rank whose rows had no targets adds 0 to the loss).
   if ((q.has_loss = loss_total.defined())) q.scalars.add(loss_total);
   if ((q.has_norm = norm_coef.defined())) q.scalars.add(norm_coef);
@@ -308,8 +312,7 @@ absl::Status Trainer::finish_step(StepTiming& timing, QueuedStep& q, std::chrono
   last_finish = now;
   StepMetrics m;
   m.step = q.step;
-  m.epoch = static_cast<double>(s.loader->state().epoch) +
-            static_cast<double>(s.loader->state().cursor) / std::max<int64_t>(1, s.stats.examples);
+  m.epoch = q.epoch;
   m.loss = loss_sum;
   m.lr = q.lr;
   m.grad_norm = gn.norm;

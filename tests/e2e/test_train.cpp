@@ -61,6 +61,30 @@ TEST(Train, StoppedAndResumedRunGivesTheSameLosses) {
   EXPECT_EQ(metric_losses(split), metric_losses(whole));
 }
 
+// A step's results are read once the next step is queued unless something must see that step first
+// (trainer.cpp); --save-every 1 reads every step at once. Both runs write the same metrics, each line
+// with its own step's loss, norm, learning rate and data position.
+TEST(Train, DeferredReadsWriteTheSameMetricsAsImmediateOnes) {
+  const std::string deferred = fresh_dir("deferred"), held = fresh_dir("held");
+  RunResult r = run_loom(train_args(deferred, 7));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_loom(train_args(held, 7) + " --save-every 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto lines = [](const std::string& dir) {
+    std::vector<nlohmann::json> v;
+    std::ifstream f(dir + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);)
+      if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+    return v;
+  };
+  const auto a = lines(deferred), b = lines(held);
+  ASSERT_EQ(a.size(), 7u);
+  ASSERT_EQ(b.size(), 7u);
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "epoch", "target_tokens", "input_tokens"})
+      EXPECT_EQ(a[i][key], b[i][key]) << key << " of line " << i;
+}
+
 TEST(Train, ResumeRefusesChangedDataOrderOrSchedule) {
   const std::string out = fresh_dir("resume_guard");
   ASSERT_EQ(run_loom(train_args(out, 6) + " --stop-after 2").exit_code, 0);
