@@ -9,16 +9,6 @@
 namespace loom::ops {
 using namespace detail;
 
-namespace {
-// t as [rows, cols] rows a pitch apart with contiguous columns: the pitch (a copy where t is not).
-Tensor pitched_rows(const Tensor& t, int64_t& ld) {
-  const bool pitched = t.dim() == 2 && t.strides()[1] == 1 && (t.size(0) <= 1 || t.strides()[0] >= t.size(1));
-  const Tensor c = pitched ? t : t.contiguous();
-  ld = c.size(0) > 1 ? c.strides()[0] : c.size(1);
-  return c;
-}
-}  // namespace
-
 LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const Tensor& t_in, int m, float alpha) {
   const char* op = "lora_dy_products";
   for (const Tensor* x : {&dy_in, &b_in, &t_in}) expect_dtype(op, *x, DType::bf16, "dy, b and t");
@@ -31,7 +21,8 @@ LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const T
              " r] and [n, ", m, " r]");
   const int64_t n = dy_in.size(0), out = dy_in.size(1), r = b_in.size(1) / m;
   int64_t ld_dy = 0, ld_b = 0, ld_t = 0;
-  const Tensor dy = pitched_rows(dy_in, ld_dy), b = pitched_rows(b_in, ld_b), t = pitched_rows(t_in, ld_t);
+  // Rows any pitch apart go in as they are (B's parts are two of three column blocks of [out, 3r]).
+  const Tensor dy = gemm_operand(dy_in, ld_dy), b = gemm_operand(b_in, ld_b), t = gemm_operand(t_in, ld_t);
   LoraDyProducts p;
   if (dy.is_cpu()) {
     p.dt = Tensor::empty({n, r}, DType::f32, dy.device());

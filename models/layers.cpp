@@ -10,12 +10,12 @@ namespace loom {
 Tensor Linear::dense_weight(DType dtype) const { return nf4 ? nf4->dequantize(dtype) : weight.value().to(dtype); }
 
 namespace {
-// The weight a product uses: the dense Variable, or an NF4 weight dequantised in dtype for this
-// product (unless nothing reads it) with how backward dequantises it again.
 // How an NF4 weight is made dense in dtype (each call dequantises it again).
 ag::WeightFn dequantizer(const Linear& l, DType dtype) {
   return [q = l.nf4, dtype] { return q->dequantize(dtype); };
 }
+// The weight a product uses: the dense Variable, or an NF4 weight dequantised in dtype for this
+// product (unless nothing reads it) with how backward dequantises it again.
 std::pair<ag::Variable, ag::WeightFn> product_weight(const Linear& l, DType dtype, ag::OutputUse use) {
   if (!l.nf4) return {l.weight, {}};
   ag::WeightFn again = dequantizer(l, dtype);

@@ -76,24 +76,24 @@ TEST(Outputs, TrainRefusesItsModelFolderAndTheCheckpointItResumes) {
 
 // A run whose loss turns NaN (a learning rate far too high) ends with an error at that step and
 // saves nothing over what it had saved before.
-TEST(Outputs, ADivergedRunStopsWithAnErrorAndKeepsItsCheckpoints) {
-  const std::string out = fresh_dir("diverged");
+// A full fine-tune into `out` at a learning rate that turns the loss NaN: it must fail naming the
+// divergence and save no model. Returns the run's folder.
+std::string expect_diverged_run(const std::string& name, const std::string& extra) {
+  const std::string out = fresh_dir(name);
   RunResult r = run_loom("train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " + out +
-                         " --full --lr 1e30 --max-steps 6 --save-every 1 --seq-len 64 --batch-size 2 --dtype f32 --quiet");
+                         " --full --lr 1e30 --max-steps 6 --seq-len 64 --batch-size 2 --dtype f32 --quiet" + extra);
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(out + "/model.safetensors")) << "a diverged model was saved as the result";
+  return out;
 }
+
+TEST(Outputs, ADivergedRunStopsWithAnErrorAndKeepsItsCheckpoints) { expect_diverged_run("diverged", " --save-every 1"); }
 
 // Without checkpoints along the way a step's loss is read once the next step is queued (trainer.cpp):
 // the divergence is reported one step late, and still nothing is saved.
 TEST(Outputs, ADivergedRunWithDeferredReadsSavesNothing) {
-  const std::string out = fresh_dir("diverged_deferred");
-  RunResult r = run_loom("train --model " + base_model() + " --data " + kSrc + "/examples/demo/weaving.jsonl --out " + out +
-                         " --full --lr 1e30 --max-steps 6 --seq-len 64 --batch-size 2 --dtype f32 --quiet");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("training diverged"), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(out + "/model.safetensors")) << "a diverged model was saved as the result";
+  const std::string out = expect_diverged_run("diverged_deferred", "");
   for (const auto& e : fs::directory_iterator(out))
     EXPECT_EQ(e.path().filename().string().rfind("checkpoint-", 0), std::string::npos) << e.path() << " was saved";
 }
