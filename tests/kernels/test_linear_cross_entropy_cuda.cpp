@@ -23,11 +23,16 @@ struct Case {
 // The row kernel reads 8 bf16, 4 f32 or 1 logit per thread at a time (256 threads: tiles of 2048,
 // 1024 or 256): vocab 3000, 5003 and 9000 cross tiles and end in a partial one, vocab 1000 is one
 // partial bf16 tile. n = 300 with chunk 128 gives chunks of 128, 128, 44; n = 1100 with chunk 1024
-// chunks of 1024 and 76.
+// chunks of 1024 and 76. On sm_90 rows of whole 16-byte vectors go to the cluster kernel, whose
+// blocks each keep a slice of at most 32 KB (more when 8 blocks cannot): vocab 9000 is one block,
+// 30000 two (bf16) or four (f32) with a short last slice, 40104 four or eight, and Llama 3's 128,256
+// eight blocks of 32 KB (bf16) or of 64 KB (f32).
 const Case kCases[] = {{300, 1000, 64, 128, 0.f, true}, {300, 1000, 64, 128, 5.f, true},
                        {77, 3000, 32, 32, 2.f, true},   {77, 5003, 32, 32, 0.f, false},
                        {77, 5003, 32, 0, 3.f, true},    {1, 7, 16, 1, 0.f, true},
-                       {1100, 9000, 16, 1024, 0.f, true}, {1100, 5003, 16, 1024, 4.f, false}};
+                       {1100, 9000, 16, 1024, 0.f, true}, {1100, 5003, 16, 1024, 4.f, false},
+                       {130, 30000, 16, 64, 2.f, true}, {77, 40104, 16, 32, 0.f, false},
+                       {6, 128256, 8, 0, 0.f, true}};
 
 // Every fourth row ignored; row 5 carries an out-of-range target, which CUDA treats as ignored
 // (the CPU reference, which would throw, gets ignore_index there).
