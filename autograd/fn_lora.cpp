@@ -59,7 +59,7 @@ DyGrads split_dy_grads(const Tensor& dy, const Tensor& t_parts, const Tensor& b_
   if (want_db && !patterns.empty()) {
     ops::LoraDyProducts p = ops::lora_dy_products(dy, b_parts, t_parts, 2, scale);
     g.db = p.db.to(b_dtype);
-    g.dt_parts = ops::block_sum_split(p.dt, 1, 1.f, patterns, into_a, into_b);
+    g.dt_parts = ops::block_sum_split(p.dt, p.dt_blocks, 1.f, patterns, into_a, into_b);
     return g;
   }
   if (want_db) g.db = split_b_grad(dy, t_parts, scale, b_dtype);

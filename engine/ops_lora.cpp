@@ -45,8 +45,9 @@ LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const T
     return p;
   }
 #endif
-  // Two GEMMs (each reads dy), their column blocks summed.
-  p.dt = block_sum(matmul(dy, b, false, false, DType::f32), m, 1.f);
+  // Two GEMMs (each reads dy); db's column blocks summed, dt's left to the caller (dt_blocks).
+  p.dt = matmul(dy, b, false, false, DType::f32);
+  p.dt_blocks = m;
   p.db = block_sum(matmul(dy, t, true, false, DType::f32), m, alpha);
   return p;
 }

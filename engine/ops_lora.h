@@ -10,8 +10,11 @@ namespace loom::ops {
 // column blocks of r are summed as they enter (the [hi, lo] parts of B and of t); the rows of each
 // any pitch apart (B's parts are two of three column blocks of [out, 3r]).
 struct LoraDyProducts {
-  Tensor dt;  // [n, r] f32 = sum_p dy b_p
+  Tensor dt;  // [n, r] f32 = sum_p dy b_p, or [n, m r] (dy b_p side by side) when dt_blocks = m
   Tensor db;  // [out, r] f32 = alpha sum_p dy^T t_p
+  // dt's column blocks still to be summed: 1, or m where the two GEMMs ran (the caller's
+  // block_sum_split sums them as it splits dt: one launch fewer than summing them here).
+  int dt_blocks = 1;
 };
 LoraDyProducts lora_dy_products(const Tensor& dy, const Tensor& b, const Tensor& t, int m, float alpha);
 
