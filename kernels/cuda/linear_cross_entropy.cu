@@ -2,17 +2,11 @@
 // accumulation, written in T: bf16 logits for bf16 inputs), one block per row for log-sum-exp, loss
 // and dlogits (written in place over the logits), then the dh and dW GEMMs. The row scale 1/count is
 // counted on the device; the loss sum is deterministic.
-#include <cooperative_groups.h>
-
 #include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/softmax_common.cuh"
 #include "kernels/linear_cross_entropy.h"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 namespace loom::cuda {
@@ -110,182 +104,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The row pass with one read of the logits: a cluster of C blocks per row, block `rank` keeping its
-// slice [rank slice, (rank + 1) slice) of the row in shared memory between the log-sum-exp (read
-// from global memory once) and the gradient (computed from shared memory). The blocks' (max, sum)
-// pairs are merged through distributed shared memory in rank order, so every block of a row gets the
-// same log-sum-exp and the result does not depend on timing. row_kernel reads each row twice, and a
-// 256 KB row (Llama 3's 128,256 bf16 logits) is long gone from L2 by its second read. The clusters
-// are persistent (as many as are resident, each looping over rows): a cluster a row, launched and
-// retired 2,048 times a chunk, left the GPU waiting for 8 free slots in a GPC (824 us a 1B chunk
-// against row_kernel's 589 on an H100). 16-byte vectors (V = 8 bf16, 4 f32), kUnroll in flight.
-template <class T, int V>
-__global__ void __launch_bounds__(kThreads)
-    row_cluster_kernel(T* logits, int64_t rows, const int32_t* targets, float* row_loss, const float* row_scale,
-                       int64_t vocab, float softcap, int32_t ignore_index, int64_t slice) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(sizeof(T) * V == 16, "16-byte vectors");
-  constexpr int kUnroll = 4;
-  extern __shared__ __align__(16) unsigned char row_smem[];
-  Vec<T, V>* keep = reinterpret_cast<Vec<T, V>*>(row_smem);
-  __shared__ float2 block_ml;  // this block's (max, sum) of the current row, read by the cluster
-  __shared__ float warp_m[kThreads / 32], warp_l[kThreads / 32], shared_lse;
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const unsigned rank = cluster.block_rank(), blocks = cluster.num_blocks();
-  const int lane = int(threadIdx.x) & 31;
-  const int64_t begin = int64_t(rank) * slice, end = min(vocab, begin + slice);
-  const int64_t count = end > begin ? (end - begin) / V : 0;  // vectors of this block's slice
-  const int64_t clusters = gridDim.x / blocks;
-  const float scale = *row_scale;
-  for (int64_t r = blockIdx.x / blocks; r < rows; r += clusters) {
-    const Vec<T, V>* src = reinterpret_cast<const Vec<T, V>*>(logits + r * vocab + begin);
-    Vec<T, V>* dst = reinterpret_cast<Vec<T, V>*>(logits + r * vocab + begin);
-    const int32_t t = targets[r];
-    if (!counts(t, vocab, ignore_index)) {  // the same for every block of the cluster: no cluster barrier
-      Vec<T, V> z;
-#pragma unroll
-      for (int k = 0; k < V; ++k) store(&z.v[k], 0.f);
-      for (int64_t i = threadIdx.x; i < count; i += kThreads) dst[i] = z;
-      if (rank == 0 && threadIdx.x == 0) row_loss[r] = 0.f;
-      continue;
-    }
-    float m = -INFINITY, l = 0.f;
-    for (int64_t i0 = threadIdx.x; i0 < count; i0 += int64_t(kThreads) * kUnroll) {
-      Vec<T, V> v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (i0 + u * kThreads < count) v[u] = src[i0 + u * kThreads];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (i0 + u * kThreads < count) {
-          keep[i0 + u * kThreads] = v[u];
-#pragma unroll
-          for (int k = 0; k < V; ++k) online_add(m, l, capped(load(&v[u].v[k]), softcap));
-        }
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
-      merge(m, l, m2, l2);
-    }
-    if (lane == 0) {
-      warp_m[threadIdx.x >> 5] = m;
-      warp_l[threadIdx.x >> 5] = l;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      m = warp_m[0];
-      l = warp_l[0];
-      for (int w = 1; w < kThreads / 32; ++w) merge(m, l, warp_m[w], warp_l[w]);
-      block_ml = make_float2(m, l);
-    }
-    cluster.sync();  // every block's pair (and this block's kept slice) visible
-    if (threadIdx.x < 32) {  // lane b reads block b's pair; lane 0 merges them in rank order
-      const float2 p = unsigned(lane) < blocks ? *cluster.map_shared_rank(&block_ml, unsigned(lane))
-                                               : make_float2(-INFINITY, 0.f);
-      for (unsigned b = 0; b < blocks; ++b) {
-        const float mb = __shfl_sync(0xffffffffu, p.x, int(b)), lb = __shfl_sync(0xffffffffu, p.y, int(b));
-        if (b == 0) {
-          m = mb, l = lb;
-        } else {
-          merge(m, l, mb, lb);
-        }
-      }
-      if (lane == 0) shared_lse = l == 0.f ? m : m + logf(l);  // a NaN l (a NaN logit) stays NaN
-    }
-    // Arrive now, wait at the row's end: no block overwrites its pair (next row) or leaves while
-    // another may still read it.
-    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
-    __syncthreads();
-    const float lse = shared_lse;
-    for (int64_t i = threadIdx.x; i < count; i += kThreads) {
-      const Vec<T, V> x = keep[i];
-      const int64_t v0 = begin + i * V;
-      Vec<T, V> g;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        float z = load(&x.v[k]), dz = 1.f;
-        if (softcap > 0.f) {
-          const float th = tanhf(z / softcap);
-          z = softcap * th;
-          dz = 1.f - th * th;
-        }
-        const bool hit = v0 + k == t;
-        if (hit) row_loss[r] = lse - z;
-        store(&g.v[k], (expf(z - lse) - (hit ? 1.f : 0.f)) * dz * scale);
-      }
-      dst[i] = g;
-    }
-    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");  // also: keep's reads done before the next row's writes
-  }
-#else
-  __trap();  // built without sm_90: launch_rows never launches it then (flash::sm90_ready())
-#endif
-}
-
-// The cluster size of row_cluster_kernel for a row of `row_bytes`: the fewest blocks (1 to 8, the
-// portable cluster limit) whose slices are at most kSliceBytes (several blocks an SM, many loads in
-// flight), else 8 blocks while a slice fits kMaxSliceBytes; 0 when it does not (row_kernel then).
-constexpr int64_t kSliceBytes = 32 << 10, kMaxSliceBytes = 160 << 10;
-int cluster_blocks(int64_t row_bytes) {
-  for (int c = 1; c <= 8; c *= 2)
-    if ((row_bytes + c - 1) / c <= kSliceBytes) return c;
-  return (row_bytes + 7) / 8 + 16 <= kMaxSliceBytes ? 8 : 0;
-}
-
-// Launches row_cluster_kernel with as many clusters of c blocks as are resident at once (asked once
-// for each device, kernel, c and slice size); false when none fits (the caller runs row_kernel).
-template <class T>
-bool launch_cluster_rows(T* logits, int64_t rows, const int32_t* targets, float* row_loss, const float* row_scale,
-                         int64_t vocab, float softcap, int32_t ignore_index, int c, Stream s) {
-  constexpr int V = 16 / sizeof(T);
-  const int64_t slice = ((vocab + c - 1) / c + V - 1) / V * V;
-  auto* kernel = row_cluster_kernel<T, V>;
-  allow_dynamic_smem<row_cluster_kernel<T, V>>(size_t(kMaxSliceBytes));
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(c), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(slice) * sizeof(T);
-  cfg.stream = s;
-  cfg.attrs = attr, cfg.numAttrs = 1;
-  int device = 0;
-  LOOM_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int64_t>, int> resident_clusters;
-  int resident = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::make_tuple(device, c, slice);
-    if (auto it = resident_clusters.find(key); it != resident_clusters.end()) {
-      resident = it->second;
-    } else {
-      cfg.gridDim = dim3(unsigned(c * sm_count()));
-      LOOM_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg));
-      resident_clusters.emplace(key, resident);
-    }
-  }
-  if (resident < 1) return false;
-  cfg.gridDim = dim3(unsigned(std::min<int64_t>(rows, resident) * c));
-  LOOM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits, rows, targets, row_loss, row_scale, vocab, softcap,
-                                     ignore_index, slice));
-  return true;
-}
-
-// One row pass over `rows` rows of logits: the cluster kernel where the device has clusters and the
-// row is whole 16-byte vectors, else row_kernel with the widest vector the row length allows
+// One row_kernel launch over `rows` rows of logits: the widest vector the row length allows
 // (16-byte loads; rows start 256-byte aligned plus a multiple of vocab elements).
 template <class T>
 void launch_rows(T* logits, int64_t rows, const int32_t* targets, float* row_loss, const float* row_scale,
                  int64_t vocab, float softcap, int32_t ignore_index, Stream s) {
-  if (rows == 0) return;
-  if (const int c = cluster_blocks(vocab * int64_t(sizeof(T)));
-      c > 0 && vocab % (16 / int64_t(sizeof(T))) == 0 && flash::sm90_ready() &&
-      launch_cluster_rows<T>(logits, rows, targets, row_loss, row_scale, vocab, softcap, ignore_index, c, s))
-    return;
   const unsigned grid = static_cast<unsigned>(rows);
   if constexpr (sizeof(T) == 2) {
     if (vocab % 8 == 0) {

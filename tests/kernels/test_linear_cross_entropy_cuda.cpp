@@ -23,10 +23,8 @@ struct Case {
 // The row kernel reads 8 bf16, 4 f32 or 1 logit per thread at a time (256 threads: tiles of 2048,
 // 1024 or 256): vocab 3000, 5003 and 9000 cross tiles and end in a partial one, vocab 1000 is one
 // partial bf16 tile. n = 300 with chunk 128 gives chunks of 128, 128, 44; n = 1100 with chunk 1024
-// chunks of 1024 and 76. On sm_90 rows of whole 16-byte vectors go to the cluster kernel, whose
-// blocks each keep a slice of at most 32 KB (more when 8 blocks cannot): vocab 9000 is one block,
-// 30000 two (bf16) or four (f32) with a short last slice, 40104 four or eight, and Llama 3's 128,256
-// eight blocks of 32 KB (bf16) or of 64 KB (f32).
+// chunks of 1024 and 76. Long rows: vocab 30000 and 40104 (many tiles, a partial last one) and
+// Llama 3's 128,256 (the row pass's whole width in the 1B and 8B trainings).
 const Case kCases[] = {{300, 1000, 64, 128, 0.f, true}, {300, 1000, 64, 128, 5.f, true},
                        {77, 3000, 32, 32, 2.f, true},   {77, 5003, 32, 32, 0.f, false},
                        {77, 5003, 32, 0, 3.f, true},    {1, 7, 16, 1, 0.f, true},
