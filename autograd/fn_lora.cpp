@@ -45,12 +45,15 @@ Tensor grad_so_far(Node& n, int64_t in) {
 }
 Tensor sum_row_parts(const Tensor& m, int parts, float alpha) {
   const int64_t rows = m.size(0) / parts, cols = m.size(1);
+  const LongLivedPoolScope gradient;  // dA: the leaf's gradient as it is (autograd's accumulate_grad)
   return ops::block_sum(m.reshape({1, m.numel()}), parts, alpha).view({rows, cols});
 }
 
 // dB = scale * dy^T t: [out, n] x [n, 2r] in f32, the two blocks summed, in B's dtype.
 static Tensor split_b_grad(const Tensor& dy, const Tensor& t_parts, float scale, DType b_dtype) {
-  return ops::block_sum(ops::matmul(dy, t_parts, true, false, DType::f32), 2, scale).to(b_dtype);
+  const Tensor parts = ops::matmul(dy, t_parts, true, false, DType::f32);
+  const LongLivedPoolScope gradient;  // dB: the leaf's gradient as it is
+  return ops::block_sum(parts, 2, scale).to(b_dtype);
 }
 
 DyGrads split_dy_grads(const Tensor& dy, const Tensor& t_parts, const Tensor& b_parts, float scale, DType b_dtype,
@@ -127,7 +130,11 @@ using detail::sum_row_parts;
 // dA = scale * dt^T x: [r, n] x [n, in], from dt's [dt_hi, dt_lo] parts (split, [n, 2r]) or dt [n, r].
 Tensor adapter_a_grad(const Tensor& dt, const Tensor& x, bool split, float scale, int64_t r, DType a_dtype) {
   if (split) return sum_row_parts(ops::matmul(dt, x, true, false, DType::f32), 2, scale).to(a_dtype);
-  Tensor da = Tensor::empty({r, x.size(1)}, a_dtype, dt.device());
+  Tensor da;
+  {
+    const LongLivedPoolScope gradient;  // the leaf's gradient as it is (autograd's accumulate_grad)
+    da = Tensor::empty({r, x.size(1)}, a_dtype, dt.device());
+  }
   ops::matmul_into(dt, x, da, true, false, scale, 0.f);
   return da;
 }
@@ -261,7 +268,10 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
       if (n.needs_grad(0)) dt_hlh = d.dt_parts.back();
     } else {
       if (n.needs_grad(3)) {
-        db = Tensor::empty({dy.size(1), r}, b_dtype, dy.device());
+        {
+          const LongLivedPoolScope gradient;  // the leaf's gradient as it is
+          db = Tensor::empty({dy.size(1), r}, b_dtype, dy.device());
+        }
         ops::matmul_into(dy, t_keep, db, true, false, scale, 0.f);
       }
       if (n.needs_grad(0) || n.needs_grad(2)) dt = ops::matmul(dy, b_keep);

@@ -121,6 +121,11 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
       // too), so one [tokens, hidden] copy a layer fewer.
       const bool whole = g.is_contiguous() && static_cast<size_t>(g.nbytes()) == g.storage()->nbytes();
       cell.grad = whole && !g.storage()->borrowed() ? g : g.clone();
+    } else if (exclusively_held(g) && g.storage()->long_lived() && g.is_contiguous() &&
+               static_cast<size_t>(g.nbytes()) == g.storage()->nbytes()) {
+      // Made for this (an adapter's dA and dB, allocated in the long-lived pool) and held by no one
+      // else: it becomes the gradient as it is, without the copy below.
+      cell.grad = g;
     } else {
       const LongLivedPoolScope held_until_the_step;  // out of the activations' pool (engine/memory.h)
       cell.grad = g.clone();

@@ -121,10 +121,12 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
     // A limit the user can act on (a smaller model, batch or rank), reported as such.
     if (p == nullptr) throw OutOfMemoryError(detail::cat("out of host memory allocating ", gib(double(nbytes)), "."));
     count_alloc(device, static_cast<int64_t>(nbytes));
-    return std::make_shared<Storage>(p, nbytes, device, [device, nbytes](void* q) {
+    auto s = std::make_shared<Storage>(p, nbytes, device, [device, nbytes](void* q) {
       std::free(q);
       count_free(device, static_cast<int64_t>(nbytes));
     });
+    s->long_lived_ = t_long_lived_pool;
+    return s;
   }
 #if LOOM_WITH_CUDA
   CudaContext& ctx = CudaContext::get(device.index);
@@ -149,7 +151,7 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
   }
   count_alloc(device, static_cast<int64_t>(nbytes));
   cudaStream_t stream = ctx.stream;
-  return std::make_shared<Storage>(p, nbytes, device, [device, nbytes, stream](void* q) {
+  auto s = std::make_shared<Storage>(p, nbytes, device, [device, nbytes, stream](void* q) {
     // Stream-ordered free: safe while earlier work on the compute stream still reads q.
     if (q) {
       CudaDeviceGuard g(device.index);
@@ -157,6 +159,8 @@ std::shared_ptr<Storage> allocate(Device device, size_t nbytes) {
     }
     count_free(device, static_cast<int64_t>(nbytes));
   });
+  s->long_lived_ = t_long_lived_pool;
+  return s;
 #else
   LOOM_CHECK(false, "Loom was built without CUDA (LOOM_CUDA=OFF); cannot allocate on ", device.str());
   return nullptr;

@@ -29,15 +29,20 @@ class Storage {
   // Memory Loom does not own (borrow(): a mapped file, a caller's buffer): never written in place
   // by an optimisation that assumes a sole owner (autograd's Node::take_grad_so_far).
   bool borrowed() const { return borrowed_; }
+  // Allocated while a LongLivedPoolScope lived (the long-lived pool on a GPU): a tensor made there for
+  // a leaf's gradient may become that gradient as it is (autograd's accumulate_grad), not copied.
+  bool long_lived() const { return long_lived_; }
 
  private:
   friend std::shared_ptr<Storage> borrow(void*, size_t, Device, std::shared_ptr<const void>);
+  friend std::shared_ptr<Storage> allocate(Device, size_t);
   void* ptr_;
   size_t nbytes_;
   Device device_;
   std::function<void(void*)> release_;
   bool pinned_;
   bool borrowed_ = false;
+  bool long_lived_ = false;
 };
 
 // Allocates nbytes on device: CPU memory 64-byte aligned; CUDA memory from the device's

@@ -3,6 +3,7 @@
 #include "engine/ops_lora.h"
 
 #include "engine/dispatch.h"
+#include "engine/memory.h"
 #include "engine/ops.h"
 #include "kernels/lora_dy.h"
 
@@ -24,9 +25,14 @@ LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const T
   // Rows any pitch apart go in as they are (B's parts are two of three column blocks of [out, 3r]).
   const Tensor dy = gemm_operand(dy_in, ld_dy), b = gemm_operand(b_in, ld_b), t = gemm_operand(t_in, ld_t);
   LoraDyProducts p;
+  // db is an adapter's gradient: made in the long-lived pool, where autograd keeps it as it is.
+  auto db_storage = [&] {
+    const LongLivedPoolScope gradient;
+    return Tensor::empty({out, r}, DType::f32, dy.device());
+  };
   if (dy.is_cpu()) {
     p.dt = Tensor::empty({n, r}, DType::f32, dy.device());
-    p.db = Tensor::empty({out, r}, DType::f32, dy.device());
+    p.db = db_storage();
     cpu::lora_dy_products(dy.data<bf16>(), ld_dy, b.data<bf16>(), ld_b, t.data<bf16>(), ld_t, n, out, r, m, alpha,
                           p.dt.data<float>(), p.db.data<float>());
     return p;
@@ -38,7 +44,7 @@ LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const T
   constexpr int64_t kMinOut = 8192;
   if (out >= kMinOut && cuda::lora_dy_products_supported(dy.data<bf16>(), ld_dy, b.data<bf16>(), ld_b, t.data<bf16>(), ld_t, out, r, m)) {
     p.dt = Tensor::empty({n, r}, DType::f32, dy.device());
-    p.db = Tensor::empty({out, r}, DType::f32, dy.device());
+    p.db = db_storage();
     Tensor work = Tensor::empty({cuda::lora_dy_products_workspace(n, out, r, m)}, DType::f32, dy.device());
     cuda::lora_dy_products(dy.data<bf16>(), ld_dy, b.data<bf16>(), ld_b, t.data<bf16>(), ld_t, n, out, r, m, alpha,
                            p.dt.data<float>(), p.db.data<float>(), work.data<float>(), stream_of(dy));
@@ -48,7 +54,11 @@ LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const T
   // Two GEMMs (each reads dy); db's column blocks summed, dt's left to the caller (dt_blocks).
   p.dt = matmul(dy, b, false, false, DType::f32);
   p.dt_blocks = m;
-  p.db = block_sum(matmul(dy, t, true, false, DType::f32), m, alpha);
+  const Tensor db_blocks = matmul(dy, t, true, false, DType::f32);
+  {
+    const LongLivedPoolScope gradient;
+    p.db = block_sum(db_blocks, m, alpha);
+  }
   return p;
 }
 

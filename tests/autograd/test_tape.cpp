@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "autograd/functions.h"
+#include "engine/memory.h"
 
 namespace loom::test {
 namespace {
@@ -131,6 +132,62 @@ TEST(Tape, LeavesNeverShareGradientStorage) {
   ag::backward(loss, ones({1}));
   EXPECT_EQ(p.grad().to_doubles(), (std::vector<double>{6.0}));
   EXPECT_EQ(q.grad().to_doubles(), (std::vector<double>{1.0}));
+}
+
+// A gradient made in the long-lived pool (an adapter's dA and dB) and held by no one else becomes the
+// leaf's gradient as it is; any other is copied, so that the leaf's gradient, accumulated in place
+// later, is never storage another tensor sees.
+TEST(Tape, ALongLivedGradientHeldByNoOneElseBecomesTheLeafGradientUncopied) {
+  auto long_lived = [](float v) {
+    const LongLivedPoolScope scope;
+    return Tensor::full({2, 3}, v, DType::f32);
+  };
+  auto leaf = [] {
+    ag::GradCell cell;
+    cell.shape = {2, 3};
+    cell.dtype = DType::f32;
+    cell.is_leaf = true;
+    return cell;
+  };
+  {  // adopted, then the next gradient is added into it in place
+    ag::GradCell cell = leaf();
+    Tensor g = long_lived(1.5f);
+    const void* p = g.data_ptr();
+    ag::accumulate_grad(cell, g, "test");
+    g = Tensor();
+    EXPECT_EQ(cell.grad.data_ptr(), p);
+    ag::accumulate_grad(cell, long_lived(2.f), "test");
+    EXPECT_EQ(cell.grad.data_ptr(), p);
+    EXPECT_EQ(cell.grad.to_doubles(), std::vector<double>(6, 3.5));
+  }
+  {  // held by another tensor too: copied
+    ag::GradCell cell = leaf();
+    const Tensor g = long_lived(1.f), other = g;
+    ag::accumulate_grad(cell, g, "test");
+    EXPECT_NE(cell.grad.data_ptr(), g.data_ptr());
+    ag::accumulate_grad(cell, long_lived(1.f), "test");
+    EXPECT_EQ(other.to_doubles(), std::vector<double>(6, 1.0));
+  }
+  {  // made outside the long-lived pool: copied
+    ag::GradCell cell = leaf();
+    Tensor g = Tensor::full({2, 3}, 1.f, DType::f32);
+    const void* p = g.data_ptr();
+    ag::accumulate_grad(cell, g, "test");
+    EXPECT_NE(cell.grad.data_ptr(), p);
+  }
+  {  // a view of part of a long-lived block: copied
+    ag::GradCell cell = leaf();
+    Tensor block;
+    {
+      const LongLivedPoolScope scope;
+      block = Tensor::full({4, 3}, 1.f, DType::f32);
+    }
+    Tensor g = block.narrow(0, 0, 2);
+    block = Tensor();
+    const void* p = g.data_ptr();
+    ag::accumulate_grad(cell, g, "test");
+    EXPECT_NE(cell.grad.data_ptr(), p);
+  }
 }
 
 TEST(Tape, GradientShapeMismatchIsReported) {
