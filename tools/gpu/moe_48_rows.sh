@@ -11,7 +11,7 @@
 #            bits as from_pretrained from a folder)
 #   mixtral  Mixtral-8x7B (32 layers), Loom QLoRA recompute, then bnb-gc in memory (its 93 GB folder fits no
 #            disk there, so no Unsloth row: Unsloth loads from a folder)
-# MOE48_PARTS picks and orders them (default "unsloth peft bnb mixtral"); a part starts only while the call has
+# MOE48_PARTS picks and orders them (unset: "unsloth peft bnb mixtral"; empty: none); a part starts only while the call has
 # the time it needs (MOE48_LIMIT, default 560 s). Results: $OUT/moe.jsonl, $OUT/moe_table.md, $OUT/logs.tgz;
 # LOOM_MOE_PREVIOUS=<an earlier call's moe.jsonl> carries its rows into this call's table.
 #   export OUT; tools/gpu/moe_48_rows.sh        (carry .devdeps, .prebuilt and .peers)
@@ -35,7 +35,7 @@ m() {
     bash bench/e2e/moe.sh "$shape" >> $W/moe.log 2>&1
   tail -2 $OUT/moe.jsonl | cut -c1-300; el
 }
-for part in ${MOE48_PARTS:-unsloth peft bnb mixtral}; do
+for part in ${MOE48_PARTS-unsloth peft bnb mixtral}; do
   case $part in
     unsloth) m 250 qwen3moe30b LOOM_MOE_LAYERS=48 LOOM_MOE_QLORA_MODES=recompute LOOM_MOE_PEERS=unsloth-qlora ;;
     peft) m 200 qwen3moe30b LOOM_MOE_LAYERS=48 LOOM_MOE_MODES=recompute LOOM_MOE_PEERS=peft-gc ;;
