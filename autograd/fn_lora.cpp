@@ -34,6 +34,13 @@ using detail::node_of;
 
 namespace detail {
 
+// An adapter's dA or dB, allocated in the long-lived pool: autograd's accumulate_grad keeps it as the
+// leaf's gradient as it is, not copied.
+static Tensor adapter_grad_storage(const Shape& shape, DType dtype, Device device) {
+  const LongLivedPoolScope gradient;
+  return Tensor::empty(shape, dtype, device);
+}
+
 Tensor split_rows(const Tensor& m, const std::string& pattern) {
   const int64_t rows = m.size(0), cols = m.size(1);
   return ops::bf16_split(m.to(DType::f32).reshape({1, rows * cols}), pattern)
@@ -130,11 +137,7 @@ using detail::sum_row_parts;
 // dA = scale * dt^T x: [r, n] x [n, in], from dt's [dt_hi, dt_lo] parts (split, [n, 2r]) or dt [n, r].
 Tensor adapter_a_grad(const Tensor& dt, const Tensor& x, bool split, float scale, int64_t r, DType a_dtype) {
   if (split) return sum_row_parts(ops::matmul(dt, x, true, false, DType::f32), 2, scale).to(a_dtype);
-  Tensor da;
-  {
-    const LongLivedPoolScope gradient;  // the leaf's gradient as it is (autograd's accumulate_grad)
-    da = Tensor::empty({r, x.size(1)}, a_dtype, dt.device());
-  }
+  Tensor da = detail::adapter_grad_storage({r, x.size(1)}, a_dtype, dt.device());
   ops::matmul_into(dt, x, da, true, false, scale, 0.f);
   return da;
 }
@@ -268,10 +271,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
       if (n.needs_grad(0)) dt_hlh = d.dt_parts.back();
     } else {
       if (n.needs_grad(3)) {
-        {
-          const LongLivedPoolScope gradient;  // the leaf's gradient as it is
-          db = Tensor::empty({dy.size(1), r}, b_dtype, dy.device());
-        }
+        db = detail::adapter_grad_storage({dy.size(1), r}, b_dtype, dy.device());
         ops::matmul_into(dy, t_keep, db, true, false, scale, 0.f);
       }
       if (n.needs_grad(0) || n.needs_grad(2)) dt = ops::matmul(dy, b_keep);

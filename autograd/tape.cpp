@@ -96,6 +96,10 @@ bool ShortLivedLeaves::contains(const GradCell* cell) {
 namespace {
 // Whether g's storage is held by g alone (and is not borrowed memory): its holder may write it in place.
 bool exclusively_held(const Tensor& g) { return g.storage().use_count() == 1 && !g.storage()->borrowed(); }
+// Whether g is all of its storage (holds no more memory than its own values).
+bool spans_its_storage(const Tensor& g) {
+  return g.is_contiguous() && static_cast<size_t>(g.nbytes()) == g.storage()->nbytes();
+}
 }  // namespace
 
 void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
@@ -119,10 +123,8 @@ void accumulate_grad(GradCell& cell, const Tensor& g, const char* from) {
       // block's residual add hands one tensor to the layer input and to the attention output): it is
       // never written in place while shared (the add above; Node::take_grad_so_far's kWrite checks
       // too), so one [tokens, hidden] copy a layer fewer.
-      const bool whole = g.is_contiguous() && static_cast<size_t>(g.nbytes()) == g.storage()->nbytes();
-      cell.grad = whole && !g.storage()->borrowed() ? g : g.clone();
-    } else if (exclusively_held(g) && g.storage()->long_lived() && g.is_contiguous() &&
-               static_cast<size_t>(g.nbytes()) == g.storage()->nbytes()) {
+      cell.grad = spans_its_storage(g) && !g.storage()->borrowed() ? g : g.clone();
+    } else if (exclusively_held(g) && g.storage()->long_lived() && spans_its_storage(g)) {
       // Made for this (an adapter's dA and dB, allocated in the long-lived pool) and held by no one
       // else: it becomes the gradient as it is, without the copy below.
       cell.grad = g;
