@@ -23,6 +23,12 @@
 // written there per call, [out, 3r], W itself never copied. It costs 3r (+ 1) more columns of K,
 // and saves writing y and reading it back in the base GEMM's epilogue: 2 of 3 passes over
 // [tokens, out], most for gate and up (out = intermediate size).
+//
+// Backward's dx mirrors it the other way: dy W + s dt A = dy (W + s B A), since dt = dy B. Where the
+// projection's output is narrower than the tokens (lora_split.h's merge_for_dx: o and down, and q/k/v
+// together, in the Llama shapes at 8 x 2048), W + s B A is made in bf16 (GEMM C = W read, D written
+// apart, [out, in] once) and dx is one GEMM that writes dx once, in place of the skinny s dt A product
+// writing [tokens, in] and the base GEMM reading it back in its epilogue. dt is then made only for dA.
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 #include "autograd/lora_split.h"
@@ -101,8 +107,10 @@ SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w,
   Tensor x_tail = x_ext.defined() ? x_ext.narrow(1, in, 3 * r) : Tensor();
   const std::vector<Tensor> t_parts =
       ops::block_sum_split(t32, 2, 1.f, {"hlh", "hl"}, x_ext.defined() ? &x_tail : nullptr);
-  // [B_hi, B_hi, B_lo] along the columns; its last 2r columns are [B_hi, B_lo] for backward.
-  const Tensor b_hhl = ops::bf16_split(b.to(DType::f32), "hhl");  // [out, 3r]
+  // [B_hi, B_hi, B_lo, B_hi] along the columns: the first 3r for y's product; [B_hi, B_lo] (dt's) and
+  // [B_hi, B_lo, B_hi] (merged_weight's) after the first r, for backward.
+  const Tensor b_parts = ops::bf16_split(b.to(DType::f32), "hhlh");  // [out, 4r]
+  const Tensor b_hhl = b_parts.narrow(1, 0, 3 * r);
   if (x_ext.defined()) {  // y written once, where the two products below write it, read and write it again
     // s B's parts (and the bias) beside W in its spare columns: B changed since the last step.
     Tensor w_tail = w_ext.narrow(1, in, 3 * r);
@@ -122,9 +130,19 @@ SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w,
     ops::matmul_into(t_parts[0], b_hhl, p.y, false, true, lora.scale, first ? 0.f : 1.f);
     if (first) ops::matmul_into(x2, w, p.y, false, true, 1.f, 1.f);  // y += x W^T
   }
-  p.t_keep = t_parts[1];                 // [n, 2r]
-  p.b_keep = b_hhl.narrow(1, r, 2 * r);  // [out, 2r], row stride 3r (GEMMs take it as it is)
+  p.t_keep = t_parts[1];                     // [n, 2r]
+  p.b_keep = b_parts.narrow(1, r, 2 * r);    // [out, 2r], row stride 4r (GEMMs take it as it is)
+  p.b_merge = b_parts.narrow(1, r, 3 * r);   // [out, 3r]
   return p;
+}
+
+Tensor merged_weight(const Tensor& w, const Tensor& b_merge, const Tensor& a_hhl, float scale) {
+  const Tensor wr = w.dim() == 2 && w.strides()[1] == 1 && w.strides()[0] >= w.size(1) ? w : w.contiguous();
+  const int64_t out = wr.size(0), in = wr.size(1), pitch = wr.strides()[0];
+  Tensor merged = Tensor::empty({out, pitch}, wr.dtype(), wr.device());
+  if (pitch != in) merged = merged.narrow(1, 0, in);
+  ops::matmul_into(b_merge, a_hhl, merged, false, false, scale, 1.f, &wr);  // [out, 3r] x [3r, in] + W
+  return merged;
 }
 
 }  // namespace detail
@@ -217,7 +235,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
   const bool first = split && !bias;  // the adapter's product first: see the top of the file
   // What backward keeps: t (or its bf16 parts), B and A in the forms the GEMMs take.
-  Tensor y, t_keep, b_keep, a_keep;
+  Tensor y, t_keep, b_keep, a_keep, b_merge;
   if (split) {
     // [A_hi; A_hi; A_lo] for dx; its last 2r rows are [A_hi; A_lo] (one split for both).
     const Tensor a_hhl = split_rows(a.value(), "hhl");
@@ -226,7 +244,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
         x2, ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), w.value(), b.value(),
         bias ? &bias->value() : nullptr, lora, use);
     y = std::move(p.y), t_keep = std::move(p.t_keep), b_keep = std::move(p.b_keep);
-    if (x.requires_grad()) a_keep = a_hhl;  // [3r, in]
+    if (x.requires_grad()) a_keep = a_hhl, b_merge = std::move(p.b_merge);  // [3r, in], [out, 3r]
   } else {
     if (use != OutputUse::kRead) {
       y = detail::unread_value({x2.size(0), out}, cdt, xv.device());
@@ -244,10 +262,13 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
   Tensor keep_x = recompute_x || defer_a ? Tensor() : x2;  // (defer_a: W frozen, dA made by x's maker)
   const DType a_dtype = a.dtype(), b_dtype = b.dtype(), bias_dtype = bias ? bias->dtype() : DType::f32;
-  auto backward = [keep_x, recompute_x, keep_w, rematerialize, a_keep, b_keep, t_keep, lora, split, first, r, in,
-                   a_dtype, b_dtype, bias_dtype, defer_a, xshape = xv.shape()](Node& n, const Grads& g) {
+  auto backward = [keep_x, recompute_x, keep_w, rematerialize, a_keep, b_keep, b_merge, t_keep, lora, split, first,
+                   r, in, a_dtype, b_dtype, bias_dtype, defer_a, xshape = xv.shape()](Node& n, const Grads& g) {
     const Tensor dy = g[0].reshape({-1, g[0].size(-1)});  // [n, out]
     const float scale = lora.scale;
+    // dx = dy (W + s B A) where that moves fewer bytes (lora_split.h): no dt parts for dx then.
+    const bool merged_dx = n.needs_grad(0) && split && lora.dropout <= 0.f &&
+                           detail::merge_for_dx(dy.size(0), dy.size(1));
     Tensor dx, dw, da, db, dbias;
     Tensor x2 = keep_x;
     auto input = [&] {  // x [n, in], computed again at most once when it was not kept
@@ -264,11 +285,11 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     if (split) {
       std::vector<std::string> patterns;
       if (n.needs_grad(2)) patterns.push_back("hl");
-      if (n.needs_grad(0)) patterns.push_back("hlh");
+      if (n.needs_grad(0) && !merged_dx) patterns.push_back("hlh");
       detail::DyGrads d = detail::split_dy_grads(dy, t_keep, b_keep, scale, b_dtype, n.needs_grad(3), patterns);
       db = std::move(d.db);
       if (n.needs_grad(2)) dt_hl = d.dt_parts[0];
-      if (n.needs_grad(0)) dt_hlh = d.dt_parts.back();
+      if (n.needs_grad(0) && !merged_dx) dt_hlh = d.dt_parts.back();
     } else {
       if (n.needs_grad(3)) {
         db = detail::adapter_grad_storage({dy.size(1), r}, b_dtype, dy.device());
@@ -285,7 +306,13 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
         // x, is allocated (down_proj: [tokens, intermediate] less at the layer's backward peak).
         if (recompute_x && !n.needs_grad(1)) x2 = Tensor();
       }
-      if (n.needs_grad(0) && first && lora.dropout <= 0.f) {  // dx (+)= scale * dt A, then += dy W
+      if (merged_dx) {  // dx (+)= dy (W + scale * B A)
+        const Tensor so_far = grad_so_far(n, in);
+        dx = so_far.defined() ? so_far : Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
+        const Tensor merged = detail::merged_weight(rematerialize ? rematerialize() : keep_w, b_merge, a_keep, scale);
+        ops::matmul_into(dy, merged, dx, false, false, 1.f, so_far.defined() ? 1.f : 0.f);
+        dx = dx.view(xshape);
+      } else if (n.needs_grad(0) && first && lora.dropout <= 0.f) {  // dx (+)= scale * dt A, then += dy W
         const Tensor so_far = grad_so_far(n, in);
         dx = so_far.defined() ? so_far : Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
         ops::matmul_into(dt_hlh, a_keep, dx, false, false, scale, so_far.defined() ? 1.f : 0.f);

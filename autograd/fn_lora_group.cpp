@@ -7,7 +7,9 @@
 //             then gives its t parts (pitched reads: no copy) and its y as lora_linear makes it
 //   backward  dB_i, dt_i from each dy_i         as lora_linear (dt_i's parts written side by side)
 //             [dA_1; dA_2; ...] = DT_hl^T x     one GEMM, [sum 2r, in] f32, each block summed
-//             dx (+)= s DT_hlh [A1_hhl; A2_hhl; ...], then += dy_i W_i for each i (beta 1)
+//             dx (+)= s DT_hlh [A1_hhl; A2_hhl; ...], then += dy_i W_i for each i (beta 1); or, where
+//             the outputs together are fewer than the tokens, dx (+)= dy_i (W_i + s B_i A_i) for each i
+//             (detail::merge_for_dx: no DT_hlh, no skinny product over dx)
 #include "autograd/functions.h"
 #include "autograd/lambda_node.h"
 #include "autograd/lora_split.h"
@@ -53,7 +55,7 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
     ops::block_sum_split(products[i].a->value().to(DType::f32).reshape({1, cells}), 1, 1.f, {"hhl", "hl"}, &hhl, &hl);
   }
   const Tensor t32 = ops::matmul(x2, a_hl, false, true, DType::f32);  // [n, 2 total]: x read once
-  std::vector<Tensor> ys, t_keep, b_keep;
+  std::vector<Tensor> ys, t_keep, b_keep, b_merge;
   for (size_t i = 0; i < products.size(); ++i) {
     const LoraProduct& p = products[i];
     const Tensor w = p.weight.defined() ? p.weight : p.make_weight();
@@ -64,6 +66,7 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
     shape.back() = w.size(0);
     ys.push_back(s.y.view(shape));
     t_keep.push_back(std::move(s.t_keep)), b_keep.push_back(std::move(s.b_keep));
+    b_merge.push_back(x.requires_grad() ? std::move(s.b_merge) : Tensor());
   }
 
   struct Kept {
@@ -79,7 +82,7 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
     inputs.insert(inputs.end(), {p.a, p.b, p.bias});
   }
   const Tensor keep_a_hhl = x.requires_grad() ? a_hhl : Tensor();
-  auto backward = [x2, keep_a_hhl, t_keep, b_keep, kept, off, rank, total, scale, n, in,
+  auto backward = [x2, keep_a_hhl, t_keep, b_keep, b_merge, kept, off, rank, total, scale, n, in,
                    xshape = xv.shape()](Node& node, const Grads& g) {
     const size_t m = kept.size();
     auto grad_index = [](size_t i, int which) { return 1 + 3 * i + which; };  // which: 0 A, 1 B, 2 bias
@@ -94,8 +97,12 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
     auto parts = [&](int64_t cols) {
       return all ? Tensor::empty({n, cols}, DType::bf16, x2.device()) : Tensor::zeros({n, cols}, DType::bf16, x2.device());
     };
+    int64_t outs = 0;  // the outputs with a gradient, together
+    for (size_t i = 0; i < m; ++i) outs += g[i].defined() ? g[i].size(-1) : 0;
+    const bool merged_dx = want_dx && detail::merge_for_dx(n, outs);  // dx = sum dy_i (W_i + s B_i A_i)
+    const bool want_hlh = want_dx && !merged_dx;
     Tensor dt_hl = any_a ? parts(2 * total) : Tensor();
-    Tensor dt_hlh = want_dx ? parts(3 * total) : Tensor();
+    Tensor dt_hlh = want_hlh ? parts(3 * total) : Tensor();
     std::vector<Tensor> dys(m);  // [n, out_i], undefined where output i got no gradient
     for (size_t i = 0; i < m; ++i) {
       if (!g[i].defined()) continue;
@@ -103,13 +110,13 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
       if (node.needs_grad(grad_index(i, 2))) out[grad_index(i, 2)] = ops::sum_rows(dy, kept[i].bias_dtype);
       // dB, and dt = dy B ([n, out] x [out, 2r] parts, summed in f32) split into this adapter's columns.
       Tensor hl = any_a ? dt_hl.narrow(1, 2 * off[i], 2 * rank[i]) : Tensor();
-      Tensor hlh = want_dx ? dt_hlh.narrow(1, 3 * off[i], 3 * rank[i]) : Tensor();
+      Tensor hlh = want_hlh ? dt_hlh.narrow(1, 3 * off[i], 3 * rank[i]) : Tensor();
       std::vector<std::string> patterns;
       if (any_a) patterns.push_back("hl");
-      if (want_dx) patterns.push_back("hlh");
+      if (want_hlh) patterns.push_back("hlh");
       const bool want_db = node.needs_grad(grad_index(i, 1));
       detail::DyGrads d = detail::split_dy_grads(dy, t_keep[i], b_keep[i], scale, kept[i].b_dtype, want_db, patterns,
-                                                 any_a ? &hl : &hlh, any_a && want_dx ? &hlh : nullptr);
+                                                 any_a ? &hl : &hlh, any_a && want_hlh ? &hlh : nullptr);
       if (want_db) out[grad_index(i, 1)] = std::move(d.db);
     }
     if (any_a) {  // [dA_1; dA_2; ..] = scale * DT^T x: one [2 total, n] x [n, in] product, each block summed
@@ -119,15 +126,22 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
           out[grad_index(i, 0)] =
               detail::sum_row_parts(da.narrow(0, 2 * off[i], 2 * rank[i]), 2, scale).to(kept[i].a_dtype);
     }
-    if (want_dx) {  // dx (+)= scale * DT_hlh [A1_hhl; A2_hhl; ..], then += dy_i W_i
+    if (want_dx) {  // dx (+)= scale * DT_hlh [A1_hhl; A2_hhl; ..], then += dy_i W_i (or merged: see the top)
       const Tensor so_far = detail::grad_so_far(node, in);
       Tensor dx = so_far.defined() ? so_far : Tensor::empty({n, in}, DType::bf16, x2.device());
-      ops::matmul_into(dt_hlh, keep_a_hhl, dx, false, false, scale, so_far.defined() ? 1.f : 0.f);
+      bool written = so_far.defined();  // whether dx holds a sum to add onto
+      if (!merged_dx) {
+        ops::matmul_into(dt_hlh, keep_a_hhl, dx, false, false, scale, written ? 1.f : 0.f);
+        written = true;
+      }
       for (size_t i = 0; i < m; ++i) {
         if (!dys[i].defined()) continue;
-        const Tensor w = kept[i].weight.defined() ? kept[i].weight : kept[i].make_weight();
-        ops::matmul_into(dys[i], w, dx, false, false, 1.f, 1.f);
+        Tensor w = kept[i].weight.defined() ? kept[i].weight : kept[i].make_weight();
+        if (merged_dx) w = detail::merged_weight(w, b_merge[i], keep_a_hhl.narrow(0, 3 * off[i], 3 * rank[i]), scale);
+        ops::matmul_into(dys[i], w, dx, false, false, 1.f, written ? 1.f : 0.f);
+        written = true;
       }
+      if (!written) ops::fill_(dx, 0.f);  // no output had a gradient
       out[0] = dx.view(xshape);
     }
     return out;

@@ -32,10 +32,24 @@ DyGrads split_dy_grads(const Tensor& dy, const Tensor& t_parts, const Tensor& b_
 
 // What the forward of one bf16 adapter product keeps for backward.
 struct SplitProduct {
-  Tensor y;       // [n, out] (an unread value unless use is kRead)
-  Tensor t_keep;  // t's [t_hi, t_lo] parts, [n, 2r]
-  Tensor b_keep;  // [B_hi, B_lo] along the columns, [out, 2r] (row stride 3r)
+  Tensor y;        // [n, out] (an unread value unless use is kRead)
+  Tensor t_keep;   // t's [t_hi, t_lo] parts, [n, 2r]
+  Tensor b_keep;   // [B_hi, B_lo] along the columns, [out, 2r] (row stride 4r)
+  Tensor b_merge;  // [B_hi, B_lo, B_hi], [out, 3r] (the same storage): pairs with [A_hi; A_hi; A_lo]
 };
+
+// dx through the merged weight. In bf16 without dropout or a bias, dx = dy W + s dt A equals
+// dy (W + s B A): one GEMM over [tokens, out] x [out, in] (not accumulating where nothing came before),
+// in place of the adapter's skinny product writing dx and the base GEMM reading it back in its
+// epilogue. Making W + s B A reads and writes [out, in] once; the adapter's product and the epilogue
+// read move [tokens, in] twice: so it is taken where the projections' outputs (summed over those that
+// share x) are fewer than the tokens. The adapter's term then is rounded into W's bf16 together with
+// W (error at most half an ulp of W per element: the backward runs through a weight within bf16's
+// rounding of the one the forward used, which itself is exact to ~16 bits).
+inline bool merge_for_dx(int64_t tokens, int64_t outs) { return outs < tokens; }
+// W + scale B A in bf16 from b_merge (SplitProduct::b_merge, [out, 3r]) and a_hhl ([A_hi; A_hi; A_lo],
+// [3r, in]), f32 accumulation, one rounding; laid out with W's row pitch, W left alone.
+Tensor merged_weight(const Tensor& w, const Tensor& b_merge, const Tensor& a_hhl, float scale);
 // y = x2 w^T (+ bias) + scale t b^T in bf16 from t32 = x (A_hi + A_lo)^T ([n, 2r] f32, rows any pitch
 // apart): one GEMM into x2's and w's spare columns where both have lora's room for it (x_spare,
 // w_spare), else the adapter's product first and the base GEMM adding onto it (with a bias: the base

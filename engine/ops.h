@@ -67,9 +67,11 @@ bool gemm_autotune();
 // 2-D (shared) or batched like a. Output dtype defaults to a's.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
               std::optional<DType> out_dtype = std::nullopt);
-// c = alpha * op(a) op(b) + beta * c, c preallocated (accumulate with beta = 1).
+// c = alpha * op(a) op(b) + beta * c, c preallocated (accumulate with beta = 1): contiguous, or a 2-D
+// matrix whose rows lie a pitch apart. With c_in (c's shape, dtype and strides; apart from c, or c
+// itself): c = alpha * op(a) op(b) + beta * c_in, c_in left alone (one pass: GEMM's C and D).
 void matmul_into(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool trans_b, float alpha = 1.f,
-                 float beta = 0.f);
+                 float beta = 0.f, const Tensor* c_in = nullptr);
 // x [..., in] times w [out, in]^T -> [..., out]   (torch.nn.functional.linear without bias)
 Tensor linear(const Tensor& x, const Tensor& w, std::optional<DType> out_dtype = std::nullopt);
 // Grouped products of mixture-of-experts layers (engine/ops_grouped.cpp): rows [offsets[e],

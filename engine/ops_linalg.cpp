@@ -38,18 +38,28 @@ void set_gemm_autotune(bool on) { g_gemm_autotune.store(on, std::memory_order_re
 bool gemm_autotune() { return g_gemm_autotune.load(std::memory_order_relaxed); }
 
 void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a, bool trans_b, float alpha,
-                 float beta) {
+                 float beta, const Tensor* c_in) {
   const char* op = "matmul";
   same_device(op, a_in, b_in);
   same_device(op, a_in, c);
   same_dtype(op, a_in, b_in);
   LOOM_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2, op, ": needs matrices, got ", a_in.str(), " and ", b_in.str());
-  expect_contiguous(op, c, "output");
+  // The output: contiguous, or a matrix whose rows lie a pitch apart (a view of a wider one's columns).
+  const bool pitched = c.dim() == 2 && c.strides()[1] == 1 && c.strides()[0] >= c.size(1);
+  LOOM_CHECK(c.is_contiguous() || pitched, op, ": the output must be contiguous or a row-pitched matrix, got ",
+             c.str());
+  if (c_in) {
+    same_device(op, c, *c_in);
+    LOOM_CHECK(c_in->shape() == c.shape() && c_in->dtype() == c.dtype() && c_in->strides() == c.strides(), op,
+               ": C to read, ", c_in->str(), ", must have the output's shape, dtype and strides, ", c.str());
+  }
   int64_t lda = 0, ldb = 0;
   const Tensor a = gemm_operand(a_in, lda), b = gemm_operand(b_in, ldb);
   // Operands pass as they are (no copy), so one that overlaps the output would be read while written.
   LOOM_CHECK(a.storage() != c.storage() && b.storage() != c.storage(), op, ": the output ", c.str(),
              " shares memory with an operand (", a.str(), ", ", b.str(), ")");
+  LOOM_CHECK(!c_in || c_in->storage() != c.storage() || c_in->data_ptr() == c.data_ptr(), op, ": C to read, ",
+             c_in->str(), ", overlaps the output ", c.str(), " without being it");
   const int64_t a_rows = a.size(-2), a_cols = a.size(-1), b_rows = b.size(-2), b_cols = b.size(-1);
   const int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
   const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
@@ -60,6 +70,8 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   LOOM_CHECK(b.dim() == 2 || b_batch == batch, op, ": batch sizes differ: ", a.str(), " and ", b.str());
   LOOM_CHECK(c.numel() == batch * m * n && c.size(-1) == n, op, ": output ", c.str(), " cannot hold [", batch,
              " x ", m, " x ", n, "]");
+  LOOM_CHECK(c.is_contiguous() || batch == 1, op, ": a row-pitched output ", c.str(), " takes one product, not ",
+             batch);
   GemmArgs g;
   g.m = m;
   g.n = n;
@@ -74,7 +86,8 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   g.ldb = ldb;
   g.stride_b = b.dim() == 2 ? 0 : b_rows * b_cols;
   g.c = c.data_ptr();
-  g.ldc = n;
+  g.c_in = c_in ? c_in->data_ptr() : nullptr;
+  g.ldc = c.is_contiguous() ? n : c.strides()[0];
   g.stride_c = m * n;
   g.ab_type = gemm_type(op, a.dtype());
   g.c_type = gemm_type(op, c.dtype());
@@ -83,7 +96,7 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   if (m == 0 || n == 0 || batch == 0) return;
   if (k == 0) {  // an empty sum: C = beta * C
     if (beta == 0.f) fill_(c, 0.f);
-    else if (beta != 1.f) c.copy_(scale(c, beta));
+    else if (c_in || beta != 1.f) c.copy_(scale(c_in ? *c_in : c, beta));
     return;
   }
   // A shared 2-D b with trans_a = false is one big [batch*m, k] x [k, n] product.

@@ -28,13 +28,16 @@ const char* gemm_type_name(GemmType t);
 // at x + b * stride_x elements (stride 0 broadcasts A or B over the batch; C must not be shared).
 // Supported types (ab_type -> c_type): f32 -> f32, bf16 -> bf16, bf16 -> f32, and f64 -> f64 on
 // the CPU only. Products accumulate in f32 (f64 for f64) and each output is rounded once.
-// beta == 0 never reads C (it may hold garbage, NaN included); otherwise C is read first.
+// beta == 0 never reads C (it may hold garbage, NaN included); otherwise C is read first, from c_in
+// where given (same ldc, stride_c and type as c; c_in == c is the in-place default): D = alpha op(A)
+// op(B) + beta C_in with D written to c, C_in left alone (cuBLASLt's C and D).
 struct GemmArgs {
   int64_t m = 0, n = 0, k = 0, batch = 1;
   bool trans_a = false, trans_b = false;
   const void* a = nullptr; int64_t lda = 0, stride_a = 0;  // strides between batch items, in elements
   const void* b = nullptr; int64_t ldb = 0, stride_b = 0;
   void* c = nullptr; int64_t ldc = 0, stride_c = 0;
+  const void* c_in = nullptr;                 // where beta * C is read from (null: c itself)
   GemmType ab_type = GemmType::kF32;  // A and B share a type
   GemmType c_type = GemmType::kF32;   // C may be f32 with bf16 inputs (f32 accumulation always)
   float alpha = 1.f, beta = 0.f;      // beta != 0 accumulates into C (C is read first)

@@ -98,6 +98,7 @@ void gemm_typed(const GemmArgs& g) {
     auto a = operand<S>(g.a, g.ab_type, bi * g.stride_a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, sa);
     auto b = operand<S>(g.b, g.ab_type, bi * g.stride_b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, sb);
     CT* c = static_cast<CT*>(g.c) + bi * g.stride_c;
+    const CT* c_in = static_cast<const CT*>(g.c_in ? g.c_in : g.c) + bi * g.stride_c;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -130,10 +131,10 @@ void gemm_typed(const GemmArgs& g) {
           product(prod);
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t j = 0; j < cols; ++j) {
-              CT& out = c[(r0 + r) * g.ldc + c0 + j];
+              const int64_t at = (r0 + r) * g.ldc + c0 + j;
               S v = alpha * prod(r, j);
-              if (g.beta != 0.f) v += beta * static_cast<S>(to_acc(out));  // beta == 0 never reads C
-              out = from_acc<CT>(v);
+              if (g.beta != 0.f) v += beta * static_cast<S>(to_acc(c_in[at]));  // beta == 0 never reads C
+              c[at] = from_acc<CT>(v);
             }
         }
       }
@@ -158,6 +159,7 @@ void gemm_bf16_few_rows(const GemmArgs& g) {
     const bf16* pa = static_cast<const bf16*>(g.a) + bi * g.stride_a;
     const bf16* pb = static_cast<const bf16*>(g.b) + bi * g.stride_b;
     CT* c = static_cast<CT*>(g.c) + bi * g.stride_c;
+    const CT* c_in = static_cast<const CT*>(g.c_in ? g.c_in : g.c) + bi * g.stride_c;
     for (int64_t i = 0; i < m; ++i)  // op(A) [m, k], packed in f32
       for (int64_t kk = 0; kk < k; ++kk)
         a[i * k + kk] = bf16_to_float(g.trans_a ? pa[kk * g.lda + i] : pa[i * g.lda + kk]);
@@ -194,10 +196,10 @@ void gemm_bf16_few_rows(const GemmArgs& g) {
       }
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < cols; ++j) {
-          CT& out = c[i * g.ldc + j0 + j];
+          const int64_t at = i * g.ldc + j0 + j;
           float v = static_cast<float>(g.alpha) * acc[i][j];
-          if (g.beta != 0.f) v += static_cast<float>(g.beta) * to_acc(out);  // beta == 0 never reads C
-          out = from_acc<CT>(v);
+          if (g.beta != 0.f) v += static_cast<float>(g.beta) * to_acc(c_in[at]);  // beta == 0 never reads C
+          c[at] = from_acc<CT>(v);
         }
     }
   }

@@ -37,8 +37,14 @@ struct Alignments {
   uint32_t a, b, c;  // of our A, B, C
 };
 Alignments alignments(const GemmArgs& g) {
+  const uint32_t c = alignment_of(g.c, g.batch, g.stride_c, g.c_type);
   return {alignment_of(g.a, g.batch, g.stride_a, g.ab_type), alignment_of(g.b, g.batch, g.stride_b, g.ab_type),
-          alignment_of(g.c, g.batch, g.stride_c, g.c_type)};
+          g.c_in ? std::min(c, alignment_of(g.c_in, g.batch, g.stride_c, g.c_type)) : c};
+}
+// C read from another buffer than D is written to (GemmArgs::c_in): cuBLASLt may run other kernels
+// then (nvjet's `bx` where in place runs `badd`), so such calls get plans of their own.
+bool apart(const GemmArgs& g) {
+  return g.beta != 0.f && g.c_in != nullptr && g.c_in != g.c;
 }
 
 // Descriptors for one cached problem; destroyed with the cache entry.
@@ -58,7 +64,7 @@ struct Plan {
   }
 };
 
-using PlanKey = std::array<int64_t, 22>;
+using PlanKey = std::array<int64_t, 23>;
 
 PlanKey plan_key(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, int device, GemmAlgoChoice choice) {
   const Alignments al = alignments(g);
@@ -70,7 +76,7 @@ PlanKey plan_key(const GemmArgs& g, cublasLtHandle_t handle, size_t ws_bytes, in
           static_cast<int64_t>(choice),
           // Whether C is read: cuBLASLt runs other kernels for beta = 0 (nvjet's `bz`) than for an
           // accumulation (`badd`), so a timed choice holds for one of the two.
-          choice == GemmAlgoChoice::kTimed && g.beta != 0.f ? 1 : 0};
+          choice == GemmAlgoChoice::kTimed && g.beta != 0.f ? 1 : 0, apart(g) ? 1 : 0};
 }
 
 void set_batch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
@@ -184,13 +190,15 @@ void time_candidates(Plan& p, const GemmArgs& g, cublasLtHandle_t handle, GemmWo
     held.d = nullptr;
     return;
   }
-  if (g.beta != 0.f) LOOM_CUDA_CHECK(cudaMemcpyAsync(held.d, g.c, c_bytes, cudaMemcpyDeviceToDevice, s));
+  // C apart from D (c_in): the trials read it there and write the scratch, as the calls will.
+  const void* c_read = apart(g) ? g.c_in : held.d;
+  if (g.beta != 0.f && !apart(g)) LOOM_CUDA_CHECK(cudaMemcpyAsync(held.d, g.c, c_bytes, cudaMemcpyDeviceToDevice, s));
   // Four calls a window: the events' resolution (about 0.5 us) stays under 2 % of a 25 us product's window.
   constexpr int kRounds = 3, kReps = 4;
   const float alpha = g.alpha, beta = g.beta;
   const size_t n = p.candidates.size();
   auto run = [&](size_t i) {
-    return cublasLtMatmul(handle, p.op, &alpha, g.b, p.a, g.a, p.b, &beta, held.d, p.c, held.d, p.c,
+    return cublasLtMatmul(handle, p.op, &alpha, g.b, p.a, g.a, p.b, &beta, c_read, p.c, held.d, p.c,
                           &p.candidates[i], ws.ptr, ws.bytes, s) == CUBLAS_STATUS_SUCCESS;
   };
   auto event = [&](size_t i, int round, int end) -> cudaEvent_t& { return held.ev[(i * kRounds + round) * 2 + end]; };
@@ -262,10 +270,12 @@ void gemm(const GemmArgs& g, cublasLtHandle_t handle, GemmWorkspace ws, Stream s
     }
     plan = it->second;
   }
-  // The swap: cuBLASLt's A is our B, its B is our A; C is read (beta != 0) and written in place.
+  // The swap: cuBLASLt's A is our B, its B is our A; C is read (beta != 0) from c_in or in place, and
+  // D written to c (one layout for both).
   const float alpha = g.alpha, beta = g.beta;
+  const void* c_read = apart(g) ? g.c_in : g.c;
   LOOM_CUBLAS_CHECK(cublasLtMatmul(handle, plan->op, &alpha, /*A=*/g.b, plan->a, /*B=*/g.a, plan->b, &beta,
-                                   g.c, plan->c, g.c, plan->c, &plan->algo, ws.ptr, ws.bytes, s));
+                                   c_read, plan->c, g.c, plan->c, &plan->algo, ws.ptr, ws.bytes, s));
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

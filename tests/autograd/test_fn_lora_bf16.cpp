@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "autograd/functions.h"
+#include "autograd/lora_split.h"
 #include "tests/autograd/gradcheck.h"
 
 namespace loom::test {
@@ -44,11 +45,41 @@ void check(int64_t n, int64_t in, int64_t out, int64_t r) {
   // or doubled adapter product cannot hide under the base's rounding.
   const Tensor base = ops::matmul(x, w, false, true);
   EXPECT_LT(rel_err(ops::sub(got.y.to(DType::f64), base), ops::sub(ref.y, base)), 3e-2);
+  // dx's adapter share likewise (with more tokens than outputs it comes through W + s B A, rounded
+  // with W: half an ulp of W, about 1 % of the share at these magnitudes).
+  const Tensor dx_base = ops::matmul(dy, w);
+  EXPECT_LT(rel_err(ops::sub(got.dx.to(DType::f64), dx_base), ops::sub(ref.dx, dx_base)), 3e-2);
 }
 
 TEST(LoraBf16, MatchesF64OnTheSameValues) {
   check(37, 48, 40, 4);
   check(64, 32, 96, 16);
+}
+
+// More tokens than outputs: dx = dy (W + s B A), one product (autograd/lora_split.h's merge_for_dx).
+TEST(LoraBf16, DxThroughTheMergedWeightMatchesF64) {
+  check(96, 48, 40, 4);
+  check(160, 32, 96, 16);
+}
+
+// merged_weight on its own: W + s B A from B's [hi, lo, hi] and A's [hi; hi; lo] parts against f64, laid
+// out with W's row pitch (W with spare columns, as Linear::widen_for_adapter leaves it), W untouched.
+TEST(LoraBf16, MergedWeightIsWPlusScaledBA) {
+  const int64_t out = 40, in = 48, r = 4, spare = 13;
+  const Tensor w = bf16_values({out, in}, 21, 0.1), a = bf16_values({r, in}, 22, 0.1), b = bf16_values({out, r}, 23, 0.1);
+  Tensor w_wide = Tensor::full({out, in + spare}, NAN, DType::bf16).narrow(1, 0, in);
+  ops::copy_rows_(w_wide, w.to(DType::bf16));
+  const Tensor b_parts = ops::bf16_split(b.to(DType::f32), "hhlh");
+  const Tensor a_hhl = ag::detail::split_rows(a.to(DType::f32), "hhl");
+  const Tensor merged = ag::detail::merged_weight(w_wide, b_parts.narrow(1, r, 3 * r), a_hhl, 2.f);
+  EXPECT_EQ(merged.shape(), w.shape());
+  EXPECT_EQ(merged.strides()[0], in + spare);
+  const Tensor ref = ops::add(w, ops::scale(ops::matmul(b, a), 2.0));
+  // One bf16 rounding of the sum (2^-9 relative), the adapter's parts exact to ~16 bits.
+  EXPECT_LT(rel_err(merged.contiguous(), ref), 4e-3);
+  const Tensor delta = ops::sub(merged.contiguous().to(DType::f64), w);
+  EXPECT_LT(rel_err(delta, ops::sub(ref, w)), 2e-2);  // the share of s B A, under W's half ulp
+  EXPECT_EQ(w_wide.contiguous().to_floats(), w.to(DType::bf16).to_floats()) << "W changed";
 }
 
 // x as the first `in` columns of rows `in + spare` wide, the spare columns NaN.
@@ -121,11 +152,13 @@ void check_spare(int64_t n, int64_t in, int64_t out, int64_t r, float scale, boo
 TEST(LoraBf16, SpareColumnsMakeOneProduct) {
   check_spare(37, 48, 40, 4, 2.f, false);
   check_spare(64, 32, 96, 16, 1.f, false);
+  check_spare(80, 48, 40, 4, 2.f, false);  // dx through the merged weight (W read with its pitch)
 }
 
 TEST(LoraBf16, SpareColumnsCarryTheBias) {
   check_spare(37, 48, 40, 4, 2.f, true);
   check_spare(64, 32, 96, 16, 1.f, true);
+  check_spare(80, 48, 40, 4, 2.f, true);
 }
 
 }  // namespace

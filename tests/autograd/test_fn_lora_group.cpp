@@ -110,6 +110,11 @@ void check(int64_t n, int64_t in, const std::vector<Spec>& specs, float scale, c
   ASSERT_EQ(got.y.size(), m);
   EXPECT_EQ(got.dx.dtype(), DType::bf16);
   EXPECT_LT(rel_err(got.dx, ref.dx), 1e-2);
+  // dx's adapter share on its own (merged into the weights where the outputs are fewer than the tokens).
+  Tensor dx_base = Tensor::zeros({n, in}, DType::f64);
+  for (size_t i = 0; i < m; ++i)
+    if (has_grad[i]) dx_base = ops::add(dx_base, ops::matmul(dy[i], w[i]));
+  EXPECT_LT(rel_err(ops::sub(got.dx.to(DType::f64), dx_base), ops::sub(ref.dx, dx_base)), 3e-2);
   for (size_t i = 0; i < m; ++i) {
     SCOPED_TRACE("product " + std::to_string(i));
     EXPECT_EQ(got.y[i].dtype(), DType::bf16);
@@ -157,6 +162,18 @@ TEST(LoraGroup, MixedPathsRanksAndABias) {
 
 TEST(LoraGroup, AnOutputWithoutGradientAddsNothing) {
   check(29, 40, {{32, 4, false, true, false}, {8, 4, false, true, false}, {8, 4, false, true, false}}, 1.f,
+        {true, false, true});
+}
+
+// More tokens than the outputs together: dx = sum dy_i (W_i + s B_i A_i) (autograd/lora_split.h's
+// merge_for_dx), through weights with spare columns, without, made on demand, with a bias; and with an
+// output that got no gradient (its weight left out of dx).
+TEST(LoraGroup, DxThroughTheMergedWeights) {
+  check(97, 48, {{48, 4, false, true, false}, {16, 4, false, true, false}, {16, 4, false, true, false}}, 2.f,
+        {true, true, true});
+  check(130, 32, {{40, 8, true, true, false}, {24, 4, false, false, false}, {56, 4, false, true, true}}, 2.f,
+        {true, true, true});
+  check(45, 40, {{32, 4, false, true, false}, {8, 4, false, true, false}, {8, 4, false, true, false}}, 1.f,
         {true, false, true});
 }
 

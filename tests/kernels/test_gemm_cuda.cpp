@@ -3,6 +3,7 @@
 // algorithm choice (whose trials must leave C as it was: it is read when beta != 0).
 #include <cublasLt.h>
 
+#include <cstring>
 #include <limits>
 
 #include "kernels/gemm.h"
@@ -27,8 +28,10 @@ class GemmCudaTest : public CublasLtTest {
  protected:
   // Runs one case on both backends; returns the relative L2 error of the [m, n] blocks of C.
   template <class AB, class C>
+  // apart (with beta != 0): C is read from a buffer of its own (GemmArgs::c_in), the output buffer
+  // poisoned, and C_in must come out as it went in.
   double run(const Case& cs, uint32_t seed, bool with_workspace = true,
-             cuda::GemmAlgoChoice choice = cuda::GemmAlgoChoice::kHeuristic) {
+             cuda::GemmAlgoChoice choice = cuda::GemmAlgoChoice::kHeuristic, bool apart = false) {
     GemmArgs g;
     g.m = cs.m; g.n = cs.n; g.k = cs.k; g.batch = cs.batch;
     g.trans_a = cs.ta; g.trans_b = cs.tb;
@@ -43,9 +46,10 @@ class GemmCudaTest : public CublasLtTest {
     auto c = random_vec<C>(cs.offset + g.stride_c * cs.batch, seed + 2);
     DeviceBuffer<AB> da(a), db(b);
     // beta == 0: C starts as NaN on the device (DeviceBuffer's poison), which must never be read.
-    DeviceBuffer<C> dc(c.size());
+    DeviceBuffer<C> dc(c.size()), dc_in(apart ? c.size() : 1);
     if (cs.beta != 0.f)
-      EXPECT_EQ(cudaMemcpy(dc.get(), c.data(), c.size() * sizeof(C), cudaMemcpyHostToDevice), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(apart ? dc_in.get() : dc.get(), c.data(), c.size() * sizeof(C), cudaMemcpyHostToDevice),
+                cudaSuccess);
     else
       std::fill(c.begin(), c.end(), from_acc<C>(std::numeric_limits<float>::quiet_NaN()));
 
@@ -53,11 +57,17 @@ class GemmCudaTest : public CublasLtTest {
     hg.a = a.data() + cs.offset; hg.b = b.data() + cs.offset; hg.c = c.data() + cs.offset;
     cpu::gemm(hg);
     GemmArgs dg = g;
+    const std::vector<C> c_before = c;
     dg.a = da.get() + cs.offset; dg.b = db.get() + cs.offset; dg.c = dc.get() + cs.offset;
+    if (apart) dg.c_in = dc_in.get() + cs.offset;
     GemmWorkspace ws{with_workspace ? static_cast<void*>(ws_->get()) : nullptr,
                      with_workspace ? kGemmWorkspaceBytes : 0};
     cuda::gemm(dg, handle_, ws, nullptr, choice);
     const auto out = dc.to_host();
+    if (apart && cs.beta != 0.f) {
+      const auto in_after = dc_in.to_host();
+      EXPECT_EQ(std::memcmp(in_after.data(), c_before.data(), c_before.size() * sizeof(C)), 0) << "C_in was written";
+    }
     std::vector<float> got, ref;
     for (int64_t bi = 0; bi < g.batch; ++bi)
       for (int64_t i = 0; i < g.m; ++i)
@@ -124,6 +134,23 @@ TEST_F(GemmCudaTest, TimedChoiceMatchesCpu) {
       EXPECT_LT((run<bf16, bf16>(dgrad, seed + 7, true, cuda::GemmAlgoChoice::kTimed)), tol<bf16>())
           << "beta " << beta << " seed " << seed;
     }
+}
+
+// C read apart from the output (GemmArgs::c_in, cuBLASLt's C and D): accumulating cases of every transpose
+// pair, odd leading dimensions and misaligned pointers, heuristic and timed (the trials too must read C_in
+// and leave it alone), and the merged-weight shape of the LoRA backward ([out, 3r] x [3r, in] + W).
+TEST_F(GemmCudaTest, ReadsCApartFromTheOutput) {
+  uint32_t seed = 500;
+  for (auto choice : {cuda::GemmAlgoChoice::kHeuristic, cuda::GemmAlgoChoice::kTimed})
+    for (int t = 0; t < 4; ++t)
+      for (int64_t pad : {0, 3}) {
+        const Case cs{129, 200, 33, pad ? 1 : 2, bool(t & 1), bool(t & 2), pad, pad ? 1 : 0, 1.5f, pad ? 0.5f : 1.f};
+        EXPECT_LT((run<bf16, bf16>(cs, seed += 10, true, choice, true)), tol<bf16>()) << "t=" << t << " pad=" << pad;
+        EXPECT_LT((run<bf16, float>(cs, seed += 10, true, choice, true)), 1e-5) << "t=" << t << " pad=" << pad;
+      }
+  EXPECT_LT((run<bf16, bf16>({2048, 8192, 48, 1, false, false, 0, 0, 2.f, 1.f}, 77, true,
+                             cuda::GemmAlgoChoice::kHeuristic, true)),
+            tol<bf16>());
 }
 
 // A transformer-sized product through the cache twice, the second call hitting the cached plan
