@@ -85,7 +85,7 @@ DyGrads split_dy_grads(const Tensor& dy, const Tensor& t_parts, const Tensor& b_
 }
 
 SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
-                           const LoraArgs& lora, OutputUse use) {
+                           const LoraArgs& lora, OutputUse use, const Tensor* residual) {
   const int64_t in = w.size(1), out = w.size(0), r = b.size(1), n = x2.size(0);
   const DType cdt = x2.dtype();
   const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
@@ -122,12 +122,16 @@ SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w,
       ops::copy_rows_(w_bias, bias->to(cdt).reshape({out, 1}));
     }
     p.y = Tensor::empty({n, out}, cdt, x2.device());
-    ops::matmul_into(x_ext, w_ext, p.y, false, true, 1.f, 0.f);
+    p.residual_added = residual != nullptr;  // (+ residual, read as the GEMM's C)
+    ops::matmul_into(x_ext, w_ext, p.y, false, true, 1.f, residual ? 1.f : 0.f, residual);
   } else if (read) {
-    // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T, first (written) without a bias.
+    // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T, first (written) without a
+    // bias, onto the residual where there is one.
     const bool first = !bias;
     if (first) p.y = Tensor::empty({n, out}, cdt, x2.device());
-    ops::matmul_into(t_parts[0], b_hhl, p.y, false, true, lora.scale, first ? 0.f : 1.f);
+    p.residual_added = first && residual;
+    ops::matmul_into(t_parts[0], b_hhl, p.y, false, true, lora.scale, first && !residual ? 0.f : 1.f,
+                     first ? residual : nullptr);
     if (first) ops::matmul_into(x2, w, p.y, false, true, 1.f, 1.f);  // y += x W^T
   }
   p.t_keep = t_parts[1];                     // [n, 2r]
@@ -172,19 +176,20 @@ struct DeferredA {
 
 Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a, const Variable& b,
                         const LoraArgs& lora, const Variable* bias, const WeightFn& rematerialize,
-                        const InputFn& recompute_x, OutputUse use, std::shared_ptr<DeferredA> defer_a);
+                        const InputFn& recompute_x, OutputUse use, std::shared_ptr<DeferredA> defer_a,
+                        const Variable* residual);
 
 }  // namespace
 
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
                      const Variable* bias, const WeightFn& rematerialize, const InputFn& recompute_x,
-                     OutputUse use) {
-  return lora_linear_of(x, w, a, b, lora, bias, rematerialize, recompute_x, use, nullptr);
+                     OutputUse use, const Variable* residual) {
+  return lora_linear_of(x, w, a, b, lora, bias, rematerialize, recompute_x, use, nullptr, residual);
 }
 
 Variable glu_lora_linear(const Variable& gate, const Variable& up, bool gelu, const Variable& w, const Variable& a,
                          const Variable& b, const LoraArgs& lora, const Variable* bias,
-                         const WeightFn& rematerialize, OutputUse use) {
+                         const WeightFn& rematerialize, OutputUse use, const Variable* residual) {
   LOOM_CHECK(lora.dropout <= 0.f && !w.requires_grad(), "glu_lora_linear: needs a frozen weight and no adapter ",
              "dropout (got dropout ", lora.dropout, w.requires_grad() ? ", a trained weight)" : ")");
   Tensor gv = gate.value(), uv = up.value();
@@ -209,15 +214,17 @@ Variable glu_lora_linear(const Variable& gate, const Variable& up, bool gelu, co
     return Grads{r.dgate, r.dup, da};
   };
   const Variable h = record1(node_of(gelu ? "geglu" : "swiglu", backward), {&gate, &up, &a}, hv);
-  return lora_linear_of(h, w, a, b, lora, bias, rematerialize, {}, use, defer);
+  return lora_linear_of(h, w, a, b, lora, bias, rematerialize, {}, use, defer, residual);
 }
 
 namespace {
 
-// lora_linear; with defer_a, dA is left (as dt) for the node that made x to finish (glu_lora_linear).
+// lora_linear; with defer_a, dA is left (as dt) for the node that made x to finish (glu_lora_linear);
+// with residual, residual + the product (its gradient: the output's).
 Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a, const Variable& b,
                         const LoraArgs& lora, const Variable* bias, const WeightFn& rematerialize,
-                        const InputFn& recompute_x, OutputUse use, std::shared_ptr<DeferredA> defer_a) {
+                        const InputFn& recompute_x, OutputUse use, std::shared_ptr<DeferredA> defer_a,
+                        const Variable* residual) {
   LOOM_CHECK(!rematerialize || !w.requires_grad(), "lora_linear: a re-materialised weight must be frozen");
   const Tensor& xv = x.value();
   LOOM_CHECK(w.value().dim() == 2 && a.value().dim() == 2 && b.value().dim() == 2 && xv.dim() >= 1, "lora_linear: ",
@@ -231,18 +238,28 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   const bool split = cdt == DType::bf16;
   Shape out_shape = xv.shape();
   out_shape.back() = out;
+  LOOM_CHECK(!residual || (residual->value().shape() == out_shape && residual->dtype() == cdt &&
+                           residual->value().device() == xv.device()),
+             "lora_linear: the residual ", residual ? residual->value().str() : "", " does not match the output of x ",
+             xv.str(), " times W ", w.value().str());
+  // The residual read as a GEMM's C needs the output's layout; another is added after.
+  const Tensor res2 = residual && residual->value().is_contiguous() && use == OutputUse::kRead
+                          ? residual->value().reshape({-1, out})
+                          : Tensor();
   const Tensor x2 = ops::rows_of(xv);  // a view also of a norm's output with spare columns
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
   const bool first = split && !bias;  // the adapter's product first: see the top of the file
   // What backward keeps: t (or its bf16 parts), B and A in the forms the GEMMs take.
   Tensor y, t_keep, b_keep, a_keep, b_merge;
+  bool residual_added = false;
   if (split) {
     // [A_hi; A_hi; A_lo] for dx; its last 2r rows are [A_hi; A_lo] (one split for both).
     const Tensor a_hhl = split_rows(a.value(), "hhl");
     // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], its blocks summed in split_product.
     detail::SplitProduct p = detail::split_product(
         x2, ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), w.value(), b.value(),
-        bias ? &bias->value() : nullptr, lora, use);
+        bias ? &bias->value() : nullptr, lora, use, res2.defined() ? &res2 : nullptr);
+    residual_added = p.residual_added;
     y = std::move(p.y), t_keep = std::move(p.t_keep), b_keep = std::move(p.b_keep);
     if (x.requires_grad()) a_keep = a_hhl, b_merge = std::move(p.b_merge);  // [3r, in], [out, 3r]
   } else {
@@ -258,6 +275,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     if (use == OutputUse::kRead) ops::matmul_into(t_keep, b_keep, y, false, true, lora.scale, 1.f);  // y += scale * [n, r] x [out, r]^T
     if (x.requires_grad()) a_keep = ac;
   }
+  if (residual && use == OutputUse::kRead && !residual_added) y = ops::add(residual->value().reshape({-1, out}), y);
 
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
   Tensor keep_x = recompute_x || defer_a ? Tensor() : x2;  // (defer_a: W frozen, dA made by x's maker)
@@ -339,9 +357,9 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     }
     if (n.needs_grad(1)) dw = ops::matmul(dy, input(), true, false);  // full fine-tuning with an adapter: [out, in]
     if (n.needs_grad(4)) dbias = ops::sum_rows(dy, bias_dtype);
-    return Grads{dx, dw, da, db, dbias};
+    return Grads{dx, dw, da, db, dbias, n.needs_grad(5) ? g[0] : Tensor()};
   };
-  return record1(node_of("lora_linear", backward), {&x, &w, &a, &b, bias}, y.view(out_shape));
+  return record1(node_of("lora_linear", backward), {&x, &w, &a, &b, bias, residual}, y.view(out_shape));
 }
 
 }  // namespace

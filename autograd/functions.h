@@ -77,16 +77,21 @@ using WeightFn = std::function<Tensor()>;
 // An input that backward computes again instead of keeping it alive (the SwiGLU output, from the
 // gate and up the activation keeps anyway): empty = keep x.
 using InputFn = std::function<Tensor()>;
+// residual (the output's shape and dtype): residual + that, added by the GEMM that writes the output
+// first (its C, apart from D) where it can be (bf16, no bias), else after; its gradient is the output's.
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
                      const Variable* bias = nullptr, const WeightFn& rematerialize = {},
-                     const InputFn& recompute_x = {}, OutputUse use = OutputUse::kRead);
+                     const InputFn& recompute_x = {}, OutputUse use = OutputUse::kRead,
+                     const Variable* residual = nullptr);
 // lora_linear(act(gate) * up, ...) for a gated MLP's down projection (act: silu, or gelu_tanh with
 // gelu), with a frozen weight and no adapter dropout: the same values and gradients, but act(gate) * up
 // is not kept or computed apart for the adapter's dA: the activation's backward makes it again in its
-// own pass over gate, up and their output gradient, and finishes dA there.
+// own pass over gate, up and their output gradient, and finishes dA there. residual as lora_linear's
+// (the MLP's residual add without a pass of its own over [tokens, out]).
 Variable glu_lora_linear(const Variable& gate, const Variable& up, bool gelu, const Variable& w, const Variable& a,
                          const Variable& b, const LoraArgs& lora, const Variable* bias = nullptr,
-                         const WeightFn& rematerialize = {}, OutputUse use = OutputUse::kRead);
+                         const WeightFn& rematerialize = {}, OutputUse use = OutputUse::kRead,
+                         const Variable* residual = nullptr);
 // One of several products that read the same x (q, k and v; gate and up), for lora_linears.
 struct LoraProduct {
   Tensor weight;         // the frozen base weight [out, in] (a view of its wide storage: LoraArgs::w_spare)

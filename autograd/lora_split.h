@@ -36,6 +36,7 @@ struct SplitProduct {
   Tensor t_keep;   // t's [t_hi, t_lo] parts, [n, 2r]
   Tensor b_keep;   // [B_hi, B_lo] along the columns, [out, 2r] (row stride 4r)
   Tensor b_merge;  // [B_hi, B_lo, B_hi], [out, 3r] (the same storage): pairs with [A_hi; A_hi; A_lo]
+  bool residual_added = false;  // y holds residual + the product (split_product's residual)
 };
 
 // dx through the merged weight. In bf16 without dropout or a bias, dx = dy W + s dt A equals
@@ -54,7 +55,10 @@ Tensor merged_weight(const Tensor& w, const Tensor& b_merge, const Tensor& a_hhl
 // apart): one GEMM into x2's and w's spare columns where both have lora's room for it (x_spare,
 // w_spare), else the adapter's product first and the base GEMM adding onto it (with a bias: the base
 // product, the bias, then the adapter's, as PEFT adds them).
+// With residual ([n, out], contiguous, x2's dtype), where no bias is added the GEMM that writes y
+// first reads it as its C (apart from D: ops::matmul_into's c_in): y = residual + the product, with no
+// pass of its own (residual_added; else the caller adds it).
 SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
-                           const LoraArgs& lora, OutputUse use);
+                           const LoraArgs& lora, OutputUse use, const Tensor* residual = nullptr);
 
 }  // namespace loom::ag::detail

@@ -48,13 +48,13 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
 }
 
 ag::Variable mlp(const DecoderLayer& L, const ag::Variable& h, const LayerContext& ctx, ag::OutputUse use,
-                 int64_t x_spare) {
-  if (!L.moe) return L.mlp.forward(h, use, x_spare);
+                 int64_t x_spare, const ag::Variable* residual) {
+  if (!L.moe) return L.mlp.forward(h, use, x_spare, residual);
   RouterOutput r;
   const ag::Variable y =
       L.moe->forward(ag::reshape(h, {ctx.batch * ctx.seq, h.size(-1)}), ctx.routers ? &r : nullptr, use);
   if (ctx.routers) ctx.routers->push_back(std::move(r));
-  return ag::reshape(y, h.shape());
+  return residual ? ag::add(*residual, ag::reshape(y, h.shape()), use) : ag::reshape(y, h.shape());
 }
 
 ag::Variable prenorm_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {
@@ -66,8 +66,9 @@ ag::Variable prenorm_block(const DecoderLayer& L, const ag::Variable& x, const L
       x, self_attention(L.self_attn, L.input_layernorm.forward(x, attn_spare), ctx, L.window, attn_spare), mlp_spare);
   // In a checkpoint's rerun nothing reads the layer's output: down's product (about a quarter of a
   // dense layer's products, a third of the experts') and the last add are recorded, not computed.
+  // The residual add rides in down's GEMM (its C) where it can.
   const ag::OutputUse use = ctx.output_unread ? ag::OutputUse::kRootOnly : ag::OutputUse::kRead;
-  return ag::add(h, mlp(L, normed, ctx, use, mlp_spare), use);
+  return mlp(L, normed, ctx, use, mlp_spare, &h);
 }
 
 ag::Variable sandwich_block(const DecoderLayer& L, const ag::Variable& x, const LayerContext& ctx) {

@@ -28,9 +28,10 @@ struct LayerContext {
 
 // The layer's MLP on h [batch, seq, hidden]: the dense one, or the mixture of experts (which
 // reports its router to ctx.routers).
-// x_spare: h's spare columns (RmsNorm::forward's spare, Mlp::input_spare), dense MLPs only.
+// x_spare: h's spare columns (RmsNorm::forward's spare, Mlp::input_spare), dense MLPs only. With
+// residual: residual + the MLP's output (a dense MLP's down projection adds it in its GEMM).
 ag::Variable mlp(const DecoderLayer& layer, const ag::Variable& h, const LayerContext& ctx,
-                 ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0);
+                 ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0, const ag::Variable* residual = nullptr);
 
 // Grouped-query self-attention with RoPE, and whatever optional parts the layer has: q/k norms
 // (present when the family's weight map lists them), the config's soft-cap and query scale, the

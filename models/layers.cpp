@@ -48,13 +48,15 @@ int64_t one_gemm_columns(const Linear& l, DType dtype) {
 }  // namespace
 
 ag::Variable Linear::forward(const ag::Variable& x, const ag::InputFn& recompute_x, ag::OutputUse use,
-                             int64_t x_spare) const {
+                             int64_t x_spare, const ag::Variable* residual) const {
   const ag::Variable* b = bias.defined() ? &bias : nullptr;
   const auto [w, rematerialize] = product_weight(*this, x.dtype(), use);
-  if (!lora || !lora->enabled)
-    return nf4 ? ag::frozen_linear(x, w, rematerialize, b, use) : ag::linear(x, weight, b, use);
+  if (!lora || !lora->enabled) {
+    const ag::Variable y = nf4 ? ag::frozen_linear(x, w, rematerialize, b, use) : ag::linear(x, weight, b, use);
+    return residual ? ag::add(*residual, y, use) : y;
+  }
   return ag::lora_linear(x, w, lora->A, lora->B, lora_args(*lora, x_spare, nf4 ? 0 : weight_spare), b, rematerialize,
-                         recompute_x, use);
+                         recompute_x, use, residual);
 }
 
 std::vector<ag::Variable> forward_shared_input(const std::vector<const Linear*>& ls, const ag::Variable& x,
@@ -155,7 +157,8 @@ int64_t Mlp::input_spare(DType dtype) const {
   return loom::input_spare({readers.begin(), readers.end()}, dtype);
 }
 
-ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu, ag::OutputUse use) const {
+ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu, ag::OutputUse use,
+                                 const ag::Variable* residual) const {
   // Fused where the activation's backward runs anyway (gate or up needs a gradient): it makes h
   // again there for the adapter's dA. Else h is kept, as below, and no dgate/dup is computed.
   const bool fused = lora && lora->enabled && lora_args(*lora).dropout <= 0.f &&
@@ -163,7 +166,7 @@ ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& u
   if (fused) {
     const auto [w, rematerialize] = product_weight(*this, gate.dtype(), use);
     return ag::glu_lora_linear(gate, up, gelu, w, lora->A, lora->B, lora_args(*lora), bias.defined() ? &bias : nullptr,
-                               rematerialize, use);
+                               rematerialize, use, residual);
   }
   const ag::Variable h = gelu ? ag::geglu(gate, up) : ag::swiglu(gate, up);
   // The activation's backward keeps gate and up; an adapter computes h from them again rather than
@@ -171,7 +174,7 @@ ag::Variable Linear::forward_glu(const ag::Variable& gate, const ag::Variable& u
   ag::InputFn again;
   if (gate.requires_grad() || up.requires_grad())
     again = [g = gate.value(), u = up.value(), gelu] { return gelu ? ops::geglu(g, u) : ops::swiglu(g, u); };
-  return forward(h, again, use);
+  return forward(h, again, use, 0, residual);
 }
 
 std::vector<Linear*> Attention::linears() {
@@ -188,7 +191,8 @@ std::vector<Linear*> Mlp::linears() {
   return out;
 }
 
-ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use, int64_t x_spare) const {
+ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use, int64_t x_spare,
+                          const ag::Variable* residual) const {
   ag::Variable gate, up;
   if (present(gate_up_proj)) {  // transformers' Phi3MLP: gate, up = gate_up_proj(x).chunk(2, dim=-1)
     const int64_t inter = gate_up_proj.out_features() / 2;
@@ -198,7 +202,7 @@ ag::Variable Mlp::forward(const ag::Variable& x, ag::OutputUse use, int64_t x_sp
     const std::vector<ag::Variable> gu = forward_shared_input({&gate_proj, &up_proj}, x, x_spare);
     gate = gu[0], up = gu[1];
   }
-  return down_proj.forward_glu(gate, up, gelu, use);
+  return down_proj.forward_glu(gate, up, gelu, use, residual);
 }
 
 Tensor ExpertLinear::dense_weight(DType dtype, int64_t first, int64_t count) const {

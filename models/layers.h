@@ -47,8 +47,10 @@ struct Linear {
   // recompute_x: how backward gets x again instead of keeping it (used by the LoRA path only).
   // use: kRootOnly skips the product (and an NF4 weight's dequantisation) when nothing reads it.
   // x_spare: columns after x's rows the adapter's product may write (ag::LoraArgs::x_spare).
+  // residual: residual + the output (the adapter's product adds it in its GEMM where it can).
   ag::Variable forward(const ag::Variable& x, const ag::InputFn& recompute_x = {},
-                       ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0) const;
+                       ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0,
+                       const ag::Variable* residual = nullptr) const;
   // The spare columns this product's adapter takes after the rows of an input of dtype (3 r, + 1
   // with a bias, when it computes y = [x, t, 1] [W, B, bias]^T as one GEMM: bf16, an enabled adapter,
   // no dropout in effect), or 0.
@@ -65,8 +67,9 @@ struct Linear {
   // with an adapter on a frozen weight and no dropout in effect, ag::glu_lora_linear (the activation's
   // backward makes act(gate) * up again for the adapter's dA in its own pass); else the two apart,
   // act(gate) * up computed again in backward where the adapter needs it.
+  // With residual: residual + that (added by the product's GEMM on the fused path).
   ag::Variable forward_glu(const ag::Variable& gate, const ag::Variable& up, bool gelu,
-                           ag::OutputUse use = ag::OutputUse::kRead) const;
+                           ag::OutputUse use = ag::OutputUse::kRead, const ag::Variable* residual = nullptr) const;
 };
 
 // The products of Linears that read one x (q, k and v; gate and up): ag::lora_linears (x's adapter
@@ -124,7 +127,9 @@ struct Mlp {
   bool gelu = false;  // gelu_pytorch_tanh (Gemma) instead of SiLU
   // use: whether anything reads the output (down_proj's product is skipped when not). x_spare:
   // the columns after x's rows (input_spare) for gate's and up's adapters.
-  ag::Variable forward(const ag::Variable& x, ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0) const;
+  // residual: residual + the output (down_proj's forward_glu).
+  ag::Variable forward(const ag::Variable& x, ag::OutputUse use = ag::OutputUse::kRead, int64_t x_spare = 0,
+                       const ag::Variable* residual = nullptr) const;
   std::vector<Linear*> linears();  // present ones, in checkpoint order
   // input_spare of gate and up (or gate_up).
   int64_t input_spare(DType dtype) const;

@@ -25,6 +25,10 @@ TEST(GluLora, FiniteDifferencesThroughGateUpAndTheAdapter) {
               {gate, up, w, a, b}, {true, true, false, true, true});
     gradcheck([=](const V& v) { return ag::glu_lora_linear(v[0], v[1], gelu, v[2], v[3], v[4], args, &v[5]); },
               {gate, up, w, a, b, bias}, {true, true, false, true, true, true});
+    // With a residual added (the block's last add, folded into the product's GEMM).
+    gradcheck([=](const V& v) { return ag::glu_lora_linear(v[0], v[1], gelu, v[2], v[3], v[4], args, nullptr, {},
+                                                            ag::OutputUse::kRead, &v[5]); },
+              {gate, up, w, a, b, random_f64({2, 3, 5}, 76)}, {true, true, false, true, true, true});
     // Only the adapter trains (gate and up from frozen layers), and only A or only B.
     gradcheck([=](const V& v) { return ag::glu_lora_linear(v[0], v[1], gelu, v[2], v[3], v[4], args); },
               {gate, up, w, a, b}, {false, false, false, true, false});
@@ -85,6 +89,52 @@ TEST(GluLora, TheSameBitsAsTheTwoFunctionsApart) {
       for (double v : f.da.to_doubles()) largest = std::max(largest, std::abs(v));
       EXPECT_GT(largest, 1e-3) << what;
     }
+  }
+}
+
+// With a residual: residual + the product, the residual read by the GEMM that writes y first in bf16
+// (rounded with the adapter's product, where the add apart rounds after the base's). Its gradient is
+// y's; every other gradient the same bits as with the add apart; y within bf16's rounding of f64's.
+TEST(GluLora, AResidualAddedInTheProduct) {
+  const Tensor gate = bf16_values({37, 48}, 21, 2.0), up = bf16_values({37, 48}, 22, 1.0);
+  const Tensor w = bf16_values({40, 48}, 23, 0.1), a = bf16_values({4, 48}, 24, 0.1), b = bf16_values({40, 4}, 25, 0.1);
+  const Tensor res = bf16_values({37, 40}, 26, 1.0), dy = bf16_values({37, 40}, 27, 1.0);
+  const ag::LoraArgs args{2.f, 0.f, 0, 0};
+  struct Got {
+    Tensor y, dgate, dup, da, db, dres;
+  };
+  // folded 0: the add apart; 1: glu_lora_linear's residual; 2: lora_linear's on swiglu's output (the
+  // path a layer takes when the activation's backward does not run: the same bits as 1).
+  auto run_with = [&](DType dt, int folded) {
+    Variable g(gate.to(dt), true), u(up.to(dt), true), wv(w.to(dt), false), rv(res.to(dt), true);
+    const DType master = dt == DType::f64 ? DType::f64 : DType::f32;
+    Variable av(a.to(master), true), bv(b.to(master), true);
+    const Variable y =
+        folded == 1   ? ag::glu_lora_linear(g, u, false, wv, av, bv, args, nullptr, {}, ag::OutputUse::kRead, &rv)
+        : folded == 2 ? ag::lora_linear(ag::swiglu(g, u), wv, av, bv, args, nullptr, {}, {}, ag::OutputUse::kRead, &rv)
+                      : ag::add(rv, ag::glu_lora_linear(g, u, false, wv, av, bv, args));
+    const Tensor yv = y.value();
+    ag::backward(y, dy.to(dt));
+    return Got{yv, g.grad(), u.grad(), av.grad(), bv.grad(), rv.grad()};
+  };
+  const Got ref = run_with(DType::f64, 0);
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    const Got f = run_with(dt, 1), p = run_with(dt, 0), l = run_with(dt, 2);
+    const std::string what(name(dt));
+    EXPECT_EQ(l.y.to_doubles(), f.y.to_doubles()) << what << ": lora_linear's residual";
+    EXPECT_EQ(l.dres.to_doubles(), f.dres.to_doubles()) << what;
+    EXPECT_EQ(l.db.to_doubles(), f.db.to_doubles()) << what;
+    if (dt != DType::bf16) {
+      EXPECT_EQ(f.y.to_doubles(), p.y.to_doubles()) << what;  // added after, as apart
+    }
+    EXPECT_LT(rel_err(f.y, ref.y), 1e-2) << what;
+    // The product's share on its own (y minus the residual), so a lost or doubled residual or product shows.
+    EXPECT_LT(rel_err(ops::sub(f.y.to(DType::f64), res), ops::sub(ref.y, res)), 2e-2) << what;
+    EXPECT_EQ(f.dgate.to_doubles(), p.dgate.to_doubles()) << what;
+    EXPECT_EQ(f.dup.to_doubles(), p.dup.to_doubles()) << what;
+    EXPECT_EQ(f.da.to_doubles(), p.da.to_doubles()) << what;
+    EXPECT_EQ(f.db.to_doubles(), p.db.to_doubles()) << what;
+    EXPECT_EQ(f.dres.to_doubles(), dy.to(dt).to_doubles()) << what;
   }
 }
 
