@@ -53,11 +53,11 @@ class GemmCudaTest : public CublasLtTest {
     else
       std::fill(c.begin(), c.end(), from_acc<C>(std::numeric_limits<float>::quiet_NaN()));
 
+    const std::vector<C> c_before = c;  // C_in's contents (the CPU's product below runs in place on c)
     GemmArgs hg = g;
     hg.a = a.data() + cs.offset; hg.b = b.data() + cs.offset; hg.c = c.data() + cs.offset;
     cpu::gemm(hg);
     GemmArgs dg = g;
-    const std::vector<C> c_before = c;
     dg.a = da.get() + cs.offset; dg.b = db.get() + cs.offset; dg.c = dc.get() + cs.offset;
     if (apart) dg.c_in = dc_in.get() + cs.offset;
     GemmWorkspace ws{with_workspace ? static_cast<void*>(ws_->get()) : nullptr,
