@@ -13,6 +13,9 @@
 // adapter). H200, `bench/e2e/run.sh 1b` without checkpointing (bench/results/2026-12-02-h200-session19.md):
 // 80,621 tok/s adapter first, 78,042 in PEFT's order (base, then the adapter added). PEFT's order
 // stays for f32 and f64 and for a layer with a bias (added to the base output, as PEFT adds to it).
+// With a residual (the MLP's last add: lora_linear's residual), the first GEMM reads it as its C: the
+// adapter's product is rounded onto the residual, at its magnitude, and the base product added onto
+// that; the add apart rounded the product first and the sum after.
 //
 // Where the caller left spare columns after x's rows (LoraArgs::x_spare: the norm before q/k/v and
 // gate/up writes its output that way, models/block.cpp), the two products become one: t's bf16

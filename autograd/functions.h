@@ -77,8 +77,9 @@ using WeightFn = std::function<Tensor()>;
 // An input that backward computes again instead of keeping it alive (the SwiGLU output, from the
 // gate and up the activation keeps anyway): empty = keep x.
 using InputFn = std::function<Tensor()>;
-// residual (the output's shape and dtype): residual + that, added by the GEMM that writes the output
-// first (its C, apart from D) where it can be (bf16, no bias), else after; its gradient is the output's.
+// residual (the output's shape and dtype): residual + that, read by the GEMM that writes the output
+// first (its C, apart from D) where there is one (bf16 with a contiguous residual: the one GEMM, or the
+// adapter's product without a bias), else added after; its gradient is the output's.
 Variable lora_linear(const Variable& x, const Variable& w, const Variable& a, const Variable& b, const LoraArgs& lora,
                      const Variable* bias = nullptr, const WeightFn& rematerialize = {},
                      const InputFn& recompute_x = {}, OutputUse use = OutputUse::kRead,

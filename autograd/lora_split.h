@@ -39,14 +39,16 @@ struct SplitProduct {
   bool residual_added = false;  // y holds residual + the product (split_product's residual)
 };
 
-// dx through the merged weight. In bf16 without dropout or a bias, dx = dy W + s dt A equals
+// dx through the merged weight. In bf16 without dropout (a bias changes nothing here), dx = dy W + s dt A equals
 // dy (W + s B A): one GEMM over [tokens, out] x [out, in] (not accumulating where nothing came before),
 // in place of the adapter's skinny product writing dx and the base GEMM reading it back in its
 // epilogue. Making W + s B A reads and writes [out, in] once; the adapter's product and the epilogue
 // read move [tokens, in] twice: so it is taken where the projections' outputs (summed over those that
-// share x) are fewer than the tokens. The adapter's term then is rounded into W's bf16 together with
-// W (error at most half an ulp of W per element: the backward runs through a weight within bf16's
-// rounding of the one the forward used, which itself is exact to ~16 bits).
+// share x) are fewer than the tokens. The adapter's term then is rounded into bf16 together with W:
+// each element of W + s B A carries at most half its own ulp of error, the same for every token of the
+// step (the backward runs through a weight within bf16's rounding of the one the forward used, which
+// itself is exact to ~16 bits); where |s B A| is below half an ulp of W, its share of dx is lost, as it
+// is below the rounding of dx itself.
 inline bool merge_for_dx(int64_t tokens, int64_t outs) { return outs < tokens; }
 // W + scale B A in bf16 from b_merge (SplitProduct::b_merge, [out, 3r]) and a_hhl ([A_hi; A_hi; A_lo],
 // [3r, in]), f32 accumulation, one rounding; laid out with W's row pitch, W left alone.
@@ -55,9 +57,10 @@ Tensor merged_weight(const Tensor& w, const Tensor& b_merge, const Tensor& a_hhl
 // apart): one GEMM into x2's and w's spare columns where both have lora's room for it (x_spare,
 // w_spare), else the adapter's product first and the base GEMM adding onto it (with a bias: the base
 // product, the bias, then the adapter's, as PEFT adds them).
-// With residual ([n, out], contiguous, x2's dtype), where no bias is added the GEMM that writes y
-// first reads it as its C (apart from D: ops::matmul_into's c_in): y = residual + the product, with no
-// pass of its own (residual_added; else the caller adds it).
+// With residual ([n, out], contiguous, x2's dtype; use kRead), the GEMM that writes y first reads it as
+// its C (apart from D: ops::matmul_into's c_in) where there is one: the one GEMM (a bias too) or, without a
+// bias, the adapter's product (then rounded at the residual's magnitude before the base product is added).
+// y = residual + the product with no pass of its own (residual_added; else the caller adds it).
 SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
                            const LoraArgs& lora, OutputUse use, const Tensor* residual = nullptr);
 

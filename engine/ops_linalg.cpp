@@ -51,7 +51,9 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   if (c_in) {
     same_device(op, c, *c_in);
     LOOM_CHECK(c_in->shape() == c.shape() && c_in->dtype() == c.dtype() && c_in->strides() == c.strides(), op,
-               ": C to read, ", c_in->str(), ", must have the output's shape, dtype and strides, ", c.str());
+               ": C to read, ", c_in->str(), " (row stride ", c_in->dim() ? c_in->strides()[0] : 0,
+               "), must have the output's shape, dtype and strides, ", c.str(), " (row stride ",
+               c.dim() ? c.strides()[0] : 0, ")");
   }
   int64_t lda = 0, ldb = 0;
   const Tensor a = gemm_operand(a_in, lda), b = gemm_operand(b_in, ldb);
@@ -65,8 +67,13 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   const int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
   LOOM_CHECK(k == kb, op, ": inner dimensions differ: ", a.str(), (trans_a ? "^T" : ""), " x ", b.str(),
              (trans_b ? "^T" : ""));
-  const int64_t batch = a.numel() / std::max<int64_t>(a_rows * a_cols, 1);
-  const int64_t b_batch = b.numel() / std::max<int64_t>(b_rows * b_cols, 1);
+  // The leading dimensions' product (not numel / (rows x cols), which an empty inner dimension makes 0).
+  auto leading = [](const Tensor& t) {
+    int64_t p = 1;
+    for (int64_t d = 0; d + 2 < t.dim(); ++d) p *= t.size(d);
+    return p;
+  };
+  const int64_t batch = leading(a), b_batch = leading(b);
   LOOM_CHECK(b.dim() == 2 || b_batch == batch, op, ": batch sizes differ: ", a.str(), " and ", b.str());
   LOOM_CHECK(c.numel() == batch * m * n && c.size(-1) == n, op, ": output ", c.str(), " cannot hold [", batch,
              " x ", m, " x ", n, "]");
@@ -95,8 +102,14 @@ void matmul_into(const Tensor& a_in, const Tensor& b_in, Tensor& c, bool trans_a
   g.beta = beta;
   if (m == 0 || n == 0 || batch == 0) return;
   if (k == 0) {  // an empty sum: C = beta * C
-    if (beta == 0.f) fill_(c, 0.f);
-    else if (c_in || beta != 1.f) c.copy_(scale(c_in ? *c_in : c, beta));
+    if (!c.is_contiguous()) {  // a row-pitched output: its rows written through copy_rows_
+      ops::copy_rows_(c, beta == 0.f ? Tensor::zeros(c.shape(), c.dtype(), c.device())
+                                     : scale((c_in ? *c_in : c).contiguous(), beta));
+    } else if (beta == 0.f) {
+      fill_(c, 0.f);
+    } else if (c_in || beta != 1.f) {
+      c.copy_(scale(c_in ? *c_in : c, beta));
+    }
     return;
   }
   // A shared 2-D b with trans_a = false is one big [batch*m, k] x [k, n] product.

@@ -22,7 +22,7 @@ LoraDyProducts lora_dy_products(const Tensor& dy_in, const Tensor& b_in, const T
              " r] and [n, ", m, " r]");
   const int64_t n = dy_in.size(0), out = dy_in.size(1), r = b_in.size(1) / m;
   int64_t ld_dy = 0, ld_b = 0, ld_t = 0;
-  // Rows any pitch apart go in as they are (B's parts are two of three column blocks of [out, 3r]).
+  // Rows any pitch apart go in as they are (B's parts are two of four column blocks of [out, 4r]).
   const Tensor dy = gemm_operand(dy_in, ld_dy), b = gemm_operand(b_in, ld_b), t = gemm_operand(t_in, ld_t);
   LoraDyProducts p;
   // db is an adapter's gradient: made in the long-lived pool, where autograd keeps it as it is.

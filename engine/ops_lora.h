@@ -8,7 +8,7 @@ namespace loom::ops {
 // The two skinny products a bf16 LoRA backward takes of dy, with one read of dy where the device has
 // a kernel for it (kernels/lora_dy.h): dy [n, out] bf16, b [out, m r] and t [n, m r] bf16 whose m
 // column blocks of r are summed as they enter (the [hi, lo] parts of B and of t); the rows of each
-// any pitch apart (B's parts are two of three column blocks of [out, 3r]).
+// any pitch apart (B's parts are two of four column blocks of [out, 4r]).
 struct LoraDyProducts {
   Tensor dt;  // [n, r] f32 = sum_p dy b_p, or [n, m r] (dy b_p side by side) when dt_blocks = m
   Tensor db;  // [out, r] f32 = alpha sum_p dy^T t_p

@@ -66,7 +66,8 @@ namespace loom::cuda {
 // How a shape's cuBLASLt algorithm is chosen the first time it is seen:
 //   kHeuristic  the heuristic's first answer;
 //   kTimed      the heuristic's first kGemmTimedCandidates answers timed on that first call (its own A
-//               and B, in place on a stream-ordered scratch copy of C as the call itself runs, freed
+//               and B, in place on a stream-ordered scratch copy of C as the call itself runs (C_in read
+//               apart where GemmArgs::c_in is), freed
 //               before returning; one host wait; the candidates take turns over three rounds, each timed
 //               by its fastest round), the fastest kept where it beats the first by more than 2 % (close
 //               calls keep the heuristic's pick, so a run does not flip between algorithms on timing

@@ -158,7 +158,8 @@ int64_t c_extent(const GemmArgs& g) {
 // kTimed: each candidate runs once untimed, then in kRounds rounds (every candidate once a round, in
 // turn, so that a change of clock or a neighbour's load falls on all of them alike) kReps times between
 // two events, on g's own A and B, in place on a stream-ordered scratch the size of C that starts as a
-// copy of C when beta != 0 (C itself is left alone). In place, as the real call runs: with C and D
+// copy of C when beta != 0 (C itself is left alone; with C apart, GemmArgs::c_in, the trials read C_in
+// and write the scratch, as those calls do). In place, as the real call runs: with C and D
 // apart the trials ran other nvjet kernels (`bx`, where the in-place calls run `badd`: session 41's H200
 // profile), and the gate/up input gradient's timed choice then ran about 5 % slower than the heuristic's
 // in the benchmark on both GPUs; timed in place, every product's choice is at least as fast (H100,

@@ -62,6 +62,35 @@ TEST(LoraBf16, DxThroughTheMergedWeightMatchesF64) {
   check(160, 32, 96, 16);
 }
 
+// dx through the merged weight added onto what x's other reader gave (grad_so_far, beta 1): two products
+// of one x with different scales (no lora_linears), more tokens than either's outputs, against f64.
+TEST(LoraBf16, MergedDxAddsOntoAnotherReadersGradient) {
+  const int64_t n = 96, in = 48, r = 4;
+  const Tensor x = bf16_values({n, in}, 31, 1.0);
+  std::vector<Tensor> w, a, b, dy;
+  for (uint32_t i = 0; i < 2; ++i) {
+    const int64_t out = i ? 24 : 40;
+    w.push_back(bf16_values({out, in}, 32 + 10 * i, 0.1)), a.push_back(bf16_values({r, in}, 33 + 10 * i, 0.1));
+    b.push_back(bf16_values({out, r}, 34 + 10 * i, 0.1)), dy.push_back(bf16_values({n, out}, 35 + 10 * i, 1.0));
+  }
+  auto run = [&](DType dt) {
+    Variable xv(x.to(dt), true);
+    std::vector<Variable> ys, av, bv;
+    for (size_t i = 0; i < 2; ++i) {
+      av.emplace_back(dt == DType::f64 ? a[i] : a[i].to(DType::f32), true);
+      bv.emplace_back(dt == DType::f64 ? b[i] : b[i].to(DType::f32), true);
+    }
+    for (size_t i = 0; i < 2; ++i)
+      ys.push_back(ag::lora_linear(xv, Variable(w[i].to(dt), false), av[i], bv[i], ag::LoraArgs{i ? 0.5f : 2.f, 0.f, 0, 0}));
+    ag::backward(ys, {dy[0].to(dt), dy[1].to(dt)});
+    return xv.grad();
+  };
+  const Tensor ref = run(DType::f64), got = run(DType::bf16);
+  EXPECT_LT(rel_err(got, ref), 1e-2);
+  const Tensor base = ops::add(ops::matmul(dy[0], w[0]), ops::matmul(dy[1], w[1]));
+  EXPECT_LT(rel_err(ops::sub(got.to(DType::f64), base), ops::sub(ref, base)), 3e-2) << "the adapters' share of dx";
+}
+
 // merged_weight on its own: W + s B A from B's [hi, lo, hi] and A's [hi; hi; lo] parts against f64, laid
 // out with W's row pitch (W with spare columns, as Linear::widen_for_adapter leaves it), W untouched.
 TEST(LoraBf16, MergedWeightIsWPlusScaledBA) {

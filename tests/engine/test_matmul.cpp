@@ -64,5 +64,33 @@ TEST(Matmul, AnOperandSharingTheOutputsMemoryIsRefused) {
   EXPECT_THROW(ops::matmul_into(b.narrow(1, 0, 5), c, c, false, false), Error);
 }
 
+// C read apart from the output (c_in) into a row-pitched output (a view of a wider matrix's columns):
+// out = alpha a b + beta c_in, c_in and the wider matrix's other columns untouched; an empty sum (k = 0)
+// into such an output; and the refusals (C_in of other strides, C_in overlapping the output).
+TEST(Matmul, ReadsCApartIntoARowPitchedOutput) {
+  const Tensor a = random_matrix(5, 7, 11), b = random_matrix(7, 6, 12);
+  Tensor wide_in = random_matrix(5, 9, 13), wide_out = Tensor::from_doubles(std::vector<double>(45, -7.0), {5, 9});
+  const Tensor c_in = wide_in.narrow(1, 0, 6);
+  Tensor out = wide_out.narrow(1, 0, 6);
+  const std::vector<double> in_before = wide_in.to_doubles();
+  ops::matmul_into(a, b, out, false, false, 2.f, 0.5f, &c_in);
+  std::vector<double> want = product(a, b, false, false);
+  const std::vector<double> cv = c_in.contiguous().to_doubles();
+  for (size_t i = 0; i < want.size(); ++i) want[i] = 2 * want[i] + 0.5 * cv[i];
+  expect_near(out.contiguous().to_doubles(), want);
+  EXPECT_EQ(wide_in.to_doubles(), in_before) << "C_in was written";
+  for (int64_t i = 0; i < 5; ++i)
+    for (int64_t j = 6; j < 9; ++j) EXPECT_EQ(wide_out.to_doubles()[size_t(i * 9 + j)], -7.0) << "beyond the view";
+  // k = 0: out = beta c_in, through the pitched rows.
+  ops::matmul_into(Tensor::zeros({5, 0}, DType::f64), Tensor::zeros({0, 6}, DType::f64), out, false, false, 1.f, 2.f,
+                   &c_in);
+  std::vector<double> twice = cv;
+  for (double& v : twice) v *= 2;
+  expect_near(out.contiguous().to_doubles(), twice);
+  EXPECT_THROW(ops::matmul_into(a, b, out, false, false, 1.f, 1.f, &wide_in), Error);  // other shape and strides
+  const Tensor overlap = wide_out.narrow(1, 1, 6);
+  EXPECT_THROW(ops::matmul_into(a, b, out, false, false, 1.f, 1.f, &overlap), Error);
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -27,7 +27,8 @@ void check(const LoraDyCase& c, uint32_t seed) {
 
 TEST(LoraDyProducts, MatchF64Products) {
   check({37, 70, 3, 2, 0, 0, 0}, 1);
-  check({129, 64, 16, 2, 0, 16, 0}, 2);  // B's parts as the backward keeps them: two of three blocks
+  check({129, 64, 16, 2, 0, 32, 0}, 2);  // B's parts as the backward keeps them: two of four blocks ([out, 4r])
+  check({129, 64, 16, 2, 0, 16, 0}, 5);  // and at a pitch of 3r
   check({5, 200, 8, 1, 24, 0, 8}, 3);
   check({300, 130, 4, 3, 2, 1, 5}, 4);
 }

@@ -25,7 +25,7 @@ void check(const LoraDyCase& c, uint32_t seed) {
 TEST(LoraDyProductsCuda, MatchesCpu) {
   LOOM_REQUIRE_GPU();
   check({300, 72, 4, 2, 8, 0, 0}, 1);       // m r = 8: half of the 16-wide tile empty; 2 row chunks + a part
-  check({1000, 520, 16, 2, 0, 16, 0}, 2);   // B's parts as the backward keeps them ([out, 3r], two blocks)
+  check({1000, 520, 16, 2, 0, 16, 0}, 2);   // B's parts at a pitch of 3r (the backward's is 4r now)
   check({129, 2048, 16, 2, 0, 16, 0}, 3);   // one row past a chunk, several column strips
   check({4096, 8192, 16, 2, 0, 16, 0}, 4);  // gate/up of a 1B layer (fewer rows)
   check({640, 1024, 32, 2, 0, 32, 0}, 5);   // 64 wide
