@@ -149,6 +149,7 @@ struct Trainer::QueuedStep {
   int64_t targets = 0, tokens = 0;
   double epoch = 0.0;                           // metrics.jsonl's epoch: the data's position after its batches
   std::chrono::steady_clock::time_point t0;     // its host work began
+  std::chrono::steady_clock::time_point queued;  // its host work ended (on the CPU, its whole work)
   std::vector<std::pair<std::string, double>> extra;  // the objective's measures; the device ones filled at the read
   std::vector<std::string> device_names;        // the measures read from the device, in the scalars' order
   bool has_loss = false, has_norm = false;      // the scalars: [loss sum]? [norm, clip coefficient]? then the measures
@@ -273,6 +274,7 @@ absl::StatusOr<bool> Trainer::queue_step(StepTiming& timing, int64_t& micro, int
       q.device_names.push_back(e.first);
       q.scalars.add(it->second);
     }
+  q.queued = std::chrono::steady_clock::now();
   return true;
 }
 
@@ -305,11 +307,15 @@ absl::Status Trainer::finish_step(StepTiming& timing, QueuedStep& q, std::chrono
     for (size_t i = 0; i < sums.size(); ++i) extra[i].second = sums[i];
   }
   s.losses.push_back(static_cast<float>(loss_sum));
-  // The step's wall time: from its host work's start, or from the previous step's read when the two
-  // overlapped (a deferred read: this step was queued while the previous one ran).
+  // The step's wall time: from its host work's start, or from the previous step's end when the two
+  // overlapped (a deferred read: this step was queued while the previous one ran on a GPU), to its end:
+  // on a GPU its read (the scalars wait for its work), on the CPU its queueing, which did all its work
+  // (its read comes after the next step's queueing: timed from there, the run's last step took ~0 s
+  // and printed millions of tokens/s, and a step read after an evaluation counted the evaluation).
   const auto now = std::chrono::steady_clock::now();
-  const double dt = std::chrono::duration<double>(now - std::max(q.t0, last_finish)).count();
-  last_finish = now;
+  const auto end = s.device.is_cpu() ? q.queued : now;
+  const double dt = std::chrono::duration<double>(end - std::max(q.t0, last_finish)).count();
+  last_finish = end;
   StepMetrics m;
   m.step = q.step;
   m.epoch = q.epoch;
