@@ -245,10 +245,8 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
                            residual->value().device() == xv.device()),
              "lora_linear: the residual ", residual ? residual->value().str() : "", " does not match the output of x ",
              xv.str(), " times W ", w.value().str());
-  // The residual read as a GEMM's C needs the output's layout; another is added after.
-  const Tensor res2 = residual && residual->value().is_contiguous() && use == OutputUse::kRead
-                          ? residual->value().reshape({-1, out})
-                          : Tensor();
+  // The residual's rows (read by a GEMM as its C where they have the output's layout, else added after).
+  const Tensor res2 = residual && use == OutputUse::kRead ? residual->value().reshape({-1, out}) : Tensor();
   const Tensor x2 = ops::rows_of(xv);  // a view also of a norm's output with spare columns
   const Tensor xd = lora.dropout > 0.f ? ops::dropout(x2, lora.dropout, lora.seed, lora.offset) : x2;
   const bool first = split && !bias;  // the adapter's product first: see the top of the file
@@ -261,7 +259,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], its blocks summed in split_product.
     detail::SplitProduct p = detail::split_product(
         x2, ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), w.value(), b.value(),
-        bias ? &bias->value() : nullptr, lora, use, res2.defined() ? &res2 : nullptr);
+        bias ? &bias->value() : nullptr, lora, use, res2.defined() && res2.is_contiguous() ? &res2 : nullptr);
     residual_added = p.residual_added;
     y = std::move(p.y), t_keep = std::move(p.t_keep), b_keep = std::move(p.b_keep);
     if (x.requires_grad()) a_keep = a_hhl, b_merge = std::move(p.b_merge);  // [3r, in], [out, 3r]
@@ -278,7 +276,7 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
     if (use == OutputUse::kRead) ops::matmul_into(t_keep, b_keep, y, false, true, lora.scale, 1.f);  // y += scale * [n, r] x [out, r]^T
     if (x.requires_grad()) a_keep = ac;
   }
-  if (residual && use == OutputUse::kRead && !residual_added) y = ops::add(residual->value().reshape({-1, out}), y);
+  if (res2.defined() && !residual_added) y = ops::add(res2, y);
 
   Tensor keep_w = x.requires_grad() && !rematerialize ? w.value() : Tensor();
   Tensor keep_x = recompute_x || defer_a ? Tensor() : x2;  // (defer_a: W frozen, dA made by x's maker)
@@ -327,17 +325,17 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
         // x, is allocated (down_proj: [tokens, intermediate] less at the layer's backward peak).
         if (recompute_x && !n.needs_grad(1)) x2 = Tensor();
       }
-      if (merged_dx) {  // dx (+)= dy (W + scale * B A)
+      if (merged_dx || (n.needs_grad(0) && first && lora.dropout <= 0.f)) {  // into x's gradient so far
         const Tensor so_far = grad_so_far(n, in);
         dx = so_far.defined() ? so_far : Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
-        const Tensor merged = detail::merged_weight(rematerialize ? rematerialize() : keep_w, b_merge, a_keep, scale);
-        ops::matmul_into(dy, merged, dx, false, false, 1.f, so_far.defined() ? 1.f : 0.f);
-        dx = dx.view(xshape);
-      } else if (n.needs_grad(0) && first && lora.dropout <= 0.f) {  // dx (+)= scale * dt A, then += dy W
-        const Tensor so_far = grad_so_far(n, in);
-        dx = so_far.defined() ? so_far : Tensor::empty({dy.size(0), in}, dy.dtype(), dy.device());
-        ops::matmul_into(dt_hlh, a_keep, dx, false, false, scale, so_far.defined() ? 1.f : 0.f);
-        ops::matmul_into(dy, rematerialize ? rematerialize() : keep_w, dx, false, false, 1.f, 1.f);
+        const float beta = so_far.defined() ? 1.f : 0.f;
+        if (merged_dx) {  // dx (+)= dy (W + scale * B A)
+          const Tensor merged = detail::merged_weight(rematerialize ? rematerialize() : keep_w, b_merge, a_keep, scale);
+          ops::matmul_into(dy, merged, dx, false, false, 1.f, beta);
+        } else {  // dx (+)= scale * dt A, then += dy W
+          ops::matmul_into(dt_hlh, a_keep, dx, false, false, scale, beta);
+          ops::matmul_into(dy, rematerialize ? rematerialize() : keep_w, dx, false, false, 1.f, 1.f);
+        }
         dx = dx.view(xshape);
       } else if (n.needs_grad(0)) {  // dx (+)= dy W + dropout'(scale * dt A)
         const Tensor so_far = lora.dropout > 0.f ? Tensor() : grad_so_far(n, in);
