@@ -87,46 +87,63 @@ DyGrads split_dy_grads(const Tensor& dy, const Tensor& t_parts, const Tensor& b_
   return g;
 }
 
-SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
-                           const LoraArgs& lora, OutputUse use, const Tensor* residual) {
-  const int64_t in = w.size(1), out = w.size(0), r = b.size(1), n = x2.size(0);
+OneGemm one_gemm_operands(const Tensor& x2, const Tensor& w, int64_t r, bool bias, const LoraArgs& lora, OutputUse use) {
+  const int64_t ext = 3 * r + (bias ? 1 : 0);
+  OneGemm one;
+  if (use != OutputUse::kRead || lora.dropout > 0.f || lora.x_spare < ext || lora.w_spare < ext) return one;
+  one.x_ext = ops::widen_rows(x2, ext);
+  if (one.x_ext.defined()) one.w_ext = ops::widen_rows(w, ext);
+  if (!one.w_ext.defined()) one.x_ext = Tensor();
+  one.in = w.size(1);
+  return one;
+}
+
+Tensor add_b_splits(std::vector<ops::SplitJob>& jobs, const Tensor& b, const OneGemm& one, float scale) {
+  const int64_t out = b.size(0), r = b.size(1);
+  const Tensor b32 = b.to(DType::f32);
+  // [B_hi, B_hi, B_lo, B_hi]: the first 3r for y's product; [B_hi, B_lo] (dt's) and [B_hi, B_lo, B_hi]
+  // (merged_weight's) after the first r, for backward.
+  Tensor parts = Tensor::empty({out, 4 * r}, DType::bf16, b.device());
+  jobs.push_back(ops::SplitJob{b32, 1, 1.f, "hhlh", parts, "", Tensor()});
+  // s B's parts beside W in its spare columns, after its own: B changed since the last step.
+  if (one.defined()) jobs.push_back(ops::SplitJob{b32, 1, scale, "hhl", one.w_ext.narrow(1, one.in, 3 * r), "", Tensor()});
+  return parts;
+}
+
+void add_a_splits(std::vector<ops::SplitJob>& jobs, const Tensor& a, const Tensor& a_hhl, const Tensor* a_hl) {
+  const int64_t cells = a.numel();  // the rows stacked: each part is all of A, flattened
+  jobs.push_back(ops::SplitJob{a.to(DType::f32).reshape({1, cells}), 1, 1.f, "hhl", a_hhl.view({1, 3 * cells}),
+                               a_hl ? "hl" : "", a_hl ? a_hl->view({1, 2 * cells}) : Tensor()});
+}
+
+SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b_parts,
+                           const OneGemm& one, const Tensor* bias, const LoraArgs& lora, OutputUse use,
+                           const Tensor* residual) {
+  const int64_t in = w.size(1), out = w.size(0), r = b_parts.size(1) / 4, n = x2.size(0);
   const DType cdt = x2.dtype();
   const bool read = use == OutputUse::kRead;  // else only t (backward's) is computed, not y
-  // With spare columns after x's rows for t's parts (and a column of ones for the bias): y = [x,
-  // t_hlh, 1] [W, s b_hhl, bias]^T, one GEMM, one rounding (see the top of fn_lora.cpp).
-  const int64_t ext = 3 * r + (bias ? 1 : 0);
-  const bool one_gemm = read && lora.dropout <= 0.f && lora.x_spare >= ext && lora.w_spare >= ext;
-  Tensor x_ext = one_gemm ? ops::widen_rows(x2, ext) : Tensor();
-  const Tensor w_ext = x_ext.defined() ? ops::widen_rows(w, ext) : Tensor();
-  if (!w_ext.defined()) x_ext = Tensor();
   SplitProduct p;
   if (!read) {
     p.y = unread_value({n, out}, cdt, x2.device());
-  } else if (bias && !x_ext.defined()) {
+  } else if (bias && !one.defined()) {
     p.y = ops::add_bias(ops::matmul(x2, w, false, true), *bias);  // the base layer's output, rounded, as PEFT adds to it
   }
   // t = x (A_hi + A_lo)^T, blocks summed -> [n, r]: kept as its [t_hi, t_lo] parts for dB, and as
   // [t_hi, t_lo, t_hi] for the product below (with the one GEMM, straight into x's spare columns).
-  Tensor x_tail = x_ext.defined() ? x_ext.narrow(1, in, 3 * r) : Tensor();
-  const std::vector<Tensor> t_parts =
-      ops::block_sum_split(t32, 2, 1.f, {"hlh", "hl"}, x_ext.defined() ? &x_tail : nullptr);
-  // [B_hi, B_hi, B_lo, B_hi] along the columns: the first 3r for y's product; [B_hi, B_lo] (dt's) and
-  // [B_hi, B_lo, B_hi] (merged_weight's) after the first r, for backward.
-  const Tensor b_parts = ops::bf16_split(b.to(DType::f32), "hhlh");  // [out, 4r]
+  Tensor x_tail = one.defined() ? one.x_ext.narrow(1, in, 3 * r) : Tensor();
+  const std::vector<Tensor> t_parts = ops::block_sum_split(t32, 2, 1.f, {"hlh", "hl"}, one.defined() ? &x_tail : nullptr);
   const Tensor b_hhl = b_parts.narrow(1, 0, 3 * r);
-  if (x_ext.defined()) {  // y written once, where the two products below write it, read and write it again
-    // s B's parts (and the bias) beside W in its spare columns: B changed since the last step.
-    Tensor w_tail = w_ext.narrow(1, in, 3 * r);
-    ops::bf16_split(lora.scale == 1.f ? b.to(DType::f32) : ops::scale(b.to(DType::f32), lora.scale), "hhl", &w_tail);
+  if (one.defined()) {  // y = [x, t_hlh (, 1)] [W, s b_hhl (, bias)]^T: written once, where the two products
+                        // below write it, read and write it again
     if (bias) {
-      Tensor ones = x_ext.narrow(1, in + 3 * r, 1);
+      Tensor ones = one.x_ext.narrow(1, in + 3 * r, 1);
       ops::copy_rows_(ones, Tensor::full({n, 1}, 1.f, cdt, x2.device()));
-      Tensor w_bias = w_ext.narrow(1, in + 3 * r, 1);
+      Tensor w_bias = one.w_ext.narrow(1, in + 3 * r, 1);
       ops::copy_rows_(w_bias, bias->to(cdt).reshape({out, 1}));
     }
     p.y = Tensor::empty({n, out}, cdt, x2.device());
     p.residual_added = residual != nullptr;  // (+ residual, read as the GEMM's C)
-    ops::matmul_into(x_ext, w_ext, p.y, false, true, 1.f, residual ? 1.f : 0.f, residual);
+    ops::matmul_into(one.x_ext, one.w_ext, p.y, false, true, 1.f, residual ? 1.f : 0.f, residual);
   } else if (read) {
     // y (+)= scale * (t_hi B_hi + t_lo B_hi + t_hi B_lo): [n, 3r] x [out, 3r]^T, first (written) without a
     // bias, onto the residual where there is one.
@@ -156,7 +173,6 @@ Tensor merged_weight(const Tensor& w, const Tensor& b_merge, const Tensor& a_hhl
 
 namespace {
 using detail::grad_so_far;
-using detail::split_rows;
 using detail::sum_row_parts;
 
 // dA = scale * dt^T x: [r, n] x [n, in], from dt's [dt_hi, dt_lo] parts (split, [n, 2r]) or dt [n, r].
@@ -254,11 +270,17 @@ Variable lora_linear_of(const Variable& x, const Variable& w, const Variable& a,
   Tensor y, t_keep, b_keep, a_keep, b_merge;
   bool residual_added = false;
   if (split) {
-    // [A_hi; A_hi; A_lo] for dx; its last 2r rows are [A_hi; A_lo] (one split for both).
-    const Tensor a_hhl = split_rows(a.value(), "hhl");
+    // The parameters' parts in one launch: [A_hi; A_hi; A_lo] for dx (its last 2r rows are [A_hi; A_lo]:
+    // one split for both), B's, and with the one GEMM s B's beside W.
+    const detail::OneGemm one = detail::one_gemm_operands(x2, w.value(), r, bias != nullptr, lora, use);
+    const Tensor a_hhl = Tensor::empty({3 * r, in}, DType::bf16, xv.device());
+    std::vector<ops::SplitJob> jobs;
+    detail::add_a_splits(jobs, a.value(), a_hhl);
+    const Tensor b_parts = detail::add_b_splits(jobs, b.value(), one, lora.scale);
+    ops::block_sum_split_batch(jobs);
     // t = x (A_hi + A_lo)^T in f32: [n, in] x [2r, in]^T -> [n, 2r], its blocks summed in split_product.
     detail::SplitProduct p = detail::split_product(
-        x2, ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), w.value(), b.value(),
+        x2, ops::matmul(xd, a_hhl.narrow(0, r, 2 * r), false, true, DType::f32), w.value(), b_parts, one,
         bias ? &bias->value() : nullptr, lora, use, res2.defined() && res2.is_contiguous() ? &res2 : nullptr);
     residual_added = p.residual_added;
     y = std::move(p.y), t_keep = std::move(p.t_keep), b_keep = std::move(p.b_keep);

@@ -45,22 +45,31 @@ std::vector<Variable> lora_linears(const Variable& x, const std::vector<LoraProd
   const Tensor x2 = ops::rows_of(xv);  // a view also of a norm's output with spare columns
   const int64_t n = x2.size(0);
   // [A_hi; A_hi; A_lo] of each adapter, stacked ([3 total, in]: dx's operand), and [A_hi; A_lo] of each
-  // ([2 total, in]: t's), each split written in place.
+  // ([2 total, in]: t's), B's parts and (with the one GEMM) s B's beside W: every adapter's parameter
+  // splits in one launch.
   Tensor a_hhl = Tensor::empty({3 * total, in}, DType::bf16, xv.device());
   Tensor a_hl = Tensor::empty({2 * total, in}, DType::bf16, xv.device());
-  for (size_t i = 0; i < products.size(); ++i) {  // both splits of A in one pass (a block sum of one block)
-    const int64_t cells = rank[i] * in;
-    Tensor hhl = a_hhl.narrow(0, 3 * off[i], 3 * rank[i]).view({1, 3 * cells});
-    Tensor hl = a_hl.narrow(0, 2 * off[i], 2 * rank[i]).view({1, 2 * cells});
-    ops::block_sum_split(products[i].a->value().to(DType::f32).reshape({1, cells}), 1, 1.f, {"hhl", "hl"}, &hhl, &hl);
+  std::vector<ops::SplitJob> jobs;
+  std::vector<Tensor> b_parts;
+  std::vector<detail::OneGemm> ones;
+  for (size_t i = 0; i < products.size(); ++i) {
+    const LoraProduct& p = products[i];
+    const Tensor hl = a_hl.narrow(0, 2 * off[i], 2 * rank[i]);
+    detail::add_a_splits(jobs, p.a->value(), a_hhl.narrow(0, 3 * off[i], 3 * rank[i]), &hl);
+    // A weight made on demand (dequantised) has no spare columns: it is made below, when its product runs.
+    ones.push_back(p.weight.defined() ? detail::one_gemm_operands(x2, p.weight, rank[i], p.bias != nullptr, p.lora,
+                                                                  OutputUse::kRead)
+                                      : detail::OneGemm{});
+    b_parts.push_back(detail::add_b_splits(jobs, p.b->value(), ones.back(), p.lora.scale));
   }
+  ops::block_sum_split_batch(jobs);
   const Tensor t32 = ops::matmul(x2, a_hl, false, true, DType::f32);  // [n, 2 total]: x read once
   std::vector<Tensor> ys, t_keep, b_keep, b_merge;
   for (size_t i = 0; i < products.size(); ++i) {
     const LoraProduct& p = products[i];
     const Tensor w = p.weight.defined() ? p.weight : p.make_weight();
     detail::SplitProduct s =
-        detail::split_product(x2, t32.narrow(1, 2 * off[i], 2 * rank[i]), w, p.b->value(),
+        detail::split_product(x2, t32.narrow(1, 2 * off[i], 2 * rank[i]), w, b_parts[i], ones[i],
                               p.bias ? &p.bias->value() : nullptr, p.lora, OutputUse::kRead);
     Shape shape = xv.shape();
     shape.back() = w.size(0);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "autograd/functions.h"
+#include "engine/ops.h"
 
 namespace loom::ag::detail {
 
@@ -53,15 +54,35 @@ inline bool merge_for_dx(int64_t tokens, int64_t outs) { return outs < tokens; }
 // W + scale B A in bf16 from b_merge (SplitProduct::b_merge, [out, 3r]) and a_hhl ([A_hi; A_hi; A_lo],
 // [3r, in]), f32 accumulation, one rounding; laid out with W's row pitch, W left alone.
 Tensor merged_weight(const Tensor& w, const Tensor& b_merge, const Tensor& a_hhl, float scale);
+// The one-GEMM forward's operands (fn_lora.cpp's top): x2's and w's rows widened over their spare
+// columns where both have room for t's parts, s B's and a bias's column (3r + 1) and nothing forbids it
+// (dropout, an unread output); undefined otherwise.
+struct OneGemm {
+  Tensor x_ext, w_ext;
+  int64_t in = 0;  // W's own columns (the spare ones after them)
+  bool defined() const { return x_ext.defined(); }
+};
+OneGemm one_gemm_operands(const Tensor& x2, const Tensor& w, int64_t r, bool bias, const LoraArgs& lora, OutputUse use);
+// B's parameter-only bf16 parts as jobs of one ops::block_sum_split_batch (with A's and the other
+// adapters' of the call: one launch where each was two or three): [B_hi, B_hi, B_lo, B_hi] along the
+// columns, returned ([out, 4r], written by the batch), and with the one GEMM s B's [hi, hi, lo] into
+// W's spare columns.
+Tensor add_b_splits(std::vector<ops::SplitJob>& jobs, const Tensor& b, const OneGemm& one, float scale);
+// A's [A_hi; A_hi; A_lo] ([3r, in]) into a_hhl and, where a_hl is given, [A_hi; A_lo] into it, as a job of
+// the batch.
+void add_a_splits(std::vector<ops::SplitJob>& jobs, const Tensor& a, const Tensor& a_hhl, const Tensor* a_hl = nullptr);
+
 // y = x2 w^T (+ bias) + scale t b^T in bf16 from t32 = x (A_hi + A_lo)^T ([n, 2r] f32, rows any pitch
-// apart): one GEMM into x2's and w's spare columns where both have lora's room for it (x_spare,
-// w_spare), else the adapter's product first and the base GEMM adding onto it (with a bias: the base
-// product, the bias, then the adapter's, as PEFT adds them).
+// apart) and b_parts (add_b_splits'; with `one`, s B's parts are in W's spare columns already): one
+// GEMM into x2's and w's spare columns where `one` has them, else the adapter's product first and the
+// base GEMM adding onto it (with a bias: the base product, the bias, then the adapter's, as PEFT adds
+// them).
 // With residual ([n, out], contiguous, x2's dtype; use kRead), the GEMM that writes y first reads it as
 // its C (apart from D: ops::matmul_into's c_in) where there is one: the one GEMM (a bias too) or, without a
 // bias, the adapter's product (then rounded at the residual's magnitude before the base product is added).
 // y = residual + the product with no pass of its own (residual_added; else the caller adds it).
-SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b, const Tensor* bias,
-                           const LoraArgs& lora, OutputUse use, const Tensor* residual = nullptr);
+SplitProduct split_product(const Tensor& x2, const Tensor& t32, const Tensor& w, const Tensor& b_parts,
+                           const OneGemm& one, const Tensor* bias, const LoraArgs& lora, OutputUse use,
+                           const Tensor* residual = nullptr);
 
 }  // namespace loom::ag::detail

@@ -105,6 +105,20 @@ Tensor block_sum(const Tensor& in, int m, float alpha = 1.f);
 // any pitch apart too (one adapter's columns of a product for several, ag::lora_linears).
 std::vector<Tensor> block_sum_split(const Tensor& in, int m, float alpha, const std::vector<std::string>& patterns,
                                     Tensor* into_a = nullptr, Tensor* into_b = nullptr);
+// One block_sum_split of a batch: in [rows, m * k] f32, its parts by pattern a into out_a and, where b
+// is not empty, by b into out_b (both given: [rows, count * k] bf16, rows any pitch apart).
+struct SplitJob {
+  Tensor in;
+  int m = 1;
+  float alpha = 1.f;
+  std::string a;
+  Tensor out_a;
+  std::string b;
+  Tensor out_b;
+};
+// Every job as block_sum_split would run it (the same bits), on CUDA in one launch (up to 12 jobs a
+// launch): the LoRA products' splits of their parameters, a few small matrices each.
+void block_sum_split_batch(const std::vector<SplitJob>& jobs);
 
 // ---- normalization, position, activation, lookup ----
 struct RmsNormOut {

@@ -237,4 +237,38 @@ std::vector<Tensor> block_sum_split(const Tensor& in_t, int m, float alpha, cons
   return out;
 }
 
+void block_sum_split_batch(const std::vector<SplitJob>& jobs) {
+  const char* op = "block_sum_split_batch";
+  if (jobs.empty()) return;
+  std::vector<loom::SplitJob> raw;
+  raw.reserve(jobs.size());
+  for (const SplitJob& j : jobs) {
+    expect_dtype(op, j.in, DType::f32, "in");
+    LOOM_CHECK(j.in.dim() == 2 && j.m >= 1 && j.in.size(1) % j.m == 0, op, ": in must be [rows, m * k] with m = ", j.m,
+               ", got ", j.in.str());
+    LOOM_CHECK(j.in.size(0) <= 1 || (j.in.strides()[1] == 1 && j.in.strides()[0] >= j.in.size(1)), op,
+               ": in's rows must have contiguous columns, got ", j.in.str());
+    same_device(op, j.in, jobs.front().in);
+    LOOM_CHECK(j.out_a.defined() && (j.b.empty() || j.out_b.defined()), op, ": a job without the tensor its parts go into");
+    const int64_t rows = j.in.size(0), k = j.in.size(1) / j.m;
+    loom::SplitJob r;
+    r.a = split_pattern(op, j.a);
+    r.lda = pitch_of(op, &j.out_a, j.in, rows, r.a.count * k);
+    if (!j.b.empty()) {
+      r.b = split_pattern(op, j.b);
+      r.ldb = pitch_of(op, &j.out_b, j.in, rows, r.b.count * k);
+      r.out_b = j.out_b.data<bf16>();
+    }
+    r.in = j.in.data<float>(), r.out_a = j.out_a.data<bf16>();
+    r.rows = rows, r.k = k, r.ldi = rows > 1 ? j.in.strides()[0] : j.m * k, r.alpha = j.alpha, r.m = j.m;
+    raw.push_back(r);
+  }
+  const Tensor& first = jobs.front().in;
+  if (first.is_cpu()) {
+    cpu::block_sum_split_batch(raw.data(), static_cast<int>(raw.size()));
+  } else {
+    LOOM_ON_CUDA(op, float, cuda::block_sum_split_batch(raw.data(), static_cast<int>(raw.size()), stream_of(first)));
+  }
+}
+
 }  // namespace loom::ops

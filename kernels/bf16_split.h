@@ -20,6 +20,21 @@ LOOM_HD float bf16_split_part(float x, char part) {
   const float hi = bf16_to_float(float_to_bf16(x));
   return part == 'h' ? hi : x - hi;  // rounded to bf16 by the caller's store
 }
+
+// One block_sum_split among several run together (block_sum_split_batch): in [rows, m * k] f32 (row
+// pitch ldi), alpha, pattern a into out_a (row pitch lda) and, where out_b is set, b into out_b (ldb).
+// Pitches are whole (no 0 = packed here). The LoRA products' parameter-only splits (A's and B's parts,
+// s B beside W) are such jobs: one launch for all of a layer's projections that read one x.
+struct SplitJob {
+  const float* in = nullptr;
+  bf16* out_a = nullptr;
+  bf16* out_b = nullptr;
+  int64_t rows = 0, k = 0, ldi = 0, lda = 0, ldb = 0;
+  float alpha = 1.f;
+  int m = 1;
+  SplitPattern a, b;
+};
+inline constexpr int kMaxSplitJobs = 12;  // per launch (the CUDA kernel takes them as its parameter)
 }  // namespace loom
 
 namespace loom::cpu {
@@ -34,6 +49,8 @@ void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, floa
 // ld_in: in's (0: m * k; larger reads a column block of a wider matrix, e.g. one adapter's of several).
 void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
                      bf16* out_b, SplitPattern b, int64_t ld_a = 0, int64_t ld_b = 0, int64_t ld_in = 0);
+// Every job as block_sum_split (the same bits), one after the other.
+void block_sum_split_batch(const SplitJob* jobs, int count);
 }  // namespace loom::cpu
 
 namespace loom::cuda {
@@ -41,4 +58,6 @@ void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha, Stream s);
 void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
                      bf16* out_b, SplitPattern b, Stream s, int64_t ld_a = 0, int64_t ld_b = 0, int64_t ld_in = 0);
+// Every job as block_sum_split (the same bits), kMaxSplitJobs a launch.
+void block_sum_split_batch(const SplitJob* jobs, int count, Stream s);
 }  // namespace loom::cuda

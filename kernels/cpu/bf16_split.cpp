@@ -38,13 +38,20 @@ void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alph
 #pragma omp parallel for if (rows * k > 65536)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < k; ++j) {
-      float s = 0.f;
-      for (int p = 0; p < m; ++p) s += in[r * ldi + p * k + j];
+      float s = in[r * ldi + j];  // the first block as it is (a -0 stays -0, as bf16_split keeps it)
+      for (int p = 1; p < m; ++p) s += in[r * ldi + p * k + j];
       s = alpha * s;
       for (int p = 0; p < a.count; ++p) out_a[r * lda + p * k + j] = float_to_bf16(bf16_split_part(s, a.parts[p]));
       if (out_b)
         for (int p = 0; p < b.count; ++p) out_b[r * ldb + p * k + j] = float_to_bf16(bf16_split_part(s, b.parts[p]));
     }
+}
+
+void block_sum_split_batch(const SplitJob* jobs, int count) {
+  for (int i = 0; i < count; ++i) {
+    const SplitJob& j = jobs[i];
+    block_sum_split(j.in, j.rows, j.k, j.m, j.alpha, j.out_a, j.a, j.out_b, j.b, j.lda, j.ldb, j.ldi);
+  }
 }
 
 }  // namespace loom::cpu

@@ -24,20 +24,38 @@ __global__ void block_sum_kernel(const float* in, float* out, int64_t rows, int6
   }
 }
 
-// One thread per (row, column) of the sum: its m blocks added as block_sum_kernel does, then every
-// part of both patterns written (consecutive threads, consecutive columns of each block).
-__global__ void block_sum_split_kernel(const float* in, int64_t ldi, int64_t rows, int64_t k, int m, float alpha,
-                                       bf16* out_a, SplitPattern a, int64_t lda, bf16* out_b, SplitPattern b,
-                                       int64_t ldb) {
-  const int64_t n = rows * k;
+// One job's element i (row i / k, column i % k of the sum): its m blocks added, then every part of both
+// patterns written (consecutive threads, consecutive columns of each block).
+__device__ __forceinline__ void sum_split_one(const SplitJob& jb, int64_t i) {
+  const int64_t k = jb.k, j = i % k, r = i / k;
+  const float* in = jb.in + r * jb.ldi + j;
+  float s = in[0];  // the first block as it is (a -0 stays -0, as bf16_split keeps it)
+  for (int p = 1; p < jb.m; ++p) s += in[p * k];
+  s = __fmul_rn(jb.alpha, s);  // rounded here, as block_sum stores it: never contracted into the split's subtraction
+  for (int p = 0; p < jb.a.count; ++p) jb.out_a[r * jb.lda + p * k + j] = float_to_bf16(bf16_split_part(s, jb.a.parts[p]));
+  if (jb.out_b)
+    for (int p = 0; p < jb.b.count; ++p) jb.out_b[r * jb.ldb + p * k + j] = float_to_bf16(bf16_split_part(s, jb.b.parts[p]));
+}
+
+__global__ void block_sum_split_kernel(const __grid_constant__ SplitJob jb) {
+  const int64_t n = jb.rows * jb.k;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    sum_split_one(jb, i);
+}
+
+// Up to kMaxSplitJobs jobs, their elements numbered one after the other (job t's from start[t]).
+struct SplitJobs {
+  SplitJob job[kMaxSplitJobs];
+  int64_t start[kMaxSplitJobs + 1];
+  int count;
+};
+
+__global__ void block_sum_split_batch_kernel(const __grid_constant__ SplitJobs jobs) {
+  const int64_t n = jobs.start[jobs.count];
+  int t = 0;  // a thread's elements only increase: its job index too
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = i % k, r = i / k;
-    float s = 0.f;
-    for (int p = 0; p < m; ++p) s += in[r * ldi + p * k + j];
-    s = __fmul_rn(alpha, s);  // rounded here, as block_sum stores it: never contracted into the split's subtraction
-    for (int p = 0; p < a.count; ++p) out_a[r * lda + p * k + j] = float_to_bf16(bf16_split_part(s, a.parts[p]));
-    if (out_b)
-      for (int p = 0; p < b.count; ++p) out_b[r * ldb + p * k + j] = float_to_bf16(bf16_split_part(s, b.parts[p]));
+    while (i >= jobs.start[t + 1]) ++t;
+    sum_split_one(jobs.job[t], i - jobs.start[t]);
   }
 }
 
@@ -53,9 +71,34 @@ void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alph
   LOOM_CHECK(lda >= a.count * k && (!out_b || ldb >= b.count * k) && ldi >= m * k, "block_sum_split: row pitches ",
              lda, ", ", ldb, " and ", ldi, " (in) shorter than a row's ", a.count * k, ", ", b.count * k, " and ", m * k);
   if (rows * k == 0) return;
-  block_sum_split_kernel<<<blocks_for(rows * k, 256), 256, 0, s>>>(in, ldi, rows, k, m, alpha, out_a, a, lda, out_b, b,
-                                                                   ldb);
+  SplitJob jb;
+  jb.in = in, jb.out_a = out_a, jb.out_b = out_b, jb.rows = rows, jb.k = k, jb.ldi = ldi, jb.lda = lda, jb.ldb = ldb;
+  jb.alpha = alpha, jb.m = m, jb.a = a, jb.b = b;
+  block_sum_split_kernel<<<blocks_for(rows * k, 256), 256, 0, s>>>(jb);
   LOOM_CUDA_LAUNCH_CHECK();
+}
+
+void block_sum_split_batch(const SplitJob* jobs, int count, Stream s) {
+  for (int first = 0; first < count; first += kMaxSplitJobs) {
+    SplitJobs batch{};
+    batch.count = 0;
+    batch.start[0] = 0;
+    for (int i = first; i < count && i < first + kMaxSplitJobs; ++i) {
+      const SplitJob& j = jobs[i];
+      LOOM_CHECK(j.m >= 1 && j.a.count >= 1 && j.a.count <= kMaxSplitParts &&
+                     (!j.out_b || (j.b.count >= 1 && j.b.count <= kMaxSplitParts)) && j.lda >= j.a.count * j.k &&
+                     (!j.out_b || j.ldb >= j.b.count * j.k) && j.ldi >= j.m * j.k,
+                 "block_sum_split_batch: job ", i, " has ", j.m, " blocks, patterns of ", j.a.count, " and ", j.b.count,
+                 " parts, row pitches ", j.lda, ", ", j.ldb, " and ", j.ldi, " (in) for rows of ", j.k);
+      if (j.rows * j.k == 0) continue;
+      batch.job[batch.count] = j;
+      batch.start[batch.count + 1] = batch.start[batch.count] + j.rows * j.k;
+      ++batch.count;
+    }
+    if (batch.count == 0) continue;
+    block_sum_split_batch_kernel<<<blocks_for(batch.start[batch.count], 256), 256, 0, s>>>(batch);
+    LOOM_CUDA_LAUNCH_CHECK();
+  }
 }
 
 void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern pattern, Stream s, int64_t ld_out) {

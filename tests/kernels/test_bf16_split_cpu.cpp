@@ -118,5 +118,68 @@ TEST(Bf16Split, BlockSumReadsAColumnBlockAndWritesBothPatternsPitched) {
   }
 }
 
+// Jobs of every kind the LoRA products batch (A stacked as one row, B along its columns, s B into a
+// pitched view) and a few more (two blocks, two patterns, an empty job): the batch writes the bits each
+// job's block_sum_split writes alone, and nothing beside its columns.
+TEST(Bf16Split, BatchEqualsEachJobAlone) {
+  struct Case {
+    int64_t rows, k;
+    int m;
+    float alpha;
+    const char *a, *b;
+    int64_t pad_a, pad_b;
+  };
+  const std::vector<Case> cases = {{1, 48, 1, 1.f, "hhl", "hl", 0, 0}, {40, 4, 1, 1.f, "hhlh", nullptr, 0, 0},
+                                   {40, 4, 1, 2.f, "hhl", nullptr, 29, 0}, {0, 4, 1, 1.f, "hl", nullptr, 0, 0},
+                                   {7, 5, 2, 0.5f, "hlh", "hl", 3, 1},      {3, 9, 3, -1.25f, "l", "hhhh", 0, 2}};
+  auto pattern = [](const char* s) {
+    SplitPattern p;
+    for (; s && *s; ++s) p.parts[p.count++] = *s;
+    return p;
+  };
+  std::vector<std::vector<float>> ins;
+  std::vector<std::vector<bf16>> outs_a, outs_b, refs_a, refs_b;
+  std::vector<SplitJob> jobs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SplitJob j;
+    j.a = pattern(c.a), j.b = pattern(c.b);
+    ins.push_back(random_vec<float>(std::max<int64_t>(1, c.rows * c.m * c.k), 31 + static_cast<uint32_t>(i)));
+    ins.back()[0] = -0.f;  // a -0 split alone keeps its sign (bf16_split's), as the B and A splits need
+    j.rows = c.rows, j.k = c.k, j.m = c.m, j.alpha = c.alpha, j.ldi = c.m * c.k;
+    j.lda = j.a.count * c.k + c.pad_a, j.ldb = j.b.count * c.k + c.pad_b;
+    outs_a.emplace_back(std::max<int64_t>(1, c.rows * j.lda), float_to_bf16(-7.f));
+    outs_b.emplace_back(std::max<int64_t>(1, c.rows * j.ldb), float_to_bf16(-7.f));
+    refs_a.push_back(outs_a.back()), refs_b.push_back(outs_b.back());
+    jobs.push_back(j);
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SplitJob& j = jobs[i];
+    j.in = ins[i].data(), j.out_a = outs_a[i].data(), j.out_b = cases[i].b ? outs_b[i].data() : nullptr;
+    cpu::block_sum_split(j.in, j.rows, j.k, j.m, j.alpha, refs_a[i].data(), j.a, j.out_b ? refs_b[i].data() : nullptr,
+                         j.b, j.lda, j.ldb, j.ldi);
+  }
+  cpu::block_sum_split_batch(jobs.data(), static_cast<int>(jobs.size()));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    for (size_t e = 0; e < outs_a[i].size(); ++e) EXPECT_EQ(outs_a[i][e].bits, refs_a[i][e].bits) << "job " << i << " a " << e;
+    for (size_t e = 0; e < outs_b[i].size(); ++e) EXPECT_EQ(outs_b[i][e].bits, refs_b[i][e].bits) << "job " << i << " b " << e;
+  }
+}
+
+// One block, alpha 1: block_sum_split gives bf16_split's bits, -0 included (the LoRA products' splits
+// of A and B moved from bf16_split to the batch of block_sum_split jobs).
+TEST(Bf16Split, OneBlockSplitIsBf16Split) {
+  const int64_t rows = 5, k = 12;
+  auto x = random_vec<float>(rows * k, 41);
+  x[3] = -0.f, x[7] = 0.f;
+  SplitPattern p;
+  for (char c : {'h', 'h', 'l', 'h'}) p.parts[p.count++] = c;
+  std::vector<bf16> ref(rows * 4 * k), got(rows * 4 * k);
+  cpu::bf16_split(x.data(), ref.data(), rows, k, p);
+  cpu::block_sum_split(x.data(), rows, k, 1, 1.f, got.data(), p, nullptr, SplitPattern{});
+  for (size_t e = 0; e < ref.size(); ++e) EXPECT_EQ(got[e].bits, ref[e].bits) << e;
+  EXPECT_TRUE(std::signbit(bf16_to_float(got[3]))) << "-0's hi part";
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -1,4 +1,7 @@
 // CUDA bf16 hi/lo split and block sum against the CPU reference, bit for bit.
+#include <memory>
+#include <vector>
+
 #include "kernels/bf16_split.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -86,6 +89,63 @@ TEST(Bf16SplitCuda, BlockSumPitchedInputAndOutputsMatchCpu) {
                         ld_b, ld_in);
   EXPECT_EQ(rel_error(d_a.to_host(), ref_a), 0.0);
   EXPECT_EQ(rel_error(d_b.to_host(), ref_b), 0.0);
+}
+
+// The batch on CUDA against the CPU's jobs, bit for bit: 15 jobs (two launches of at most 12), an
+// empty one among them, the LoRA products' kinds (A stacked as one row with two patterns, B along its
+// columns, s B into pitched rows) at the 8B shape's sizes and small odd ones; sentinels beside the
+// pitched rows stay.
+TEST(Bf16SplitCuda, BatchMatchesCpuExactly) {
+  LOOM_REQUIRE_GPU();
+  struct Case {
+    int64_t rows, k;
+    int m;
+    float alpha;
+    const char *a, *b;
+    int64_t pad_a;
+  };
+  std::vector<Case> cases;
+  for (int i = 0; i < 5; ++i) {
+    cases.push_back({1, 16 * 4096, 1, 1.f, "hhl", "hl", 0});   // A [16, 4096] stacked
+    cases.push_back({14336, 16, 1, 1.f, "hhlh", nullptr, 0});  // B [14336, 16] along its columns
+    cases.push_back({i == 2 ? 0 : 37, 5, 1 + i % 2, 2.f, "hhl", i % 2 ? "l" : nullptr, 4160 - 15});  // s B beside W
+  }
+  auto pattern = [](const char* s) {
+    SplitPattern p;
+    for (; s && *s; ++s) p.parts[p.count++] = *s;
+    return p;
+  };
+  std::vector<SplitJob> cpu_jobs, gpu_jobs;
+  std::vector<std::vector<bf16>> ref_a, ref_b;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> d_in;
+  std::vector<std::unique_ptr<DeviceBuffer<bf16>>> d_a, d_b;
+  std::vector<std::vector<float>> ins;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SplitJob j;
+    j.a = pattern(c.a), j.b = pattern(c.b);
+    j.rows = c.rows, j.k = c.k, j.m = c.m, j.alpha = c.alpha, j.ldi = c.m * c.k;
+    j.lda = j.a.count * c.k + c.pad_a, j.ldb = j.b.count * c.k;
+    ins.push_back(random_vec<float>(std::max<int64_t>(1, c.rows * c.m * c.k), 50 + static_cast<uint32_t>(i)));
+    ref_a.emplace_back(std::max<int64_t>(1, c.rows * j.lda), float_to_bf16(-7.f));
+    ref_b.emplace_back(std::max<int64_t>(1, c.rows * j.ldb), float_to_bf16(-7.f));
+    d_in.push_back(std::make_unique<DeviceBuffer<float>>(ins.back()));
+    d_a.push_back(std::make_unique<DeviceBuffer<bf16>>(ref_a.back()));
+    d_b.push_back(std::make_unique<DeviceBuffer<bf16>>(ref_b.back()));
+    SplitJob cj = j, gj = j;
+    cj.in = ins.back().data(), cj.out_a = ref_a.back().data(), cj.out_b = c.b ? ref_b.back().data() : nullptr;
+    gj.in = d_in.back()->get(), gj.out_a = d_a.back()->get(), gj.out_b = c.b ? d_b.back()->get() : nullptr;
+    cpu_jobs.push_back(cj), gpu_jobs.push_back(gj);
+  }
+  cpu::block_sum_split_batch(cpu_jobs.data(), static_cast<int>(cpu_jobs.size()));
+  cuda::block_sum_split_batch(gpu_jobs.data(), static_cast<int>(gpu_jobs.size()), nullptr);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::vector<bf16> a = d_a[i]->to_host(), b = d_b[i]->to_host();
+    size_t wrong = 0;
+    for (size_t e = 0; e < a.size(); ++e) wrong += a[e].bits != ref_a[i][e].bits;
+    for (size_t e = 0; e < b.size(); ++e) wrong += b[e].bits != ref_b[i][e].bits;
+    EXPECT_EQ(wrong, 0u) << "job " << i;
+  }
 }
 
 }  // namespace

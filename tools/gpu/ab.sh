@@ -5,8 +5,8 @@
 # again); "after" is this
 # tree's build-gpu (tools/gpu/prebuilt.sh, else built here). Both loom_bench runs alternate for
 # AB_ROUNDS rounds (default 2) on the benchmarks AB_FILTER picks; AB_E2E names `loom train`
-# checkpointing modes for the 1B scoreboard row of each (bench/e2e/run.sh, Loom only), AB_E2E_ROUNDS times
-# alternating (default 1; the medians are printed).
+# checkpointing modes for the scoreboard rows of each shape AB_E2E_SHAPES names (default 1b; bench/e2e/run.sh,
+# Loom only), AB_E2E_ROUNDS times alternating (default 1; the medians are printed).
 #   export OUT; AB_FILTER='d64' AB_E2E="none" tools/gpu/ab.sh      (carry .devdeps and .prebuilt)
 # Results under $OUT: bench-{before,after}-<round>.json and .txt, e2e-{before,after}.jsonl, ab.txt
 # (each benchmark's median real time before and after, and their ratio).
@@ -54,18 +54,20 @@ for name, t in times.items():
 PY
 cat "$OUT/ab.txt"
 for r in $(seq "${AB_E2E_ROUNDS:-1}"); do
+for shape in ${AB_E2E_SHAPES:-1b}; do
 for mode in ${AB_E2E:-}; do
   for side in before after; do
     if [ $side = before ]; then
       before env OUT="$OUT/e2e-$side" LOOM_BIN=build-base/tools/loom LOOM_E2E_MODES="$mode" LOOM_E2E_PEERS=" " \
-        bench/e2e/run.sh 1b > /dev/null 2>&1
+        bench/e2e/run.sh "$shape" > /dev/null 2>&1
     else
-      env OUT="$OUT/e2e-$side" LOOM_E2E_MODES="$mode" LOOM_E2E_PEERS=" " bench/e2e/run.sh 1b > /dev/null 2>&1
+      env OUT="$OUT/e2e-$side" LOOM_E2E_MODES="$mode" LOOM_E2E_PEERS=" " bench/e2e/run.sh "$shape" > /dev/null 2>&1
     fi
     cat "$OUT/e2e-$side/e2e.jsonl" >> "$OUT/e2e-$side.jsonl" 2> /dev/null
     rm -rf "$OUT/e2e-$side"
-    echo "$side $mode: $(tail -1 "$OUT/e2e-$side.jsonl" | cut -c1-260)"
+    echo "$side $shape $mode: $(tail -1 "$OUT/e2e-$side.jsonl" | cut -c1-260)"
   done
+done
 done
 done
 # Each mode's median tokens/s over the rounds, before and after (the rounds alternate the two builds).
@@ -77,7 +79,7 @@ for side in ("before", "after"):
         for line in open(f"{sys.argv[1]}/e2e-{side}.jsonl"):
             r = json.loads(line)
             if r.get("ok"):
-                rows.setdefault(r["who"], {}).setdefault(side, []).append(r["tok_s"])
+                rows.setdefault(f'{r.get("shape", "")} {r["who"]}', {}).setdefault(side, []).append(r["tok_s"])
     except OSError:
         pass
 for who, t in rows.items():
