@@ -9,9 +9,10 @@ namespace loom::ag {
 using detail::Grads;
 using detail::node_of;
 
-Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt) {
-  // A checkpoint's rerun takes what its first run stashed (the forward is deterministic: the same
-  // values); the first run stashes them.
+namespace {
+// The forward's out and lse: a checkpoint's rerun takes what its first run stashed (the forward is
+// deterministic: the same values); the first run stashes them.
+ops::AttentionOut attention_out(const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionOptions& opt) {
   ops::AttentionOut r;
   std::optional<std::vector<Tensor>> stashed;
   if (detail::Stash* s = detail::StashScope::reading()) stashed = s->take();
@@ -19,15 +20,35 @@ Variable attention(const Variable& q, const Variable& k, const Variable& v, cons
     r.out = (*stashed)[0];
     r.lse = (*stashed)[1];
   } else {
-    r = ops::attention(q.value(), k.value(), v.value(), opt);
+    r = ops::attention(q, k, v, opt);
   }
   if (detail::Stash* s = detail::StashScope::writing()) s->put({r.out, r.lse});
+  return r;
+}
+}  // namespace
+
+Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt) {
+  const ops::AttentionOut r = attention_out(q.value(), k.value(), v.value(), opt);
   Tensor qv = q.value(), kv = k.value(), vv = v.value(), out = r.out, lse = r.lse;
   auto backward = [qv, kv, vv, out, lse, opt](Node&, const Grads& g) {
     ops::AttentionGrads d = ops::attention_backward(qv, kv, vv, out, g[0], lse, opt);
     return Grads{d.dq, d.dk, d.dv};
   };
   return record1(node_of("attention", backward), {&q, &k, &v}, r.out);
+}
+
+Variable rope_attention(const Variable& q, const Variable& k, const Variable& v, const ops::RopeArgs& rope,
+                        const ops::AttentionOptions& opt) {
+  auto [qr, kr] = ops::rope_pair(q.value(), k.value(), rope.positions, rope.inv_freq, false, rope.mscale);
+  const ops::AttentionOut r = attention_out(qr, kr, v.value(), opt);
+  Tensor vv = v.value(), out = r.out, lse = r.lse;
+  auto backward = [qr = qr, kr = kr, vv, out, lse, rope, opt](Node& n, const Grads& g) {
+    ops::AttentionGrads d = ops::attention_backward(qr, kr, vv, out, g[0], lse, opt, &rope);
+    Tensor dk = n.needs_grad(1) ? ops::rope_pair(Tensor(), d.dk, rope.positions, rope.inv_freq, true, rope.mscale).second
+                                : Tensor();
+    return Grads{d.dq, dk, d.dv};
+  };
+  return record1(node_of("rope_attention", backward), {&q, &k, &v}, r.out);
 }
 
 Variable cross_entropy(const Variable& logits, const Tensor& targets, float softcap, int32_t ignore_index) {

@@ -190,6 +190,10 @@ Variable grouped_linear_lora(const Variable& xs, const ExpertWeightFn& w, const 
 
 // ---- attention and loss (fn_attention.cpp) ----
 Variable attention(const Variable& q, const Variable& k, const Variable& v, const ops::AttentionOptions& opt);
+// attention(rope_qk(q, k), v) as one node: q's rope backward rides in the pass that finishes attention's
+// dq on CUDA (ops::attention_backward's rope_q), k's is rope's own; the same forward values.
+Variable rope_attention(const Variable& q, const Variable& k, const Variable& v, const ops::RopeArgs& rope,
+                        const ops::AttentionOptions& opt);
 // Mean softmax cross-entropy over targets != ignore_index (as torch's reduction='mean'); an
 // all-ignored batch gives 0. logits [n, vocab]; result is an acc-dtype scalar.
 Variable cross_entropy(const Variable& logits, const Tensor& targets, float softcap = 0.f,

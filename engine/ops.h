@@ -236,8 +236,16 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, const 
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
+// q's rotary embedding as ops::rope takes it (positions [batch * seq] i32, inv_freq f32, mscale).
+struct RopeArgs {
+  Tensor positions, inv_freq;
+  float mscale = 1.f;
+};
+// With rope_q, dq is the gradient of q before that rotation: rope_backward of attention's dq (on CUDA's
+// flash path in the pass that finishes dq: one rounding where the two ops round twice).
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                  const Tensor& dout, const Tensor& lse, const AttentionOptions& opt);
+                                  const Tensor& dout, const Tensor& lse, const AttentionOptions& opt,
+                                  const RopeArgs* rope_q = nullptr);
 
 // One new token per sequence against a KV cache: q [batch, heads, head_dim], k/v caches
 // [batch, capacity, kv_heads, head_dim] with `length` valid rows -> [batch, heads, head_dim].

@@ -7,6 +7,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_decode.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/rope.h"
 
 namespace loom::ops {
 using namespace detail;
@@ -65,7 +66,8 @@ AttentionOut attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
 }
 
 AttentionGrads attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& out_in,
-                                  const Tensor& dout_in, const Tensor& lse, const AttentionOptions& opt) {
+                                  const Tensor& dout_in, const Tensor& lse, const AttentionOptions& opt,
+                                  const RopeArgs* rope_q) {
   const char* op = "attention_backward";
   const AttentionParams p = attention_params(op, q_in, k_in, v_in, opt);
   same_shape(op, q_in, out_in);
@@ -77,6 +79,21 @@ AttentionGrads attention_backward(const Tensor& q_in, const Tensor& k_in, const 
          d = dout_in.contiguous(), l = lse.contiguous();
   AttentionGrads g{Tensor::empty(q.shape(), q.dtype(), q.device()), Tensor::empty(k.shape(), k.dtype(), k.device()),
                    Tensor::empty(v.shape(), v.dtype(), v.device())};
+  Tensor pos, freq;
+  RopeOfQ rope;
+  if (rope_q) {
+    same_device(op, q, rope_q->positions);
+    same_device(op, q, rope_q->inv_freq);
+    expect_dtype(op, rope_q->positions, DType::i32, "positions");
+    expect_dtype(op, rope_q->inv_freq, DType::f32, "inv_freq");
+    LOOM_CHECK(rope_q->positions.numel() == p.batch * p.seq && rope_q->inv_freq.dim() == 1 &&
+                   rope_q->inv_freq.numel() >= 1 && 2 * rope_q->inv_freq.numel() <= p.head_dim && p.head_dim % 2 == 0,
+               op, ": q's rotation (positions ", rope_q->positions.str(), ", inv_freq ", rope_q->inv_freq.str(),
+               ") does not fit q ", q.str());
+    pos = rope_q->positions.contiguous(), freq = rope_q->inv_freq.contiguous();
+    rope.positions = pos.data<int32_t>(), rope.inv_freq = freq.data<float>();
+    rope.rotary_dim = 2 * freq.numel(), rope.mscale = rope_q->mscale;
+  }
   dispatch_float(op, q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = Acc<T>;
@@ -85,11 +102,15 @@ AttentionGrads attention_backward(const Tensor& q_in, const Tensor& k_in, const 
         Tensor ws = Tensor::empty({static_cast<int64_t>(cuda::attention_backward_workspace_bytes(p))}, DType::u8,
                                   q.device());
         cuda::attention_backward(p, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), d.data<T>(), l.data<A>(),
-                                 g.dq.data<T>(), g.dk.data<T>(), g.dv.data<T>(), ws.data_ptr(), stream_of(q));
+                                 g.dq.data<T>(), g.dk.data<T>(), g.dv.data<T>(), ws.data_ptr(), stream_of(q),
+                                 rope_q ? &rope : nullptr);
       });
     } else {
       cpu::attention_backward(p, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), d.data<T>(), l.data<A>(),
                               g.dq.data<T>(), g.dk.data<T>(), g.dv.data<T>());
+      if (rope_q)
+        cpu::rope_backward(g.dq.data<T>(), g.dq.data<T>(), rope.positions, rope.inv_freq, p.batch * p.seq, p.heads,
+                           p.head_dim, rope.rotary_dim, rope.mscale);
     }
   });
   return g;

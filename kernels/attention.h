@@ -22,6 +22,16 @@ struct AttentionParams {
   const int32_t* segment_ids = nullptr;  // [batch, seq] or null; same memory space as the tensors
 };
 
+// q's rotary embedding (kernels/rope.h's arguments), for a backward that returns the gradient of q
+// before it rotated: dq is rope_backward of attention's dq (the CUDA flash path in the pass that
+// finishes dq, one rounding to T; elsewhere rope_backward after).
+struct RopeOfQ {
+  const int32_t* positions = nullptr;  // [batch * seq]
+  const float* inv_freq = nullptr;     // [rotary_dim / 2]
+  int64_t rotary_dim = 0;              // even, <= head_dim
+  float mscale = 1.f;
+};
+
 // A window no shorter than the sequence hides nothing (i - j < seq <= window for every causal pair):
 // the same attention without one, which the fastest kernels take (Phi-3.5's 262,144-token window,
 // Mistral's 4096 over rows of 2048).
@@ -64,7 +74,9 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
 // Scratch for attention_backward: D_i = dout_i . out_i per (batch, head, query), plus an f32 dq
 // accumulator [batch, seq, heads, head_dim] when the flash path may run.
 size_t attention_backward_workspace_bytes(const AttentionParams& p);
+// rope_q: dq is the gradient of q before its rotation (RopeOfQ).
 template <class T>
 void attention_backward(const AttentionParams& p, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const float* lse, T* dq, T* dk, T* dv, void* workspace, Stream s);
+                        const T* dout, const float* lse, T* dq, T* dk, T* dv, void* workspace, Stream s,
+                        const RopeOfQ* rope_q = nullptr);
 }  // namespace loom::cuda

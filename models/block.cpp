@@ -22,26 +22,28 @@ ag::Variable self_attention(const Attention& attn, const ag::Variable& h, const 
   v = ag::reshape(v, {ctx.batch, ctx.seq, c.num_key_value_heads, c.head_dim});
   if (attn.q_norm) q = attn.q_norm->forward(q);
   if (attn.k_norm) k = attn.k_norm->forward(k);
-  // One launch for both; partial rotary when the table is shorter than head_dim / 2.
-  std::tie(q, k) = ag::rope_qk(q, k, ctx.positions, ctx.inv_freq, ctx.rope_mscale);
   ops::AttentionOptions opt;
   opt.scale = c.attention_scale();
   opt.softcap = c.attn_logit_softcapping;
   opt.window = window;
   opt.segment_ids = ctx.segment_ids;
   ag::Variable a;
-  if (ctx.k_cache) {  // generation: append k, v to the cache; a single new token attends to all of it
-    ctx.k_cache->narrow(1, ctx.cache_start, ctx.seq).copy_(k.value());
-    ctx.v_cache->narrow(1, ctx.cache_start, ctx.seq).copy_(v.value());
-    if (ctx.seq == 1) {
-      Tensor o = ops::attention_decode(q.value().reshape({ctx.batch, c.num_attention_heads, c.head_dim}), *ctx.k_cache,
-                                       *ctx.v_cache, ctx.cache_start + 1, opt);
-      a = ag::Variable(o.reshape({ctx.batch, 1, c.num_attention_heads, c.head_dim}));
-    } else {
-      LOOM_CHECK(ctx.cache_start == 0, "self_attention: a multi-token step must start an empty cache");
-      a = ag::attention(q, k, v, opt);
-    }
+  if (!ctx.k_cache) {  // training and scoring: rope (partial where the table is shorter than head_dim / 2) and
+                       // attention as one node, q's rope backward inside attention's backward
+    a = ag::rope_attention(q, k, v, ops::RopeArgs{ctx.positions, ctx.inv_freq, ctx.rope_mscale}, opt);
+    return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));
+  }
+  // Generation: q and k rotated (one launch for both), k and v appended to the cache; a single new
+  // token attends to all of it.
+  std::tie(q, k) = ag::rope_qk(q, k, ctx.positions, ctx.inv_freq, ctx.rope_mscale);
+  ctx.k_cache->narrow(1, ctx.cache_start, ctx.seq).copy_(k.value());
+  ctx.v_cache->narrow(1, ctx.cache_start, ctx.seq).copy_(v.value());
+  if (ctx.seq == 1) {
+    Tensor o = ops::attention_decode(q.value().reshape({ctx.batch, c.num_attention_heads, c.head_dim}), *ctx.k_cache,
+                                     *ctx.v_cache, ctx.cache_start + 1, opt);
+    a = ag::Variable(o.reshape({ctx.batch, 1, c.num_attention_heads, c.head_dim}));
   } else {
+    LOOM_CHECK(ctx.cache_start == 0, "self_attention: a multi-token step must start an empty cache");
     a = ag::attention(q, k, v, opt);
   }
   return attn.o_proj.forward(ag::reshape(a, {ctx.batch, ctx.seq, c.q_dim()}));

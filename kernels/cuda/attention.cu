@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/rope.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 
@@ -288,15 +289,23 @@ size_t attention_backward_workspace_bytes(const AttentionParams& p) {
 
 template <class T>
 void attention_backward(const AttentionParams& p, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const float* lse, T* dq, T* dk, T* dv, void* workspace, Stream s) {
+                        const T* dout, const float* lse, T* dq, T* dk, T* dv, void* workspace, Stream s,
+                        const RopeOfQ* rope_q) {
   check_cuda_params(p, "cuda::attention_backward");
   const int64_t q_rows = p.batch * p.heads * p.seq, kv_rows = p.batch * p.kv_heads * p.seq;
   if (q_rows == 0) return;
   LOOM_CHECK(workspace != nullptr, "cuda::attention_backward needs attention_backward_workspace_bytes = ",
              attention_backward_workspace_bytes(p), " bytes of workspace");
   if constexpr (std::is_same_v<T, bf16>) {
-    if (flash::supported(p, q, k, v, out) && aligned16(dout) && aligned16(dq) && aligned16(dk) && aligned16(dv))
-      return flash::backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, s);
+    if (flash::supported(p, q, k, v, out) && aligned16(dout) && aligned16(dq) && aligned16(dk) && aligned16(dv)) {
+      const bool whole = rope_q && rope_q->rotary_dim == p.head_dim;  // else rotated back below
+      flash::backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, s, flash::Kernel::kAuto,
+                      whole ? rope_q : nullptr);
+      if (rope_q && !whole)
+        rope_backward(dq, dq, rope_q->positions, rope_q->inv_freq, p.batch * p.seq, p.heads, p.head_dim,
+                      rope_q->rotary_dim, rope_q->mscale, s);
+      return;
+    }
   }
   float* dsum = static_cast<float*>(workspace);
   with_chunks(int((p.head_dim + 31) / 32), [&](auto C) {
@@ -306,12 +315,15 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
     attention_dkdv_kernel<T, kC><<<blocks_for_rows(kv_rows), kThreads, 0, s>>>(p, q, k, v, dout, lse, dsum, dk, dv);
   });
   LOOM_CUDA_LAUNCH_CHECK();
+  if (rope_q)
+    rope_backward(dq, dq, rope_q->positions, rope_q->inv_freq, p.batch * p.seq, p.heads, p.head_dim,
+                  rope_q->rotary_dim, rope_q->mscale, s);
 }
 
 #define LOOM_INST(T)                                                                                        \
   template void attention_forward<T>(const AttentionParams&, const T*, const T*, const T*, T*, float*, Stream); \
   template void attention_backward<T>(const AttentionParams&, const T*, const T*, const T*, const T*, const T*, \
-                                      const float*, T*, T*, T*, void*, Stream);
+                                      const float*, T*, T*, T*, void*, Stream, const RopeOfQ*);
 LOOM_INST(float)
 LOOM_INST(bf16)
 #undef LOOM_INST

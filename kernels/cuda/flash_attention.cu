@@ -51,6 +51,43 @@ __global__ void dq_finish_kernel(const float* __restrict__ acc, bf16* __restrict
   store_vec<8>(dq + i, v);
 }
 
+// dq = rope_backward(scale * dq_acc) in one pass (RopeOfQ, the whole head rotating): thread (token t,
+// frequencies 4 j .. 4 j + 3) computes its angles' sine and cosine once, as rope_vec_kernel does (one
+// f32 product, sincosf), and takes both halves of those columns in every head; dq is rounded once,
+// where dq_finish then the rope kernel rounded twice.
+__global__ void dq_finish_rope_kernel(const float* __restrict__ acc, bf16* __restrict__ dq, int64_t tokens,
+                                      int64_t heads, int64_t half, float scale, const int32_t* __restrict__ positions,
+                                      const float* __restrict__ inv_freq, float mscale) {
+  constexpr int V = 4;
+  const int64_t groups = half / V, idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = idx / groups, j = idx % groups;
+  if (t >= tokens) return;
+  const float pos = static_cast<float>(positions[t]);
+  float c[V], sn[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    sincosf(pos * inv_freq[j * V + e], &sn[e], &c[e]);
+    c[e] *= mscale;
+    sn[e] *= -mscale;  // the transpose of the forward rotation
+  }
+  const int64_t head_dim = 2 * half;
+#pragma unroll 4
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t base = (t * heads + h) * head_dim + j * V;
+    float x1[V], x2[V], y1[V], y2[V];
+    load_vec<V>(acc + base, x1);
+    load_vec<V>(acc + base + half, x2);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      x1[e] *= scale, x2[e] *= scale;
+      y1[e] = x1[e] * c[e] - x2[e] * sn[e];
+      y2[e] = x2[e] * c[e] + x1[e] * sn[e];
+    }
+    store_vec<V>(dq + base, y1);
+    store_vec<V>(dq + base + half, y2);
+  }
+}
+
 size_t dsum_bytes(const AttentionParams& p) { return (size_t(p.batch * p.heads * p.seq) * 4 + 255) / 256 * 256; }
 
 }  // namespace
@@ -129,7 +166,10 @@ size_t backward_workspace_bytes(const AttentionParams& p) {
 
 void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
               const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* workspace, Stream s,
-              Kernel kernel) {
+              Kernel kernel, const RopeOfQ* rope_q) {
+  LOOM_CHECK(!rope_q || (rope_q->rotary_dim == p.head_dim && rope_q->positions && rope_q->inv_freq),
+             "flash backward: q's rotation must cover the whole head (rotary_dim ", rope_q ? rope_q->rotary_dim : 0,
+             ", head_dim ", p.head_dim, ")");
   if (p.batch == 0 || p.seq == 0) return;
   if (kernel == Kernel::kAuto) kernel = backward_kernel(p);
   LOOM_CHECK(runs(kernel, p, true), "flash backward: kernel ", kernel_name(kernel), " cannot run head_dim ",
@@ -151,7 +191,14 @@ void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16
       break;
     default: backward_mma(p, q, k, v, dout, lse, dsum, dq_acc, dk, dv, s); break;
   }
-  dq_finish_kernel<<<unsigned((n_q / 8 + 255) / 256), 256, 0, s>>>(dq_acc, dq, n_q, p.scale);
+  if (rope_q) {  // head_dim a multiple of 8 (supported()): half a multiple of 4
+    const int64_t tokens = p.batch * p.seq, half = p.head_dim / 2, threads = tokens * (half / 4);
+    dq_finish_rope_kernel<<<unsigned((threads + 255) / 256), 256, 0, s>>>(dq_acc, dq, tokens, p.heads, half, p.scale,
+                                                                        rope_q->positions, rope_q->inv_freq,
+                                                                        rope_q->mscale);
+  } else {
+    dq_finish_kernel<<<unsigned((n_q / 8 + 255) / 256), 256, 0, s>>>(dq_acc, dq, n_q, p.scale);
+  }
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

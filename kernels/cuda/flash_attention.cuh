@@ -37,9 +37,11 @@ void forward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16*
              Kernel kernel = Kernel::kAuto);
 // Workspace: D_i = dout_i . out_i per (batch, head, query) and an f32 dq accumulator.
 size_t backward_workspace_bytes(const AttentionParams& p);
+// rope_q (whole-head rotation: rotary_dim == head_dim): dq leaves through rope's backward, in the pass
+// that scales and rounds it.
 void backward(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
               const bf16* dout, const float* lse, bf16* dq, bf16* dk, bf16* dv, void* workspace, Stream s,
-              Kernel kernel = Kernel::kAuto);
+              Kernel kernel = Kernel::kAuto, const RopeOfQ* rope_q = nullptr);
 
 // ---- the kernels' launchers (forward() and backward() check what they need) ----
 // mma.sync (flash_attention_fwd.cu, flash_attention_bwd.cu).

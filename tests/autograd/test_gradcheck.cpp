@@ -194,6 +194,23 @@ TEST(GradCheck, AttentionVariants) {
   }
 }
 
+// rope and attention as one node (q's rope backward inside attention's): against finite differences
+// in f64, whole and partial rotation (6 of 8, LongRoPE's mscale), grouped heads, a window.
+TEST(GradCheck, RopeAttention) {
+  const int64_t b = 2, s = 5, d = 8;
+  Tensor pos = Tensor::from_ints({0, 1, 2, 3, 4, 3, 4, 5, 6, 7}, {b * s});
+  for (int rot : {8, 6}) {
+    SCOPED_TRACE(testing::Message() << "rotary_dim " << rot);
+    auto q = random_f64({b, s, 4, d}, 41, -2, 2), k = random_f64({b, s, 2, d}, 42, -2, 2);
+    auto v = random_f64({b, s, 2, d}, 43);
+    const ops::RopeArgs rope{pos, Tensor::from_floats(cpu::rope_inv_freq(rot, 10000.0), {rot / 2}),
+                             rot == 8 ? 1.f : 1.25f};
+    ops::AttentionOptions opt;
+    opt.window = rot == 8 ? 0 : 3;
+    gradcheck([=](const V& x) { return ag::rope_attention(x[0], x[1], x[2], rope, opt); }, {q, k, v});
+  }
+}
+
 TEST(GradCheck, CrossEntropyMeanWithIgnoreAndSoftcap) {
   auto logits = random_f64({5, 7}, 23, -3, 3);
   Tensor targets = Tensor::from_ints({3, -100, 0, 6, 2}, {5});

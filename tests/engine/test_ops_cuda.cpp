@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <string>
 
 #include "engine/ops.h"
 #include "kernels/adamw.h"
@@ -235,6 +236,36 @@ TEST(OpsCuda, AttentionAndCrossEntropy) {
                              ops::cross_entropy_backward(logits.to(d, t), targets.to(d), ce.lse, dloss.to(d), 30.f)});
     return outs;
   });
+}
+
+// attention_backward returning q's gradient before its rope (ag::rope_attention's): on the GPU's flash
+// path at head_dim 64 and 128 (rope in the pass that finishes dq), a partial rotation there (rope after),
+// head_dim 12 (the row kernels, rope after) and f32; against the CPU's attention backward then rope's.
+TEST(OpsCuda, AttentionBackwardThroughQsRope) {
+  LOOM_REQUIRE_CUDA();
+  struct Shape4 {
+    int64_t head_dim, rotary_dim;
+  };
+  for (const Shape4 c : {Shape4{64, 64}, Shape4{128, 128}, Shape4{64, 48}, Shape4{12, 12}}) {
+    Inputs in;
+    const int64_t b = 2, s = 70;
+    Tensor q = in.randn({b, s, 4, c.head_dim}), k = in.randn({b, s, 2, c.head_dim}), v = in.randn({b, s, 2, c.head_dim});
+    Tensor dout = in.randn({b, s, 4, c.head_dim});
+    std::vector<int32_t> positions;
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t i = 0; i < s; ++i) positions.push_back(static_cast<int32_t>(i + 37 * r));
+    const Tensor pos = Tensor::from_ints(positions, {b * s});
+    const std::string name = "attention_backward rope_q head_dim " + std::to_string(c.head_dim) + " rotary " +
+                             std::to_string(c.rotary_dim);
+    check(name.c_str(), [&](Device d, DType t) {
+      const ops::RopeArgs rope{pos.to(d), ops::rope_inv_freq(c.rotary_dim, 10000.0, d), 1.f};
+      ops::AttentionOptions opt;
+      ops::AttentionOut a = ops::attention(q.to(d, t), k.to(d, t), v.to(d, t), opt);
+      ops::AttentionGrads g =
+          ops::attention_backward(q.to(d, t), k.to(d, t), v.to(d, t), a.out, dout.to(d, t), a.lse, opt, &rope);
+      return std::vector<Tensor>{g.dq, g.dk, g.dv};
+    });
+  }
 }
 
 TEST(OpsCuda, AdamWAndRandomFills) {
