@@ -9,6 +9,7 @@
 #include "autograd/functions.h"
 #include "autograd/lora_split.h"
 #include "tests/autograd/gradcheck.h"
+#include "tests/autograd/lora_residual_check.h"
 
 namespace loom::test {
 namespace {
@@ -190,52 +191,9 @@ TEST(LoraBf16, SpareColumnsCarryTheBias) {
   check_spare(80, 48, 40, 4, 2.f, true);
 }
 
-// lora_linear's residual on each bf16 path: the adapter's product first (the residual its GEMM's C), the
-// one GEMM with spare columns (a bias riding along or not), and a bias without room (added after). y =
-// residual + the product within bf16's rounding of f64's, and its product's and adapter's shares (y less
-// the residual, less the base too) as close to f64's as the add apart gets them in bf16 (both round y at
-// the residual's magnitude); the residual's gradient is y's exactly, every other gradient as in f64.
-void check_residual(int64_t n, int64_t in, int64_t out, int64_t r, bool spare, bool with_bias) {
-  const Tensor x = bf16_values({n, in}, 51, 1.0), w = bf16_values({out, in}, 52, 0.1);
-  const Tensor a = bf16_values({r, in}, 53, 0.1), b = bf16_values({out, r}, 54, 0.1), dy = bf16_values({n, out}, 55, 1.0);
-  const Tensor bias = bf16_values({out}, 56, 1.0), res = bf16_values({n, out}, 57, 1.0);
-  const int64_t ext = spare ? 3 * r + (with_bias ? 1 : 0) : 0;
-  struct Got {
-    Tensor y, dx, da, db, dres;
-  };
-  auto run = [&](DType dt, bool folded) {
-    const bool f64 = dt == DType::f64;
-    Variable xv(f64 || !spare ? x.to(dt) : with_spare(x.to(DType::bf16), ext), true);
-    Variable wv(f64 || !spare ? w.to(dt) : with_spare(w.to(DType::bf16), ext), false);
-    Variable av(f64 ? a : a.to(DType::f32), true), bv(f64 ? b : b.to(DType::f32), true);
-    Variable biasv(bias.to(dt), false), rv(res.to(dt), true);
-    const ag::LoraArgs args{2.f, 0.f, 0, 0, f64 ? 0 : ext, f64 ? 0 : ext};
-    const Variable y = folded ? ag::lora_linear(xv, wv, av, bv, args, with_bias ? &biasv : nullptr, {}, {},
-                                                ag::OutputUse::kRead, &rv)
-                              : ag::add(rv, ag::lora_linear(xv, wv, av, bv, args, with_bias ? &biasv : nullptr));
-    const Tensor yv = y.value();
-    ag::backward(y, dy.to(dt));
-    return Got{yv, xv.grad(), av.grad(), bv.grad(), rv.grad()};
-  };
-  const Got ref = run(DType::f64, false), got = run(DType::bf16, true), apart = run(DType::bf16, false);
-  const std::string what = std::string(spare ? "one GEMM" : "two products") + (with_bias ? ", bias" : "");
-  EXPECT_LT(rel_err(got.y, ref.y), 1e-2) << what;
-  Tensor base = ops::add(ops::matmul(x, w, false, true), res);
-  if (with_bias) base = ops::add_bias(base, bias);
-  auto share_err = [&](const Got& g, const Tensor& less) {
-    return rel_err(ops::sub(g.y.to(DType::f64), less), ops::sub(ref.y, less));
-  };
-  EXPECT_LT(share_err(got, res), 1.5 * share_err(apart, res) + 1e-3) << what << ": the product's share";
-  EXPECT_LT(share_err(got, base), 1.5 * share_err(apart, base) + 1e-3) << what << ": the adapter's share";
-  EXPECT_EQ(got.dres.to_floats(), dy.to(DType::bf16).to_floats()) << what;
-  EXPECT_LT(rel_err(got.dx, ref.dx), 1e-2) << what;
-  EXPECT_LT(rel_err(got.da, ref.da), 1e-2) << what;
-  EXPECT_LT(rel_err(got.db, ref.db), 1e-2) << what;
-}
-
 TEST(LoraBf16, AResidualOnEveryPath) {
   for (bool spare : {false, true})
-    for (bool with_bias : {false, true}) check_residual(37, 48, 40, 4, spare, with_bias);
+    for (bool with_bias : {false, true}) check_lora_residual(Device::cpu(), 37, 48, 40, 4, spare, with_bias);
 }
 
 }  // namespace

@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <string>
 #include <vector>
 
 #include "autograd/functions.h"
 #include "autograd/lora_split.h"
 #include "tests/autograd/gradcheck.h"
+#include "tests/autograd/lora_residual_check.h"
 
 namespace loom::test {
 namespace {
@@ -107,60 +107,12 @@ TEST(LoraCuda, DxThroughTheMergedWeight) {
   check(1000, 264, {128, 32, 32}, 8, true, false);
 }
 
-// lora_linear's residual (the MLP's h, read as the GEMM's C) on CUDA on every bf16 path: the adapter's
-// product first then the base GEMM adding onto it (fewer tokens than outputs), dx through the merged
-// weight (more), the one GEMM with 3r spare columns with and without a bias (a bias without room: the
-// two products). The sum against f64 with the residual added apart in bf16 as the yardstick for the
-// product's and the adapter's shares (LoraBf16.AResidualOnEveryPath's checks, on the GPU's cuBLASLt
-// reading C apart from D); the residual's gradient is dy's bits.
-void check_residual(int64_t n, int64_t in, int64_t out, int64_t r, bool spare, bool with_bias) {
-  const Tensor x = bf16_values({n, in}, 51, 1.0), w = bf16_values({out, in}, 52, 0.1);
-  const Tensor a = bf16_values({r, in}, 53, 0.1), b = bf16_values({out, r}, 54, 0.1), dy = bf16_values({n, out}, 55, 1.0);
-  const Tensor bias = bf16_values({out}, 56, 1.0), res = bf16_values({n, out}, 57, 1.0);
-  const int64_t ext = spare ? 3 * r + (with_bias ? 1 : 0) : 0;
-  auto with_room = [](const Tensor& t, int64_t room) {
-    Tensor v = Tensor::full({t.size(0), t.size(1) + room}, NAN, DType::bf16, kGpu).narrow(1, 0, t.size(1));
-    ops::copy_rows_(v, t.to(DType::bf16).to(kGpu));
-    return v;
-  };
-  struct Out {
-    Tensor y, dx, da, db, dres;
-  };
-  auto run = [&](bool f64, bool folded) {
-    auto on = [&](const Tensor& t) { return f64 ? t : t.to(DType::bf16).to(kGpu); };
-    Variable xv(f64 ? x : with_room(x, ext), true), wv(f64 ? w : with_room(w, ext), false);
-    Variable av(f64 ? a : a.to(DType::f32).to(kGpu), true), bv(f64 ? b : b.to(DType::f32).to(kGpu), true);
-    Variable biasv(on(bias), false), rv(on(res), true);
-    const ag::LoraArgs args{2.f, 0.f, 0, 0, f64 ? 0 : ext, f64 ? 0 : ext};
-    const Variable* bp = with_bias ? &biasv : nullptr;
-    const Variable y = folded ? ag::lora_linear(xv, wv, av, bv, args, bp, {}, {}, ag::OutputUse::kRead, &rv)
-                              : ag::add(rv, ag::lora_linear(xv, wv, av, bv, args, bp));
-    const Tensor yv = y.value().to(Device::cpu());
-    ag::backward(y, on(dy));
-    auto cpu = [](const Tensor& t) { return t.to(Device::cpu()); };
-    return Out{yv, cpu(xv.grad()), cpu(av.grad()), cpu(bv.grad()), cpu(rv.grad())};
-  };
-  const Out ref = run(true, false), got = run(false, true), apart = run(false, false);
-  const std::string what = std::to_string(n) + " tokens, " + (spare ? "one GEMM" : "two products") +
-                           (with_bias ? ", bias" : "");
-  EXPECT_LT(rel_err(got.y, ref.y), 1e-2) << what;
-  Tensor base = ops::add(ops::matmul(x, w, false, true), res);
-  if (with_bias) base = ops::add_bias(base, bias);
-  auto share_err = [&](const Out& g, const Tensor& less) {
-    return rel_err(ops::sub(g.y.to(DType::f64), less), ops::sub(ref.y, less));
-  };
-  EXPECT_LT(share_err(got, res), 1.5 * share_err(apart, res) + 1e-3) << what << ": the product's share";
-  EXPECT_LT(share_err(got, base), 1.5 * share_err(apart, base) + 1e-3) << what << ": the adapter's share";
-  EXPECT_EQ(got.dres.to_floats(), dy.to(DType::bf16).to_floats()) << what;
-  EXPECT_LT(rel_err(got.dx, ref.dx), 1e-2) << what;
-  EXPECT_LT(rel_err(got.da, ref.da), 1e-2) << what;
-  EXPECT_LT(rel_err(got.db, ref.db), 1e-2) << what;
-}
-
+// lora_linear's residual on CUDA (cuBLASLt reading C apart from D), every bf16 path: the adapter's
+// product first (96 tokens), dx through the merged weight (1000), the one GEMM with and without a bias.
 TEST(LoraCuda, AResidualOnEveryPath) {
   for (int64_t n : {96, 1000})  // adapter first / merged-weight dx (outputs 384)
     for (bool spare : {false, true})
-      for (bool with_bias : {false, true}) check_residual(n, 256, 384, 16, spare, with_bias);
+      for (bool with_bias : {false, true}) check_lora_residual(kGpu, n, 256, 384, 16, spare, with_bias);
 }
 
 // merged_weight on the GPU against the CPU's: the same bf16 parts, one rounding each.
