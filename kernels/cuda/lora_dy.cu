@@ -1,9 +1,9 @@
 // CUDA kernel for kernels/lora_dy.h: dt = dy b and db = dy^T t from one read of dy, on tensor cores
 // (mma.sync m16n8k16, f32 accumulation; the tile loads and fragments of flash_common.cuh).
 //
-// Block = 8 warps over a strip of dy: rows [row_begin, row_begin + rs) x columns [col0, col0 + 64 cc),
+// Block = 8 warps over a strip of dy: rows [row_begin, row_begin + rs) x columns [col0, col0 + kCs),
 // read as tiles of 128 rows x 64 columns (cp.async, kStages deep), row chunk by row chunk and within
-// each the strip's cc column chunks in turn (cc <= kCc: the grid's choice, below). b's rows of the strip stay in shared memory for the
+// each the strip's kCc column chunks in turn. b's rows of the strip stay in shared memory for the
 // whole block, t's rows of the current chunk beside them (kNp = m r rounded up to 16 columns).
 //   dt: warp w takes the tile's rows 16 w .. 16 w + 15 against b's 64 rows of the chunk (K = columns)
 //       and keeps [16, kNp] in registers over the strip's columns; at the end of a row chunk it is
@@ -30,15 +30,12 @@ constexpr int kTm = 128, kTk = 64, kThreads = 256, kStages = 4;
 
 template <int kNp>
 struct Cfg {
-  static constexpr int kCs = 16384 / kNp;  // dy columns a block takes at most: kCc chunks of 64
+  static constexpr int kCs = 16384 / kNp;  // dy columns a block takes: kCc chunks of 64
   static constexpr int kCc = kCs / kTk;
   static constexpr int kPitch = kNp + 8;  // b's and t's rows in shared memory: 8 rows an ldmatrix reads hit 8 bank groups
   // t's buffers: a row chunk's t is loaded with its first tile, kStages - 1 tiles ahead; two buffers
   // do when a chunk has at least that many tiles.
   static constexpr int kTBufs = kCc >= kStages - 1 ? 2 : 3;
-  // The fewest column chunks a strip may have: with two t buffers kStages - 1 (a chunk's t is loaded
-  // that many tiles ahead); the grid takes at least half of kCc where dy is wide enough.
-  static constexpr int kFloorCc = kTBufs == 2 ? kStages - 1 : 1;
   static constexpr size_t kDyBytes = size_t(kStages) * kTm * kTk * 2;
   static constexpr size_t kTBytes = size_t(kTBufs) * kTm * kPitch * 2;
   static constexpr size_t kBBytes = size_t(kCs) * kPitch * 2;
@@ -68,28 +65,28 @@ __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const bf16* tile, in
 template <int kNp>
 __global__ void __launch_bounds__(kThreads, 1)
     lora_dy_kernel(const bf16* __restrict__ dy, int64_t ld_dy, const bf16* __restrict__ b, int64_t ld_b,
-                   const bf16* __restrict__ t, int64_t ld_t, int64_t n, int64_t out, int mr, int64_t rs, int cc,
+                   const bf16* __restrict__ t, int64_t ld_t, int64_t n, int64_t out, int mr, int64_t rs,
                    float* __restrict__ part_dt, float* __restrict__ part_db) {
   using C = Cfg<kNp>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* dys = reinterpret_cast<bf16*>(smem);
   bf16* ts = reinterpret_cast<bf16*>(smem + C::kDyBytes);
   bf16* bs = reinterpret_cast<bf16*>(smem + C::kDyBytes + C::kTBytes);
-  const int64_t col0 = int64_t(blockIdx.x) * cc * kTk, row_begin = int64_t(blockIdx.y) * rs;
+  const int64_t col0 = int64_t(blockIdx.x) * C::kCs, row_begin = int64_t(blockIdx.y) * rs;
   const int64_t row_end = min(n, row_begin + rs);
-  const int chunks = int((row_end - row_begin + kTm - 1) / kTm), tiles = chunks * cc;
+  const int chunks = int((row_end - row_begin + kTm - 1) / kTm), tiles = chunks * C::kCc;
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
 
-  // Tile q's loads (row chunk q / cc, column chunk q % cc), with its chunk's t rows at the first
+  // Tile q's loads (row chunk q / kCc, column chunk q % kCc), with its chunk's t rows at the first
   // column chunk and the strip's b rows with tile 0; one commit group a tile, empty past the last.
   auto issue = [&](int q) {
     if (q < tiles) {
-      const int mi = q / cc, ci = q % cc;
+      const int mi = q / C::kCc, ci = q % C::kCc;
       const int64_t r0 = row_begin + int64_t(mi) * kTm, c = col0 + int64_t(ci) * kTk;
       const int cols = out - c >= kTk ? kTk : out > c ? int(out - c) : 0;
       flash::load_tile<kTm, kTk, kThreads>(dys + (q % kStages) * kTm * kTk, dy + min(c, out), ld_dy, r0, row_end, cols);
       if (ci == 0) load_narrow<kNp>(ts + (mi % C::kTBufs) * kTm * C::kPitch, t, ld_t, r0, kTm, row_end, mr);
-      if (q == 0) load_narrow<kNp>(bs, b, ld_b, col0, cc * kTk, out, mr);
+      if (q == 0) load_narrow<kNp>(bs, b, ld_b, col0, C::kCs, out, mr);
     }
     flash::cp_async_commit();
   };
@@ -111,8 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bf16* tt = ts + (mi % C::kTBufs) * kTm * C::kPitch;
 #pragma unroll
     for (int ci = 0; ci < C::kCc; ++ci) {
-      if (ci == cc) break;  // (unrolled to kCc: db_acc stays in registers)
-      const int q = mi * cc + ci;
+      const int q = mi * C::kCc + ci;
       flash::cp_async_wait<kStages - 2>();
       __syncthreads();      // tile q landed for every thread; tile q - 1's stage is free
       issue(q + kStages - 1);  // into that stage
@@ -158,7 +154,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* pb = part_db + (int64_t(blockIdx.y) * out) * kNp + nh * (kNp / 2) + 2 * (lane & 3);
 #pragma unroll
   for (int ci = 0; ci < C::kCc; ++ci) {
-    if (ci == cc) break;
     const int64_t o = col0 + ci * kTk + mt * 16 + (lane >> 2);
 #pragma unroll
     for (int j = 0; j < kDbTiles; ++j) {
@@ -184,45 +179,21 @@ __global__ void reduce_kernel(const float* __restrict__ part, int parts, int64_t
 
 int padded_width(int64_t mr) { return mr <= 16 ? 16 : mr <= 32 ? 32 : mr <= 64 ? 64 : 128; }
 
-// The grid: column strips of cc chunks of 64 (cc from the kernel's most, or dy's width, down to half), and row
-// strips (whole 128-row chunks) so that the blocks about fill the SMs once (at least one strip); of
-// those, the one whose largest block has the fewest tiles (ties: the widest strips, fewer dt partials).
-// Qwen/Llama 8B's gate and up (14336 columns, 8192 rows, m r = 32): 7 chunks, 32 x 4 = 128 blocks of
-// 112 tiles, where 8 chunks made 28 x 4 = 112 blocks of 128 on 132 SMs.
+int columns_per_block(int np) { return 16384 / np; }
+
+// The grid: column strips of the kernel's width, and row strips (whole 128-row chunks) so that the
+// blocks about fill the SMs once (at least one strip).
 struct Grid {
   int64_t col_strips, row_strips, rs;
-  int cc;
 };
-template <int kNp>
-Grid grid_for(int64_t n, int64_t out) {
-  const int64_t col_chunks = std::max<int64_t>(1, (out + kTk - 1) / kTk);
-  const int64_t chunks = std::max<int64_t>(1, (n + kTm - 1) / kTm), sms = sm_count();
-  Grid best{0, 0, 0, 0};
-  int64_t best_tiles = 0;
-  // Strips no wider than dy (chunks past its last column would be loaded as zeros and multiplied).
-  const int hi = int(std::min<int64_t>(Cfg<kNp>::kCc, std::max<int64_t>(col_chunks, Cfg<kNp>::kFloorCc)));
-  const int lo = std::max(Cfg<kNp>::kFloorCc, std::min((Cfg<kNp>::kCc + 1) / 2, hi));
-  for (int cc = hi; cc >= lo; --cc) {
-    Grid g;
-    g.cc = cc;
-    g.col_strips = (col_chunks + cc - 1) / cc;
-    const int64_t want = std::clamp<int64_t>(sms / g.col_strips, 1, chunks);
-    const int64_t per = (chunks + want - 1) / want;  // row chunks a strip
-    g.rs = per * kTm;
-    g.row_strips = (chunks + per - 1) / per;
-    const int64_t waves = (g.col_strips * g.row_strips + sms - 1) / sms;
-    const int64_t tiles = waves * per * cc;
-    if (best.cc == 0 || tiles < best_tiles) best = g, best_tiles = tiles;
-  }
-  return best;
-}
 Grid grid_of(int64_t n, int64_t out, int np) {
-  switch (np) {
-    case 16: return grid_for<16>(n, out);
-    case 32: return grid_for<32>(n, out);
-    case 64: return grid_for<64>(n, out);
-    default: return grid_for<128>(n, out);
-  }
+  Grid g;
+  g.col_strips = std::max<int64_t>(1, (out + columns_per_block(np) - 1) / columns_per_block(np));
+  const int64_t chunks = std::max<int64_t>(1, (n + kTm - 1) / kTm);
+  const int64_t want = std::clamp<int64_t>(sm_count() / g.col_strips, 1, chunks);
+  g.rs = (chunks + want - 1) / want * kTm;
+  g.row_strips = std::max<int64_t>(1, (n + g.rs - 1) / g.rs);
+  return g;
 }
 
 template <int kNp>
@@ -230,7 +201,7 @@ void launch(const bf16* dy, int64_t ld_dy, const bf16* b, int64_t ld_b, const bf
             int64_t out, int mr, const Grid& g, float* part_dt, float* part_db, Stream s) {
   allow_dynamic_smem<lora_dy_kernel<kNp>>(Cfg<kNp>::kSmem);
   lora_dy_kernel<kNp><<<dim3(unsigned(g.col_strips), unsigned(g.row_strips)), kThreads, Cfg<kNp>::kSmem, s>>>(
-      dy, ld_dy, b, ld_b, t, ld_t, n, out, mr, g.rs, g.cc, part_dt, part_db);
+      dy, ld_dy, b, ld_b, t, ld_t, n, out, mr, g.rs, part_dt, part_db);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

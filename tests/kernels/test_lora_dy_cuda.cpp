@@ -31,8 +31,8 @@ TEST(LoraDyProductsCuda, MatchesCpu) {
   check({640, 1024, 32, 2, 0, 32, 0}, 5);   // 64 wide
   check({384, 256, 64, 2, 0, 64, 0}, 6);    // 128 wide (three t buffers)
   check({200, 96, 8, 1, 0, 0, 0}, 7);       // one block of r
-  check({1024, 14336, 16, 2, 0, 16, 0}, 8);  // 8B gate/up's columns: strips of 7 chunks (32 x 4 blocks on 132 SMs)
-  check({520, 1000, 8, 2, 0, 8, 0}, 9);     // 16 wide: two strips of 8 chunks, the second partly past dy
+  check({1024, 14336, 16, 2, 0, 16, 0}, 8);  // 8B gate/up's columns (28 strips of 512)
+  check({520, 1000, 8, 2, 0, 8, 0}, 9);     // 16 wide: one strip of 16 chunks, partly past dy
 }
 
 TEST(LoraDyProductsCuda, Refuses) {
