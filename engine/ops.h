@@ -99,7 +99,8 @@ void grouped_matmul_tn_into(const Tensor& a, const Tensor& b, Tensor& c, const s
 Tensor bf16_split(const Tensor& x, const std::string& pattern, Tensor* into = nullptr);
 // f32 in [rows, m * k] -> f32 [rows, k]: alpha times the sum of the m blocks of each row.
 Tensor block_sum(const Tensor& in, int m, float alpha = 1.f);
-// bf16_split(block_sum(in, m, alpha), pattern) for one or two patterns, in one pass (the same bits).
+// bf16_split(block_sum(in, m, alpha), pattern) for one or two patterns, in one pass (the same bits but
+// for the sign of a zero sum: kernels/bf16_split.h).
 // into_a, into_b: the first and second pattern's parts go there ([rows, count * k] bf16, rows any pitch
 // apart: x's spare columns, one adapter's columns of several) instead of new tensors. in's rows may be
 // any pitch apart too (one adapter's columns of a product for several, ag::lora_linears).
@@ -242,7 +243,8 @@ struct RopeArgs {
   float mscale = 1.f;
 };
 // With rope_q, dq is the gradient of q before that rotation: rope_backward of attention's dq (on CUDA's
-// flash path in the pass that finishes dq: one rounding where the two ops round twice).
+// flash path with the whole head rotating, in the pass that finishes dq: one rounding where the two ops
+// round twice; a partial rotation, the row kernels and the CPU run rope_backward after).
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& dout, const Tensor& lse, const AttentionOptions& opt,
                                   const RopeArgs* rope_q = nullptr);

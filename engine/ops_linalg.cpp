@@ -241,13 +241,16 @@ void block_sum_split_batch(const std::vector<SplitJob>& jobs) {
   const char* op = "block_sum_split_batch";
   if (jobs.empty()) return;
   std::vector<loom::SplitJob> raw;
+  std::vector<Tensor> ins;  // each job's input with contiguous columns, alive until the launch is queued
   raw.reserve(jobs.size());
-  for (const SplitJob& j : jobs) {
+  for (const SplitJob& job : jobs) {
+    SplitJob j = job;
     expect_dtype(op, j.in, DType::f32, "in");
     LOOM_CHECK(j.in.dim() == 2 && j.m >= 1 && j.in.size(1) % j.m == 0, op, ": in must be [rows, m * k] with m = ", j.m,
                ", got ", j.in.str());
-    LOOM_CHECK(j.in.size(0) <= 1 || (j.in.strides()[1] == 1 && j.in.strides()[0] >= j.in.size(1)), op,
-               ": in's rows must have contiguous columns, got ", j.in.str());
+    // Rows any pitch apart are read where they are; anything else (one row, other strides) made contiguous.
+    if (!(j.in.size(0) > 1 && j.in.strides()[1] == 1 && j.in.strides()[0] >= j.in.size(1))) j.in = j.in.contiguous();
+    ins.push_back(j.in);
     same_device(op, j.in, jobs.front().in);
     LOOM_CHECK(j.out_a.defined() && (j.b.empty() || j.out_b.defined()), op, ": a job without the tensor its parts go into");
     const int64_t rows = j.in.size(0), k = j.in.size(1) / j.m;

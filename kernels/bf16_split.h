@@ -45,7 +45,8 @@ void bf16_split(const float* x, bf16* out, int64_t rows, int64_t k, SplitPattern
 void block_sum(const float* in, float* out, int64_t rows, int64_t k, int m, float alpha);
 // block_sum, then bf16_split of its result with pattern a into out_a [rows, a.count * k] and, when
 // out_b is not null, with pattern b into out_b: the same values as the three calls, in one pass,
-// without the f32 sum in memory. ld_a, ld_b: out_a's and out_b's row pitch in elements (0: count * k);
+// without the f32 sum in memory (the sum starts from the first block, block_sum's from +0: only the sign
+// of a zero sum can differ; one block, alpha 1 gives bf16_split's bits, -0 included). ld_a, ld_b: out_a's and out_b's row pitch in elements (0: count * k);
 // ld_in: in's (0: m * k; larger reads a column block of a wider matrix, e.g. one adapter's of several).
 void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alpha, bf16* out_a, SplitPattern a,
                      bf16* out_b, SplitPattern b, int64_t ld_a = 0, int64_t ld_b = 0, int64_t ld_in = 0);

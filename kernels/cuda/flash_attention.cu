@@ -1,6 +1,7 @@
 // The flash-attention dispatch: which kernel runs a problem (by architecture, head_dim and masking
 // features, with the measurements that settled it), the backward's preparation (D_i = dout_i .
-// out_i, a zeroed f32 dq accumulator) and its last pass (dq = scale * dq_acc in bf16).
+// out_i, a zeroed f32 dq accumulator) and its last pass (dq = scale * dq_acc in bf16, or with q's rope
+// undone in the same pass: dq_finish_rope_kernel).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 
