@@ -44,8 +44,7 @@ Variable rope_attention(const Variable& q, const Variable& k, const Variable& v,
   Tensor vv = v.value(), out = r.out, lse = r.lse;
   auto backward = [qr = qr, kr = kr, vv, out, lse, rope, opt](Node& n, const Grads& g) {
     ops::AttentionGrads d = ops::attention_backward(qr, kr, vv, out, g[0], lse, opt, &rope);
-    Tensor dk = n.needs_grad(1) ? ops::rope_pair(Tensor(), d.dk, rope.positions, rope.inv_freq, true, rope.mscale).second
-                                : Tensor();
+    Tensor dk = n.needs_grad(1) ? ops::rope_backward(d.dk, rope.positions, rope.inv_freq, rope.mscale) : Tensor();
     return Grads{d.dq, dk, d.dv};
   };
   return record1(node_of("rope_attention", backward), {&q, &k, &v}, r.out);

@@ -7,9 +7,9 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
-#include "kernels/rope.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/rope.h"
 
 namespace loom::cuda {
 namespace {
@@ -296,26 +296,27 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
   if (q_rows == 0) return;
   LOOM_CHECK(workspace != nullptr, "cuda::attention_backward needs attention_backward_workspace_bytes = ",
              attention_backward_workspace_bytes(p), " bytes of workspace");
+  // q's rotation undone in the flash path's last pass where the whole head rotates, else after.
+  bool rotated_back = false, use_flash = false;
   if constexpr (std::is_same_v<T, bf16>) {
-    if (flash::supported(p, q, k, v, out) && aligned16(dout) && aligned16(dq) && aligned16(dk) && aligned16(dv)) {
-      const bool whole = rope_q && rope_q->rotary_dim == p.head_dim;  // else rotated back below
+    use_flash = flash::supported(p, q, k, v, out) && aligned16(dout) && aligned16(dq) && aligned16(dk) && aligned16(dv);
+    if (use_flash) {
+      rotated_back = rope_q && rope_q->rotary_dim == p.head_dim;
       flash::backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, s, flash::Kernel::kAuto,
-                      whole ? rope_q : nullptr);
-      if (rope_q && !whole)
-        rope_backward(dq, dq, rope_q->positions, rope_q->inv_freq, p.batch * p.seq, p.heads, p.head_dim,
-                      rope_q->rotary_dim, rope_q->mscale, s);
-      return;
+                      rotated_back ? rope_q : nullptr);
     }
   }
-  float* dsum = static_cast<float*>(workspace);
-  with_chunks(int((p.head_dim + 31) / 32), [&](auto C) {
-    constexpr int kC = decltype(C)::value;
-    attention_dq_kernel<T, kC><<<blocks_for_rows(q_rows), kThreads, 0, s>>>(p, q, k, v, out, dout, lse, dq, dsum);
+  if (!use_flash) {
+    float* dsum = static_cast<float*>(workspace);
+    with_chunks(int((p.head_dim + 31) / 32), [&](auto C) {
+      constexpr int kC = decltype(C)::value;
+      attention_dq_kernel<T, kC><<<blocks_for_rows(q_rows), kThreads, 0, s>>>(p, q, k, v, out, dout, lse, dq, dsum);
+      LOOM_CUDA_LAUNCH_CHECK();
+      attention_dkdv_kernel<T, kC><<<blocks_for_rows(kv_rows), kThreads, 0, s>>>(p, q, k, v, dout, lse, dsum, dk, dv);
+    });
     LOOM_CUDA_LAUNCH_CHECK();
-    attention_dkdv_kernel<T, kC><<<blocks_for_rows(kv_rows), kThreads, 0, s>>>(p, q, k, v, dout, lse, dsum, dk, dv);
-  });
-  LOOM_CUDA_LAUNCH_CHECK();
-  if (rope_q)
+  }
+  if (rope_q && !rotated_back)
     rope_backward(dq, dq, rope_q->positions, rope_q->inv_freq, p.batch * p.seq, p.heads, p.head_dim,
                   rope_q->rotary_dim, rope_q->mscale, s);
 }

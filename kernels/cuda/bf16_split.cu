@@ -37,12 +37,6 @@ __device__ __forceinline__ void sum_split_one(const SplitJob& jb, int64_t i) {
     for (int p = 0; p < jb.b.count; ++p) jb.out_b[r * jb.ldb + p * k + j] = float_to_bf16(bf16_split_part(s, jb.b.parts[p]));
 }
 
-__global__ void block_sum_split_kernel(const __grid_constant__ SplitJob jb) {
-  const int64_t n = jb.rows * jb.k;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    sum_split_one(jb, i);
-}
-
 // Up to kMaxSplitJobs jobs, their elements numbered one after the other (job t's from start[t]).
 struct SplitJobs {
   SplitJob job[kMaxSplitJobs];
@@ -70,12 +64,10 @@ void block_sum_split(const float* in, int64_t rows, int64_t k, int m, float alph
   const int64_t ldi = ld_in > 0 ? ld_in : m * k;
   LOOM_CHECK(lda >= a.count * k && (!out_b || ldb >= b.count * k) && ldi >= m * k, "block_sum_split: row pitches ",
              lda, ", ", ldb, " and ", ldi, " (in) shorter than a row's ", a.count * k, ", ", b.count * k, " and ", m * k);
-  if (rows * k == 0) return;
-  SplitJob jb;
+  SplitJob jb;  // a batch of one: one kernel for both
   jb.in = in, jb.out_a = out_a, jb.out_b = out_b, jb.rows = rows, jb.k = k, jb.ldi = ldi, jb.lda = lda, jb.ldb = ldb;
   jb.alpha = alpha, jb.m = m, jb.a = a, jb.b = b;
-  block_sum_split_kernel<<<blocks_for(rows * k, 256), 256, 0, s>>>(jb);
-  LOOM_CUDA_LAUNCH_CHECK();
+  block_sum_split_batch(&jb, 1, s);
 }
 
 void block_sum_split_batch(const SplitJob* jobs, int count, Stream s) {

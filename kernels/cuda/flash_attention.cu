@@ -4,6 +4,7 @@
 // undone in the same pass: dq_finish_rope_kernel).
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/rope_angles.cuh"
 
 namespace loom::cuda::flash {
 namespace {
@@ -53,9 +54,9 @@ __global__ void dq_finish_kernel(const float* __restrict__ acc, bf16* __restrict
 }
 
 // dq = rope_backward(scale * dq_acc) in one pass (RopeOfQ, the whole head rotating): thread (token t,
-// frequencies 4 j .. 4 j + 3) computes its angles' sine and cosine once, as rope_vec_kernel does (one
-// f32 product, sincosf), and takes both halves of those columns in every head; dq is rounded once,
-// where dq_finish then the rope kernel rounded twice.
+// frequencies 4 j .. 4 j + 3) computes its angles' sine and cosine once, as the rope kernels do
+// (rope_angles.cuh), and takes both halves of those columns in every head; dq is rounded once, where
+// dq_finish then the rope kernel rounded twice.
 __global__ void dq_finish_rope_kernel(const float* __restrict__ acc, bf16* __restrict__ dq, int64_t tokens,
                                       int64_t heads, int64_t half, float scale, const int32_t* __restrict__ positions,
                                       const float* __restrict__ inv_freq, float mscale) {
@@ -65,12 +66,7 @@ __global__ void dq_finish_rope_kernel(const float* __restrict__ acc, bf16* __res
   if (t >= tokens) return;
   const float pos = static_cast<float>(positions[t]);
   float c[V], sn[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) {
-    sincosf(pos * inv_freq[j * V + e], &sn[e], &c[e]);
-    c[e] *= mscale;
-    sn[e] *= -mscale;  // the transpose of the forward rotation
-  }
+  rope_angles<-1, V>(pos, inv_freq + j * V, mscale, c, sn);  // the transpose of the forward rotation
   const int64_t head_dim = 2 * half;
 #pragma unroll 4
   for (int64_t h = 0; h < heads; ++h) {

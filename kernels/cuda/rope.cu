@@ -4,6 +4,7 @@
 // their loads issued before any store) and rope_kernel (anything else: partial rotary, odd widths,
 // unaligned pointers; one thread per (token, frequency), one element at a time).
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/rope_angles.cuh"
 #include "kernels/rope.h"
 
 namespace loom::cuda {
@@ -19,12 +20,9 @@ __global__ void rope_kernel(const T* in, T* out, const int32_t* positions, const
   if (t >= tokens) return;
   const float pos = static_cast<float>(positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    // One f32 product as in Hugging Face; sincosf (not __sinf) keeps full range reduction for
-    // angles up to ~1e6 rad.
-    float sn, c;
-    sincosf(pos * inv_freq[i], &sn, &c);
-    c *= mscale;  // LongRoPE's attention scaling (else 1: exact)
-    sn *= mscale * static_cast<float>(kSign);
+    float cv[1], sv[1];
+    rope_angles<kSign, 1>(pos, inv_freq + i, mscale, cv, sv);
+    const float c = cv[0], sn = sv[0];
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t base = (t * heads + h) * head_dim;
       const float x1 = load(in + base + i), x2 = load(in + base + i + half);
@@ -90,12 +88,7 @@ __global__ void rope_vec_kernel(const T* in, T* out, const int32_t* positions, c
   if (t >= tokens) return;
   const float pos = static_cast<float>(positions[t]);
   float c[V], sn[V];
-#pragma unroll
-  for (int k = 0; k < V; ++k) {
-    sincosf(pos * inv_freq[j * V + k], &sn[k], &c[k]);  // as rope_kernel: one f32 product, full range reduction
-    c[k] *= mscale;
-    sn[k] *= mscale * static_cast<float>(kSign);
-  }
+  rope_angles<kSign, V>(pos, inv_freq + j * V, mscale, c, sn);
   rotate_heads<kSign, V>(in, out, t, heads, half, 2 * half, j, c, sn);
   if (heads2 > 0) rotate_heads<kSign, V>(in2, out2, t, heads2, half, 2 * half, j, c, sn);
 }
