@@ -11,29 +11,40 @@
 // per item (sm90_ws), or one block per SM walking them (sm90_ws_persistent: the producer loads the
 // next item's first keys and Q while the consumers finish the last one's products and write it,
 // instead of a new block starting cold).
-//   warpgroup 0, producer: setmaxnreg down to 24 registers; one thread issues TMA tensor copies
-//     (128-byte swizzle, the wgmma::sw128 layout) of each item's Q, then its key tiles' K and V (K
-//     one tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand,
-//     each stage guarded by a full and an empty mbarrier. The ring runs on across items.
+//   warpgroup 0, producers: setmaxnreg down to 24 registers; one thread (warp 0) issues TMA tensor
+//     copies (128-byte swizzle, the wgmma::sw128 layout) of each item's key tiles' K and V (K one
+//     tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand, each
+//     stage guarded by a full and an empty mbarrier; the ring runs on across items. Another (warp 1)
+//     loads each item's Q into its buffer as soon as that is free, so Q never waits behind the
+//     ring's stalls.
 //   warpgroups 1 .. kC, consumers (64 query rows each): setmaxnreg up to 240 (kC = 2, head_dim 128
 //     and 256) or 160 (kC = 3, head_dim 64: FlashAttention-3's 192-row tiles there); S = Q K^T and
 //     O += P V with wgmma (Q, K, V from shared memory, P from registers), online softmax as in
 //     the sm90 kernel, S(t+1) issued together with P(t) V(t) so that the softmax of tile t overlaps the
-//     tensor cores within a warpgroup.
-// Pipeline: kStages = 2 stages of K and V tiles of 128 keys. Shared memory at head_dim 128: Q 32 KB
-// + 2 x (K 32 KB + V 32 KB) = 160 KB (+ 1 KB alignment slack; 3 stages, 225 KB, would fit too);
-// at head_dim 64 Q 24 KB (192 rows) + 2 x (16 + 16 KB) = 88 KB. Head dims 129 to 256 run the 256-wide kernel (the TMA boxes past the
-// row read zeros) with key tiles of 80, FlashAttention-3's choice there: Q 64 KB + 2 x (K 40 KB +
-// V 40 KB) = 224 KB, and a consumer thread holds O (128 registers), S (40) and P (20).
+//     tensor cores within a warpgroup. The epilogue writes O / l as bf16 over the consumer's own
+//     rows of Q (read by nothing else once its last S is done) and one thread stores the tile with
+//     TMA: thread stores of two bf16 each filled half of every 32-byte sector they wrote and held
+//     the consumers about 9 % of their time (Nsight Compute, H100, b4 s2048 d128).
+// Pipeline: kStages = 2 stages of K and V tiles of 128 keys, and kQStages = 2 Q buffers where they
+// fit (item k's Q in buffer k % kQStages): the producer loads the next item's Q while the consumers
+// work on this one, instead of after (with one buffer every item started with a wait for its Q).
+// Shared memory at head_dim 128: 2 x Q 32 KB + 2 x (K 32 KB + V 32 KB) = 192 KB (+ 1 KB alignment
+// slack); at head_dim 64 2 x Q 24 KB (192 rows) + 2 x (16 + 16 KB) = 112 KB. Head dims 129 to 256
+// run the 256-wide kernel (the TMA boxes past the row read zeros) with key tiles of 80,
+// FlashAttention-3's choice there, and one Q buffer: Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB,
+// and a consumer thread holds O (128 registers), S (40) and P (20).
 // Barrier protocol (key tile n counts the block's key tiles over all its items):
 //   full_k[s], full_v[s] (count 1): the producer's arrive.expect_tx(tile bytes); TMA completes the
 //     transactions. Key tile n uses stage n % kStages and phase parity (n / kStages) & 1.
 //   empty_k[s], empty_v[s] (count 4 kC: one arrival per consumer warp) once the wgmma reading the stage
 //     has completed (K after S(t) is waited for, V after P(t) V(t) is). The producer waits on them
 //     with the opposite parity, so its first pass through the ring does not wait.
-//   bar_q (count 1): the block's k-th item's Q landed (parity k & 1). empty_q (count 4 kC): the
-//     consumers' last S = Q K^T of its k-th item has completed; the producer waits for it (parity
-//     (k & 1) ^ 1) before loading the next item's Q over it.
+//   bar_q[qs] (count 1): the block's k-th item's Q landed in buffer qs = k % kQStages (parity
+//     (k / kQStages) & 1). empty_q[qs] (count kC: each consumer's thread 0) once the consumer's O tile
+//     of that item, written over its rows of Q, has been read by its TMA store (with two buffers the
+//     consumer checks this after the next item's first S, so the store overlaps that product); the
+//     producer waits for it (the opposite parity) before loading item k + kQStages's Q over it.
+//   Named barriers 4 .. 3 + kC (128 threads): consumer c's O tile is in shared memory.
 //   Named barriers 1 .. kC (256 threads): consumer c's turn to issue its wgmma batch. A consumer
 //     syncs on its own barrier, issues, then arrives on the next one's (c + 1 mod kC); the last
 //     consumer arrives once on consumer 0's at the start (0 goes first) and consumer 0 syncs once
@@ -72,32 +83,45 @@ template <int kC>
 constexpr int ws_consumer_regs() {
   return kC == 2 ? 240 : 160;
 }
-constexpr int kTurnBar0 = 1;  // named barriers 1 .. kC (0 is __syncthreads)
+constexpr int kTurnBar0 = 1;   // named barriers 1 .. kC (0 is __syncthreads)
+constexpr int kStoreBar0 = 4;  // 4 .. 3 + kC: consumer c's O tile is in shared memory
 
+// Q buffers: two where they fit beside the K and V ring (head_dim 64 and 128), so that the producer
+// loads the next item's Q while the consumers still read this one's; one at head_dim 256.
+constexpr size_t kMaxSmem = 227 * 1024;
+template <int kD, int kBc, int kStages, int kC, int kQStages>
+constexpr size_t ws_smem_with() {
+  return size_t(kQStages * ws_br<kC>() + 2 * kStages * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align to 1024 bytes
+}
+template <int kD, int kBc, int kStages, int kC>
+constexpr int ws_q_stages() {
+  return ws_smem_with<kD, kBc, kStages, kC, 2>() <= kMaxSmem ? 2 : 1;
+}
 template <int kD, int kBc, int kStages, int kC>
 constexpr size_t ws_smem() {
-  return size_t(ws_br<kC>() + 2 * kStages * kBc) * kD * sizeof(bf16) + 1024;  // + slack to align to 1024 bytes
+  return ws_smem_with<kD, kBc, kStages, kC, ws_q_stages<kD, kBc, kStages, kC>()>();
 }
 
 template <int kD, int kBc, int kStages, int kC>
 __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                             const __grid_constant__ CUtensorMap map_v, AttentionParams p, bf16* __restrict__ out,
-                             float* __restrict__ lse) {
+                             const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o,
+                             AttentionParams p, float* __restrict__ lse) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kC == 2 || kC == 3, "two or three consumer warpgroups");
   constexpr int kBr = ws_br<kC>(), kNs = kBc / 8, kNo = kD / 8, kBlocks = kD / 64;  // 64-column blocks per row
+  constexpr int kQStages = ws_q_stages<kD, kBc, kStages, kC>();
   constexpr uint32_t kTileBytes = kBc * kD * sizeof(bf16), kQBytes = kBr * kD * sizeof(bf16);
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t bars[2 + 4 * kStages];
-  uint64_t* bar_q = bars;
-  uint64_t* empty_q = bars + 1;
-  uint64_t* full_k = bars + 2;
+  __shared__ __align__(8) uint64_t bars[2 * kQStages + 4 * kStages];
+  uint64_t* bar_q = bars;  // Q buffer qs: bar_q[qs], empty_q[qs]
+  uint64_t* empty_q = bars + kQStages;
+  uint64_t* full_k = bars + 2 * kQStages;
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
-  bf16* sK0 = sQ + kBr * kD;
+  bf16* sK0 = sQ + kQStages * kBr * kD;  // Q buffer qs at sQ + qs * kBr * kD
   bf16* sV0 = sK0 + kStages * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
@@ -121,8 +145,11 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
   };
 
   if (tid == 0) {
-    tma::mbar_init(bar_q, 1);
-    tma::mbar_init(empty_q, 4 * kC);
+#pragma unroll
+    for (int qs = 0; qs < kQStages; ++qs) {
+      tma::mbar_init(&bar_q[qs], 1);
+      tma::mbar_init(&empty_q[qs], kC);  // each consumer's thread 0, once its O tile has left the buffer
+    }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       tma::mbar_init(&full_k[s], 1);
@@ -134,10 +161,9 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
   }
   __syncthreads();  // the last block-wide barrier: the producer's idle warps leave below
 
-  if (wg == 0) {  // ---- producer ----
+  if (wg == 0) {  // ---- producers ----
     tma::regs_dec<kProducerRegs>();
-    if (tid == 0) {
-      tma::prefetch_tensormap(&map_q);
+    if (tid == 0) {  // K and V
       tma::prefetch_tensormap(&map_k);
       tma::prefetch_tensormap(&map_v);
       auto load = [&](const CUtensorMap* map, bf16* tiles, uint64_t* full, uint64_t* empty, int n, int t, int g, int b) {
@@ -149,15 +175,10 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
           tma::copy_4d(tiles + s * kBc * kD + c * kBc * 64, map, &full[s], 64 * c, g, t * kBc, b);
       };
       int n0 = 0;  // the item's first key tile in the block's count
-      for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
+      for (int i = int(blockIdx.x); i < items; i += int(gridDim.x)) {
         const Item it = item_at(i);
         const int g = it.h / group;
-        // K(t_begin) first: its stage frees while the consumers still read the last item's Q.
         load(&map_k, sK0, full_k, empty_k, n0, it.t_begin, g, it.b);
-        tma::mbar_wait(empty_q, uint32_t(pass & 1) ^ 1u);
-        tma::mbar_arrive_expect_tx(bar_q, kQBytes);
-#pragma unroll
-        for (int c = 0; c < kBlocks; ++c) tma::copy_4d(sQ + c * kBr * 64, &map_q, bar_q, 64 * c, it.h, int(it.q0), it.b);
         // K runs one tile ahead of V (K(t + 1) before V(t)): the consumers need K(t + 1) and V(t)
         // at the same step, and K(t + 1)'s stage is freed a step earlier than V(t)'s.
         for (int t = it.t_begin; t < it.t_end; ++t) {
@@ -166,6 +187,17 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
           load(&map_v, sV0, full_v, empty_v, n, t, g, it.b);
         }
         n0 += it.t_end - it.t_begin;
+      }
+    } else if (tid == 32) {  // Q, as soon as its buffer is free: up to kQStages items ahead
+      tma::prefetch_tensormap(&map_q);
+      for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
+        const Item it = item_at(i);
+        const int qs = pass % kQStages;
+        tma::mbar_wait(&empty_q[qs], uint32_t((pass / kQStages) & 1) ^ 1u);
+        tma::mbar_arrive_expect_tx(&bar_q[qs], kQBytes);
+#pragma unroll
+        for (int c = 0; c < kBlocks; ++c)
+          tma::copy_4d(sQ + (qs * kBlocks + c) * kBr * 64, &map_q, &bar_q[qs], 64 * c, it.h, int(it.q0), it.b);
       }
     }
     return;  // the copies complete on the full barriers, which the consumers wait for before exiting
@@ -186,26 +218,36 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
   uint32_t pf[kBc / 16][4];
 
   if (cw == kC - 1) tma::named_arrive(kTurnBar0, 256);  // consumer 0 issues first
+  const bool store_thread = (tid & 127) == 0;  // issues this consumer's O stores
+  int out_qs = -1;  // the Q buffer whose rows still hold this consumer's last O tile on its way out
   int n0 = 0;  // as the producer's
 #pragma unroll 1
   for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
     const Item it = item_at(i);
     const int64_t q0 = it.q0;
-    const int t_begin = it.t_begin, t_end = it.t_end;
+    const int t_begin = it.t_begin, t_end = it.t_end, qs = pass % kQStages;
+    bf16* sQi = sQ + qs * kBr * kD;
     auto issue_s = [&](int n) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
-      sm90::issue_qk<kD, kBr, kBc>(sacc, sQ, sK0 + (n % kStages) * kBc * kD, 64 * cw);
+      sm90::issue_qk<kD, kBr, kBc>(sacc, sQi, sK0 + (n % kStages) * kBc * kD, 64 * cw);
     };
     auto masked = [&](int t) {  // tiles that reach past the block's first row, past seq or out of the window
       return classify(p, q0, kBr, int64_t(t) * kBc, kBc, 0, 0, 0, 0) == TileKind::kMasked;
     };
     // Prologue: S(t_begin).
-    tma::mbar_wait(bar_q, uint32_t(pass & 1));
+    tma::mbar_wait(&bar_q[qs], uint32_t((pass / kQStages) & 1));
     tma::mbar_wait(&full_k[n0 % kStages], parity(n0));
 #pragma unroll
     for (int j = 0; j < kBc / 2; ++j) sacc[j] = 0.f;
     issue_s(n0);
     wgmma::wait_regs<0>(sacc);
     release(&empty_k[n0 % kStages]);
+    if (kQStages > 1 && out_qs >= 0) {  // the last item's O has been read out of its Q buffer: free it
+      if (store_thread) {
+        tma::bulk_wait_read<0>();
+        tma::mbar_arrive(&empty_q[out_qs]);
+      }
+      out_qs = -1;
+    }
 
     const int64_t row0 = q0 + 64 * cw + 16 * (warp & 3) + (lane >> 2);  // this thread's rows: row0, row0 + 8
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -255,14 +297,31 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
         is_masked = masked(tn);
       }
     }
-    // The last S has completed (Q is free for the next item) and, once this wait returns, the last
-    // P V too (its V stage is free).
-    release(empty_q);
+    // Once this wait returns the last P V has completed (its V stage is free) and so has the last
+    // S: this consumer's 64 rows of Q are no longer read, and take its O tile on its way out (a TMA
+    // store, which leaves out rows past seq and columns past head_dim). With two Q buffers the
+    // buffer is handed back to the producer once the store has read it, after the next item's first
+    // S; with one, at once.
     wgmma::wait_regs<0>(oacc);
     release(&empty_v[(n0 + t_end - t_begin - 1) % kStages]);
-    sm90::store_rows<kNo>(p, oacc, m, l, it.b, it.h, row0, col0, lane, out, lse);
+    sm90::store_rows_tile<kNo, kBr>(p, oacc, m, l, it.b, it.h, row0, 64 * cw + 16 * (warp & 3) + (lane >> 2), col0,
+                                    lane, sQi, lse);
+    wgmma::fence_proxy_async();  // the tile's writes, visible to the copy engine
+    tma::named_sync(kStoreBar0 + cw, 128);
+    if (store_thread) {
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c)
+        tma::store_4d(&map_o, sQi + c * kBr * 64 + 64 * cw * 64, 64 * c, it.h, int(q0) + 64 * cw, it.b);
+      tma::bulk_commit();
+      if constexpr (kQStages == 1) {
+        tma::bulk_wait_read<0>();
+        tma::mbar_arrive(&empty_q[qs]);
+      }
+    }
+    if constexpr (kQStages > 1) out_qs = qs;
     n0 += t_end - t_begin;
   }
+  if (store_thread) tma::bulk_wait_all<false>();  // the last O tile written before the block's memory goes
   if (cw == 0) tma::named_sync(kTurnBar0, 256);  // the last consumer's arrival after its last batch
 #else
   __trap();  // built without sm_90a; forward_sm90_ws is never called then (sm90_ready())
@@ -279,9 +338,10 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
   const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kBr);
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
+  const CUtensorMap mo = tma::make_bshd_map(out, p.batch, p.seq, p.heads, p.head_dim, 64);  // a consumer's 64 rows
   const int64_t items = (p.seq + kBr - 1) / kBr * p.heads * p.batch;
   LOOM_CHECK(items < (int64_t(1) << 31), "flash forward_sm90_ws: ", items, " query tiles do not fit an int");
-  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), ws_threads<kC>(), kSmem, s>>>(mq, mk, mv, p, out, lse);
+  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), ws_threads<kC>(), kSmem, s>>>(mq, mk, mv, mo, p, lse);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

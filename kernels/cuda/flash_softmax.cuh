@@ -97,6 +97,30 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const float
   }
 }
 
+// store_rows into shared memory: out = O / l as bf16 at rows tile_row0 and tile_row0 + 8 of a
+// 128-byte-swizzled kRows-row tile (wgmma::sw128, columns 8 n + col0 + {0, 1}; a TMA store then
+// writes the tile, leaving out rows past seq and columns past head_dim), lse as store_rows writes it.
+template <int kNo, int kRows>
+__device__ __forceinline__ void store_rows_tile(const AttentionParams& p, const float (&oacc)[4 * kNo],
+                                                const float (&m)[2], const float (&l)[2], int64_t b, int64_t h,
+                                                int64_t row0, int tile_row0, int col0, int lane, bf16* tile,
+                                                float* __restrict__ lse) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
+#pragma unroll
+    for (int n = 0; n < kNo; ++n)
+      *reinterpret_cast<__nv_bfloat162*>(tile + wgmma::sw128<kRows>(tile_row0 + 8 * r, n * 8 + col0)) =
+          __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
+    const int64_t i = row0 + 8 * r;
+    if ((lane & 3) == 0 && i < p.seq)
+      lse[(b * p.heads + h) * p.seq + i] = sum == 0.f ? -INFINITY : m[r] * p.scale + logf(sum);
+  }
+}
+
 // Backward, in place over a kN-column fragment of S^T (rows keys, columns queries): S^T becomes
 // P^T = exp(S^T scale - lse) where the fragment's bit is set, else 0, and dP^T becomes dS^T =
 // P^T (dP^T - D) dcap (soft-cap's derivative; 1 without). Column c's lse and D are lse[c], dsum[c].

@@ -137,6 +137,15 @@ __device__ __forceinline__ void reduce_add_4d(const CUtensorMap* map, const void
       "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// The box at coordinates (c0 innermost, c1, c2, c3) of a rank-4 tensor map from shared memory at src
+// (laid out as the map's swizzle says); elements out of range are not written. Completes in this
+// thread's bulk group (bulk_wait_read before src is written again).
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until this thread's bulk operations have read their shared-memory source (kRead) or completed.
 template <bool kRead>
