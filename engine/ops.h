@@ -242,9 +242,9 @@ struct RopeArgs {
   Tensor positions, inv_freq;
   float mscale = 1.f;
 };
-// With rope_q, dq is the gradient of q before that rotation: rope_backward of attention's dq (on CUDA's
-// flash path with the whole head rotating, in the pass that finishes dq: one rounding where the two ops
-// round twice; a partial rotation, the row kernels and the CPU run rope_backward after).
+// With rope_q, dq is the gradient of q before that rotation: rope_backward of attention's dq, rounded
+// once where the two ops round twice (the CPU, and CUDA's flash path with the whole head rotating, in
+// the pass that finishes dq; a partial rotation on CUDA and its row kernels run rope_backward after).
 AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& dout, const Tensor& lse, const AttentionOptions& opt,
                                   const RopeArgs* rope_q = nullptr);

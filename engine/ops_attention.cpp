@@ -7,7 +7,6 @@
 #include "kernels/attention.h"
 #include "kernels/attention_decode.h"
 #include "kernels/cross_entropy.h"
-#include "kernels/rope.h"
 
 namespace loom::ops {
 using namespace detail;
@@ -107,10 +106,7 @@ AttentionGrads attention_backward(const Tensor& q_in, const Tensor& k_in, const 
       });
     } else {
       cpu::attention_backward(p, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), d.data<T>(), l.data<A>(),
-                              g.dq.data<T>(), g.dk.data<T>(), g.dv.data<T>());
-      if (rope_q)
-        cpu::rope_backward(g.dq.data<T>(), g.dq.data<T>(), rope.positions, rope.inv_freq, p.batch * p.seq, p.heads,
-                           p.head_dim, rope.rotary_dim, rope.mscale);
+                              g.dq.data<T>(), g.dk.data<T>(), g.dv.data<T>(), rope_q ? &rope : nullptr);
     }
   });
   return g;

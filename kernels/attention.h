@@ -23,8 +23,8 @@ struct AttentionParams {
 };
 
 // q's rotary embedding (kernels/rope.h's arguments), for a backward that returns the gradient of q
-// before it rotated: dq is rope_backward of attention's dq (the CUDA flash path in the pass that
-// finishes dq, one rounding to T; elsewhere rope_backward after).
+// before it rotated: dq is rope_backward of attention's dq (the CPU, and the CUDA flash path in the
+// pass that finishes dq: one rounding to T; CUDA's row kernels, rope_backward after).
 struct RopeOfQ {
   const int32_t* positions = nullptr;  // [batch * seq]
   const float* inv_freq = nullptr;     // [rotary_dim / 2]
@@ -57,10 +57,11 @@ namespace loom::cpu {
 template <class T>
 void attention_forward(const AttentionParams& p, const T* q, const T* k, const T* v, T* out, Acc<T>* lse);
 // dq, dk, dv (overwritten) from dout, the forward's out and lse. dk, dv sum over the query heads
-// of each group.
+// of each group. rope_q: dq is the gradient of q before its rotation (RopeOfQ), rotated back in
+// the accumulator's precision and rounded once, as CUDA's flash path does.
 template <class T>
 void attention_backward(const AttentionParams& p, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const Acc<T>* lse, T* dq, T* dk, T* dv);
+                        const T* dout, const Acc<T>* lse, T* dq, T* dk, T* dv, const RopeOfQ* rope_q = nullptr);
 }  // namespace loom::cpu
 
 namespace loom::cuda {

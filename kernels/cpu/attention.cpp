@@ -113,6 +113,25 @@ void mask_row(A* row, int64_t n, const AttentionParams& p, int64_t b, int64_t i,
     if (!visible(p, b, i, k0 + c)) row[c] = -std::numeric_limits<A>::infinity();
 }
 
+// The transpose of q's rotation (RopeOfQ) on n rows of dq in place, row r being token t0 + r:
+// rope_backward's arithmetic (the angle pos * inv_freq rounded to f32, its cosine and sine in A,
+// times mscale), without its rounding to T in between.
+template <class A>
+void rotate_back(const RopeOfQ& rope, int64_t t0, int64_t n, Mat<A>& dq) {
+  const int64_t half = rope.rotary_dim / 2;
+  for (int64_t r = 0; r < n; ++r) {
+    const float pos = static_cast<float>(rope.positions[t0 + r]);
+    for (int64_t i = 0; i < half; ++i) {
+      const A angle = A(pos * rope.inv_freq[i]);
+      A c = std::cos(angle), sn = std::sin(angle);
+      if (rope.mscale != 1.f) c *= A(rope.mscale), sn *= A(rope.mscale);
+      const A x1 = dq(r, i), x2 = dq(r, i + half);
+      dq(r, i) = x1 * c + x2 * sn;
+      dq(r, i + half) = x2 * c - x1 * sn;
+    }
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -175,9 +194,13 @@ void attention_forward(const AttentionParams& p, const T* q, const T* k, const T
 
 template <class T>
 void attention_backward(const AttentionParams& p, const T* q, const T* k, const T* v, const T* out,
-                        const T* dout, const Acc<T>* lse, T* dq, T* dk, T* dv) {
+                        const T* dout, const Acc<T>* lse, T* dq, T* dk, T* dv, const RopeOfQ* rope_q) {
   using A = Acc<T>;
   check_attention_params(p, "cpu::attention_backward");
+  LOOM_CHECK(!rope_q || (rope_q->positions && rope_q->inv_freq && rope_q->rotary_dim > 0 &&
+                         rope_q->rotary_dim % 2 == 0 && rope_q->rotary_dim <= p.head_dim),
+             "cpu::attention_backward: q's rotation needs positions, inv_freq and an even rotary_dim <= head_dim ",
+             p.head_dim, " (got ", rope_q ? rope_q->rotary_dim : 0, ")");
   const Layout L = layout_of(p);
   const int64_t d = p.head_dim, blocks = (p.seq + kBlock - 1) / kBlock, tasks = p.batch * p.kv_heads;
   const A inf = std::numeric_limits<A>::infinity(), nan = std::numeric_limits<A>::quiet_NaN();
@@ -234,9 +257,11 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
             for (int64_t r = 0; r < n; ++r)
               if (lse_r[r] != -inf && visible(p, b, i0 + r, e.row))  // (visible: k0 <= e.row <= i)
                 dqb(r, e.col) += dp(r, e.row - k0) * kb(e.row, e.col);
+          dqb.topRows(n) *= A(p.scale);
+          if (rope_q) rotate_back(*rope_q, b * p.seq + i0, n, dqb);
           for (int64_t r = 0; r < n; ++r) {
             T* dqi = dq + L.q(b, i0 + r, h);
-            for (int64_t x = 0; x < d; ++x) dqi[x] = from_acc<T>(A(p.scale) * dqb(r, x));
+            for (int64_t x = 0; x < d; ++x) dqi[x] = from_acc<T>(dqb(r, x));
           }
           // dK += dS^T Q and dV += P^T dO: non-finite query or dout elements added where they see the key.
           const std::vector<Bad> q_bad = nonfinite(qb, n, q_clean), do_bad = nonfinite(dob, n, do_clean);
@@ -266,7 +291,7 @@ void attention_backward(const AttentionParams& p, const T* q, const T* k, const 
 #define LOOM_INST(T)                                                                                   \
   template void attention_forward<T>(const AttentionParams&, const T*, const T*, const T*, T*, Acc<T>*); \
   template void attention_backward<T>(const AttentionParams&, const T*, const T*, const T*, const T*,    \
-                                      const T*, const Acc<T>*, T*, T*, T*);
+                                      const T*, const Acc<T>*, T*, T*, T*, const RopeOfQ*);
 LOOM_INST(float)
 LOOM_INST(double)
 LOOM_INST(bf16)

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernels/attention.h"
+#include "kernels/rope.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace loom::test {
@@ -283,6 +284,53 @@ TEST(AttentionCpuMask, RejectsBadParams) {
   p.batch = 1; p.seq = 4; p.heads = 3; p.kv_heads = 2; p.head_dim = 8;
   std::vector<float> buf(64), lse(16);
   EXPECT_THROW(cpu::attention_forward(p, buf.data(), buf.data(), buf.data(), buf.data(), lse.data()), Error);
+}
+
+// With q's rotation (RopeOfQ) the bf16 backward rotates dq back in f32 and rounds once: every
+// element is the f32 backward's (same bf16-valued inputs, the same arithmetic) rounded to bf16, for
+// the whole head rotating and for a partial rotation. Rounding dq first and then applying
+// rope_backward in bf16 (what the CPU did before) differs in some elements of the same data, so
+// this test sees the difference.
+TEST(AttentionCpuRope, BackwardRotatesDqBackBeforeItsOneRounding) {
+  const int64_t b = 2, s = 70, h = 4, g = 2, d = 16, n_q = b * s * h * d, n_kv = b * s * g * d;
+  AttentionParams p;
+  p.batch = b; p.seq = s; p.heads = h; p.kv_heads = g; p.head_dim = d;
+  p.scale = 1.f / std::sqrt(float(d));
+  const auto q = random_vec<bf16>(n_q, 61), k = random_vec<bf16>(n_kv, 62), v = random_vec<bf16>(n_kv, 63);
+  const auto dout = random_vec<bf16>(n_q, 64);
+  const auto qf = to_float_vec(q), kf = to_float_vec(k), vf = to_float_vec(v), doutf = to_float_vec(dout);
+  std::vector<float> outf(n_q), lse(b * h * s);
+  cpu::attention_forward(p, qf.data(), kf.data(), vf.data(), outf.data(), lse.data());
+  std::vector<bf16> out(n_q);
+  for (int64_t i = 0; i < n_q; ++i) out[i] = from_acc<bf16>(outf[i]);
+  const std::vector<float> out_rounded = to_float_vec(out);  // both backwards read the same out
+  std::vector<int32_t> positions(b * s);
+  for (int64_t i = 0; i < b * s; ++i) positions[i] = int32_t(i % s + 11 * (i / s));
+  for (const int64_t rotary : {d, int64_t(12)}) {
+    SCOPED_TRACE("rotary_dim " + std::to_string(rotary));
+    const std::vector<float> inv_freq = cpu::rope_inv_freq(rotary, 10000.0);
+    RopeOfQ rope;
+    rope.positions = positions.data(), rope.inv_freq = inv_freq.data(), rope.rotary_dim = rotary, rope.mscale = 1.f;
+    std::vector<float> dqf(n_q), dkf(n_kv), dvf(n_kv);
+    cpu::attention_backward(p, qf.data(), kf.data(), vf.data(), out_rounded.data(), doutf.data(), lse.data(),
+                            dqf.data(), dkf.data(), dvf.data(), &rope);
+    std::vector<bf16> dq(n_q), dk(n_kv), dv(n_kv);
+    cpu::attention_backward(p, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), dq.data(),
+                            dk.data(), dv.data(), &rope);
+    int64_t mismatched = 0;
+    for (int64_t i = 0; i < n_q; ++i) mismatched += dq[i].bits != from_acc<bf16>(dqf[i]).bits;
+    for (int64_t i = 0; i < n_kv; ++i)
+      mismatched += dk[i].bits != from_acc<bf16>(dkf[i]).bits || dv[i].bits != from_acc<bf16>(dvf[i]).bits;
+    EXPECT_EQ(mismatched, 0);
+    // Two roundings: attention's dq in bf16, then rope_backward of it.
+    std::vector<bf16> dq_plain(n_q), dk2(n_kv), dv2(n_kv);
+    cpu::attention_backward(p, q.data(), k.data(), v.data(), out.data(), dout.data(), lse.data(), dq_plain.data(),
+                            dk2.data(), dv2.data());
+    cpu::rope_backward(dq_plain.data(), dq_plain.data(), positions.data(), inv_freq.data(), b * s, h, d, rotary, 1.f);
+    int64_t twice_differs = 0;
+    for (int64_t i = 0; i < n_q; ++i) twice_differs += dq_plain[i].bits != dq[i].bits;
+    EXPECT_GT(twice_differs, 0);
+  }
 }
 
 }  // namespace
