@@ -258,7 +258,9 @@ TEST(FlashKernels, EachMatchesCpu) {
 // (the persistent launch has one block per SM; these cases have fewer tiles than an H200 has SMs):
 // the key-tile ring and Q's barriers run on across tiles of different lengths (and, with a window,
 // different first key tiles), and the two consumers' turns alternate across them. Block counts
-// that divide the tiles and that do not.
+// that divide the tiles and that do not. Head dims below each kernel's width (96 and 136, 192) make
+// the O tiles' TMA stores clip columns, rows past seq clip rows, in every item a block takes, and the
+// two Q buffers (head_dim 64 and 128) alternate.
 TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
   LOOM_REQUIRE_GPU();
   if (!cuda::flash::sm90_ready()) GTEST_SKIP() << "no sm_90a";
@@ -268,7 +270,8 @@ TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
   const Case cases[] = {{2, 400, 4, 2, 128, 0.f, 0, false},   {2, 400, 4, 4, 128, 0.f, 0, false},
                         {1, 333, 8, 8, 64, 0.f, 0, false},    {1, 300, 4, 2, 256, 0.f, 0, false},
                         {2, 97, 2, 2, 136, 0.f, 0, false},    {1, 700, 4, 2, 128, 0.f, 300, false},
-                        {1, 500, 4, 4, 256, 0.f, 200, false}, {2, 129, 4, 1, 256, 0.f, 70, false}};
+                        {1, 500, 4, 4, 256, 0.f, 200, false}, {2, 129, 4, 1, 256, 0.f, 70, false},
+                        {2, 300, 4, 2, 96, 0.f, 0, false},    {1, 250, 2, 2, 192, 0.f, 0, false}};
   uint32_t seed = 700;
   for (const Case& c : cases) {
     for (int64_t blocks : {1, 3, 7, 1}) {  // twice on one block: a race need not show the first time
