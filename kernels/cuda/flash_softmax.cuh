@@ -69,6 +69,16 @@ __device__ __forceinline__ void rescale_o(float (&oacc)[4 * kNo], const float (&
   }
 }
 
+// The epilogue's per-row pieces: a row's sum over the quad of threads holding it (l is each one's
+// partial sum) and its lse = ln(sum exp(z)) (-inf where nothing was visible; m in S's units).
+__device__ __forceinline__ float quad_sum(float l) {
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  return l + __shfl_xor_sync(0xffffffffu, l, 2);
+}
+__device__ __forceinline__ float row_lse(const AttentionParams& p, float m, float sum) {
+  return sum == 0.f ? -INFINITY : m * p.scale + logf(sum);
+}
+
 // Row sums across the quad, then out = O / l and lse = ln(sum exp(z)) for this thread's two rows
 // (query rows row0 and row0 + 8 of head h, batch row b; rows past seq are not written).
 template <int kNo>
@@ -79,9 +89,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const float
   const int hd = int(p.head_dim);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(l[r]);
     const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
     const int64_t i = row0 + 8 * r;
     if (i >= p.seq) continue;
@@ -93,7 +101,7 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const float
         *reinterpret_cast<__nv_bfloat162*>(orow + col) =
             __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
     }
-    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = sum == 0.f ? -INFINITY : m[r] * p.scale + logf(sum);
+    if ((lane & 3) == 0) lse[(b * p.heads + h) * p.seq + i] = row_lse(p, m[r], sum);
   }
 }
 
@@ -107,17 +115,14 @@ __device__ __forceinline__ void store_rows_tile(const AttentionParams& p, const 
                                                 float* __restrict__ lse) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(l[r]);
     const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
 #pragma unroll
     for (int n = 0; n < kNo; ++n)
       *reinterpret_cast<__nv_bfloat162*>(tile + wgmma::sw128<kRows>(tile_row0 + 8 * r, n * 8 + col0)) =
           __floats2bfloat162_rn(oacc[4 * n + 2 * r] * inv, oacc[4 * n + 2 * r + 1] * inv);
     const int64_t i = row0 + 8 * r;
-    if ((lane & 3) == 0 && i < p.seq)
-      lse[(b * p.heads + h) * p.seq + i] = sum == 0.f ? -INFINITY : m[r] * p.scale + logf(sum);
+    if ((lane & 3) == 0 && i < p.seq) lse[(b * p.heads + h) * p.seq + i] = row_lse(p, m[r], sum);
   }
 }
 
