@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 
 #include "kernels/cpu/eigen_exp.h"
+#include "kernels/cpu/rope_angles.h"
 
 #include <algorithm>
 #include <cmath>
@@ -114,20 +115,18 @@ void mask_row(A* row, int64_t n, const AttentionParams& p, int64_t b, int64_t i,
 }
 
 // The transpose of q's rotation (RopeOfQ) on n rows of dq in place, row r being token t0 + r:
-// rope_backward's arithmetic (the angle pos * inv_freq rounded to f32, its cosine and sine in A,
-// times mscale), without its rounding to T in between.
+// rope_backward's arithmetic (rope_cos_sin), without its rounding to T in between.
 template <class A>
 void rotate_back(const RopeOfQ& rope, int64_t t0, int64_t n, Mat<A>& dq) {
   const int64_t half = rope.rotary_dim / 2;
   for (int64_t r = 0; r < n; ++r) {
     const float pos = static_cast<float>(rope.positions[t0 + r]);
     for (int64_t i = 0; i < half; ++i) {
-      const A angle = A(pos * rope.inv_freq[i]);
-      A c = std::cos(angle), sn = std::sin(angle);
-      if (rope.mscale != 1.f) c *= A(rope.mscale), sn *= A(rope.mscale);
+      A c, sn;
+      rope_cos_sin<-1>(pos, rope.inv_freq[i], rope.mscale, c, sn);
       const A x1 = dq(r, i), x2 = dq(r, i + half);
-      dq(r, i) = x1 * c + x2 * sn;
-      dq(r, i + half) = x2 * c - x1 * sn;
+      dq(r, i) = x1 * c - x2 * sn;
+      dq(r, i + half) = x2 * c + x1 * sn;
     }
   }
 }

@@ -2,6 +2,8 @@
 // default inv_freq table reproducing transformers' float32 arithmetic.
 #include "kernels/rope.h"
 
+#include "kernels/cpu/rope_angles.h"
+
 #include <cmath>
 
 namespace loom::cpu {
@@ -43,11 +45,8 @@ void rope_apply(const T* in, T* out, const int32_t* positions, const float* inv_
   for (int64_t t = 0; t < tokens; ++t) {
     const float pos = static_cast<float>(positions[t]);
     for (int64_t i = 0; i < half; ++i) {
-      const A angle = A(pos * inv_freq[i]);  // the product is rounded to f32, as in Hugging Face
-      // transformers: cos = cos(emb) * attention_scaling (LongRoPE), one more rounding.
-      A c = std::cos(angle), sn = std::sin(angle);
-      if (mscale != 1.f) c *= A(mscale), sn *= A(mscale);
-      sn *= A(kSign);
+      A c, sn;
+      rope_cos_sin<kSign>(pos, inv_freq[i], mscale, c, sn);
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = (t * heads + h) * head_dim;
         const A x1 = to_acc(in[base + i]), x2 = to_acc(in[base + i + half]);
