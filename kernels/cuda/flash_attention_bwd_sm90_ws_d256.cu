@@ -21,8 +21,9 @@
 // Shared memory: K, V 64 KB; Q, dO one stage 64 KB; P^T, dS^T 2 x 2 x 8 KB; dQ tiles 2 x 32 KB; lse,
 // D 0.5 KB: 224.5 KB (+ 1 KB alignment slack) of the 227 a block may have, so Q and dO have one stage:
 // the next item's load overlaps this one's dQ product, its write-out and the next scores' wait.
-// Barriers: bar_kv (count 1); full_q (count 32: the producer's lanes, lane 0 with expect_tx);
-// empty_q (count 8: each consumer warp once its dV and dK products are done); dq_full[c] (count
+// Barriers: bar_kv (count 1); full_do and full_q (count 32: the producer's lanes, lane 0 with
+// expect_tx); empty_do and empty_q (count 8: each consumer warp once its dV and dK products are
+// done; waited for both before S^T, released together); dq_full[c] (count
 // 128); dq_empty[c] (count 1), as in the d128 kernel, with one stage (item n: parity n & 1).
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_bwd_ws.cuh"
@@ -61,8 +62,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t bars[ws::Barriers<1>::kCount];
   const ws::Barriers<1> bar(bars);  // one Q/dO stage
-  uint64_t *bar_kv = bar.kv, *full_q = bar.full_q, *empty_q = bar.empty_q, *dq_full = bar.dq_full,
-           *dq_empty = bar.dq_empty;
+  uint64_t *full_q = bar.full_q, *empty_q = bar.empty_q, *full_do = bar.full_do, *empty_do = bar.empty_do,
+           *dq_full = bar.dq_full, *dq_empty = bar.dq_empty;
   bf16* sK = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   bf16* sV = sK + kBc * kD;
   bf16* sQ = sV + kBc * kD;
@@ -86,8 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     tma::regs_dec<kProducerRegs>();
     if (warp == 0) {  // ---- producer ----
-      ws::produce<kBr, kBc, kD, 1>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ, sdO, sStat, bar_kv,
-                                   full_q, empty_q, items, k0, b, lane);
+      ws::produce<kBr, kBc, kD, 1>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ, sdO, sStat, bar, items, k0, b,
+                                   lane);
     } else if (warp == 1 && lane == 0) {  // ---- dQ writer ----
       ws::write_dq<kBr, kBc, kDn, false>(&map_dq, sdQ, dq_full, dq_empty, items, hd, b);
     }
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kDn / 2; ++i) dka[i] = dva[i] = 0.f;
   float* dq_tile = sdQ + cw * kBr * kDn;
 
-  tma::mbar_wait(bar_kv, 0);
+  tma::mbar_wait(bar.kv, 0);
 #pragma unroll 1
   for (int n = 0; n < n_items; ++n) {
     const int q0 = q_start(n);
@@ -113,6 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     bf16* cdSt = sdSt0 + (n & 1) * kBc * kBr;
     const bool masked = q0 < k0 + kBc - 1 || q0 + kBr > seq || (window > 0 && q0 + kBr - 1 - k0 >= window);
     tma::mbar_wait(full_q, uint32_t(n & 1));
+    tma::mbar_wait(full_do, uint32_t(n & 1));
 
     // S^T and dP^T: the 64 keys x this consumer's 32 queries, over all of head_dim.
     float st[kQn / 2], dpt[kQn / 2];
@@ -147,7 +149,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::issue_dq<kBc, kDn, false>(dqa, cdSt, sK, cw);
     wgmma::wait_regs<1>(dva, dka);  // Q and dO are read no more (dQ reads dS^T and K)
     __syncwarp();
-    if (lane == 0) tma::mbar_arrive(empty_q);
+    if (lane == 0) {
+      tma::mbar_arrive(empty_do);
+      tma::mbar_arrive(empty_q);
+    }
     wgmma::wait_regs<0>(dqa);
 
     // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.

@@ -14,15 +14,22 @@
 namespace loom::cuda::flash::ws {
 
 // The warp-specialised backward's mbarriers in a block's shared array of kCount (the protocol in
-// flash_attention_bwd_sm90_ws.cu): K and V landed; per Q/dO stage full (the producer warp's 32
-// lanes) and empty (the 8 consumer warps); per consumer its dQ tile written (its 128 threads) and
-// read (the writer).
+// flash_attention_bwd_sm90_ws.cu): K and V landed; per stage full (the producer warp's 32 lanes) and
+// empty (the 8 consumer warps), for Q with its rows' lse and for dO with their D apart, so that dO's
+// buffer goes back once dV has read it while dK still reads Q; per consumer its dQ tile written (its
+// 128 threads) and read (the writer).
 template <int kStages>
 struct Barriers {
-  static constexpr int kCount = 1 + 2 * kStages + 4;
-  uint64_t *kv, *full_q, *empty_q, *dq_full, *dq_empty;
+  static constexpr int kCount = 1 + 4 * kStages + 4;
+  uint64_t *kv, *full_q, *empty_q, *full_do, *empty_do, *dq_full, *dq_empty;
   __device__ __forceinline__ explicit Barriers(uint64_t* bars)
-      : kv(bars), full_q(bars + 1), empty_q(full_q + kStages), dq_full(empty_q + kStages), dq_empty(dq_full + 2) {}
+      : kv(bars),
+        full_q(bars + 1),
+        empty_q(full_q + kStages),
+        full_do(empty_q + kStages),
+        empty_do(full_do + kStages),
+        dq_full(empty_do + kStages),
+        dq_empty(dq_full + 2) {}
   // By one thread; a __syncthreads must follow before any other thread uses them.
   __device__ __forceinline__ void init() const {
     tma::mbar_init(kv, 1);
@@ -30,6 +37,8 @@ struct Barriers {
     for (int s = 0; s < kStages; ++s) {
       tma::mbar_init(&full_q[s], 32);
       tma::mbar_init(&empty_q[s], 8);
+      tma::mbar_init(&full_do[s], 32);
+      tma::mbar_init(&empty_do[s], 8);
     }
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -41,7 +50,10 @@ struct Barriers {
 };
 
 // A block's items: for the kBc keys from k0 of kv head g, the query tiles of kBr rows that can see
-// some of them (from k0 / kBr up to the last key's window, or seq), for every query head of the group.
+// some of them (from k0 / kBr up to the last key's window, or seq), for every query head of the group:
+// the last query tile first, each tile for the group's heads in turn. Blocks of the other key tiles of
+// the same kv head that run at the same time then read the same Q and dO rows and add to the same dQ
+// rows at about the same time, while those are still in L2.
 template <int kBr, int kBc>
 struct Items {
   int g, group, qt0, nqt, count;
@@ -51,35 +63,52 @@ struct Items {
     qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
     count = group * nqt;
   }
-  __device__ __forceinline__ int head(int item) const { return g * group + item / nqt; }
-  __device__ __forceinline__ int start(int item) const { return (qt0 + item % nqt) * kBr; }
+  __device__ __forceinline__ int head(int item) const { return g * group + item % group; }
+  __device__ __forceinline__ int start(int item) const { return (qt0 + nqt - 1 - item / group) * kBr; }
 };
 
 // The producer warp: K and V of the block once (kD / 64 boxes each, on bar_kv), then per item n its
-// Q and dO into stage n % kStages (full_q, after empty_q), with lse times log2 e (+inf past seq: P =
-// 0 there) and D written by the lanes (loaded before the wait for the stage).
+// dO with D (full_do, after empty_do), then its Q with lse times log2 e (+inf past seq: P = 0 there;
+// full_q, after empty_q) into stage n % kStages, the lanes writing lse and D (loaded before the
+// waits). dO goes first: consumers hand its buffer back before Q's.
 template <int kBr, int kBc, int kD, int kStages>
 __device__ __forceinline__ void produce(const CUtensorMap* map_q, const CUtensorMap* map_k, const CUtensorMap* map_v,
                                         const CUtensorMap* map_do, const AttentionParams& p, const float* lse,
                                         const float* dsum, bf16* sK, bf16* sV, bf16* sQ0, bf16* sdO0, float* sStat0,
-                                        uint64_t* bar_kv, uint64_t* full_q, uint64_t* empty_q,
-                                        const Items<kBr, kBc>& items, int k0, int b, int lane) {
+                                        const Barriers<kStages>& bar, const Items<kBr, kBc>& items, int k0, int b,
+                                        int lane) {
   constexpr int kBlocks = kD / 64;
-  constexpr uint32_t kKvBytes = 2 * kBc * kD * sizeof(bf16), kQBytes = 2 * kBr * kD * sizeof(bf16);
+  constexpr uint32_t kKvBytes = 2 * kBc * kD * sizeof(bf16), kTileBytes = kBr * kD * sizeof(bf16);
   const int seq = int(p.seq);
+  // Q and dO rows are read again by the blocks of the other key tiles; K and V by no other block.
+  const uint64_t keep = tma::l2_evict_last(), drop = tma::l2_evict_first();
   if (lane == 0) {
     tma::prefetch_tensormap(map_q);
     tma::prefetch_tensormap(map_do);
-    tma::mbar_arrive_expect_tx(bar_kv, kKvBytes);
+    tma::mbar_arrive_expect_tx(bar.kv, kKvBytes);
 #pragma unroll
     for (int c = 0; c < kBlocks; ++c) {
-      tma::copy_4d(sK + c * kBc * 64, map_k, bar_kv, 64 * c, items.g, k0, b);
-      tma::copy_4d(sV + c * kBc * 64, map_v, bar_kv, 64 * c, items.g, k0, b);
+      tma::copy_4d(sK + c * kBc * 64, map_k, bar.kv, 64 * c, items.g, k0, b, drop);
+      tma::copy_4d(sV + c * kBc * 64, map_v, bar.kv, 64 * c, items.g, k0, b, drop);
     }
   }
+  // One operand's stage: the lanes' kBr / 32 values each into stat, then lane 0 the tile's boxes.
+  auto fill = [&](uint64_t* full, const CUtensorMap* map, bf16* tile, float* stat, const float (&v)[kBr / 32], int h,
+                  int q0) {
+#pragma unroll
+    for (int i = 0; i < kBr / 32; ++i) stat[lane + 32 * i] = v[i];
+    if (lane == 0) {
+      tma::mbar_arrive_expect_tx(full, kTileBytes);
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c) tma::copy_4d(tile + c * kBr * 64, map, full, 64 * c, h, q0, b, keep);
+    } else {
+      tma::mbar_arrive(full);
+    }
+  };
 #pragma unroll 1
   for (int n = 0; n < items.count; ++n) {
     const int s = n % kStages;
+    const uint32_t free_parity = uint32_t((n / kStages) & 1) ^ 1u;
     const int h = items.head(n), q0 = items.start(n);
     const int64_t row = (int64_t(b) * p.heads + h) * p.seq;
     float l2[kBr / 32], dd[kBr / 32];
@@ -90,23 +119,11 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_q, const CUtensor
       l2[i] = ok ? lse[row + q0 + r] * kLog2e : INFINITY;
       dd[i] = ok ? dsum[row + q0 + r] : 0.f;
     }
-    tma::mbar_wait(&empty_q[s], uint32_t((n / kStages) & 1) ^ 1u);
     float* stat = sStat0 + s * 2 * kBr;
-#pragma unroll
-    for (int i = 0; i < kBr / 32; ++i) {
-      stat[lane + 32 * i] = l2[i];
-      stat[kBr + lane + 32 * i] = dd[i];
-    }
-    if (lane == 0) {
-      tma::mbar_arrive_expect_tx(&full_q[s], kQBytes);
-#pragma unroll
-      for (int c = 0; c < kBlocks; ++c) {
-        tma::copy_4d(sQ0 + s * kBr * kD + c * kBr * 64, map_q, &full_q[s], 64 * c, h, q0, b);
-        tma::copy_4d(sdO0 + s * kBr * kD + c * kBr * 64, map_do, &full_q[s], 64 * c, h, q0, b);
-      }
-    } else {
-      tma::mbar_arrive(&full_q[s]);
-    }
+    tma::mbar_wait(&bar.empty_do[s], free_parity);
+    fill(&bar.full_do[s], map_do, sdO0 + s * kBr * kD, stat + kBr, dd, h, q0);
+    tma::mbar_wait(&bar.empty_q[s], free_parity);
+    fill(&bar.full_q[s], map_q, sQ0 + s * kBr * kD, stat, l2, h, q0);
   }
 }
 
@@ -122,6 +139,7 @@ __device__ __forceinline__ void write_dq(const CUtensorMap* map_dq, const float*
                                          uint64_t* dq_empty, const Items<kBr, kBc>& items, int hd, int b) {
   constexpr int kTiles = kSplitK ? 1 : 2;
   tma::prefetch_tensormap(map_dq);
+  const uint64_t keep = tma::l2_evict_last();  // the other key tiles' blocks add to the same rows
 #pragma unroll 1
   for (int n = 0; n < items.count; ++n) {
     const int h = items.head(n), q0 = items.start(n);
@@ -130,11 +148,11 @@ __device__ __forceinline__ void write_dq(const CUtensorMap* map_dq, const float*
       tma::mbar_wait(&dq_full[c], uint32_t(n & 1));
       const float* tile = sdQ + c * kBr * kNq;
       const int n0 = kNq * c;  // inside head_dim for every caller: the first box always goes
-      tma::reduce_add_4d(map_dq, tile, n0, h, q0, b);
+      tma::reduce_add_4d(map_dq, tile, n0, h, q0, b, keep);
 #pragma unroll
       for (int x = 1; x < kNq / sm90::kDqBox; ++x)
         if (n0 + sm90::kDqBox * x < hd)
-          tma::reduce_add_4d(map_dq, tile + x * kBr * sm90::kDqBox, n0 + sm90::kDqBox * x, h, q0, b);
+          tma::reduce_add_4d(map_dq, tile + x * kBr * sm90::kDqBox, n0 + sm90::kDqBox * x, h, q0, b, keep);
       tma::bulk_commit();
     }
     if constexpr (kTiles == 2) {
