@@ -3,11 +3,19 @@
 // backward() sends those to the sm90 kernel), head_dim <= 128 (a multiple of 8; 129..256 in
 // flash_attention_bwd_sm90_ws_d256.cu).
 //
-// Block = 3 warpgroups (384 threads) per (128 keys, kv head, batch row); grid and key order as
-// the sm90 kernel (flash_attention_bwd_sm90.cu). Items = the query tiles of kBr = 64 rows that can see
-// the keys (from tile k0 / 64 to the window's reach or seq), for every query head of the group in turn.
+// Block = 3 warpgroups (384 threads) per (kv head, batch row) and one or two key tiles of 128 keys.
+// With a window, one tile a block, grid and key order as the sm90 kernel (flash_attention_bwd_sm90.cu).
+// Causal without one, tiles t and n - 1 - t (of n) share a block, grid x walking the pairs of one kv
+// head and batch row: every block then has about the same number of items, so the blocks go kv head
+// by kv head without a long one starting last, and those running at once read and add to the rows of
+// fewer heads, which stay in L2 (one tile a block, key tiles outermost: the longest first, every
+// head at once; Nsight Compute, H100, b4 s2048 d128: L2 hit rate 56.7 -> 69.9 %, DRAM throughput 55.9
+// -> 37.1 %, the backward 16 % faster). Items (ws::Items) = the query tiles of kBr = 64 rows that can
+// see a tile's keys (from its first row's tile to the window's reach or seq), the last first, each for
+// the group's query heads in turn; then the second tile's.
 //   warpgroup 0: setmaxnreg down to 24 registers.
-//     warp 0, producer: K and V of the block once (TMA), then per item dO and Q (TMA, 128-byte
+//     warp 0, producer: K and V of each key tile (TMA; the second once the consumers have done with
+//       the first's), then per item dO and Q (TMA, 128-byte
 //       swizzle = the wgmma::sw128 layout) into a ring of kStages stages, each with its own full and
 //       empty barriers, D and lse written beside them by the warp's lanes (loaded from global memory
 //       before the waits for the buffers to be free).
@@ -27,14 +35,16 @@
 //     53). dO's buffer is handed back once dV and dQ are done, Q's once dK is. At head_dim 128 consumer c
 //     takes dQ's columns 64 c .. 64 c + 63 over all 128 keys (so it needs the other consumer's dS^T), at head_dim 64
 //     all columns over its own 64 keys (the writer adds both tiles). dK, dV stay in registers and
-//     are written at the end.
+//     are written at the end of each key tile's items.
 // Shared memory at head_dim 128: K, V 64 KB; Q, dO 2 stages x 32 KB (3 x 16 KB at head_dim 64); dS^T 2 x 16 KB (double
 // buffered: a consumer writes item n's while the other may still read item n - 1's); dQ tiles
 // 2 x 16 KB (at head_dim 64 only the first holds the consumers' sum; the second is left unused); lse, D 1 KB: 193 KB (+ 1 KB alignment slack).
 // Barrier protocol (mbarrier phase n of a barrier used once per item has parity n & 1; a fresh
 // barrier's "previous" phase, parity 1, counts as complete, so first-pass waits on empty barriers
 // return at once):
-//   bar_kv (count 1): K and V landed (expect_tx of both tiles).
+//   bar_kv (count 1): K and V landed (expect_tx of both tiles); the second key tile's with parity 1.
+//   kv_empty (count 8: one per consumer warp): the first key tile's products are all done, its dK and
+//     dV stored; the producer then loads the second tile's K and V over them.
 //   full_do[s], full_q[s] (count 32): the producer warp's lanes each arrive after writing their D
 //     (lse) rows; lane 0's arrival carries expect_tx for the dO (Q) tile. Item n uses stage
 //     n % kStages, parity (n / kStages) & 1. Consumers wait for both before S^T: a wait between the
@@ -112,12 +122,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sStat0 = sdQ + 2 * kBr * 64;  // stage s: lse * log2 e [kBr], then D [kBr]
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
-  const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
   const int seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
-  const ws::Items<kBr, kBc> items(p, k0, g);
+  // Grid: with a window (x kv head, y batch row, z key tile) one key tile a block; without (x pair,
+  // y kv head, z batch row) key tiles x and n - 1 - x (launch_ws_bwd).
+  const int n_tiles = (seq + kBc - 1) / kBc;
+  const bool paired = window <= 0;
+  const int g = int(paired ? blockIdx.y : blockIdx.x), b = int(paired ? blockIdx.z : blockIdx.y);
+  const int kt0 = int(paired ? blockIdx.x : blockIdx.z), kt1 = paired && n_tiles - 1 - kt0 != kt0 ? n_tiles - 1 - kt0 : -1;
+  const ws::Items<kBr, kBc> items(p, kt0, kt1, g);
   const int n_items = items.count;
-  auto q_start = [&](int item) { return items.start(item); };
 
   if (tid == 0) bar.init();
   __syncthreads();  // the last block-wide barrier: warpgroup 0's idle warps leave below
@@ -125,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     tma::regs_dec<kProducerRegs>();
     if (warp == 0) {  // ---- producer ----
-      ws::produce<kBr, kBc, kD, kStages>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ0, sdO0, sStat0, bar, items,
-                                         k0, b, lane);
+      ws::produce<kBr, kBc, kD, kStages>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ0, sdO0, sStat0, bar, items, b,
+                                         lane);
     } else if (warp == 1 && lane == 0) {  // ---- dQ writer ----
       ws::write_dq<kBr, kBc, kNq, kSplitK>(&map_dq, sdQ, dq_full, dq_empty, items, hd, b);
     }
@@ -146,9 +160,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* dq_tile = sdQ + cw * kBr * 64;
 
   tma::mbar_wait(bar.kv, 0);
+  int k0 = kt0 * kBc;
 #pragma unroll 1
   for (int n = 0; n < n_items; ++n) {
-    const int s = n % kStages, q0 = q_start(n);
+    if (n == items.split) {  // the block's second key tile: its first's dK and dV out, K and V anew
+      sm90::store_dkv<kD>(dka, dva, p, b, g, k0 + jl, 0, col0, dk, dv);
+#pragma unroll
+      for (int i = 0; i < kD / 2; ++i) dka[i] = dva[i] = 0.f;
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(bar.kv_empty);  // every product reading K and V has completed
+      k0 = kt1 * kBc;
+      tma::mbar_wait(bar.kv, 1);
+    }
+    const int s = n % kStages, q0 = items.start(n);
     const bf16* cQ = sQ0 + s * kBr * kD;
     const bf16* cdO = sdO0 + s * kBr * kD;
     const float* cStat = sStat0 + s * 2 * kBr;
@@ -279,7 +303,12 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mdq = tma::make_bshd_map_f32(dq_acc, p.batch, p.seq, p.heads, p.head_dim, kBr);
-  const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
+  // Causal without a window, key tiles t and n - 1 - t share a block: every block then has about the
+  // same number of items, so blocks can go kv head by kv head (the x index walks the pairs) without
+  // a long block starting last, and the blocks running at once share fewer heads' Q, dO and dQ rows.
+  const unsigned tiles = unsigned((p.seq + kBc - 1) / kBc);
+  const dim3 grid = p.window > 0 ? dim3(unsigned(p.kv_heads), unsigned(p.batch), tiles)
+                                 : dim3((tiles + 1) / 2, unsigned(p.kv_heads), unsigned(p.batch));
   kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, mdo, mdq, p, lse, dsum, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();
 }

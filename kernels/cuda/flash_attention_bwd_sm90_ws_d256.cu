@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
   const int seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
-  const ws::Items<kBr, kBc> items(p, k0, g);
+  const ws::Items<kBr, kBc> items(p, int(blockIdx.z), -1, g);
   const int n_items = items.count;
   auto q_start = [&](int item) { return items.start(item); };
 
@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     tma::regs_dec<kProducerRegs>();
     if (warp == 0) {  // ---- producer ----
-      ws::produce<kBr, kBc, kD, 1>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ, sdO, sStat, bar, items, k0, b,
-                                   lane);
+      ws::produce<kBr, kBc, kD, 1>(&map_q, &map_k, &map_v, &map_do, p, lse, dsum, sK, sV, sQ, sdO, sStat, bar, items, b, lane);
     } else if (warp == 1 && lane == 0) {  // ---- dQ writer ----
       ws::write_dq<kBr, kBc, kDn, false>(&map_dq, sdQ, dq_full, dq_empty, items, hd, b);
     }

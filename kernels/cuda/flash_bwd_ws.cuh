@@ -14,17 +14,19 @@
 namespace loom::cuda::flash::ws {
 
 // The warp-specialised backward's mbarriers in a block's shared array of kCount (the protocol in
-// flash_attention_bwd_sm90_ws.cu): K and V landed; per stage full (the producer warp's 32 lanes) and
+// flash_attention_bwd_sm90_ws.cu): K and V landed, and read no more (the 8 consumer warps, before a
+// block's second key tile); per stage full (the producer warp's 32 lanes) and
 // empty (the 8 consumer warps), for Q with its rows' lse and for dO with their D apart, so that dO's
 // buffer goes back once dV has read it while dK still reads Q; per consumer its dQ tile written (its
 // 128 threads) and read (the writer).
 template <int kStages>
 struct Barriers {
-  static constexpr int kCount = 1 + 4 * kStages + 4;
-  uint64_t *kv, *full_q, *empty_q, *full_do, *empty_do, *dq_full, *dq_empty;
+  static constexpr int kCount = 2 + 4 * kStages + 4;
+  uint64_t *kv, *kv_empty, *full_q, *empty_q, *full_do, *empty_do, *dq_full, *dq_empty;
   __device__ __forceinline__ explicit Barriers(uint64_t* bars)
       : kv(bars),
-        full_q(bars + 1),
+        kv_empty(bars + 1),
+        full_q(bars + 2),
         empty_q(full_q + kStages),
         full_do(empty_q + kStages),
         empty_do(full_do + kStages),
@@ -33,6 +35,7 @@ struct Barriers {
   // By one thread; a __syncthreads must follow before any other thread uses them.
   __device__ __forceinline__ void init() const {
     tma::mbar_init(kv, 1);
+    tma::mbar_init(kv_empty, 8);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       tma::mbar_init(&full_q[s], 32);
@@ -49,22 +52,28 @@ struct Barriers {
   }
 };
 
-// A block's items: for the kBc keys from k0 of kv head g, the query tiles of kBr rows that can see
-// some of them (from k0 / kBr up to the last key's window, or seq), for every query head of the group:
-// the last query tile first, each tile for the group's heads in turn. Blocks of the other key tiles of
-// the same kv head that run at the same time then read the same Q and dO rows and add to the same dQ
-// rows at about the same time, while those are still in L2.
+// A block's items: for the kBc keys of key tile kt0 of kv head g, the query tiles of kBr rows that
+// can see some of them (from kt0 kBc / kBr up to the last key's window, or seq), for every query head
+// of the group: the last query tile first, each tile for the group's heads in turn; then, where the
+// block has a second key tile kt1 (causal, no window: the pairing of launch_ws_bwd), that tile's
+// items likewise. Blocks of the other key tiles of the same kv head that run at the same time then
+// read the same Q and dO rows and add to the same dQ rows at about the same time, while those are
+// still in L2. Item n belongs to the second tile from `split` on.
 template <int kBr, int kBc>
 struct Items {
-  int g, group, qt0, nqt, count;
-  __device__ __forceinline__ Items(const AttentionParams& p, int k0, int g_) : g(g_), group(int(p.heads / p.kv_heads)) {
-    const int seq = int(p.seq), window = int(p.window);
-    const int q_end = window > 0 && int64_t(k0) + kBc - 1 + window < seq ? k0 + kBc - 1 + window : seq;
-    qt0 = k0 / kBr, nqt = (q_end + kBr - 1) / kBr - qt0;  // >= 1: k0 < seq
-    count = group * nqt;
+  int g, group, qt_end, split, count, kt0, kt1;
+  __device__ __forceinline__ Items(const AttentionParams& p, int kt0_, int kt1_, int g_)
+      : g(g_), group(int(p.heads / p.kv_heads)), kt0(kt0_), kt1(kt1_) {
+    const int seq = int(p.seq), window = int(p.window), key0 = kt0 * kBc;
+    const int q_end = window > 0 && int64_t(key0) + kBc - 1 + window < seq ? key0 + kBc - 1 + window : seq;
+    qt_end = (q_end + kBr - 1) / kBr;  // the same for both tiles: a second one comes only without a window
+    split = group * (qt_end - key0 / kBr);  // >= group: key0 < seq
+    count = kt1 >= 0 ? split + group * (qt_end - kt1 * kBc / kBr) : split;
   }
-  __device__ __forceinline__ int head(int item) const { return g * group + item % group; }
-  __device__ __forceinline__ int start(int item) const { return (qt0 + nqt - 1 - item / group) * kBr; }
+  __device__ __forceinline__ int local(int item) const { return item < split ? item : item - split; }
+  __device__ __forceinline__ int head(int item) const { return g * group + local(item) % group; }
+  __device__ __forceinline__ int start(int item) const { return (qt_end - 1 - local(item) / group) * kBr; }
+  __device__ __forceinline__ int k0(int item) const { return (item < split ? kt0 : kt1) * kBc; }
 };
 
 // The producer warp: K and V of the block once (kD / 64 boxes each, on bar_kv), then per item n its
@@ -75,23 +84,27 @@ template <int kBr, int kBc, int kD, int kStages>
 __device__ __forceinline__ void produce(const CUtensorMap* map_q, const CUtensorMap* map_k, const CUtensorMap* map_v,
                                         const CUtensorMap* map_do, const AttentionParams& p, const float* lse,
                                         const float* dsum, bf16* sK, bf16* sV, bf16* sQ0, bf16* sdO0, float* sStat0,
-                                        const Barriers<kStages>& bar, const Items<kBr, kBc>& items, int k0, int b,
-                                        int lane) {
+                                        const Barriers<kStages>& bar, const Items<kBr, kBc>& items, int b, int lane) {
   constexpr int kBlocks = kD / 64;
   constexpr uint32_t kKvBytes = 2 * kBc * kD * sizeof(bf16), kTileBytes = kBr * kD * sizeof(bf16);
   const int seq = int(p.seq);
   // Q and dO rows are read again by the blocks of the other key tiles; K and V by no other block.
   const uint64_t keep = tma::l2_evict_last(), drop = tma::l2_evict_first();
+  auto load_kv = [&](int k0) {
+    if (lane == 0) {
+      tma::mbar_arrive_expect_tx(bar.kv, kKvBytes);
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c) {
+        tma::copy_4d(sK + c * kBc * 64, map_k, bar.kv, 64 * c, items.g, k0, b, drop);
+        tma::copy_4d(sV + c * kBc * 64, map_v, bar.kv, 64 * c, items.g, k0, b, drop);
+      }
+    }
+  };
   if (lane == 0) {
     tma::prefetch_tensormap(map_q);
     tma::prefetch_tensormap(map_do);
-    tma::mbar_arrive_expect_tx(bar.kv, kKvBytes);
-#pragma unroll
-    for (int c = 0; c < kBlocks; ++c) {
-      tma::copy_4d(sK + c * kBc * 64, map_k, bar.kv, 64 * c, items.g, k0, b, drop);
-      tma::copy_4d(sV + c * kBc * 64, map_v, bar.kv, 64 * c, items.g, k0, b, drop);
-    }
   }
+  load_kv(items.kt0 * kBc);
   // One operand's stage: the lanes' kBr / 32 values each into stat, then lane 0 the tile's boxes.
   auto fill = [&](uint64_t* full, const CUtensorMap* map, bf16* tile, float* stat, const float (&v)[kBr / 32], int h,
                   int q0) {
@@ -124,6 +137,10 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_q, const CUtensor
     fill(&bar.full_do[s], map_do, sdO0 + s * kBr * kD, stat + kBr, dd, h, q0);
     tma::mbar_wait(&bar.empty_q[s], free_parity);
     fill(&bar.full_q[s], map_q, sQ0 + s * kBr * kD, stat, l2, h, q0);
+    if (n == items.split && n < items.count) {  // the second key tile's K and V, once the first's are read
+      tma::mbar_wait(bar.kv_empty, 0);
+      load_kv(items.kt1 * kBc);
+    }
   }
 }
 

@@ -53,6 +53,9 @@ const Case kCases[] = {
     // past the window.
     {1, 700, 4, 2, 128, 0.f, 300, false}, {1, 500, 4, 2, 256, 0.f, 200, false},
     {1, 700, 4, 2, 128, 0.f, 130, false}, {1, 700, 4, 2, 64, 0.f, 191, false},
+    // Plain causal over many key tiles: the ws backward's blocks then take two tiles each (t and
+    // n - 1 - t), K and V loaded again between them; an even and an odd count of 128-key tiles.
+    {1, 1000, 4, 2, 128, 0.f, 0, false}, {2, 700, 4, 1, 64, 0.f, 0, false}, {1, 1100, 2, 1, 128, 0.f, 0, false},
 };
 
 std::string name_of(const Case& c) {
