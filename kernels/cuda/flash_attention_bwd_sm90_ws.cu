@@ -124,12 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = wgmma::warpgroup();
   const int seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
-  // Grid: with a window (x kv head, y batch row, z key tile) one key tile a block; without (x pair,
-  // y kv head, z batch row) key tiles x and n - 1 - x (launch_ws_bwd).
-  const int n_tiles = (seq + kBc - 1) / kBc;
-  const bool paired = window <= 0;
-  const int g = int(paired ? blockIdx.y : blockIdx.x), b = int(paired ? blockIdx.z : blockIdx.y);
-  const int kt0 = int(paired ? blockIdx.x : blockIdx.z), kt1 = paired && n_tiles - 1 - kt0 != kt0 ? n_tiles - 1 - kt0 : -1;
+  const auto [g, b, kt0, kt1] = ws::block_tiles<kBc>(p);
   const ws::Items<kBr, kBc> items(p, kt0, kt1, g);
   const int n_items = items.count;
 
@@ -303,13 +298,7 @@ void launch_ws_bwd(const AttentionParams& p, const bf16* q, const bf16* k, const
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mdq = tma::make_bshd_map_f32(dq_acc, p.batch, p.seq, p.heads, p.head_dim, kBr);
-  // Causal without a window, key tiles t and n - 1 - t share a block: every block then has about the
-  // same number of items, so blocks can go kv head by kv head (the x index walks the pairs) without
-  // a long block starting last, and the blocks running at once share fewer heads' Q, dO and dQ rows.
-  const unsigned tiles = unsigned((p.seq + kBc - 1) / kBc);
-  const dim3 grid = p.window > 0 ? dim3(unsigned(p.kv_heads), unsigned(p.batch), tiles)
-                                 : dim3((tiles + 1) / 2, unsigned(p.kv_heads), unsigned(p.batch));
-  kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, mdo, mdq, p, lse, dsum, dk, dv);
+  kernel<<<ws::launch_grid<kBc>(p), kThreads, kSmem, s>>>(mq, mk, mv, mdo, mdq, p, lse, dsum, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

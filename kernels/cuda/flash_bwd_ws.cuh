@@ -76,6 +76,29 @@ struct Items {
   __device__ __forceinline__ int k0(int item) const { return (item < split ? kt0 : kt1) * kBc; }
 };
 
+// A block's kv head g, batch row b and key tiles kt0 and kt1 (-1: none), as launch_grid lays them
+// out: with a window one tile a block (x kv head, y batch row, z key tile); causal without one tiles
+// t and n - 1 - t (x the pair, y kv head, z batch row), so that every block has about as many items
+// and blocks can go kv head by kv head without a long one starting last, the blocks running at once
+// then sharing few heads' Q, dO and dQ rows in L2.
+struct BlockTiles {
+  int g, b, kt0, kt1;
+};
+template <int kBc>
+__device__ __forceinline__ BlockTiles block_tiles(const AttentionParams& p) {
+  const int n_tiles = (int(p.seq) + kBc - 1) / kBc;
+  const bool paired = int(p.window) <= 0;
+  const int kt0 = int(paired ? blockIdx.x : blockIdx.z);
+  return {int(paired ? blockIdx.y : blockIdx.x), int(paired ? blockIdx.z : blockIdx.y), kt0,
+          paired && n_tiles - 1 - kt0 != kt0 ? n_tiles - 1 - kt0 : -1};
+}
+template <int kBc>
+inline dim3 launch_grid(const AttentionParams& p) {
+  const unsigned tiles = unsigned((p.seq + kBc - 1) / kBc);
+  return p.window > 0 ? dim3(unsigned(p.kv_heads), unsigned(p.batch), tiles)
+                      : dim3((tiles + 1) / 2, unsigned(p.kv_heads), unsigned(p.batch));
+}
+
 // The producer warp: K and V of the block once (kD / 64 boxes each, on bar_kv), then per item n its
 // dO with D (full_do, after empty_do), then its Q with lse times log2 e (+inf past seq: P = 0 there;
 // full_q, after empty_q) into stage n % kStages, the lanes writing lse and D (loaded before the

@@ -10,6 +10,12 @@ _loom_prebuilt() {
   have=$(tar -xJOf "$archive" SOURCE_HASH 2> /dev/null || true)
   [ "$want" = "$have" ] || { echo "prebuilt: made from other sources ($have, these are $want), building here"; return 1; }
   root=$(tar -xJOf "$archive" SOURCE_ROOT)
+  # On the machine and checkout that made the archive (a GPU script tried out on the CPU machine),
+  # build-gpu is the build it was packed from: unpacking over it would throw away its objects.
+  if [ "$(cd "$root" 2> /dev/null && pwd -P)" = "$(pwd -P)" ] && [ -f build-gpu/CMakeCache.txt ]; then
+    echo "prebuilt: build-gpu is the build the archive was made from, kept as it is"
+    return 0
+  fi
   # The binaries, their RUNPATHs and CTest's files name the CPU machine's checkout: make that path
   # lead here.
   if [ "$(cd "$root" 2> /dev/null && pwd -P)" != "$(pwd -P)" ]; then
