@@ -32,18 +32,11 @@ for r in $(seq "${AB_ROUNDS:-2}"); do
     --benchmark_out_format=json > "$OUT/bench-after-$r.txt" 2>&1
 done
 python3 - "$OUT" > "$OUT/ab.txt" << 'PY'
-import glob, json, statistics, sys
+import glob, statistics, sys
+sys.path.insert(0, "tools/gpu")
+from bench_medians import real_times
 out = sys.argv[1]
-times = {}
-for side in ("before", "after"):
-    for f in sorted(glob.glob(f"{out}/bench-{side}-*.json")):
-        try:
-            runs = json.load(open(f))["benchmarks"]
-        except (OSError, ValueError, KeyError):
-            continue
-        for b in runs:
-            if b.get("run_type", "iteration") == "iteration" and "real_time" in b:
-                times.setdefault(b["name"], {}).setdefault(side, []).append((b["real_time"], b.get("time_unit", "ns")))
+times = real_times({side: glob.glob(f"{out}/bench-{side}-*.json") for side in ("before", "after")})
 print(f"{'benchmark (median real time of the rounds)':72} {'before':>12} {'after':>12} {'after/before':>12}")
 for name, t in times.items():
     if "before" in t and "after" in t:

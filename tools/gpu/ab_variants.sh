@@ -31,30 +31,5 @@ for r in $(seq "${ROUNDS:-2}"); do
       --benchmark_out_format=json > "$out/$n-$r.txt" 2>&1
   done
 done
-python3 - "$out" "$VARIANTS" > "$out/table.txt" << 'PY'
-import glob, json, statistics, sys
-out, names = sys.argv[1], [v.split(":")[0] for v in sys.argv[2].split()]
-times = {}
-for n in names:
-    for f in sorted(glob.glob(f"{out}/{n}-*.json")):
-        try:
-            runs = json.load(open(f))["benchmarks"]
-        except (OSError, ValueError, KeyError):
-            continue
-        for b in runs:
-            if b.get("run_type", "iteration") == "iteration" and "real_time" in b:
-                times.setdefault(b["name"], {}).setdefault(n, []).append(b["real_time"])
-head = f"benchmark (median real time; ratio to {names[0]})"
-print(f"{head:64}" + "".join(f"{n:>16}" for n in names))
-for name, t in times.items():
-    base = statistics.median(t[names[0]]) if names[0] in t else None
-    row = f"{name:64}"
-    for n in names:
-        if n not in t:
-            row += f"{'-':>16}"
-            continue
-        m = statistics.median(t[n])
-        row += f"{m:9.1f}" + (f" {m / base:5.3f}" if base else "      ")
-    print(row)
-PY
+python3 tools/gpu/bench_medians.py "$out" $(for v in $VARIANTS; do echo "${v%%:*}"; done) > "$out/table.txt"
 cat "$out/table.txt"
