@@ -5,9 +5,10 @@
 // instead of 16-byte atomics: the every-thread-loads d256 kernel is L2-bound (ncu, session 37: L2
 // 76 % busy, tensor pipe 24 %) with 64 KB of dQ atomics an item.
 //
-// Block = 3 warpgroups (384 threads) per (64 keys, kv head, batch row); grid and key order as the
-// other backward kernels. Items = the query tiles of kBr = 64 rows that can see the keys, for every
-// query head of the group in turn.
+// Block = 3 warpgroups (384 threads) per (kv head, batch row) and one or two key tiles of 64 keys,
+// as the d128 kernel's (ws::block_tiles: causal without a window, tiles t and n - 1 - t). Items
+// (ws::Items) = the query tiles of kBr = 64 rows that can see a tile's keys, the last first, each for
+// the group's query heads in turn; then the second tile's.
 //   warpgroup 0 (24 registers): warp 0 produces: K and V of the block once, then per item Q and dO
 //     (TMA, 128-byte swizzle, 4 boxes of 64 columns each) into the one stage, with lse (times log2 e;
 //     +inf past seq) and D written by its lanes; warp 1, lane 0, writes dQ: per item and consumer,
@@ -22,9 +23,10 @@
 // D 0.5 KB: 224.5 KB (+ 1 KB alignment slack) of the 227 a block may have, so Q and dO have one stage:
 // the next item's load overlaps this one's dQ product, its write-out and the next scores' wait.
 // Barriers: bar_kv (count 1); full_do and full_q (count 32: the producer's lanes, lane 0 with
-// expect_tx); empty_do and empty_q (count 8: each consumer warp once its dV and dK products are
-// done; waited for both before S^T, released together); dq_full[c] (count
-// 128); dq_empty[c] (count 1), as in the d128 kernel, with one stage (item n: parity n & 1).
+// expect_tx); empty_do and empty_q (count 8: each consumer warp, dO once its dV product is done, Q
+// once its dK product is; waited for both before S^T); dq_full[c] (count 128); dq_empty[c] (count 1),
+// as in the d128 kernel, with one stage (item n: parity n & 1); kv_empty (count 8) as the d128
+// kernel's: K and V's shared memory back to the producer between a block's two key tiles.
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_bwd_ws.cuh"
 #include "kernels/cuda/flash_common.cuh"
@@ -74,12 +76,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* sStat = sdQ + 2 * kBr * kDn;                             // lse * log2 e [kBr], then D [kBr]
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const int k0 = int(blockIdx.z) * kBc, g = int(blockIdx.x), b = int(blockIdx.y);
   const int seq = int(p.seq), hd = int(p.head_dim);
   const int window = int(p.window);
-  const ws::Items<kBr, kBc> items(p, int(blockIdx.z), -1, g);
+  const auto [g, b, kt0, kt1] = ws::block_tiles<kBc>(p);
+  const ws::Items<kBr, kBc> items(p, kt0, kt1, g);
   const int n_items = items.count;
-  auto q_start = [&](int item) { return items.start(item); };
 
   if (tid == 0) bar.init();
   __syncthreads();  // the last block-wide barrier
@@ -106,9 +107,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* dq_tile = sdQ + cw * kBr * kDn;
 
   tma::mbar_wait(bar.kv, 0);
+  int k0 = kt0 * kBc;
 #pragma unroll 1
   for (int n = 0; n < n_items; ++n) {
-    const int q0 = q_start(n);
+    if (n == items.split) {  // the block's second key tile: its first's dK and dV out, K and V anew
+      sm90::store_dkv<kDn>(dka, dva, p, b, g, k0 + jl, dc0, col0, dk, dv);
+#pragma unroll
+      for (int i = 0; i < kDn / 2; ++i) dka[i] = dva[i] = 0.f;
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(bar.kv_empty);  // every product reading K and V has completed
+      k0 = kt1 * kBc;
+      tma::mbar_wait(bar.kv, 1);
+    }
+    const int q0 = items.start(n);
     bf16* cPt = sPt0 + (n & 1) * kBc * kBr;
     bf16* cdSt = sdSt0 + (n & 1) * kBc * kBr;
     const bool masked = q0 < k0 + kBc - 1 || q0 + kBr > seq || (window > 0 && q0 + kBr - 1 - k0 >= window);
@@ -144,14 +155,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dV += P^T dO and dK += dS^T Q (64 keys x columns dc0 ..), then dQ = dS K (64 queries x the same).
     float dqa[kDn / 2];
-    sm90::issue_dv_dk<kBr, kBc, kDn>(dva, dka, cPt, cdSt, sdO, sQ, dc0);
+    sm90::issue_dv_dk<kBr, kBc, kDn, true>(dva, dka, cPt, cdSt, sdO, sQ, dc0);
     sm90::issue_dq<kBc, kDn, false>(dqa, cdSt, sK, cw);
-    wgmma::wait_regs<1>(dva, dka);  // Q and dO are read no more (dQ reads dS^T and K)
+    // dO back once dV is done, Q once dK is (dQ reads dS^T and K): the producer loads the next dO
+    // while dK runs.
+    wgmma::wait_regs<2>(dva);
     __syncwarp();
-    if (lane == 0) {
-      tma::mbar_arrive(empty_do);
-      tma::mbar_arrive(empty_q);
-    }
+    if (lane == 0) tma::mbar_arrive(empty_do);
+    wgmma::wait_regs<1>(dka);
+    __syncwarp();
+    if (lane == 0) tma::mbar_arrive(empty_q);
     wgmma::wait_regs<0>(dqa);
 
     // dQ into this consumer's tile once the writer has read the previous item's, then to the writer.
@@ -181,8 +194,7 @@ void backward_sm90_ws_d256(const AttentionParams& p, const bf16* q, const bf16* 
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mdq = tma::make_bshd_map_f32(dq_acc, p.batch, p.seq, p.heads, p.head_dim, kBr);
-  const dim3 grid(unsigned(p.kv_heads), unsigned(p.batch), unsigned((p.seq + kBc - 1) / kBc));
-  kernel<<<grid, kThreads, kSmem, s>>>(mq, mk, mv, mdo, mdq, p, lse, dsum, dk, dv);
+  kernel<<<ws::launch_grid<kBc>(p), kThreads, kSmem, s>>>(mq, mk, mv, mdo, mdq, p, lse, dsum, dk, dv);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -76,8 +76,9 @@ __device__ __forceinline__ int issue_dq(float (&dqa)[kNq / 2], const bf16* sdS, 
 
 // dV += P^T dO and dK += dS^T Q for the kBc keys x kN head_dim columns from c0 (a multiple of 64):
 // P^T and dS^T (kBc keys x kBr queries, swizzled, K-major) and dO and Q (kBr rows, 64-column blocks,
-// read N-major) in shared memory; issued after a fence and committed, not waited for.
-template <int kBr, int kBc, int kN>
+// read N-major) in shared memory; issued after a fence and committed, not waited for. kTwoGroups: dV
+// and dK committed apart (two groups), so that a caller can hand dO back before dK is done.
+template <int kBr, int kBc, int kN, bool kTwoGroups = false>
 __device__ __forceinline__ void issue_dv_dk(float (&dva)[kN / 2], float (&dka)[kN / 2], const bf16* sPt,
                                             const bf16* sdSt, const bf16* sdO, const bf16* sQ, int c0) {
   const uint64_t dPt = wgmma::tile_desc(sPt, 16), ddSt = wgmma::tile_desc(sdSt, 16);
@@ -87,6 +88,7 @@ __device__ __forceinline__ void issue_dv_dk(float (&dva)[kN / 2], float (&dka)[k
 #pragma unroll
   for (int kk = 0; kk < kBr / 16; ++kk)
     Wgmma<kN>::template ss<0, 1>(dva, wgmma::desc_k_major<kBc>(dPt, 0, kk), wgmma::desc_mn_major<kBr>(ddOn, kk), 1);
+  if constexpr (kTwoGroups) wgmma::commit();
 #pragma unroll
   for (int kk = 0; kk < kBr / 16; ++kk)
     Wgmma<kN>::template ss<0, 1>(dka, wgmma::desc_k_major<kBc>(ddSt, 0, kk), wgmma::desc_mn_major<kBr>(dQn, kk), 1);
