@@ -46,6 +46,7 @@ if [ "$(tools/gpu/source_hash.sh)" != "$hash" ]; then
   exit 1
 fi
 mv .prebuilt/build-gpu.tar.xz.tmp .prebuilt/build-gpu.tar.xz
+echo "$hash" > build-gpu/PACKED_HASH  # tools/gpu/prebuilt.sh: this build-gpu is the one packed
 echo "prebuild: $(find .prebuilt/stage -type f | wc -l) files, $(du -h .prebuilt/build-gpu.tar.xz | cut -f1) packed" \
   "for $root (sources $(cat .prebuilt/stage/SOURCE_HASH))"
 rm -rf .prebuilt/stage

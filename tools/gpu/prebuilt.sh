@@ -11,8 +11,11 @@ _loom_prebuilt() {
   [ "$want" = "$have" ] || { echo "prebuilt: made from other sources ($have, these are $want), building here"; return 1; }
   root=$(tar -xJOf "$archive" SOURCE_ROOT)
   # On the machine and checkout that made the archive (a GPU script tried out on the CPU machine),
-  # build-gpu is the build it was packed from: unpacking over it would throw away its objects.
-  if [ "$(cd "$root" 2> /dev/null && pwd -P)" = "$(pwd -P)" ] && [ -f build-gpu/CMakeCache.txt ]; then
+  # build-gpu is the build it was packed from (prebuild.sh's PACKED_HASH): unpacking over it would
+  # throw away its objects. On the GPU machine the archive's path leads here too, but a build-gpu made
+  # there (a script that built here before) has no PACKED_HASH and is replaced.
+  if [ "$(cd "$root" 2> /dev/null && pwd -P)" = "$(pwd -P)" ] && [ -f build-gpu/CMakeCache.txt ] &&
+     [ "$(cat build-gpu/PACKED_HASH 2> /dev/null)" = "$want" ]; then
     echo "prebuilt: build-gpu is the build the archive was made from, kept as it is"
     return 0
   fi
