@@ -111,13 +111,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
   for (int n = 0; n < n_items; ++n) {
     if (n == items.split) {  // the block's second key tile: its first's dK and dV out, K and V anew
-      sm90::store_dkv<kDn>(dka, dva, p, b, g, k0 + jl, dc0, col0, dk, dv);
-#pragma unroll
-      for (int i = 0; i < kDn / 2; ++i) dka[i] = dva[i] = 0.f;
-      __syncwarp();
-      if (lane == 0) tma::mbar_arrive(bar.kv_empty);  // every product reading K and V has completed
+      ws::next_key_tile<kDn>(dka, dva, p, b, g, k0 + jl, dc0, col0, dk, dv, bar, lane);
       k0 = kt1 * kBc;
-      tma::mbar_wait(bar.kv, 1);
     }
     const int q0 = items.start(n);
     bf16* cPt = sPt0 + (n & 1) * kBc * kBr;

@@ -52,6 +52,21 @@ struct Barriers {
   }
 };
 
+// A consumer at its block's second key tile: the first tile's dK and dV (kN columns from c0, rows
+// j0 and j0 + 8) out and their accumulators zeroed, K and V's shared memory handed back (kv_empty: each
+// warp once every product reading them has completed) and the second tile's K and V waited for.
+template <int kN, int kStages>
+__device__ __forceinline__ void next_key_tile(float (&dka)[kN / 2], float (&dva)[kN / 2], const AttentionParams& p,
+                                              int b, int g, int j0, int c0, int col0, bf16* dk, bf16* dv,
+                                              const Barriers<kStages>& bar, int lane) {
+  sm90::store_dkv<kN>(dka, dva, p, b, g, j0, c0, col0, dk, dv);
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) dka[i] = dva[i] = 0.f;
+  __syncwarp();
+  if (lane == 0) tma::mbar_arrive(bar.kv_empty);
+  tma::mbar_wait(bar.kv, 1);
+}
+
 // A block's items: for the kBc keys of key tile kt0 of kv head g, the query tiles of kBr rows that
 // can see some of them (from kt0 kBc / kBr up to the last key's window, or seq), for every query head
 // of the group: the last query tile first, each tile for the group's heads in turn; then, where the
