@@ -61,10 +61,17 @@ void forward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const 
 // Warp-specialised forward: a TMA producer warpgroup and two ping-ponging consumer warpgroups.
 // sm90_ws_supported: causal attention, windowed or not (no soft-cap or segments), head_dim 64 to 256.
 bool sm90_ws_supported(const AttentionParams& p);
+// How blocks that walk query tiles take them: blockIdx.x, blockIdx.x + gridDim.x, ... (round robin),
+// or the next from a counter kept for the launch's stream on this device as a block nears the end
+// of its last (dynamic). kAuto: dynamic where it measured faster (ws_dynamic_pays).
+enum class TileOrder { kAuto, kRoundRobin, kDynamic };
 // blocks: 0 for a block per query tile; else that many blocks (at most one per tile), each walking
-// the tiles (kSm90WsPersistent: one per SM; the tests take fewer, so that each block walks many).
+// the tiles in `order` (kSm90WsPersistent: one per SM; the tests take fewer, so that each block
+// walks many).
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                     Stream s, int64_t blocks = 0);
+                     Stream s, int64_t blocks = 0, TileOrder order = TileOrder::kAuto);
+// Whether kAuto walks p's query tiles of `rows` rows dynamically.
+bool ws_dynamic_pays(const AttentionParams& p, int64_t rows);
 // The wgmma backward for head_dim <= 128 (flash_attention_bwd_sm90.cu): dQ added with atomics.
 void backward_sm90(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                    const float* lse, const float* dsum, float* dq_acc, bf16* dk, bf16* dv, Stream s);

@@ -7,10 +7,16 @@
 // Work item = (64 kC query rows, head, batch row), numbered with heads fastest, then batch rows, then
 // query tiles from the last (the longest causal rows first), so out and lse are written exactly
 // as the sm90 kernel (flash_attention_fwd_sm90.cu) writes them. A block of kC + 1 warpgroups
-// takes items blockIdx.x, blockIdx.x + gridDim.x, ...: one each when the grid has a block
-// per item (sm90_ws), or one block per SM walking them (sm90_ws_persistent: the producer loads the
-// next item's first keys and Q while the consumers finish the last one's products and write it,
-// instead of a new block starting cold).
+// takes item blockIdx.x when the grid has a block per item (sm90_ws), or, with one block per SM
+// (sm90_ws_persistent), walks items: the producer loads the next item's first keys and Q while the
+// consumers finish the last one's products and write it, instead of a new block starting cold. A
+// persistent block walks items round robin (blockIdx.x, blockIdx.x + gridDim.x, ...) or, where that
+// measured slower (ws_dynamic_pays), takes its next item from a counter in global memory as it nears
+// the end of the last (FlashAttention-3's dynamic scheduler): round robin over items ordered longest
+// first left the busiest SM about 3 % (b4 s2048) to 6 % (b1 s8192) above the mean in a simulation of
+// the causal items' lengths. Dynamic, the Q thread claims the items and publishes them in a
+// shared-memory ring of kRing (ring_full / ring_empty barriers) that the K/V producer and the
+// consumers read in the same order.
 //   warpgroup 0, producers: setmaxnreg down to 24 registers; one thread (warp 0) issues TMA tensor
 //     copies (128-byte swizzle, the wgmma::sw128 layout) of each item's key tiles' K and V (K one
 //     tile ahead: K(0), K(1), V(0), K(2), V(1), ...) into a ring of kStages stages per operand, each
@@ -54,6 +60,9 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/flash_common.cuh"
@@ -85,6 +94,9 @@ constexpr int ws_consumer_regs() {
 }
 constexpr int kTurnBar0 = 1;   // named barriers 1 .. kC (0 is __syncthreads)
 constexpr int kStoreBar0 = 4;  // 4 .. 3 + kC: consumer c's O tile is in shared memory
+// Items a block's roles may be apart: the Q thread claims and publishes them, the K/V producer and
+// the consumers take them in the same order.
+constexpr int kRing = 4;
 
 // Q buffers: two where they fit beside the K and V ring (head_dim 64 and 128), so that the producer
 // loads the next item's Q while the consumers still read this one's; one at head_dim 256.
@@ -106,7 +118,7 @@ template <int kD, int kBc, int kStages, int kC>
 __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                              const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o,
-                             AttentionParams p, float* __restrict__ lse) {
+                             AttentionParams p, float* __restrict__ lse, int* __restrict__ sched) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kC == 2 || kC == 3, "two or three consumer warpgroups");
   constexpr int kBr = ws_br<kC>(), kNs = kBc / 8, kNo = kD / 8, kBlocks = kD / 64;  // 64-column blocks per row
@@ -120,6 +132,9 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
+  // The block's items in the order it takes them (see kRing): ring_item[k % kRing] is its k-th.
+  __shared__ int ring_item[kRing];
+  __shared__ __align__(8) uint64_t ring_full[kRing], ring_empty[kRing];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
   bf16* sK0 = sQ + kQStages * kBr * kD;  // Q buffer qs at sQ + qs * kBr * kD
   bf16* sV0 = sK0 + kStages * kBc * kD;  // stage s of K / V at sK0 / sV0 + s * kBc * kD
@@ -143,12 +158,31 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     it.t_end = int((k_end + kBc - 1) / kBc);
     return it;
   };
+  // Persistent launches take items from the counters at sched; one block per item, or no counters, go
+  // round robin (blockIdx.x, blockIdx.x + gridDim.x, ...).
+  const bool dynamic = sched != nullptr && int(gridDim.x) < items;
+  // The block's pass-th item (items or more: none left). Dynamic: as the Q thread published it, the
+  // K/V producer (alone) or each consumer warp handing the ring's slot back once it has read it.
+  auto take_item = [&](int pass, bool alone) {
+    if (!dynamic) return int(blockIdx.x) + pass * int(gridDim.x);
+    const int r = pass % kRing;
+    tma::mbar_wait(&ring_full[r], uint32_t((pass / kRing) & 1));
+    const int i = ring_item[r];
+    if (!alone) __syncwarp();
+    if (alone || (threadIdx.x & 31) == 0) tma::mbar_arrive(&ring_empty[r]);
+    return i;
+  };
 
   if (tid == 0) {
 #pragma unroll
     for (int qs = 0; qs < kQStages; ++qs) {
       tma::mbar_init(&bar_q[qs], 1);
       tma::mbar_init(&empty_q[qs], kC);  // each consumer's thread 0, once its O tile has left the buffer
+    }
+#pragma unroll
+    for (int r = 0; r < kRing; ++r) {
+      tma::mbar_init(&ring_full[r], 1);
+      tma::mbar_init(&ring_empty[r], 1 + 4 * kC);  // the K/V producer and each consumer warp
     }
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -175,7 +209,9 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
           tma::copy_4d(tiles + s * kBc * kD + c * kBc * 64, map, &full[s], 64 * c, g, t * kBc, b);
       };
       int n0 = 0;  // the item's first key tile in the block's count
-      for (int i = int(blockIdx.x); i < items; i += int(gridDim.x)) {
+      for (int pass = 0;; ++pass) {
+        const int i = take_item(pass, true);
+        if (i >= items) break;
         const Item it = item_at(i);
         const int g = it.h / group;
         load(&map_k, sK0, full_k, empty_k, n0, it.t_begin, g, it.b);
@@ -188,16 +224,39 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
         }
         n0 += it.t_end - it.t_begin;
       }
-    } else if (tid == 32) {  // Q, as soon as its buffer is free: up to kQStages items ahead
+    } else if (tid == 32) {  // the block's items, and their Q as soon as its buffer is free: up to kQStages items ahead
       tma::prefetch_tensormap(&map_q);
-      for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
-        const Item it = item_at(i);
+      // Dynamic: the block's pass-th item, claimed and published for the other roles as soon as the
+      // item before it has its Q loads issued, before the wait for its buffer: the K/V producer, which
+      // runs up to two key tiles ahead of the consumers, may need it while the consumers are still
+      // on the item before the last (short items). Claimed once the buffer was free, it came too late
+      // for the K/V producer at b4 s2048 d128 (2 % slower than round robin, H100, session 56).
+      auto publish = [&](int pass, int i) {
+        const int r = pass % kRing;
+        tma::mbar_wait(&ring_empty[r], uint32_t((pass / kRing) & 1) ^ 1u);
+        ring_item[r] = i;
+        tma::mbar_arrive(&ring_full[r]);  // release: the other roles read ring_item[r] after their wait
+      };
+      for (int pass = 0;; ++pass) {
         const int qs = pass % kQStages;
+        const int i = !dynamic ? take_item(pass, true)
+                      : pass == 0 ? int(blockIdx.x)
+                                  : atomicAdd(sched, 1) + int(gridDim.x);  // counts from 0: the grid took items [0, gridDim.x)
+        if (dynamic) publish(pass, i);
+        if (i >= items) break;
         tma::mbar_wait(&empty_q[qs], uint32_t((pass / kQStages) & 1) ^ 1u);
+        const Item it = item_at(i);
         tma::mbar_arrive_expect_tx(&bar_q[qs], kQBytes);
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c)
           tma::copy_4d(sQ + (qs * kBlocks + c) * kBr * 64, &map_q, &bar_q[qs], 64 * c, it.h, int(it.q0), it.b);
+      }
+      if (dynamic) {  // every block's last claim is made: the last block resets the counters for the next launch
+        __threadfence();
+        if (atomicAdd(sched + 1, 1) == int(gridDim.x) - 1) {
+          atomicExch(sched, 0);
+          atomicExch(sched + 1, 0);
+        }
       }
     }
     return;  // the copies complete on the full barriers, which the consumers wait for before exiting
@@ -222,7 +281,9 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
   int out_qs = -1;  // the Q buffer whose rows still hold this consumer's last O tile on its way out
   int n0 = 0;  // as the producer's
 #pragma unroll 1
-  for (int i = int(blockIdx.x), pass = 0; i < items; i += int(gridDim.x), ++pass) {
+  for (int pass = 0;; ++pass) {
+    const int i = take_item(pass, false);
+    if (i >= items) break;
     const Item it = item_at(i);
     const int64_t q0 = it.q0;
     const int t_begin = it.t_begin, t_end = it.t_end, qs = pass % kQStages;
@@ -328,12 +389,37 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
 #endif
 }
 
+// A persistent launch's item counters, [next item, blocks done]: one pair per (device, stream), so
+// that launches that may run at once never share one. They are zero between launches (zero in a
+// new module; the last block of a launch resets them). Beyond kSchedSlots streams on a device a
+// launch goes round robin (nullptr).
+constexpr int kSchedSlots = 64, kSchedDevices = 64;
+__device__ int g_sched[kSchedSlots][2];
+int* schedule_counters(Stream s) {
+  static std::mutex mu;
+  static std::map<std::pair<int, Stream>, int*> slots;
+  static int used[kSchedDevices] = {};
+  int dev = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, s);
+  if (auto it = slots.find(key); it != slots.end()) return it->second;
+  if (dev < 0 || dev >= kSchedDevices || used[dev] == kSchedSlots) return nullptr;
+  void* base = nullptr;
+  LOOM_CUDA_CHECK(cudaGetSymbolAddress(&base, g_sched));
+  int* slot = static_cast<int*>(base) + 2 * used[dev]++;
+  slots.emplace(key, slot);
+  return slot;
+}
+
 template <int kD, int kBc, int kStages, int kC>
 void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-               int64_t blocks, Stream s) {
+               int64_t blocks, TileOrder order, Stream s) {
   auto* kernel = flash_fwd_sm90_ws_kernel<kD, kBc, kStages, kC>;
   constexpr size_t kSmem = ws_smem<kD, kBc, kStages, kC>();
   constexpr int kBr = ws_br<kC>();
+  const bool dynamic = blocks > 0 && (order == TileOrder::kDynamic || (order == TileOrder::kAuto && ws_dynamic_pays(p, kBr)));
+  int* sched = dynamic ? schedule_counters(s) : nullptr;
   allow_dynamic_smem<flash_fwd_sm90_ws_kernel<kD, kBc, kStages, kC>>(kSmem);
   const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kBr);
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
@@ -341,7 +427,7 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
   const CUtensorMap mo = tma::make_bshd_map(out, p.batch, p.seq, p.heads, p.head_dim, 64);  // a consumer's 64 rows
   const int64_t items = (p.seq + kBr - 1) / kBr * p.heads * p.batch;
   LOOM_CHECK(items < (int64_t(1) << 31), "flash forward_sm90_ws: ", items, " query tiles do not fit an int");
-  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), ws_threads<kC>(), kSmem, s>>>(mq, mk, mv, mo, p, lse);
+  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), ws_threads<kC>(), kSmem, s>>>(mq, mk, mv, mo, p, lse, sched);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 
@@ -354,11 +440,20 @@ bool sm90_ws_supported(const AttentionParams& p) {
          p.head_dim % 8 == 0 && p.window < (int64_t(1) << 30) && p.seq < (int64_t(1) << 30);  // int positions
 }
 
+// Persistent forward, one block per SM, H100 (bench/results/session56, A/B against round robin in one
+// call): dynamic b1 s8192 d128 0.972-0.978, b1 s32768 0.974-0.976, b4 s2048 h16/8 d256 0.976-0.982,
+// b4 s2048 d64 0.990-0.999; but b4 s2048 d128 1.021-1.025 (its items of 1 to 3 key tiles, a sixth of
+// them, may wait for a claim's round trip: not established). Dynamic above head_dim 128 and from 32
+// query tiles a row.
+bool ws_dynamic_pays(const AttentionParams& p, int64_t rows) {
+  return p.head_dim > 128 || (p.seq + rows - 1) / rows >= 32;
+}
+
 void forward_sm90_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf16* v, bf16* out, float* lse,
-                     Stream s, int64_t blocks) {
-  if (p.head_dim <= 64) launch_ws<64, 128, 2, 3>(p, q, k, v, out, lse, blocks, s);
-  else if (p.head_dim <= 128) launch_ws<128, 128, 2, 2>(p, q, k, v, out, lse, blocks, s);
-  else launch_ws<256, 80, 2, 2>(p, q, k, v, out, lse, blocks, s);
+                     Stream s, int64_t blocks, TileOrder order) {
+  if (p.head_dim <= 64) launch_ws<64, 128, 2, 3>(p, q, k, v, out, lse, blocks, order, s);
+  else if (p.head_dim <= 128) launch_ws<128, 128, 2, 2>(p, q, k, v, out, lse, blocks, order, s);
+  else launch_ws<256, 80, 2, 2>(p, q, k, v, out, lse, blocks, order, s);
 }
 
 }  // namespace loom::cuda::flash

@@ -6,6 +6,7 @@
 // wherever it applies (on an H200: mma.sync, sm90 and the warp-specialised sm90 kernels).
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -263,7 +264,8 @@ TEST(FlashKernels, EachMatchesCpu) {
 // different first key tiles), and the two consumers' turns alternate across them. Block counts
 // that divide the tiles and that do not. Head dims below each kernel's width (96 and 136, 192) make
 // the O tiles' TMA stores clip columns, rows past seq clip rows, in every item a block takes, and the
-// two Q buffers (head_dim 64 and 128) alternate.
+// two Q buffers (head_dim 64 and 128) alternate. Both orders of taking tiles: round robin, and from
+// the stream's counter (dynamic: its reset between launches is checked by every launch after the first).
 TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
   LOOM_REQUIRE_GPU();
   if (!cuda::flash::sm90_ready()) GTEST_SKIP() << "no sm_90a";
@@ -275,15 +277,62 @@ TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
                         {2, 97, 2, 2, 136, 0.f, 0, false},    {1, 700, 4, 2, 128, 0.f, 300, false},
                         {1, 500, 4, 4, 256, 0.f, 200, false}, {2, 129, 4, 1, 256, 0.f, 70, false},
                         {2, 300, 4, 2, 96, 0.f, 0, false},    {1, 250, 2, 2, 192, 0.f, 0, false}};
+  using cuda::flash::TileOrder;
   uint32_t seed = 700;
   for (const Case& c : cases) {
-    for (int64_t blocks : {1, 3, 7, 1}) {  // twice on one block: a race need not show the first time
-      seed += 4;
-      check_forward<bf16>(c, seed, "sm90_ws over " + std::to_string(blocks) + " blocks: ",
-                          [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, bf16* out,
-                              float* lse) { cuda::flash::forward_sm90_ws(pp, q, k, v, out, lse, nullptr, blocks); });
+    for (TileOrder order : {TileOrder::kRoundRobin, TileOrder::kDynamic}) {
+      for (int64_t blocks : {1, 3, 7, 1}) {  // twice on one block: a race need not show the first time
+        seed += 4;
+        const std::string what = std::string("sm90_ws over ") + std::to_string(blocks) + " blocks, " +
+                                 (order == TileOrder::kDynamic ? "dynamic" : "round robin") + ": ";
+        check_forward<bf16>(c, seed, what,
+                            [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                                float* lse) { cuda::flash::forward_sm90_ws(pp, q, k, v, out, lse, nullptr, blocks, order); });
+      }
     }
   }
+}
+
+// A persistent forward's blocks take items from counters kept per stream: two launches queued on two
+// streams at once each compute every item (counters shared between them would hand some of one
+// launch's items to the other's blocks, and the other launch would skip them). The second stream's
+// output must equal the checked one's bit for bit (an item's arithmetic does not depend on the block
+// that takes it).
+TEST(FlashKernels, PersistentForwardOnTwoStreams) {
+  LOOM_REQUIRE_GPU();
+  if (!cuda::flash::sm90_ready()) GTEST_SKIP() << "no sm_90a";
+  const Case cases[] = {{2, 1000, 8, 2, 128, 0.f, 0, false}, {1, 900, 8, 4, 64, 0.f, 0, false},
+                        {1, 700, 4, 2, 256, 0.f, 0, false}};
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    for (int64_t blocks : {2, 5}) {
+      seed += 4;
+      const size_t nq = c.batch * c.seq * c.heads * c.d, nrows = c.batch * c.heads * c.seq;
+      DeviceBuffer<bf16> out2(nq);
+      DeviceBuffer<float> lse2(nrows);
+      check_forward<bf16>(c, seed, "sm90_ws persistent on two streams over " + std::to_string(blocks) + " blocks: ",
+                          [&](const AttentionParams& pp, const bf16* q, const bf16* k, const bf16* v, bf16* out,
+                              float* lse) {
+                            for (int rep = 0; rep < 3; ++rep) {  // the counters reset between a stream's launches
+                              cuda::flash::forward_sm90_ws(pp, q, k, v, out2.get(), lse2.get(), s1, blocks,
+                                                           cuda::flash::TileOrder::kDynamic);
+                              cuda::flash::forward_sm90_ws(pp, q, k, v, out, lse, s2, blocks,
+                                                           cuda::flash::TileOrder::kDynamic);
+                            }
+                            ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
+                            ASSERT_EQ(cudaStreamSynchronize(s2), cudaSuccess);
+                            std::vector<bf16> a(nq), b(nq);
+                            ASSERT_EQ(cudaMemcpy(a.data(), out, nq * sizeof(bf16), cudaMemcpyDeviceToHost), cudaSuccess);
+                            b = out2.to_host();
+                            EXPECT_EQ(std::memcmp(a.data(), b.data(), nq * sizeof(bf16)), 0) << name_of(c);
+                          });
+    }
+  }
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
 }
 
 // What the dispatcher picks: on sm_90a the warp-specialised kernels for causal attention (with or
