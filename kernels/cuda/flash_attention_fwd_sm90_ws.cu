@@ -392,7 +392,8 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
 // A persistent launch's item counters, [next item, blocks done]: one pair per (device, stream), so
 // that launches that may run at once never share one. They are zero between launches (zero in a
 // new module; the last block of a launch resets them). Beyond kSchedSlots streams on a device a
-// launch goes round robin (nullptr).
+// launch goes round robin (nullptr). A CUDA graph replayed on another stream than it was captured on
+// would keep the capture stream's counters (Loom captures none).
 constexpr int kSchedSlots = 64, kSchedDevices = 64;
 __device__ int g_sched[kSchedSlots][2];
 int* schedule_counters(Stream s) {
