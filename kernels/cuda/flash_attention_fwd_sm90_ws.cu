@@ -12,9 +12,10 @@
 // consumers finish the last one's products and write it, instead of a new block starting cold. A
 // persistent block walks items round robin (blockIdx.x, blockIdx.x + gridDim.x, ...) or, where that
 // measured slower (ws_dynamic_pays), takes its next item from a counter in global memory as it nears
-// the end of the last (FlashAttention-3's dynamic scheduler): round robin over items ordered longest
-// first left the busiest SM about 3 % (b4 s2048) to 6 % (b1 s8192) above the mean in a simulation of
-// the causal items' lengths. Dynamic, the Q thread claims the items and publishes them in a
+// the end of the last (FlashAttention-3's dynamic scheduler): in a simulation of the causal items'
+// lengths (key tiles + 1 an item, 132 SMs), round robin over items ordered longest first gave the
+// busiest SM 152 units against greedy claiming's 148 at b4 s2048 d128, 552 against 521 at b1 s8192.
+// Dynamic, the Q thread claims the items and publishes them in a
 // shared-memory ring of kRing (ring_full / ring_empty barriers) that the K/V producer and the
 // consumers read in the same order.
 //   warpgroup 0, producers: setmaxnreg down to 24 registers; one thread (warp 0) issues TMA tensor
@@ -227,10 +228,9 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     } else if (tid == 32) {  // the block's items, and their Q as soon as its buffer is free: up to kQStages items ahead
       tma::prefetch_tensormap(&map_q);
       // Dynamic: the block's pass-th item, claimed and published for the other roles as soon as the
-      // item before it has its Q loads issued, before the wait for its buffer: the K/V producer, which
-      // runs up to two key tiles ahead of the consumers, may need it while the consumers are still
-      // on the item before the last (short items). Claimed once the buffer was free, it came too late
-      // for the K/V producer at b4 s2048 d128 (2 % slower than round robin, H100, session 56).
+      // item before it has its Q loads issued, before the wait for its buffer (the K/V producer runs
+      // up to two key tiles ahead of the consumers, so on short items it needs the next item early).
+      // Claiming after that wait instead measured the same (H100, session 56).
       auto publish = [&](int pass, int i) {
         const int r = pass % kRing;
         tma::mbar_wait(&ring_empty[r], uint32_t((pass / kRing) & 1) ^ 1u);

@@ -324,9 +324,9 @@ TEST(FlashKernels, PersistentForwardOnTwoStreams) {
                             }
                             ASSERT_EQ(cudaStreamSynchronize(s1), cudaSuccess);
                             ASSERT_EQ(cudaStreamSynchronize(s2), cudaSuccess);
-                            std::vector<bf16> a(nq), b(nq);
+                            std::vector<bf16> a(nq);
                             ASSERT_EQ(cudaMemcpy(a.data(), out, nq * sizeof(bf16), cudaMemcpyDeviceToHost), cudaSuccess);
-                            b = out2.to_host();
+                            const std::vector<bf16> b = out2.to_host();
                             EXPECT_EQ(std::memcmp(a.data(), b.data(), nq * sizeof(bf16)), 0) << name_of(c);
                           });
     }
