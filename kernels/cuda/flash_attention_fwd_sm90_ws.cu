@@ -39,7 +39,10 @@
 // slack); at head_dim 64 2 x Q 24 KB (192 rows) + 2 x (16 + 16 KB) = 112 KB. Head dims 129 to 256
 // run the 256-wide kernel (the TMA boxes past the row read zeros) with key tiles of 80,
 // FlashAttention-3's choice there, and one Q buffer: Q 64 KB + 2 x (K 40 KB + V 40 KB) = 224 KB,
-// and a consumer thread holds O (128 registers), S (40) and P (20).
+// and a consumer thread holds O (128 registers), S (40) and P (20). With one buffer, as
+// FlashAttention-3 does, Q is handed back once the item's last S has completed, so the next item's Q
+// loads during the last softmax and P V, and O leaves from registers (16-byte stores, whole sectors)
+// instead of through Q's rows, which by then hold the next item's Q.
 // Barrier protocol (key tile n counts the block's key tiles over all its items):
 //   full_k[s], full_v[s] (count 1): the producer's arrive.expect_tx(tile bytes); TMA completes the
 //     transactions. Key tile n uses stage n % kStages and phase parity (n / kStages) & 1.
@@ -47,10 +50,11 @@
 //     has completed (K after S(t) is waited for, V after P(t) V(t) is). The producer waits on them
 //     with the opposite parity, so its first pass through the ring does not wait.
 //   bar_q[qs] (count 1): the block's k-th item's Q landed in buffer qs = k % kQStages (parity
-//     (k / kQStages) & 1). empty_q[qs] (count kC: each consumer's thread 0) once the consumer's O tile
-//     of that item, written over its rows of Q, has been read by its TMA store (with two buffers the
-//     consumer checks this after the next item's first S, so the store overlaps that product); the
-//     producer waits for it (the opposite parity) before loading item k + kQStages's Q over it.
+//     (k / kQStages) & 1). Two buffers: empty_q[qs] (count kC: each consumer's thread 0) once the
+//     consumer's O tile of that item, written over its rows of Q, has been read by its TMA store
+//     (checked after the next item's first S, so the store overlaps that product). One buffer:
+//     empty_q[0] (count 4 kC: each consumer warp) once the item's last S has completed. The producer
+//     waits for it (the opposite parity) before loading item k + kQStages's Q over it.
 //   Named barriers 4 .. 3 + kC (128 threads): consumer c's O tile is in shared memory.
 //   Named barriers 1 .. kC (256 threads): consumer c's turn to issue its wgmma batch. A consumer
 //     syncs on its own barrier, issues, then arrives on the next one's (c + 1 mod kC); the last
@@ -119,7 +123,8 @@ template <int kD, int kBc, int kStages, int kC>
 __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
                              const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_o,
-                             AttentionParams p, float* __restrict__ lse, int* __restrict__ sched) {
+                             AttentionParams p, bf16* __restrict__ out, float* __restrict__ lse,
+                             int* __restrict__ sched) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kC == 2 || kC == 3, "two or three consumer warpgroups");
   constexpr int kBr = ws_br<kC>(), kNs = kBc / 8, kNo = kD / 8, kBlocks = kD / 64;  // 64-column blocks per row
@@ -178,7 +183,9 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
 #pragma unroll
     for (int qs = 0; qs < kQStages; ++qs) {
       tma::mbar_init(&bar_q[qs], 1);
-      tma::mbar_init(&empty_q[qs], kC);  // each consumer's thread 0, once its O tile has left the buffer
+      // Two buffers: each consumer's thread 0, once its O tile has left the buffer. One: each consumer
+      // warp, once its item's last S has completed (O then goes out from registers).
+      tma::mbar_init(&empty_q[qs], kQStages > 1 ? kC : 4 * kC);
     }
 #pragma unroll
     for (int r = 0; r < kRing; ++r) {
@@ -302,6 +309,7 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     issue_s(n0);
     wgmma::wait_regs<0>(sacc);
     release(&empty_k[n0 % kStages]);
+    if (kQStages == 1 && t_end - t_begin == 1) release(&empty_q[qs]);  // the item's only S: Q is read
     if (kQStages > 1 && out_qs >= 0) {  // the last item's O has been read out of its Q buffer: free it
       if (store_thread) {
         tma::bulk_wait_read<0>();
@@ -355,28 +363,32 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
       wgmma::wait_regs<1>(sacc);
       if (tn < t_end) {
         release(&empty_k[(n + 1) % kStages]);
+        // One Q buffer: the item's last S has completed, so the next item's Q may load over this one
+        // while the last softmax and P V run.
+        if (kQStages == 1 && tn + 1 == t_end) release(&empty_q[qs]);
         is_masked = masked(tn);
       }
     }
     // Once this wait returns the last P V has completed (its V stage is free) and so has the last
-    // S: this consumer's 64 rows of Q are no longer read, and take its O tile on its way out (a TMA
-    // store, which leaves out rows past seq and columns past head_dim). With two Q buffers the
-    // buffer is handed back to the producer once the store has read it, after the next item's first
-    // S; with one, at once.
+    // S. With two Q buffers this consumer's 64 rows of Q take its O tile on its way out (a TMA
+    // store, which leaves out rows past seq and columns past head_dim), and the buffer is handed
+    // back to the producer once the store has read it, after the next item's first S. With one
+    // (head_dim 256) the buffer went back after the last S, so that the next item's Q loads during
+    // the last softmax and P V, and O goes out from registers in 16-byte stores.
     wgmma::wait_regs<0>(oacc);
     release(&empty_v[(n0 + t_end - t_begin - 1) % kStages]);
-    sm90::store_rows_tile<kNo, kBr>(p, oacc, m, l, it.b, it.h, row0, 64 * cw + 16 * (warp & 3) + (lane >> 2), col0,
-                                    lane, sQi, lse);
-    wgmma::fence_proxy_async();  // the tile's writes, visible to the copy engine
-    tma::named_sync(kStoreBar0 + cw, 128);
-    if (store_thread) {
+    if constexpr (kQStages == 1) {
+      sm90::store_rows_wide<kNo>(p, oacc, m, l, it.b, it.h, row0, lane, out, lse);
+    } else {
+      sm90::store_rows_tile<kNo, kBr>(p, oacc, m, l, it.b, it.h, row0, 64 * cw + 16 * (warp & 3) + (lane >> 2), col0,
+                                      lane, sQi, lse);
+      wgmma::fence_proxy_async();  // the tile's writes, visible to the copy engine
+      tma::named_sync(kStoreBar0 + cw, 128);
+      if (store_thread) {
 #pragma unroll
-      for (int c = 0; c < kBlocks; ++c)
-        tma::store_4d(&map_o, sQi + c * kBr * 64 + 64 * cw * 64, 64 * c, it.h, int(q0) + 64 * cw, it.b);
-      tma::bulk_commit();
-      if constexpr (kQStages == 1) {
-        tma::bulk_wait_read<0>();
-        tma::mbar_arrive(&empty_q[qs]);
+        for (int c = 0; c < kBlocks; ++c)
+          tma::store_4d(&map_o, sQi + c * kBr * 64 + 64 * cw * 64, 64 * c, it.h, int(q0) + 64 * cw, it.b);
+        tma::bulk_commit();
       }
     }
     if constexpr (kQStages > 1) out_qs = qs;
@@ -428,7 +440,8 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
   const CUtensorMap mo = tma::make_bshd_map(out, p.batch, p.seq, p.heads, p.head_dim, 64);  // a consumer's 64 rows
   const int64_t items = (p.seq + kBr - 1) / kBr * p.heads * p.batch;
   LOOM_CHECK(items < (int64_t(1) << 31), "flash forward_sm90_ws: ", items, " query tiles do not fit an int");
-  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), ws_threads<kC>(), kSmem, s>>>(mq, mk, mv, mo, p, lse, sched);
+  kernel<<<unsigned(blocks > 0 ? std::min(items, blocks) : items), ws_threads<kC>(), kSmem, s>>>(mq, mk, mv, mo, p, out, lse,
+                                                                                                    sched);
   LOOM_CUDA_LAUNCH_CHECK();
 }
 

@@ -105,6 +105,53 @@ __device__ __forceinline__ void store_rows(const AttentionParams& p, const float
   }
 }
 
+// store_rows with 16-byte stores: within each group of four 8-column fragments the quad's threads
+// trade their bf16 pairs (a 4 x 4 transpose in two butterfly steps, four shuffles), so thread q of
+// the quad writes fragment 4 g + q's 8 columns at once and a warp's store covers 8 rows of 64
+// contiguous bytes, whole 32-byte sectors (store_rows' 4-byte stores fill half of each). kNo a
+// multiple of 4; out 16-byte aligned and head_dim a multiple of 8 (sm90_ws_supported).
+template <int kNo>
+__device__ __forceinline__ void store_rows_wide(const AttentionParams& p, const float (&oacc)[4 * kNo],
+                                                const float (&m)[2], const float (&l)[2], int64_t b, int64_t h,
+                                                int64_t row0, int lane, bf16* __restrict__ out,
+                                                float* __restrict__ lse) {
+  static_assert(kNo % 4 == 0, "groups of four fragments");
+  const int64_t q_stride = p.heads * p.head_dim;
+  const int hd = int(p.head_dim), q = lane & 3;
+  const bool odd = q & 1, high = q & 2;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(l[r]);
+    const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
+    const int64_t i = row0 + 8 * r;
+    bf16* orow = out + (b * p.seq + (i < p.seq ? i : 0)) * q_stride + h * p.head_dim;
+#pragma unroll
+    for (int g = 0; g < kNo / 4; ++g) {
+      uint32_t w[4], a[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(oacc[4 * (4 * g + j) + 2 * r] * inv,
+                                                       oacc[4 * (4 * g + j) + 2 * r + 1] * inv);
+        w[j] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      // Step 1 (partner q ^ 1): slot 2 m + e holds thread (q & ~1) + e's word 2 m + (q & 1).
+#pragma unroll
+      for (int mm = 0; mm < 2; ++mm) {
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? w[2 * mm] : w[2 * mm + 1], 1);
+        a[2 * mm] = odd ? got : w[2 * mm];
+        a[2 * mm + 1] = odd ? w[2 * mm + 1] : got;
+      }
+      // Step 2 (partner q ^ 2): slot s holds thread s's word q, columns 8 (4 g + q) + 2 s and + 1.
+      const uint32_t g0 = __shfl_xor_sync(0xffffffffu, high ? a[0] : a[2], 2);
+      const uint32_t g1 = __shfl_xor_sync(0xffffffffu, high ? a[1] : a[3], 2);
+      const uint4 x = high ? make_uint4(g0, g1, a[2], a[3]) : make_uint4(a[0], a[1], g0, g1);
+      const int col = 8 * (4 * g + q);
+      if (i < p.seq && col < hd) *reinterpret_cast<uint4*>(orow + col) = x;
+    }
+    if (q == 0 && i < p.seq) lse[(b * p.heads + h) * p.seq + i] = row_lse(p, m[r], sum);
+  }
+}
+
 // store_rows into shared memory: out = O / l as bf16 at rows tile_row0 and tile_row0 + 8 of a
 // 128-byte-swizzled kRows-row tile (wgmma::sw128, columns 8 n + col0 + {0, 1}; a TMA store then
 // writes the tile, leaving out rows past seq and columns past head_dim), lse as store_rows writes it.

@@ -263,8 +263,10 @@ TEST(FlashKernels, EachMatchesCpu) {
 // the key-tile ring and Q's barriers run on across tiles of different lengths (and, with a window,
 // different first key tiles), and the two consumers' turns alternate across them. Block counts
 // that divide the tiles and that do not. Head dims below each kernel's width (96 and 136, 192) make
-// the O tiles' TMA stores clip columns, rows past seq clip rows, in every item a block takes, and the
-// two Q buffers (head_dim 64 and 128) alternate. Both orders of taking tiles: round robin, and from
+// the O stores leave out columns (the TMA stores of head_dim 64 and 128, the register stores of the
+// 256-wide kernel), rows past seq are left out, in every item a block takes, the two Q buffers
+// (head_dim 64 and 128) alternate, and the 256-wide kernel's one Q buffer is loaded while the last
+// item's softmax and P V still run. Both orders of taking tiles: round robin, and from
 // the stream's counter (dynamic: its reset between launches is checked by every launch after the first).
 TEST(FlashKernels, WarpSpecialisedForwardWalksTiles) {
   LOOM_REQUIRE_GPU();
