@@ -55,7 +55,7 @@
 //     (checked after the next item's first S, so the store overlaps that product). One buffer:
 //     empty_q[0] (count 4 kC: each consumer warp) once the item's last S has completed. The producer
 //     waits for it (the opposite parity) before loading item k + kQStages's Q over it.
-//   Named barriers 4 .. 3 + kC (128 threads): consumer c's O tile is in shared memory.
+//   Named barriers 4 .. 3 + kC (128 threads; two Q buffers): consumer c's O tile is in shared memory.
 //   Named barriers 1 .. kC (256 threads): consumer c's turn to issue its wgmma batch. A consumer
 //     syncs on its own barrier, issues, then arrives on the next one's (c + 1 mod kC); the last
 //     consumer arrives once on consumer 0's at the start (0 goes first) and consumer 0 syncs once

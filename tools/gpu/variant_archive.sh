@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the CPU machine, after tools/gpu/prebuild.sh: one kernel variant for tools/gpu/ab_variants.sh as an
-# archive of bench/loom_bench and kernels/libloom_kernels.so alone (about 3.7 MB with xz -9e, against
+# archive of bench/loom_bench and kernels/libloom_kernels.so alone (about 3.6 MB with xz -9e, against
 # 5.7 MB with every shared library), so that four variants travel beside .prebuilt and .devdeps under
 # the 64 MiB a device call carries. The patch is applied to the tree, loom_bench is built in build-gpu
-# (ccache: the changed CUDA files only, seconds to a minute), the two files are packed, and the patch is
+# (the changed CUDA files only; with the launcher prebuild.sh configured, ccache), the two files are packed, and the patch is
 # reversed; the tree's build-gpu is left with the variant's objects, so run prebuild.sh again before
 # the tree's own archive is used here (on the GPU machine the carried .prebuilt is what runs).
 # On the GPU machine ab_variants.sh puts the variant's kernels/ first on LD_LIBRARY_PATH; the other
@@ -20,13 +20,12 @@ name=${1:?variant name} patch=${2:?patch file (git diff of the tree)}
 git apply --check "$patch"
 changed=$(git apply --numstat "$patch" | cut -f3)
 if echo "$changed" | grep -qv '^kernels/cuda/'; then
-  echo "variant_archive: $patch changes files outside kernels/cuda/ ($(echo "$changed" | grep -v '^kernels/' | tr '\n' ' '));" \
+  echo "variant_archive: $patch changes files outside kernels/cuda/ ($(echo "$changed" | grep -v '^kernels/cuda/' | tr '\n' ' '));" \
     "the archive would hold libloom_kernels.so alone" >&2
   exit 1
 fi
 git apply "$patch"
 trap 'git apply -R "$patch"' EXIT
-export CMAKE_CXX_COMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER:-$(command -v ccache || true)}
 ninja -C build-gpu -j"${JOBS:-$(nproc)}" loom_bench > "/tmp/variant_$name.log" 2>&1 ||
   { tail -30 "/tmp/variant_$name.log"; exit 1; }
 stage=$(mktemp -d)
