@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(128 * kWG, 1)
     // (b) O += P(t-1) V(t-1) has finished: its registers (O, P) may be written again.
     wgmma::wait_regs<0>(oacc);
     sm90::pack_p<kNs>(pf, sacc);
-    sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
+    sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum moved
 
     // (c) K(tn) and V(t) have landed, and every warp is done with K(t) and V(t-1).
     flash::cp_async_wait<0>();

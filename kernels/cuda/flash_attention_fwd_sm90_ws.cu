@@ -345,7 +345,7 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
       wgmma::wait_regs<0>(oacc);
       if (t > t_begin) release(&empty_v[(n - 1) % kStages]);
       sm90::pack_p<kNs>(pf, sacc);
-      sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum grew
+      sm90::rescale_o<kNo>(oacc, corr);  // skipped by warps none of whose rows' maximum moved
 
       // This warpgroup's turn at the tensor cores.
       tma::named_sync(my_turn, 256);

@@ -14,6 +14,10 @@
 
 namespace loom::cuda::flash::sm90 {
 
+// How far (log2 units) a row's running maximum may trail its true maximum: P and l are then up to
+// 2^8 times their usual size, far inside f32's and bf16's range.
+inline constexpr float kLazyRescale = 8.f;
+
 // Online softmax of one tile of S, in place: S becomes exp2((S - m_new) scale_log2); l and m are
 // updated and corr receives each row's rescale factor for O (0 while nothing was visible).
 template <int kNs>
@@ -26,11 +30,17 @@ __device__ __forceinline__ void online_softmax(float (&sacc)[4 * kNs], float (&m
     for (int n = 0; n < kNs; ++n) mx = nan_fmaxf(mx, nan_fmaxf(sacc[4 * n + 2 * r], sacc[4 * n + 2 * r + 1]));
     mx = nan_fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // a NaN score makes the row NaN
     mx = nan_fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // The row keeps its maximum unless the tile's exceeds it by more than kLazyRescale (log2
+    // units): exponentials up to 2^kLazyRescale are exact enough in f32 and bf16, and O is rescaled
+    // only when a row's maximum moves (FlashAttention-4's conditional rescale). A NaN or a first
+    // visible score (m = -inf) always moves it.
     const float mn = nan_fmaxf(m[r], mx);
-    const float mu = mn == -INFINITY ? 0.f : mn;
-    corr[r] = fast_exp2((m[r] - mu) * scale_log2);
+    const bool moves = !((mn - m[r]) * scale_log2 <= kLazyRescale);
+    const float mk = moves ? mn : m[r];
+    const float mu = mk == -INFINITY ? 0.f : mk;
+    corr[r] = moves ? fast_exp2((m[r] - mu) * scale_log2) : 1.f;
     const float nb = -mu * scale_log2;
-    m[r] = mn;
+    m[r] = mk;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kNs; ++n) {
@@ -54,8 +64,9 @@ __device__ __forceinline__ void pack_p(uint32_t (&pf)[kNs / 2][4], const float (
   }
 }
 
-// O *= corr per row. Rows whose maximum did not grow have corr == 1 exactly (2^0); later tiles of a
-// causal row rarely raise it, so the warp skips the rescale when none of its rows needs it.
+// O *= corr per row. Rows whose kept maximum did not move (online_softmax moves it only when a tile's
+// exceeds it by more than kLazyRescale) have corr == 1 exactly, so after a row's first tiles the
+// warp almost always skips the rescale: none of its rows needs it.
 template <int kNo>
 __device__ __forceinline__ void rescale_o(float (&oacc)[4 * kNo], const float (&corr)[2]) {
   if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
