@@ -18,8 +18,9 @@ namespace loom::cuda::flash::sm90 {
 // 2^8 times their usual size, far inside f32's and bf16's range.
 inline constexpr float kLazyRescale = 8.f;
 
-// Online softmax of one tile of S, in place: S becomes exp2((S - m_new) scale_log2); l and m are
-// updated and corr receives each row's rescale factor for O (0 while nothing was visible).
+// Online softmax of one tile of S, in place: S becomes exp2((S - m) scale_log2) with m the row's kept
+// maximum (at most kLazyRescale below its true one); l and m are updated and corr receives each row's
+// rescale factor for O (1 when m stayed, 0 while nothing was visible).
 template <int kNs>
 __device__ __forceinline__ void online_softmax(float (&sacc)[4 * kNs], float (&m)[2], float (&l)[2], float (&corr)[2],
                                                float scale_log2) {
