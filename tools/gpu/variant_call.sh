@@ -49,6 +49,7 @@ elif [ -n "${VARS:-}" ]; then
   el "A/B"
 fi
 
+[ -z "${NCU_PAIRS:-}" ] || command -v ncu > /dev/null || { echo "variant_call: no ncu on this machine, no profiles"; NCU_PAIRS=""; }
 for pair in ${NCU_PAIRS:-}; do
   case=${pair%%|*} kernel=${pair#*|}
   tag=$(echo "$case" | sed 's|/bf16/|_|; s|/|_|g')
