@@ -5,8 +5,9 @@
 // tile's keys at the tile holding its first row's first visible key.
 //
 // Work item = (64 kC query rows, head, batch row), numbered with heads fastest, then batch rows, then
-// query tiles from the last (the longest causal rows first), so out and lse are written exactly
-// as the sm90 kernel (flash_attention_fwd_sm90.cu) writes them. A block of kC + 1 warpgroups
+// query tiles from the last (the longest causal rows first; with three consumers the tiles are
+// counted back from seq, ws_tiles_from_end). A consumer computes only the key tiles its own 64 rows
+// can see (t_stop): past them it waits for each tile, hands it back and passes its turn. A block of kC + 1 warpgroups
 // takes item blockIdx.x when the grid has a block per item (sm90_ws), or, with one block per SM
 // (sm90_ws_persistent), walks items: the producer loads the next item's first keys and Q while the
 // consumers finish the last one's products and write it, instead of a new block starting cold. A
@@ -92,6 +93,22 @@ template <int kC>
 constexpr int ws_br() {
   return 64 * kC;
 }
+// Three consumers: query tiles of 192 rows end at seq (rounded up to 64) and are counted back from
+// there, so that where 192 does not divide seq the rows before 0 fall in the shortest item (one or two
+// key tiles) rather than rows past seq in the longest (a third of its products, measured 5.7 % of
+// the d64 forward at b4 s2048; H200, session 59). Those rows are whole consumers' 64: Q loads in a
+// box per consumer, none for them (no negative coordinates), and their O is not stored. Two
+// consumers (128 rows, which divide the usual lengths) keep tiles from row 0 and one box of 128 rows:
+// four 64-row boxes instead of two cost the d256 forward 5 % (one Q buffer, the next item's Q
+// loading in the last key tile's shadow).
+template <int kC>
+constexpr bool ws_tiles_from_end() {
+  return kC == 3;
+}
+template <int kC>
+constexpr int ws_q_box() {
+  return ws_tiles_from_end<kC>() ? 64 : ws_br<kC>();
+}
 constexpr int kProducerRegs = 24;
 template <int kC>
 constexpr int ws_consumer_regs() {
@@ -157,8 +174,11 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     Item it;
     it.h = i % heads;
     it.b = (i / heads) % int(p.batch);
-    it.q0 = int64_t(q_tiles - 1 - i / (heads * int(p.batch))) * kBr;  // the longest causal rows first
-    const int64_t k_end = it.q0 + kBr < p.seq ? it.q0 + kBr : p.seq;  // keys [k_begin, k_end); q0 < seq
+    // The longest causal rows first; three consumers: tiles counted back from seq rounded up to 64
+    // (ws_tiles_from_end: q0 a multiple of 64, > -kBr).
+    const int64_t tile = i / (heads * int(p.batch));
+    it.q0 = ws_tiles_from_end<kC>() ? (p.seq + 63) / 64 * 64 - (tile + 1) * kBr : (q_tiles - 1 - tile) * kBr;
+    const int64_t k_end = it.q0 + kBr < p.seq ? it.q0 + kBr : p.seq;  // keys [k_begin, k_end)
     const int64_t k_begin = p.window > 0 && it.q0 - p.window + 1 > 0 ? it.q0 - p.window + 1 : 0;
     it.t_begin = int(k_begin / kBc);
     it.t_end = int((k_end + kBc - 1) / kBc);
@@ -253,10 +273,15 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
         if (i >= items) break;
         tma::mbar_wait(&empty_q[qs], uint32_t((pass / kQStages) & 1) ^ 1u);
         const Item it = item_at(i);
-        tma::mbar_arrive_expect_tx(&bar_q[qs], kQBytes);
+        // Boxes of kQBox rows, none for rows before 0 (no negative coordinates: ws_tiles_from_end).
+        constexpr int kBoxes = kBr / ws_q_box<kC>();
+        const int first = it.q0 < 0 ? int(-it.q0 / ws_q_box<kC>()) : 0;
+        tma::mbar_arrive_expect_tx(&bar_q[qs], kQBytes / kBoxes * (kBoxes - first));
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c)
-          tma::copy_4d(sQ + (qs * kBlocks + c) * kBr * 64, &map_q, &bar_q[qs], 64 * c, it.h, int(it.q0), it.b);
+          for (int r = first; r < kBoxes; ++r)
+            tma::copy_4d(sQ + (qs * kBlocks + c) * kBr * 64 + r * ws_q_box<kC>() * 64, &map_q, &bar_q[qs], 64 * c,
+                         it.h, int(it.q0) + ws_q_box<kC>() * r, it.b);
       }
       if (dynamic) {  // every block's last claim is made: the last block resets the counters for the next launch
         __threadfence();
@@ -294,6 +319,11 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     const Item it = item_at(i);
     const int64_t q0 = it.q0;
     const int t_begin = it.t_begin, t_end = it.t_end, qs = pass % kQStages;
+    // This consumer's 64 rows see no key from tile t_stop on (causal: keys past its last row; at
+    // least one tile is computed): those tiles it only waits for and hands back, and passes its turn,
+    // so that the tensor cores go to the consumers whose rows see them.
+    const int64_t my_keys = std::min<int64_t>(q0 + 64 * cw + 64, p.seq);
+    const int t_stop = my_keys <= int64_t(t_begin + 1) * kBc ? t_begin + 1 : std::min<int>(t_end, int((my_keys + kBc - 1) / kBc));
     bf16* sQi = sQ + qs * kBr * kD;
     auto issue_s = [&](int n) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
       sm90::issue_qk<kD, kBr, kBc>(sacc, sQi, sK0 + (n % kStages) * kBc * kD, 64 * cw);
@@ -309,7 +339,7 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     issue_s(n0);
     wgmma::wait_regs<0>(sacc);
     release(&empty_k[n0 % kStages]);
-    if (kQStages == 1 && t_end - t_begin == 1) release(&empty_q[qs]);  // the item's only S: Q is read
+    if (kQStages == 1 && t_stop - t_begin == 1) release(&empty_q[qs]);  // the item's only S: Q is read
     if (kQStages > 1 && out_qs >= 0) {  // the last item's O has been read out of its Q buffer: free it
       if (store_thread) {
         tma::bulk_wait_read<0>();
@@ -328,8 +358,21 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     for (int t = t_begin; t < t_end; ++t) {
       const int64_t k0 = int64_t(t) * kBc;
       const int n = n0 + t - t_begin, tn = t + 1;
+      if (t >= t_stop) {  // nothing of K(t), V(t) is visible to these rows
+        if (t == t_stop) {  // O += P(t-1) V(t-1), the last product, has completed
+          wgmma::wait_regs<0>(oacc);
+          release(&empty_v[(n - 1) % kStages]);
+        }
+        tma::mbar_wait(&full_k[n % kStages], parity(n));
+        release(&empty_k[n % kStages]);
+        tma::mbar_wait(&full_v[n % kStages], parity(n));
+        release(&empty_v[n % kStages]);
+        tma::named_sync(my_turn, 256);
+        tma::named_arrive(other_turn, 256);
+        continue;
+      }
       // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
-      if (is_masked) {  // rows past seq are never written, and a valid row's key j <= i < seq
+      if (is_masked) {  // rows past seq or before 0 are never written, and a valid row's key j <= i < seq
         if (p.window > 0) mask_causal_window<kNs>(sacc, int(row0 - k0) - col0, int(p.window));
         else mask_causal<kNs>(sacc, int(row0 - k0) - col0);
       }
@@ -339,7 +382,7 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
       // (b) K(t+1) and V(t) have landed. These waits are spin loops, so they also end the basic block
       // of the softmax: without one here ptxas hoists the wait for O += P(t-1) V(t-1) below above
       // the exponentials, and the softmax no longer overlaps that product.
-      if (tn < t_end) tma::mbar_wait(&full_k[(n + 1) % kStages], parity(n + 1));
+      if (tn < t_stop) tma::mbar_wait(&full_k[(n + 1) % kStages], parity(n + 1));
       tma::mbar_wait(&full_v[n % kStages], parity(n));
       // (c) O += P(t-1) V(t-1) has completed: O and P may be written, and V(t-1)'s stage is free.
       wgmma::wait_regs<0>(oacc);
@@ -351,7 +394,7 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
       tma::named_sync(my_turn, 256);
       // (d) S(t+1) = Q K(t+1)^T, then (e) O += P(t) V(t): both in flight at once; the other
       // consumer's turn.
-      if (tn < t_end) issue_s(n + 1);
+      if (tn < t_stop) issue_s(n + 1);
       const uint64_t dv = wgmma::tile_desc(sV0 + (n % kStages) * kBc * kD, kBc * 128);
       wgmma::fence();
 #pragma unroll
@@ -361,11 +404,11 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
       // (f) S(t+1) is ready (the older group; a no-op when there is none) and K(t+1)'s stage is free;
       // O += P(t) V(t) may still run.
       wgmma::wait_regs<1>(sacc);
-      if (tn < t_end) {
+      if (tn < t_stop) {
         release(&empty_k[(n + 1) % kStages]);
         // One Q buffer: the item's last S has completed, so the next item's Q may load over this one
         // while the last softmax and P V run.
-        if (kQStages == 1 && tn + 1 == t_end) release(&empty_q[qs]);
+        if (kQStages == 1 && tn + 1 == t_stop) release(&empty_q[qs]);
         is_masked = masked(tn);
       }
     }
@@ -375,8 +418,10 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     // back to the producer once the store has read it, after the next item's first S. With one
     // (head_dim 256) the buffer went back after the last S, so that the next item's Q loads during
     // the last softmax and P V, and O goes out from registers in 16-byte stores.
-    wgmma::wait_regs<0>(oacc);
-    release(&empty_v[(n0 + t_end - t_begin - 1) % kStages]);
+    if (t_stop == t_end) {  // else released as the tiles past t_stop went by
+      wgmma::wait_regs<0>(oacc);
+      release(&empty_v[(n0 + t_end - t_begin - 1) % kStages]);
+    }
     if constexpr (kQStages == 1) {
       sm90::store_rows_wide<kNo>(p, oacc, m, l, it.b, it.h, row0, lane, out, lse);
     } else {
@@ -384,7 +429,7 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
                                       lane, sQi, lse);
       wgmma::fence_proxy_async();  // the tile's writes, visible to the copy engine
       tma::named_sync(kStoreBar0 + cw, 128);
-      if (store_thread) {
+      if (store_thread && q0 + 64 * cw >= 0) {
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c)
           tma::store_4d(&map_o, sQi + c * kBr * 64 + 64 * cw * 64, 64 * c, it.h, int(q0) + 64 * cw, it.b);
@@ -434,7 +479,7 @@ void launch_ws(const AttentionParams& p, const bf16* q, const bf16* k, const bf1
   const bool dynamic = blocks > 0 && (order == TileOrder::kDynamic || (order == TileOrder::kAuto && ws_dynamic_pays(p, kBr)));
   int* sched = dynamic ? schedule_counters(s) : nullptr;
   allow_dynamic_smem<flash_fwd_sm90_ws_kernel<kD, kBc, kStages, kC>>(kSmem);
-  const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, kBr);
+  const CUtensorMap mq = tma::make_bshd_map(q, p.batch, p.seq, p.heads, p.head_dim, ws_q_box<kC>());
   const CUtensorMap mk = tma::make_bshd_map(k, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mv = tma::make_bshd_map(v, p.batch, p.seq, p.kv_heads, p.head_dim, kBc);
   const CUtensorMap mo = tma::make_bshd_map(out, p.batch, p.seq, p.heads, p.head_dim, 64);  // a consumer's 64 rows
