@@ -273,15 +273,15 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
         if (i >= items) break;
         tma::mbar_wait(&empty_q[qs], uint32_t((pass / kQStages) & 1) ^ 1u);
         const Item it = item_at(i);
-        // Boxes of kQBox rows, none for rows before 0 (no negative coordinates: ws_tiles_from_end).
-        constexpr int kBoxes = kBr / ws_q_box<kC>();
-        const int first = it.q0 < 0 ? int(-it.q0 / ws_q_box<kC>()) : 0;
+        // Boxes of kBox rows, none for rows before 0 (no negative coordinates: ws_tiles_from_end).
+        constexpr int kBox = ws_q_box<kC>(), kBoxes = kBr / kBox;
+        const int first = it.q0 < 0 ? int(-it.q0 / kBox) : 0;
         tma::mbar_arrive_expect_tx(&bar_q[qs], kQBytes / kBoxes * (kBoxes - first));
 #pragma unroll
         for (int c = 0; c < kBlocks; ++c)
           for (int r = first; r < kBoxes; ++r)
-            tma::copy_4d(sQ + (qs * kBlocks + c) * kBr * 64 + r * ws_q_box<kC>() * 64, &map_q, &bar_q[qs], 64 * c,
-                         it.h, int(it.q0) + ws_q_box<kC>() * r, it.b);
+            tma::copy_4d(sQ + (qs * kBlocks + c) * kBr * 64 + r * kBox * 64, &map_q, &bar_q[qs], 64 * c, it.h,
+                         int(it.q0) + kBox * r, it.b);
       }
       if (dynamic) {  // every block's last claim is made: the last block resets the counters for the next launch
         __threadfence();
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     // least one tile is computed): those tiles it only waits for and hands back, and passes its turn,
     // so that the tensor cores go to the consumers whose rows see them.
     const int64_t my_keys = std::min<int64_t>(q0 + 64 * cw + 64, p.seq);
-    const int t_stop = my_keys <= int64_t(t_begin + 1) * kBc ? t_begin + 1 : std::min<int>(t_end, int((my_keys + kBc - 1) / kBc));
+    const int t_stop = std::min(t_end, std::max(t_begin + 1, int((my_keys + kBc - 1) / kBc)));
     bf16* sQi = sQ + qs * kBr * kD;
     auto issue_s = [&](int n) {  // S = Q K^T for this warpgroup's 64 rows (issued, not waited for)
       sm90::issue_qk<kD, kBr, kBc>(sacc, sQi, sK0 + (n % kStages) * kBc * kD, 64 * cw);
@@ -355,22 +355,9 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     bool is_masked = masked(t_begin);
 
 #pragma unroll 1
-    for (int t = t_begin; t < t_end; ++t) {
+    for (int t = t_begin; t < t_stop; ++t) {
       const int64_t k0 = int64_t(t) * kBc;
       const int n = n0 + t - t_begin, tn = t + 1;
-      if (t >= t_stop) {  // nothing of K(t), V(t) is visible to these rows
-        if (t == t_stop) {  // O += P(t-1) V(t-1), the last product, has completed
-          wgmma::wait_regs<0>(oacc);
-          release(&empty_v[(n - 1) % kStages]);
-        }
-        tma::mbar_wait(&full_k[n % kStages], parity(n));
-        release(&empty_k[n % kStages]);
-        tma::mbar_wait(&full_v[n % kStages], parity(n));
-        release(&empty_v[n % kStages]);
-        tma::named_sync(my_turn, 256);
-        tma::named_arrive(other_turn, 256);
-        continue;
-      }
       // (a) Mask and online softmax of S(t), in place (log2 units), while O += P(t-1) V(t-1) runs.
       if (is_masked) {  // rows past seq or before 0 are never written, and a valid row's key j <= i < seq
         if (p.window > 0) mask_causal_window<kNs>(sacc, int(row0 - k0) - col0, int(p.window));
@@ -418,11 +405,20 @@ __global__ void __launch_bounds__(ws_threads<kC>(), 1)
     // back to the producer once the store has read it, after the next item's first S. With one
     // (head_dim 256) the buffer went back after the last S, so that the next item's Q loads during
     // the last softmax and P V, and O goes out from registers in 16-byte stores.
-    if (t_stop == t_end) {  // else released as the tiles past t_stop went by
-      wgmma::wait_regs<0>(oacc);
-      release(&empty_v[(n0 + t_end - t_begin - 1) % kStages]);
+    wgmma::wait_regs<0>(oacc);
+    release(&empty_v[(n0 + t_stop - t_begin - 1) % kStages]);
+    // Key tiles past t_stop: nothing of them is visible to these rows. Each is waited for and handed
+    // back, and the turn passed, so that the ring's counts and the turns go on as for the others.
+#pragma unroll 1
+    for (int n = n0 + t_stop - t_begin; n < n0 + t_end - t_begin; ++n) {
+      tma::mbar_wait(&full_k[n % kStages], parity(n));
+      release(&empty_k[n % kStages]);
+      tma::mbar_wait(&full_v[n % kStages], parity(n));
+      release(&empty_v[n % kStages]);
+      tma::named_sync(my_turn, 256);
+      tma::named_arrive(other_turn, 256);
     }
-    if constexpr (kQStages == 1) {
+    if constexpr (kQStages == 1) {  // two consumers: tiles from row 0, no row before it
       sm90::store_rows_wide<kNo>(p, oacc, m, l, it.b, it.h, row0, lane, out, lse);
     } else {
       sm90::store_rows_tile<kNo, kBr>(p, oacc, m, l, it.b, it.h, row0, 64 * cw + 16 * (warp & 3) + (lane >> 2), col0,

@@ -136,8 +136,7 @@ __device__ __forceinline__ void store_rows_wide(const AttentionParams& p, const 
     const float sum = quad_sum(l[r]);
     const float inv = sum == 0.f ? 0.f : 1.f / sum;  // a NaN sum stays NaN
     const int64_t i = row0 + 8 * r;
-    const bool row_ok = i >= 0 && i < p.seq;  // forward tiles may start before row 0
-    bf16* orow = out + (b * p.seq + (row_ok ? i : 0)) * q_stride + h * p.head_dim;
+    bf16* orow = out + (b * p.seq + (i < p.seq ? i : 0)) * q_stride + h * p.head_dim;
 #pragma unroll
     for (int g = 0; g < kNo / 4; ++g) {
       uint32_t w[4], a[4];
@@ -159,9 +158,9 @@ __device__ __forceinline__ void store_rows_wide(const AttentionParams& p, const 
       const uint32_t g1 = __shfl_xor_sync(0xffffffffu, high ? a[1] : a[3], 2);
       const uint4 x = high ? make_uint4(g0, g1, a[2], a[3]) : make_uint4(a[0], a[1], g0, g1);
       const int col = 8 * (4 * g + q);
-      if (row_ok && col < hd) *reinterpret_cast<uint4*>(orow + col) = x;
+      if (i < p.seq && col < hd) *reinterpret_cast<uint4*>(orow + col) = x;
     }
-    if (q == 0 && row_ok) lse[(b * p.heads + h) * p.seq + i] = row_lse(p, m[r], sum);
+    if (q == 0 && i < p.seq) lse[(b * p.heads + h) * p.seq + i] = row_lse(p, m[r], sum);
   }
 }
 
