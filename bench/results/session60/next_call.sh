@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 60's device call, planned and not run (no device machine was lent in session 60). It checks
+# Session 60's device call (run once, on an H100: README section 3; rerun it for dqfold's other suites). It checks
 # on the GPU what sessions 59 and 60 built here: the landed forward (bc9501d, 39317ec: tests, and the
 # A/B against the kernels before it, variant `before`), and the dQ finished inside the backward kernel
 # (variant `dqfold`, bench/results/session60/dqfold.diff: its tests in every suite that runs
@@ -15,6 +15,8 @@
 set -u
 cd "$(dirname "$0")/../../.."
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+[ -f .devdeps/env.sh ] && source .devdeps/env.sh  # absl's libraries: without them most test binaries do not start
+source tools/gpu/prebuilt.sh
 T0=$(date +%s); el() { echo "[t=$(( $(date +%s) - T0 )) s] $*"; }; left() { echo $(( ${LIMIT:-540} - ($(date +%s) - T0) )); }
 
 # 1. The tree's attention tests, each variant's kernels_test_attention_cuda, the A/B (medians of 2 rounds).
