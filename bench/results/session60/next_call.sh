@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 60's device call (run once, on an H100: README section 3; rerun it for dqfold's other suites). It checks
+# Session 60's device call (run once, on an H100: README section 3; dqfold lost on time and was rejected,
+# so as a template swap in the next variants). It checks
 # on the GPU what sessions 59 and 60 built here: the landed forward (bc9501d, 39317ec: tests, and the
 # A/B against the kernels before it, variant `before`), and the dQ finished inside the backward kernel
 # (variant `dqfold`, bench/results/session60/dqfold.diff: its tests in every suite that runs
