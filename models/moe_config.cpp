@@ -2,6 +2,7 @@
 #include "models/moe_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "models/config_fields.h"
 
 namespace loom {
 

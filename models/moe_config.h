@@ -3,15 +3,14 @@
 // config.json files of both write, or `num_experts`, which hub Qwen3-MoE files write), the experts a
 // token uses, the expert width, whether the chosen weights are renormalised, the load-balancing
 // loss's coefficient, and which layers are MoE (Qwen3: every `decoder_sparse_step`-th layer not in
-// `mlp_only_layers`). The families (Mixtral, Qwen3-MoE) are not registered yet: the weights, the
-// block and the kernels come next (issue 33).
+// `mlp_only_layers`). The families that read them: models/families/mixtral.cpp and qwen3_moe.cpp.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "models/config_fields.h"
-
 namespace loom {
+
+class ConfigFields;  // models/config_fields.h
 
 struct MoeConfig {
   int64_t experts = 0;            // 0: a dense model

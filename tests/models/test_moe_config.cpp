@@ -7,6 +7,8 @@
 
 #include <fstream>
 
+#include "models/config_fields.h"
+
 namespace loom {
 namespace {
 
