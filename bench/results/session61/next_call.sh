@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 61's device call: the dQ hand-over variant (its tests and the A/B against the tree), then the
 # 1B scoreboard row against Unsloth (MODES, default none; UNSLOTH, default lora-nogc; LIMIT s, default 420).
-# Here first:  tools/gpu/variant_archive.sh dqlate bench/results/session61/bwd_d128_dq_handover_after_dk.diff
+# Here first:  tools/gpu/variant_archive.sh dqlate bench/results/session61/bwd_dq_handover_after_dk.diff
 # There (carry .devdeps .prebuilt .peers scratch/variants/dqlate.tar.xz):
 #   bash bench/results/session61/next_call.sh
 set -u
