@@ -17,15 +17,17 @@ import re
 import sys
 
 FUNC = re.compile(r"^\.text\.(\S+):")
-FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
+FILE_LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
 INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-HOT = re.compile(r"^\s+([0-9a-f]+)\s+(\d+)\s+[\d.]+%\s+(.*)$")
+HOT = re.compile(r"^\s+([0-9a-f]+)\s+(\d+)\s+[\d.]+%\s")
 TRYWAIT = re.compile(r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT\s+(P\d),\s*(\[[^\]]+\])")
 WAIT_BRA = re.compile(r"@!(P\d)\s+BRA")
 
 
 def kernel_sass(path, kernel):
-    """[(offset, instruction, 'file:line')] of the first function whose mangled name contains kernel."""
+    """[(offset, instruction, 'file:line')] of the first function whose mangled name contains kernel. An
+    instruction takes the last line annotation before it: with -gi, after an inlined call's chain, the
+    kernel's own line."""
     out, where, inside = [], "?", False
     with open(path, errors="replace") as f:
         for line in f:
@@ -40,8 +42,6 @@ def kernel_sass(path, kernel):
             m = FILE_LINE.search(line)
             if m:
                 where = f"{m.group(1).split('/')[-1]}:{m.group(2)}"
-                if m.group(3):  # nvdisasm -gi: the call site in the kernel's own code
-                    where += f" < {m.group(3).split('/')[-1]}:{m.group(4)}"
                 continue
             m = INSTR.search(line)
             if m:
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("sass")
     ap.add_argument("stalls")
     ap.add_argument("--kernel", required=True, help="a substring of the kernel's mangled name")
-    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--top", type=int, default=30, help="source lines in the summary")
     args = ap.parse_args()
     sass = kernel_sass(args.sass, args.kernel)
     if not sass:
@@ -77,23 +77,21 @@ def main():
         for line in f:
             m = HOT.match(line)
             if m:
-                hot.append((int(m.group(1), 16), int(m.group(2)), m.group(3).strip()))
+                hot.append((int(m.group(1), 16), int(m.group(2))))
     if not hot:
         sys.exit(f"sass_where: no instruction rows in {args.stalls} (ncu_stalls.py's output?)")
-    total = sum(n for _, n, _ in hot)
+    total = sum(n for _, n in hot)
     print(f"{len(hot)} hot instructions, {total} samples; offset, samples, source line, instruction [barrier]")
     by_line = collections.Counter()
     missing = 0
-    for off, n, text in hot:
+    for off, n in hot:
         i = at.get(off)
         if i is None:
             missing += 1
             continue
         _, instr, where = sass[i]
         by_line[where] += n
-        if len(by_line) <= args.top or n * 100 >= total:
-            bar = barrier_of(sass, i)
-            print(f"  {off:6x} {n:6d}  {where:60} {instr[:60]} {bar}")
+        print(f"  {off:6x} {n:6d}  {where:36} {instr[:60]} {barrier_of(sass, i)}")
     if missing:
         print(f"  ({missing} offsets not in this SASS: another build of the sources?)")
     print("samples by source line:")
